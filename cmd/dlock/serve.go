@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/server"
+)
+
+var errUsage = errors.New("usage")
+
+// raftFlags are the Raft tuning flags shared by serve and dev.
+type raftFlags struct {
+	logStore          string
+	snapshotThreshold uint64
+	snapshotInterval  time.Duration
+	trailingLogs      uint64
+	heartbeat         time.Duration
+	election          time.Duration
+	leaderLease       time.Duration
+	raftLogLevel      string
+	logLevel          string
+	logFormat         string
+	maxBody           int64
+}
+
+func (f *raftFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.logStore, "log-store", string(raftnode.DefaultLogStore), "Raft log store: wal (hashicorp/raft-wal) or bolt (raft-boltdb/v2); both fsync every write")
+	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 16384, "take a snapshot after this many new log entries")
+	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether a snapshot is due")
+	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 10240, "log entries kept after a snapshot, so slow followers catch up without one")
+	fs.DurationVar(&f.heartbeat, "heartbeat-timeout", 500*time.Millisecond, "Raft heartbeat timeout (a follower without contact this long starts an election)")
+	fs.DurationVar(&f.election, "election-timeout", 500*time.Millisecond, "Raft election timeout")
+	fs.DurationVar(&f.leaderLease, "leader-lease-timeout", 250*time.Millisecond, "a leader without quorum contact this long steps down (must be <= heartbeat timeout)")
+	fs.StringVar(&f.raftLogLevel, "raft-log-level", "warn", "log level of Raft's own messages")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
+}
+
+func (f *raftFlags) apply(c *raftnode.Config) error {
+	switch raftnode.LogStoreKind(f.logStore) {
+	case raftnode.LogStoreWAL, raftnode.LogStoreBolt:
+	default:
+		return fmt.Errorf("--log-store %q: use wal or bolt", f.logStore)
+	}
+	if f.leaderLease > f.heartbeat {
+		return fmt.Errorf("--leader-lease-timeout (%s) must not exceed --heartbeat-timeout (%s)", f.leaderLease, f.heartbeat)
+	}
+	c.LogStore = raftnode.LogStoreKind(f.logStore)
+	c.SnapshotThreshold = f.snapshotThreshold
+	c.SnapshotInterval = f.snapshotInterval
+	c.TrailingLogs = f.trailingLogs
+	c.HeartbeatTimeout = f.heartbeat
+	c.ElectionTimeout = f.election
+	c.LeaderLeaseTimeout = f.leaderLease
+	c.RaftLogLevel = f.raftLogLevel
+	return nil
+}
+
+// parseCluster parses id=host:port,id=host:port.
+func parseCluster(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if s == "" {
+		return out, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		id, addr, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--initial-cluster entry %q: want id=host:port", part)
+		}
+		if _, dup := out[id]; dup {
+			return nil, fmt.Errorf("--initial-cluster names %q twice", id)
+		}
+		out[id] = addr
+	}
+	return out, nil
+}
+
+func runServe(args []string) error {
+	fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
+	var rf raftFlags
+	id := fs.String("id", "", "this node's id, unique in the cluster (required)")
+	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots (required)")
+	apiAddr := fs.String("api-addr", "127.0.0.1:7070", "HTTP API listen address")
+	apiAdvertise := fs.String("api-advertise", "", "API address other nodes and clients should use (default: --api-addr)")
+	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "Raft (and node-to-node forwarding) listen address")
+	raftAdvertise := fs.String("raft-advertise", "", "Raft address peers should dial (default: --raft-addr)")
+	initial := fs.String("initial-cluster", "", "first start only: every initial member as id=raft-host:port, comma-separated (must include this node)")
+	rf.register(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return errUsage
+	}
+	if *id == "" || *dataDir == "" {
+		fs.Usage()
+		return fmt.Errorf("--id and --data-dir are required")
+	}
+	cluster, err := parseCluster(*initial)
+	if err != nil {
+		return err
+	}
+	logger, err := newLogger(rf.logLevel, rf.logFormat)
+	if err != nil {
+		return err
+	}
+	rc := raftnode.Config{ID: *id, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise,
+		APIAddr: *apiAdvertise, InitialCluster: cluster, Logger: logger}
+	if err := rf.apply(&rc); err != nil {
+		return err
+	}
+	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, MaxBodyBytes: rf.maxBody, Logger: logger})
+	if err != nil {
+		return err
+	}
+	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", version)
+	return waitForSignal(func(ctx context.Context) error { return srv.Shutdown(ctx) }, logger.Info)
+}
+
+// waitForSignal blocks until SIGINT/SIGTERM, then shuts down within 10 s; a
+// second signal exits at once.
+func waitForSignal(shutdown func(context.Context) error, info func(string, ...any)) error {
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	s := <-sig
+	info("shutting down", "signal", s.String())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- shutdown(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-sig:
+		return errors.New("second signal: exiting without finishing shutdown")
+	}
+}

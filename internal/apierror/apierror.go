@@ -1,0 +1,121 @@
+// Package apierror defines dlock's client-facing error codes and the one table
+// that maps each code to an HTTP status and a gRPC status code, so every protocol
+// answers the same failure the same way (DESIGN §5).
+package apierror
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Code is a stable snake_case error code shown to clients.
+type Code string
+
+// Error codes.
+const (
+	InvalidArgument  Code = "invalid_argument"
+	NotFound         Code = "not_found"
+	SessionNotFound  Code = "session_not_found"
+	LockHeld         Code = "lock_held"
+	WaitTimeout      Code = "wait_timeout"
+	NotHolder        Code = "not_holder"
+	TooLarge         Code = "too_large"
+	RateLimited      Code = "rate_limited"
+	NoLeader         Code = "no_leader"
+	Unavailable      Code = "unavailable"
+	Compacted        Code = "compacted"
+	PermissionDenied Code = "permission_denied"
+	Unauthenticated  Code = "unauthenticated"
+	MethodNotAllowed Code = "method_not_allowed"
+	Internal         Code = "internal"
+)
+
+type mapping struct {
+	http int
+	grpc codes.Code
+}
+
+// table is the single mapping from error code to protocol status.
+var table = map[Code]mapping{
+	InvalidArgument:  {http.StatusBadRequest, codes.InvalidArgument},
+	NotFound:         {http.StatusNotFound, codes.NotFound},
+	SessionNotFound:  {http.StatusNotFound, codes.NotFound},
+	LockHeld:         {http.StatusConflict, codes.FailedPrecondition},
+	WaitTimeout:      {http.StatusConflict, codes.DeadlineExceeded},
+	NotHolder:        {http.StatusConflict, codes.FailedPrecondition},
+	TooLarge:         {http.StatusRequestEntityTooLarge, codes.InvalidArgument},
+	RateLimited:      {http.StatusTooManyRequests, codes.ResourceExhausted},
+	NoLeader:         {http.StatusServiceUnavailable, codes.Unavailable},
+	Unavailable:      {http.StatusServiceUnavailable, codes.Unavailable},
+	Compacted:        {http.StatusGone, codes.OutOfRange},
+	PermissionDenied: {http.StatusForbidden, codes.PermissionDenied},
+	Unauthenticated:  {http.StatusUnauthorized, codes.Unauthenticated},
+	MethodNotAllowed: {http.StatusMethodNotAllowed, codes.Unimplemented},
+	Internal:         {http.StatusInternalServerError, codes.Internal},
+}
+
+// HTTPStatus is the HTTP status for a code.
+func HTTPStatus(c Code) int {
+	if m, ok := table[c]; ok {
+		return m.http
+	}
+	return http.StatusInternalServerError
+}
+
+// GRPCCode is the gRPC status code for a code.
+func GRPCCode(c Code) codes.Code {
+	if m, ok := table[c]; ok {
+		return m.grpc
+	}
+	return codes.Internal
+}
+
+// Error is a client-facing error: a code, a message that says what to do, and
+// for 503s how long to wait before retrying.
+type Error struct {
+	Code       Code
+	Message    string
+	RetryAfter time.Duration
+	// Err is the underlying cause, for logs; never shown to clients.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// New makes an error with a formatted message.
+func New(c Code, format string, args ...any) *Error {
+	return &Error{Code: c, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap makes an error that keeps its cause for logs.
+func Wrap(c Code, err error, format string, args ...any) *Error {
+	return &Error{Code: c, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// From returns err as an *Error; anything else becomes Internal.
+func From(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Code: Internal, Message: "internal error; see the server log", Err: err}
+}
+
+// CodeOf returns the code of err, or "" for nil.
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	return From(err).Code
+}

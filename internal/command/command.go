@@ -1,0 +1,402 @@
+// Package command defines the replicated commands of dlock's state machine and
+// their versioned binary encoding: one type byte and one version byte per entry,
+// then the envelope (leader timestamp, client_id, request_id) and the body.
+// Type numbers are append-only: a number is never reused or renumbered, so a newer
+// node can always read an older log.
+package command
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/dlock/dlock/internal/wire"
+)
+
+// Type identifies a command in the Raft log. Append-only: never renumber.
+type Type uint8
+
+// Command types. New types go at the end.
+const (
+	TypeRegisterMember Type = 1
+	TypeCreateSession  Type = 2
+	TypeKeepAlive      Type = 3
+	TypeDeleteSession  Type = 4
+	TypeAcquire        Type = 5
+	TypeRelease        Type = 6
+	TypeRenew          Type = 7
+	TypeExpireLeases   Type = 8
+	TypeExpireWaits    Type = 9
+	TypeCancelWait     Type = 10
+)
+
+// Version is the encoding version written for new entries. Decoders accept every
+// version up to this one.
+const Version = 1
+
+// Limits shared by validation and the state machine.
+const (
+	MinTTLms  = 1_000
+	MaxTTLms  = 600_000
+	MaxWaitMs = 3_600_000
+	// MaxClientID bounds client_id and request_id.
+	MaxClientID = 128
+)
+
+// LeaseID is a 128-bit random lease or session id. It is the holder's secret
+// capability: never shown to anyone but the holder.
+type LeaseID [16]byte
+
+// NewLeaseID draws a random id. Only the leader calls it, before proposing.
+func NewLeaseID() LeaseID {
+	var id LeaseID
+	if _, err := rand.Read(id[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return id
+}
+
+// IsZero reports whether the id is unset.
+func (id LeaseID) IsZero() bool { return id == LeaseID{} }
+
+// String is the 32-hex-digit form used on the API.
+func (id LeaseID) String() string { return hex.EncodeToString(id[:]) }
+
+// ParseLeaseID parses the 32-hex-digit form.
+func ParseLeaseID(s string) (LeaseID, error) {
+	var id LeaseID
+	if len(s) != 32 {
+		return id, errors.New("lease id must be 32 hex digits")
+	}
+	if _, err := hex.Decode(id[:], []byte(s)); err != nil {
+		return id, errors.New("lease id must be 32 hex digits")
+	}
+	return id, nil
+}
+
+// Envelope is one log entry: who asked, when (the proposing leader's wall clock,
+// for display only), and what.
+type Envelope struct {
+	// TS is the leader's wall clock in Unix milliseconds, stamped by the leader
+	// just before proposing and never decreasing along the log.
+	TS        int64
+	ClientID  string
+	RequestID string
+	Body      Body
+}
+
+// Body is the typed payload of a command.
+type Body interface {
+	Type() Type
+	encode(w *wire.Writer)
+	decode(r *wire.Reader, version byte)
+}
+
+// RegisterMember records a node's client API address so any node can tell
+// clients where the leader's API is.
+type RegisterMember struct {
+	ID       string
+	RaftAddr string
+	APIAddr  string
+}
+
+// CreateSession creates an explicit lease. LeaseID is drawn by the leader.
+type CreateSession struct {
+	LeaseID LeaseID
+	TTLms   int64
+}
+
+// KeepAlive renews a session.
+type KeepAlive struct {
+	LeaseID LeaseID
+}
+
+// DeleteSession ends a session, releasing its locks and dropping its waits.
+type DeleteSession struct {
+	LeaseID LeaseID
+}
+
+// Acquire takes a lock, or queues for it when WaitMs > 0. With Session false the
+// leader draws LeaseID for a new implicit one-lock lease of TTLms.
+type Acquire struct {
+	Name    string
+	LeaseID LeaseID
+	Session bool
+	TTLms   int64
+	WaitMs  int64
+}
+
+// Release gives a lock back; holder proof is token plus lease id.
+type Release struct {
+	Name    string
+	LeaseID LeaseID
+	Token   uint64
+}
+
+// Renew extends the lease that holds a lock; TTLms 0 keeps the lease's TTL.
+type Renew struct {
+	Name    string
+	LeaseID LeaseID
+	Token   uint64
+	TTLms   int64
+}
+
+// LeaseGen names one lease at one renewal generation.
+type LeaseGen struct {
+	LeaseID LeaseID
+	Gen     uint64
+}
+
+// ExpireLeases is proposed by the leader's reaper. A lease expires only if it
+// still exists at the same generation, so a racing renewal wins.
+type ExpireLeases struct {
+	Leases []LeaseGen
+}
+
+// WaitRef names one queued wait: the lease, the lock and the wait's sequence
+// number (the log index of the acquire that queued it).
+type WaitRef struct {
+	LeaseID LeaseID
+	Name    string
+	Seq     uint64
+}
+
+// ExpireWaits is proposed by the leader's reaper when waits time out.
+type ExpireWaits struct {
+	Waits []WaitRef
+}
+
+// CancelWait withdraws a wait whose requester gave up. With ReleaseIfGranted, a
+// grant that this very wait already received is released too, so a cancelled
+// acquire leaves nothing behind.
+type CancelWait struct {
+	Wait             WaitRef
+	ReleaseIfGranted bool
+}
+
+// Type implementations.
+func (*RegisterMember) Type() Type { return TypeRegisterMember }
+func (*CreateSession) Type() Type  { return TypeCreateSession }
+func (*KeepAlive) Type() Type      { return TypeKeepAlive }
+func (*DeleteSession) Type() Type  { return TypeDeleteSession }
+func (*Acquire) Type() Type        { return TypeAcquire }
+func (*Release) Type() Type        { return TypeRelease }
+func (*Renew) Type() Type          { return TypeRenew }
+func (*ExpireLeases) Type() Type   { return TypeExpireLeases }
+func (*ExpireWaits) Type() Type    { return TypeExpireWaits }
+func (*CancelWait) Type() Type     { return TypeCancelWait }
+
+// Encode serialises the envelope: type, version, envelope fields, body.
+func Encode(e *Envelope) []byte {
+	w := &wire.Writer{Buf: make([]byte, 0, 96)}
+	w.Byte(byte(e.Body.Type()))
+	w.Byte(Version)
+	w.Varint(e.TS)
+	w.String(e.ClientID)
+	w.String(e.RequestID)
+	e.Body.encode(w)
+	return w.Buf
+}
+
+// ErrUnknownType is returned for a type byte this build does not know.
+var ErrUnknownType = errors.New("unknown command type")
+
+func newBody(t Type) Body {
+	switch t {
+	case TypeRegisterMember:
+		return &RegisterMember{}
+	case TypeCreateSession:
+		return &CreateSession{}
+	case TypeKeepAlive:
+		return &KeepAlive{}
+	case TypeDeleteSession:
+		return &DeleteSession{}
+	case TypeAcquire:
+		return &Acquire{}
+	case TypeRelease:
+		return &Release{}
+	case TypeRenew:
+		return &Renew{}
+	case TypeExpireLeases:
+		return &ExpireLeases{}
+	case TypeExpireWaits:
+		return &ExpireWaits{}
+	case TypeCancelWait:
+		return &CancelWait{}
+	}
+	return nil
+}
+
+// Decode parses an entry written by Encode (any version up to Version). It never
+// panics on bad input; trailing bytes are an error.
+func Decode(b []byte) (*Envelope, error) {
+	r := wire.NewReader(b)
+	t := Type(r.Byte())
+	v := r.Byte()
+	if err := r.Err(); err != nil {
+		return nil, fmt.Errorf("decode command header: %w", err)
+	}
+	body := newBody(t)
+	if body == nil {
+		return nil, fmt.Errorf("decode command: type %d: %w (is this node older than the leader? upgrade it)", t, ErrUnknownType)
+	}
+	if v == 0 || v > Version {
+		return nil, fmt.Errorf("decode command: type %d version %d not supported by this build (upgrade this node)", t, v)
+	}
+	e := &Envelope{Body: body}
+	e.TS = r.Varint()
+	e.ClientID = r.String()
+	e.RequestID = r.String()
+	body.decode(r, v)
+	if err := r.Err(); err != nil {
+		return nil, fmt.Errorf("decode command type %d: %w", t, err)
+	}
+	if r.Len() != 0 {
+		return nil, fmt.Errorf("decode command type %d: %d trailing bytes", t, r.Len())
+	}
+	return e, nil
+}
+
+func putLease(w *wire.Writer, id LeaseID) { w.Fixed(id[:]) }
+func getLease(r *wire.Reader) (id LeaseID) {
+	r.Fixed(id[:])
+	return id
+}
+
+func (b *RegisterMember) encode(w *wire.Writer) {
+	w.String(b.ID)
+	w.String(b.RaftAddr)
+	w.String(b.APIAddr)
+}
+func (b *RegisterMember) decode(r *wire.Reader, _ byte) {
+	b.ID, b.RaftAddr, b.APIAddr = r.String(), r.String(), r.String()
+}
+
+func (b *CreateSession) encode(w *wire.Writer) { putLease(w, b.LeaseID); w.Varint(b.TTLms) }
+func (b *CreateSession) decode(r *wire.Reader, _ byte) {
+	b.LeaseID = getLease(r)
+	b.TTLms = r.Varint()
+}
+
+func (b *KeepAlive) encode(w *wire.Writer)             { putLease(w, b.LeaseID) }
+func (b *KeepAlive) decode(r *wire.Reader, _ byte)     { b.LeaseID = getLease(r) }
+func (b *DeleteSession) encode(w *wire.Writer)         { putLease(w, b.LeaseID) }
+func (b *DeleteSession) decode(r *wire.Reader, _ byte) { b.LeaseID = getLease(r) }
+
+func (b *Acquire) encode(w *wire.Writer) {
+	w.String(b.Name)
+	putLease(w, b.LeaseID)
+	w.Bool(b.Session)
+	w.Varint(b.TTLms)
+	w.Varint(b.WaitMs)
+}
+func (b *Acquire) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.LeaseID = getLease(r)
+	b.Session = r.Bool()
+	b.TTLms = r.Varint()
+	b.WaitMs = r.Varint()
+}
+
+func (b *Release) encode(w *wire.Writer) {
+	w.String(b.Name)
+	putLease(w, b.LeaseID)
+	w.Uvarint(b.Token)
+}
+func (b *Release) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.LeaseID = getLease(r)
+	b.Token = r.Uvarint()
+}
+
+func (b *Renew) encode(w *wire.Writer) {
+	w.String(b.Name)
+	putLease(w, b.LeaseID)
+	w.Uvarint(b.Token)
+	w.Varint(b.TTLms)
+}
+func (b *Renew) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.LeaseID = getLease(r)
+	b.Token = r.Uvarint()
+	b.TTLms = r.Varint()
+}
+
+func (b *ExpireLeases) encode(w *wire.Writer) {
+	w.Uvarint(uint64(len(b.Leases)))
+	for _, l := range b.Leases {
+		putLease(w, l.LeaseID)
+		w.Uvarint(l.Gen)
+	}
+}
+func (b *ExpireLeases) decode(r *wire.Reader, _ byte) {
+	n := r.Count(17)
+	b.Leases = make([]LeaseGen, n)
+	for i := range b.Leases {
+		b.Leases[i].LeaseID = getLease(r)
+		b.Leases[i].Gen = r.Uvarint()
+	}
+}
+
+func putWait(w *wire.Writer, x WaitRef) {
+	putLease(w, x.LeaseID)
+	w.String(x.Name)
+	w.Uvarint(x.Seq)
+}
+func getWait(r *wire.Reader) WaitRef {
+	return WaitRef{LeaseID: getLease(r), Name: r.String(), Seq: r.Uvarint()}
+}
+
+func (b *ExpireWaits) encode(w *wire.Writer) {
+	w.Uvarint(uint64(len(b.Waits)))
+	for _, x := range b.Waits {
+		putWait(w, x)
+	}
+}
+func (b *ExpireWaits) decode(r *wire.Reader, _ byte) {
+	n := r.Count(18)
+	b.Waits = make([]WaitRef, n)
+	for i := range b.Waits {
+		b.Waits[i] = getWait(r)
+	}
+}
+
+func (b *CancelWait) encode(w *wire.Writer) { putWait(w, b.Wait); w.Bool(b.ReleaseIfGranted) }
+func (b *CancelWait) decode(r *wire.Reader, _ byte) {
+	b.Wait = getWait(r)
+	b.ReleaseIfGranted = r.Bool()
+}
+
+// Stamped returns a copy of the envelope with the leader's timestamp and any
+// new lease id filled in. The original stays unstamped, so a retry after an
+// unknown outcome proposes afresh and relies on request_id dedup.
+func (e *Envelope) Stamped(ts int64) *Envelope {
+	c := *e
+	c.TS = ts
+	switch b := e.Body.(type) {
+	case *CreateSession:
+		if b.LeaseID.IsZero() {
+			nb := *b
+			nb.LeaseID = NewLeaseID()
+			c.Body = &nb
+		}
+	case *Acquire:
+		if !b.Session && b.LeaseID.IsZero() {
+			nb := *b
+			nb.LeaseID = NewLeaseID()
+			c.Body = &nb
+		}
+	}
+	return &c
+}
+
+// Idempotent reports whether applying the command twice has the same effect as
+// once, so it may be retried after an unknown outcome even without request_id.
+func (e *Envelope) Idempotent() bool {
+	switch e.Body.(type) {
+	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,558 @@
+package command
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/dlock/dlock/internal/wire"
+)
+
+func testLease(b byte) LeaseID {
+	var id LeaseID
+	for i := range id {
+		id[i] = b + byte(i)
+	}
+	return id
+}
+
+var maxLease = LeaseID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// roundTripCases are small envelopes of every type, with empty and extreme
+// fields. Large (max-size) fields are covered separately so the per-offset
+// truncation test stays fast.
+func roundTripCases() []struct {
+	name string
+	env  *Envelope
+} {
+	long := strings.Repeat("x", 300)
+	return []struct {
+		name string
+		env  *Envelope
+	}{
+		{"register/empty", &Envelope{Body: &RegisterMember{}}},
+		{"register/full", &Envelope{TS: 1_700_000_000_000, ClientID: "node", RequestID: "r1",
+			Body: &RegisterMember{ID: "n1", RaftAddr: "127.0.0.1:7071", APIAddr: "127.0.0.1:7070"}}},
+		{"create-session/empty", &Envelope{Body: &CreateSession{}}},
+		{"create-session/full", &Envelope{TS: math.MaxInt64, ClientID: "c", RequestID: "r",
+			Body: &CreateSession{LeaseID: maxLease, TTLms: MaxTTLms}}},
+		{"create-session/negative", &Envelope{TS: math.MinInt64, Body: &CreateSession{LeaseID: testLease(1), TTLms: math.MinInt64}}},
+		{"keepalive/empty", &Envelope{Body: &KeepAlive{}}},
+		{"keepalive/full", &Envelope{TS: 42, ClientID: long, RequestID: long, Body: &KeepAlive{LeaseID: testLease(7)}}},
+		{"delete-session/empty", &Envelope{Body: &DeleteSession{}}},
+		{"delete-session/full", &Envelope{TS: -1, ClientID: "c", Body: &DeleteSession{LeaseID: maxLease}}},
+		{"acquire/empty", &Envelope{Body: &Acquire{}}},
+		{"acquire/implicit", &Envelope{TS: 1, ClientID: "c", RequestID: "r",
+			Body: &Acquire{Name: "billing/batch-job", LeaseID: testLease(3), TTLms: 30_000, WaitMs: MaxWaitMs}}},
+		{"acquire/session", &Envelope{TS: 2, ClientID: "c",
+			Body: &Acquire{Name: strings.Repeat("n", MaxNameLen), LeaseID: maxLease, Session: true, TTLms: math.MaxInt64, WaitMs: math.MinInt64}}},
+		{"release/empty", &Envelope{Body: &Release{}}},
+		{"release/full", &Envelope{TS: 3, ClientID: "c", RequestID: "r", Body: &Release{Name: "a", LeaseID: testLease(9), Token: math.MaxUint64}}},
+		{"renew/empty", &Envelope{Body: &Renew{}}},
+		{"renew/full", &Envelope{TS: 4, ClientID: "c", Body: &Renew{Name: "a/b", LeaseID: testLease(11), Token: 1 << 40, TTLms: MinTTLms}}},
+		{"expire-leases/empty", &Envelope{Body: &ExpireLeases{Leases: []LeaseGen{}}}},
+		{"expire-leases/many", &Envelope{TS: 5, Body: &ExpireLeases{Leases: []LeaseGen{
+			{LeaseID: testLease(1), Gen: 0}, {LeaseID: testLease(2), Gen: 1}, {LeaseID: maxLease, Gen: math.MaxUint64}}}}},
+		{"expire-waits/empty", &Envelope{Body: &ExpireWaits{Waits: []WaitRef{}}}},
+		{"expire-waits/many", &Envelope{TS: 6, Body: &ExpireWaits{Waits: []WaitRef{
+			{LeaseID: testLease(1), Name: "a", Seq: 1}, {LeaseID: testLease(2), Name: "", Seq: 0}, {LeaseID: maxLease, Name: long, Seq: math.MaxUint64}}}}},
+		{"cancel-wait/empty", &Envelope{Body: &CancelWait{}}},
+		{"cancel-wait/full", &Envelope{TS: 7, ClientID: "c", RequestID: "r",
+			Body: &CancelWait{Wait: WaitRef{LeaseID: testLease(5), Name: "x/y", Seq: 99}, ReleaseIfGranted: true}}},
+	}
+}
+
+// sameEnvelope compares envelopes treating nil and empty slices as equal.
+func sameEnvelope(a, b *Envelope) bool {
+	norm := func(e *Envelope) Envelope {
+		c := *e
+		switch x := e.Body.(type) {
+		case *ExpireLeases:
+			y := *x
+			if len(y.Leases) == 0 {
+				y.Leases = nil
+			}
+			c.Body = &y
+		case *ExpireWaits:
+			y := *x
+			if len(y.Waits) == 0 {
+				y.Waits = nil
+			}
+			c.Body = &y
+		}
+		return c
+	}
+	na, nb := norm(a), norm(b)
+	return reflect.DeepEqual(&na, &nb)
+}
+
+func TestTypeNumbersAreStable(t *testing.T) {
+	// Type numbers are append-only and live in every Raft log: pin them.
+	want := map[Type]Body{
+		1: &RegisterMember{}, 2: &CreateSession{}, 3: &KeepAlive{}, 4: &DeleteSession{},
+		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
+	}
+	for n, b := range want {
+		if b.Type() != n {
+			t.Errorf("%T.Type() = %d, want %d", b, b.Type(), n)
+		}
+		if got := newBody(n); reflect.TypeOf(got) != reflect.TypeOf(b) {
+			t.Errorf("newBody(%d) = %T, want %T", n, got, b)
+		}
+	}
+	for n := 0; n < 256; n++ {
+		if _, ok := want[Type(n)]; !ok && newBody(Type(n)) != nil {
+			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
+		}
+	}
+	if Version != 1 {
+		t.Errorf("Version = %d: add decode tests for the new version", Version)
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	for _, tc := range roundTripCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			b := Encode(tc.env)
+			if b[0] != byte(tc.env.Body.Type()) || b[1] != Version {
+				t.Fatalf("header = %d,%d; want type %d version %d", b[0], b[1], tc.env.Body.Type(), Version)
+			}
+			got, err := Decode(b)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if !sameEnvelope(got, tc.env) {
+				t.Fatalf("round trip mismatch:\n got %#v (%#v)\nwant %#v (%#v)", got, got.Body, tc.env, tc.env.Body)
+			}
+			if b2 := Encode(got); !bytes.Equal(b, b2) {
+				t.Fatalf("re-encode differs:\n%x\n%x", b, b2)
+			}
+		})
+	}
+}
+
+func TestEncodeDecodeMaxSizeFields(t *testing.T) {
+	big := strings.Repeat("z", wire.MaxString) // the largest string the decoder accepts
+	many := make([]LeaseGen, 5000)
+	waits := make([]WaitRef, 2000)
+	for i := range many {
+		many[i] = LeaseGen{LeaseID: testLease(byte(i)), Gen: uint64(i) << 40}
+	}
+	for i := range waits {
+		waits[i] = WaitRef{LeaseID: testLease(byte(i)), Name: strings.Repeat("w", i%300), Seq: uint64(i)}
+	}
+	cases := []struct {
+		name string
+		env  *Envelope
+	}{
+		{"register", &Envelope{ClientID: big, RequestID: big, Body: &RegisterMember{ID: big, RaftAddr: big, APIAddr: big}}},
+		{"acquire", &Envelope{ClientID: big, Body: &Acquire{Name: big, LeaseID: maxLease, Session: true, TTLms: math.MaxInt64, WaitMs: math.MaxInt64}}},
+		{"release", &Envelope{Body: &Release{Name: big, Token: math.MaxUint64}}},
+		{"renew", &Envelope{Body: &Renew{Name: big, Token: math.MaxUint64, TTLms: math.MinInt64}}},
+		{"expire-leases", &Envelope{Body: &ExpireLeases{Leases: many}}},
+		{"expire-waits", &Envelope{Body: &ExpireWaits{Waits: waits}}},
+		{"cancel-wait", &Envelope{Body: &CancelWait{Wait: WaitRef{Name: big, Seq: math.MaxUint64}, ReleaseIfGranted: true}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := Encode(tc.env)
+			got, err := Decode(b)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if !sameEnvelope(got, tc.env) {
+				t.Fatal("round trip mismatch")
+			}
+			if !bytes.Equal(Encode(got), b) {
+				t.Fatal("re-encode differs")
+			}
+			// Truncation at a sample of offsets (every offset would be slow here).
+			for _, n := range []int{0, 1, 2, 3, len(b) / 3, len(b) / 2, len(b) - 17, len(b) - 2, len(b) - 1} {
+				if n < 0 || n >= len(b) {
+					continue
+				}
+				if _, err := Decode(b[:n]); err == nil {
+					t.Errorf("Decode of %d/%d bytes succeeded", n, len(b))
+				}
+			}
+		})
+	}
+}
+
+// Every envelope Encode produces must be decodable: an entry the leader can
+// propose but no replica can apply makes every FSM panic at that index.
+func TestEncodeOutputIsAlwaysDecodable(t *testing.T) {
+	t.Skip("BUG: Encode writes strings longer than wire.MaxString (1 MiB) that Decode refuses; fsm.ApplyBatch then panics on every replica. Nothing in command validates sizes before proposing.")
+	tooBig := strings.Repeat("z", wire.MaxString+1)
+	for _, e := range []*Envelope{
+		{ClientID: tooBig, Body: &KeepAlive{}},
+		{RequestID: tooBig, Body: &KeepAlive{}},
+		{Body: &Acquire{Name: tooBig}},
+		{Body: &RegisterMember{APIAddr: tooBig}},
+	} {
+		if _, err := Decode(Encode(e)); err != nil {
+			t.Errorf("%T: Encode produced an entry Decode refuses: %v", e.Body, err)
+		}
+	}
+}
+
+func TestDecodeRejectsUnknownType(t *testing.T) {
+	for _, typ := range []int{0, 11, 12, 100, 254, 255} {
+		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
+			b := append([]byte{byte(typ), Version}, body...)
+			e, err := Decode(b)
+			if err == nil || e != nil {
+				t.Fatalf("type %d: Decode = %v, %v; want error", typ, e, err)
+			}
+			if !errors.Is(err, ErrUnknownType) {
+				t.Errorf("type %d: error %v does not wrap ErrUnknownType", typ, err)
+			}
+		}
+	}
+}
+
+func TestDecodeRejectsVersions(t *testing.T) {
+	for _, tc := range roundTripCases() {
+		b := Encode(tc.env)
+		for _, v := range []byte{0, Version + 1, Version + 2, 255} {
+			c := append([]byte(nil), b...)
+			c[1] = v
+			e, err := Decode(c)
+			if err == nil || e != nil {
+				t.Errorf("%s version %d: Decode succeeded", tc.name, v)
+				continue
+			}
+			if errors.Is(err, ErrUnknownType) {
+				t.Errorf("%s version %d: reported as unknown type: %v", tc.name, v, err)
+			}
+		}
+	}
+}
+
+func TestDecodeRejectsTruncationAtEveryOffset(t *testing.T) {
+	for _, tc := range roundTripCases() {
+		b := Encode(tc.env)
+		for n := 0; n < len(b); n++ {
+			e, err := Decode(b[:n:n])
+			if err == nil || e != nil {
+				t.Errorf("%s: Decode of first %d of %d bytes succeeded: %#v", tc.name, n, len(b), e)
+			}
+		}
+	}
+	if _, err := Decode(nil); err == nil {
+		t.Error("Decode(nil) succeeded")
+	}
+}
+
+func TestDecodeRejectsTrailingBytes(t *testing.T) {
+	for _, tc := range roundTripCases() {
+		b := Encode(tc.env)
+		for _, extra := range [][]byte{{0}, {1}, {0xff}, []byte("trailing"), Encode(tc.env)} {
+			c := append(append([]byte(nil), b...), extra...)
+			if e, err := Decode(c); err == nil || e != nil {
+				t.Errorf("%s + %x: Decode succeeded", tc.name, extra)
+			}
+		}
+	}
+}
+
+func TestDecodeRejectsMalformedFields(t *testing.T) {
+	hdr := func(t Type) *wire.Writer {
+		w := &wire.Writer{}
+		w.Byte(byte(t))
+		w.Byte(Version)
+		w.Varint(0)
+		w.String("")
+		w.String("")
+		return w
+	}
+	cases := map[string][]byte{}
+	{ // Bool byte other than 0/1.
+		w := hdr(TypeAcquire)
+		w.String("a")
+		w.Fixed(make([]byte, 16))
+		w.Byte(2)
+		w.Varint(1000)
+		w.Varint(0)
+		cases["acquire/bad-bool"] = w.Buf
+	}
+	{ // Hostile element count: must neither allocate it nor succeed.
+		w := hdr(TypeExpireLeases)
+		w.Uvarint(1 << 62)
+		cases["expire-leases/huge-count"] = w.Buf
+		w = hdr(TypeExpireWaits)
+		w.Uvarint(math.MaxUint64)
+		cases["expire-waits/huge-count"] = w.Buf
+		w = hdr(TypeExpireLeases)
+		w.Uvarint(2)
+		w.Fixed(make([]byte, 17))
+		cases["expire-leases/count-exceeds-elements"] = w.Buf
+	}
+	{ // String length beyond the input.
+		w := &wire.Writer{}
+		w.Byte(byte(TypeKeepAlive))
+		w.Byte(Version)
+		w.Varint(0)
+		w.Uvarint(1 << 40)
+		cases["client-id/huge-length"] = w.Buf
+	}
+	{ // Varint longer than 64 bits.
+		b := []byte{byte(TypeKeepAlive), Version}
+		b = append(b, bytes.Repeat([]byte{0xff}, 11)...)
+		cases["ts/overflow"] = b
+	}
+	{ // Cancel-wait bad bool.
+		w := hdr(TypeCancelWait)
+		w.Fixed(make([]byte, 16))
+		w.String("a")
+		w.Uvarint(1)
+		w.Byte(7)
+		cases["cancel-wait/bad-bool"] = w.Buf
+	}
+	for name, b := range cases {
+		if e, err := Decode(b); err == nil || e != nil {
+			t.Errorf("%s: Decode succeeded: %#v", name, e)
+		}
+	}
+}
+
+// Non-minimal varints make two different byte strings decode to the same
+// command, so "decode then encode" is not the identity on accepted input.
+func TestDecodeRejectsOverlongVarint(t *testing.T) {
+	if knownOverlongVarintBug {
+		t.Skip("BUG (low severity): wire.Reader accepts non-minimal (overlong) varints, e.g. TS encoded as 0x80 0x00; Decode accepts it and Encode(Decode(b)) != b")
+	}
+	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0}
+	b = append(b, make([]byte, 16)...)
+	if e, err := Decode(b); err == nil {
+		t.Errorf("Decode accepted an overlong varint: %#v; re-encodes to %x, input %x", e, Encode(e), b)
+	}
+}
+
+// knownOverlongVarintBug relaxes FuzzDecode's byte-identity check for input that
+// re-encodes shorter (the only way non-minimal varints show). Set it to false
+// once wire rejects non-minimal varints.
+const knownOverlongVarintBug = true
+
+func FuzzDecode(f *testing.F) {
+	for _, tc := range roundTripCases() {
+		f.Add(Encode(tc.env))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{byte(TypeAcquire), 0})
+	f.Add([]byte{byte(TypeExpireWaits), Version, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := Decode(b)
+		if err != nil {
+			if e != nil {
+				t.Fatalf("Decode returned both an envelope and error %v", err)
+			}
+			return
+		}
+		if b[1] == 0 || b[1] > Version {
+			t.Fatalf("accepted version %d", b[1])
+		}
+		re := Encode(e)
+		if !bytes.Equal(re, b) {
+			if !knownOverlongVarintBug || len(re) >= len(b) {
+				t.Fatalf("decode/encode is not the identity:\n in %x\nout %x", b, re)
+			}
+		}
+		// Whatever decodes must re-decode to the same command and be a fixpoint.
+		e2, err := Decode(re)
+		if err != nil {
+			t.Fatalf("re-encoded entry does not decode: %v", err)
+		}
+		if !sameEnvelope(e, e2) {
+			t.Fatalf("re-decode differs: %#v vs %#v", e.Body, e2.Body)
+		}
+		if !bytes.Equal(Encode(e2), re) {
+			t.Fatal("encoding is not a fixpoint")
+		}
+	})
+}
+
+func TestStamped(t *testing.T) {
+	preset := testLease(0x40)
+	leaseOf := func(b Body) LeaseID {
+		switch x := b.(type) {
+		case *CreateSession:
+			return x.LeaseID
+		case *Acquire:
+			return x.LeaseID
+		case *KeepAlive:
+			return x.LeaseID
+		case *Release:
+			return x.LeaseID
+		case *Renew:
+			return x.LeaseID
+		case *CancelWait:
+			return x.Wait.LeaseID
+		}
+		return LeaseID{}
+	}
+	cases := []struct {
+		name  string
+		body  Body
+		draws bool // a new lease id must be drawn; otherwise it stays as it was
+	}{
+		{"create-session/zero", &CreateSession{TTLms: 1000}, true},
+		{"create-session/preset", &CreateSession{LeaseID: preset}, false},
+		{"acquire/implicit-zero", &Acquire{Name: "a", TTLms: 1000}, true},
+		{"acquire/implicit-preset", &Acquire{Name: "a", LeaseID: preset}, false},
+		{"acquire/session", &Acquire{Name: "a", Session: true, LeaseID: preset}, false},
+		{"acquire/session-zero", &Acquire{Name: "a", Session: true}, false},
+		{"keepalive", &KeepAlive{LeaseID: preset}, false},
+		{"release", &Release{}, false},
+		{"renew", &Renew{LeaseID: preset}, false},
+		{"cancel", &CancelWait{}, false},
+		{"register", &RegisterMember{ID: "n1"}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Envelope{ClientID: "c", RequestID: "r", Body: tc.body}
+			before := leaseOf(tc.body)
+			origBytes := Encode(e)
+			s1 := e.Stamped(1234)
+			s2 := e.Stamped(1234)
+			if s1.TS != 1234 || s1.ClientID != "c" || s1.RequestID != "r" || s1.Body.Type() != tc.body.Type() {
+				t.Fatalf("stamped envelope = %#v", s1)
+			}
+			// The original stays unstamped, so a retry proposes afresh.
+			if e.TS != 0 || !bytes.Equal(Encode(e), origBytes) || leaseOf(tc.body) != before {
+				t.Fatal("Stamped modified the original envelope")
+			}
+			got := leaseOf(s1.Body)
+			if tc.draws {
+				if got.IsZero() {
+					t.Fatal("no lease id drawn")
+				}
+				if got == leaseOf(s2.Body) {
+					t.Fatal("two stampings drew the same lease id")
+				}
+			} else if got != before {
+				t.Fatalf("lease id changed from %v to %v", before, got)
+			}
+			if _, err := Decode(Encode(s1)); err != nil {
+				t.Fatalf("stamped envelope does not round trip: %v", err)
+			}
+		})
+	}
+}
+
+func TestIdempotent(t *testing.T) {
+	// Replaying these would draw new leases or tokens: never retry blindly.
+	for _, typ := range []Type{TypeCreateSession, TypeAcquire, TypeRelease} {
+		if (&Envelope{Body: newBody(typ)}).Idempotent() {
+			t.Errorf("type %d claims to be idempotent", typ)
+		}
+	}
+	// These only act on an exact (lease, generation) or (lease, name, seq).
+	for _, typ := range []Type{TypeRegisterMember, TypeExpireLeases, TypeExpireWaits, TypeCancelWait} {
+		if !(&Envelope{Body: newBody(typ)}).Idempotent() {
+			t.Errorf("type %d is not idempotent", typ)
+		}
+	}
+}
+
+func TestNewLeaseIDIsRandom(t *testing.T) {
+	seen := map[LeaseID]bool{}
+	for range 1000 {
+		id := NewLeaseID()
+		if id.IsZero() || seen[id] {
+			t.Fatalf("NewLeaseID returned zero or repeated id %v", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestParseLeaseID(t *testing.T) {
+	id := LeaseID{0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}
+	const s = "0123456789abcdeffedcba9876543210"
+	if id.String() != s {
+		t.Fatalf("String = %q", id.String())
+	}
+	cases := []struct {
+		in   string
+		want LeaseID
+		ok   bool
+	}{
+		{s, id, true},
+		{strings.ToUpper(s), id, true},
+		{"00000000000000000000000000000000", LeaseID{}, true},
+		{"ffffffffffffffffffffffffffffffff", maxLease, true},
+		{"", LeaseID{}, false},
+		{s[:31], LeaseID{}, false},
+		{s + "0", LeaseID{}, false},
+		{"0x" + s[:30], LeaseID{}, false},
+		{"g123456789abcdeffedcba9876543210", LeaseID{}, false},
+		{" 123456789abcdeffedcba9876543210", LeaseID{}, false},
+		{"0123456789abcdeffedcba987654321\x00", LeaseID{}, false},
+		{"0123456789abcdef-edcba9876543210", LeaseID{}, false},
+		{"é123456789abcdeffedcba987654321", LeaseID{}, false}, // 32 bytes, not hex
+	}
+	for _, tc := range cases {
+		got, err := ParseLeaseID(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("ParseLeaseID(%q) err = %v, want ok=%v", tc.in, err, tc.ok)
+			continue
+		}
+		if tc.ok && got != tc.want {
+			t.Errorf("ParseLeaseID(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	for range 100 {
+		r := NewLeaseID()
+		got, err := ParseLeaseID(r.String())
+		if err != nil || got != r {
+			t.Fatalf("round trip of %v: %v, %v", r, got, err)
+		}
+	}
+}
+
+func TestStatusString(t *testing.T) {
+	want := map[Status]string{
+		StatusOK: "ok", StatusQueued: "queued", StatusLockHeld: "lock_held", StatusNotHolder: "not_holder",
+		StatusSessionNotFound: "session_not_found", StatusInvalid: "invalid", StatusNotWaiting: "not_waiting",
+	}
+	for s, w := range want {
+		if s.String() != w {
+			t.Errorf("%d.String() = %q, want %q", s, s.String(), w)
+		}
+	}
+	// Pinned: statuses live in the replicated dedup table.
+	if StatusOK != 1 || StatusNotWaiting != 7 {
+		t.Error("status numbers changed")
+	}
+	if Status(0).String() != "status(0)" || Status(200).String() != "status(200)" {
+		t.Error("unknown status string")
+	}
+}
+
+func TestResultRoundTrip(t *testing.T) {
+	cases := []Result{
+		{},
+		{Status: StatusOK, LeaseID: maxLease, Token: math.MaxUint64, ExpiresAt: math.MaxInt64, TTLms: math.MinInt64,
+			Revision: 1 << 50, Seq: 7, Holder: Holder{ClientID: "c", Token: 3, GrantedAt: -5, ExpiresAt: 9}, Message: "hello"},
+		{Status: StatusInvalid, Message: strings.Repeat("m", 1000)},
+	}
+	for i, r := range cases {
+		w := &wire.Writer{}
+		EncodeResult(w, &r)
+		rd := wire.NewReader(w.Buf)
+		got := DecodeResult(rd)
+		if rd.Err() != nil || rd.Len() != 0 || got != r {
+			t.Errorf("case %d: got %#v err %v left %d", i, got, rd.Err(), rd.Len())
+		}
+		for n := 0; n < len(w.Buf); n++ {
+			rd := wire.NewReader(w.Buf[:n])
+			DecodeResult(rd)
+			if rd.Err() == nil {
+				t.Errorf("case %d: truncated result of %d bytes decoded", i, n)
+			}
+		}
+	}
+}

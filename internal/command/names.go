@@ -1,0 +1,57 @@
+package command
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// MaxNameLen bounds a lock or election name.
+const MaxNameLen = 256
+
+// NormalizeName checks a lock name against DESIGN §2 and returns its canonical
+// form (no leading slash): slash-separated segments of [A-Za-z0-9._:-]+, never
+// "." or "..", no empty segments, at most 256 bytes.
+func NormalizeName(s string) (string, error) {
+	s = strings.TrimPrefix(s, "/")
+	if s == "" {
+		return "", errors.New("lock name is empty")
+	}
+	if len(s) > MaxNameLen {
+		return "", fmt.Errorf("lock name is %d bytes; the limit is %d", len(s), MaxNameLen)
+	}
+	for seg := range strings.SplitSeq(s, "/") {
+		if seg == "" {
+			return "", errors.New("lock name has an empty segment (a double or trailing slash)")
+		}
+		if seg == "." || seg == ".." {
+			return "", fmt.Errorf("lock name segment %q is not allowed", seg)
+		}
+		for i := 0; i < len(seg); i++ {
+			c := seg[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+				return "", fmt.Errorf("lock name has character %q; segments may use only A-Z a-z 0-9 . _ : -", c)
+			}
+		}
+	}
+	return s, nil
+}
+
+// ValidatePrefix checks a list/watch prefix: empty, or a name prefix whose
+// characters are allowed in names (a trailing slash is fine).
+func ValidatePrefix(p string) (string, error) {
+	p = strings.TrimPrefix(p, "/")
+	if p == "" {
+		return "", nil
+	}
+	if len(p) > MaxNameLen {
+		return "", fmt.Errorf("prefix is %d bytes; the limit is %d", len(p), MaxNameLen)
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-' || c == '/') {
+			return "", fmt.Errorf("prefix has character %q; use only A-Z a-z 0-9 . _ : - /", c)
+		}
+	}
+	return p, nil
+}

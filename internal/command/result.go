@@ -1,0 +1,100 @@
+package command
+
+import (
+	"fmt"
+
+	"github.com/dlock/dlock/internal/wire"
+)
+
+// Status is the outcome of applying one command.
+type Status uint8
+
+// Statuses. Append-only: results are kept in the replicated dedup table.
+const (
+	StatusOK              Status = 1
+	StatusQueued          Status = 2
+	StatusLockHeld        Status = 3
+	StatusNotHolder       Status = 4
+	StatusSessionNotFound Status = 5
+	StatusInvalid         Status = 6
+	StatusNotWaiting      Status = 7
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusOK:
+		return "ok"
+	case StatusQueued:
+		return "queued"
+	case StatusLockHeld:
+		return "lock_held"
+	case StatusNotHolder:
+		return "not_holder"
+	case StatusSessionNotFound:
+		return "session_not_found"
+	case StatusInvalid:
+		return "invalid"
+	case StatusNotWaiting:
+		return "not_waiting"
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
+// Holder describes the current holder of a lock, as shown to other clients.
+type Holder struct {
+	ClientID  string
+	Token     uint64
+	GrantedAt int64
+	ExpiresAt int64
+}
+
+// Result is what applying a command produced. One flat shape for every command
+// keeps the dedup table and the forwarding path simple.
+type Result struct {
+	Status  Status
+	LeaseID LeaseID
+	Token   uint64
+	// ExpiresAt is the lease's expiry in the leader's wall clock (display only).
+	ExpiresAt int64
+	TTLms     int64
+	Revision  uint64
+	// Seq identifies the acquire (its log index); a queued wait keeps it.
+	Seq    uint64
+	Holder Holder
+	// Message explains StatusInvalid.
+	Message string
+}
+
+// EncodeResult serialises a result for the snapshot's dedup table.
+func EncodeResult(w *wire.Writer, r *Result) {
+	w.Byte(byte(r.Status))
+	putLease(w, r.LeaseID)
+	w.Uvarint(r.Token)
+	w.Varint(r.ExpiresAt)
+	w.Varint(r.TTLms)
+	w.Uvarint(r.Revision)
+	w.Uvarint(r.Seq)
+	w.String(r.Holder.ClientID)
+	w.Uvarint(r.Holder.Token)
+	w.Varint(r.Holder.GrantedAt)
+	w.Varint(r.Holder.ExpiresAt)
+	w.String(r.Message)
+}
+
+// DecodeResult reads what EncodeResult wrote.
+func DecodeResult(r *wire.Reader) Result {
+	var x Result
+	x.Status = Status(r.Byte())
+	x.LeaseID = getLease(r)
+	x.Token = r.Uvarint()
+	x.ExpiresAt = r.Varint()
+	x.TTLms = r.Varint()
+	x.Revision = r.Uvarint()
+	x.Seq = r.Uvarint()
+	x.Holder.ClientID = r.String()
+	x.Holder.Token = r.Uvarint()
+	x.Holder.GrantedAt = r.Varint()
+	x.Holder.ExpiresAt = r.Varint()
+	x.Message = r.String()
+	return x
+}

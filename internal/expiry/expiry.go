@@ -1,0 +1,319 @@
+// Package expiry is the leader's lease reaper: one deadline heap (monotonic
+// clock) for every active lease and queued wait, and one goroutine that commits
+// conditional ExpireLeases / ExpireWaits commands when deadlines pass. It runs
+// only while its node is the ready leader (Promote/Demote); followers keep no
+// timers. The clock and the proposer are injected so tests drive time by hand.
+package expiry
+
+import (
+	"container/heap"
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// Proposer commits a command through Raft (only succeeds on the leader).
+type Proposer interface {
+	Propose(ctx context.Context, e *command.Envelope) error
+}
+
+// StateReader runs fn with the replicated state locked against applies.
+type StateReader interface {
+	Read(fn func(*state.State))
+}
+
+// Clock is the monotonic time source.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the real clock (time.Now carries a monotonic reading).
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// MaxBatch bounds how many expiries go into one command.
+const MaxBatch = 1024
+
+// RetryAfter is how long an expiry that was proposed but has not shown up as
+// applied waits before being proposed again.
+const RetryAfter = time.Second
+
+type itemKind uint8
+
+const (
+	kindLease itemKind = iota
+	kindWait
+)
+
+type waitKey struct {
+	lease command.LeaseID
+	name  string
+}
+
+type item struct {
+	deadline time.Time
+	kind     itemKind
+	lease    command.LeaseID
+	gen      uint64
+	wait     command.WaitRef
+	index    int
+}
+
+type deadlineHeap []*item
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h deadlineHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *deadlineHeap) Push(x any) {
+	it := x.(*item)
+	it.index = len(*h)
+	*h = append(*h, it)
+}
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	it.index = -1
+	return it
+}
+
+// Reaper tracks deadlines and expires what is due. It implements fsm.Observer.
+type Reaper struct {
+	clock    Clock
+	proposer Proposer
+	reader   StateReader
+	logger   *slog.Logger
+
+	mu     sync.Mutex
+	active bool
+	h      deadlineHeap
+	leases map[command.LeaseID]*item
+	waits  map[waitKey]*item
+	kick   chan struct{}
+}
+
+// New makes an inactive reaper.
+func New(clock Clock, proposer Proposer, reader StateReader, logger *slog.Logger) *Reaper {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Reaper{clock: clock, proposer: proposer, reader: reader, logger: logger,
+		leases: map[command.LeaseID]*item{}, waits: map[waitKey]*item{}, kick: make(chan struct{}, 1)}
+}
+
+// Promote starts tracking: every active lease and queued wait gets the time it
+// had left as of the newest committed entry, counted again from now. That can
+// extend a lease by about one election, never shorten it, and never renews it
+// to a full TTL. Call it on the new leader after its barrier, before it serves.
+func (r *Reaper) Promote() {
+	r.reader.Read(func(s *state.State) {
+		leases, waits := s.Timers()
+		now := r.clock.Now()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.resetLocked()
+		r.active = true
+		for _, l := range leases {
+			r.setLeaseLocked(now, l.LeaseID, l.Gen, l.RemainingMs)
+		}
+		for _, w := range waits {
+			r.setWaitLocked(now, w.Wait, w.RemainingMs)
+		}
+		r.logger.Info("lease reaper promoted", "leases", len(leases), "waits", len(waits))
+	})
+	r.poke()
+}
+
+// Demote stops tracking; a follower never expires anything.
+func (r *Reaper) Demote() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active {
+		r.logger.Info("lease reaper demoted")
+	}
+	r.active = false
+	r.resetLocked()
+}
+
+// Active reports whether the reaper is tracking (this node is the leader).
+func (r *Reaper) Active() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.active
+}
+
+// Len is the number of tracked deadlines.
+func (r *Reaper) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.h)
+}
+
+func (r *Reaper) resetLocked() {
+	r.h = nil
+	r.leases = map[command.LeaseID]*item{}
+	r.waits = map[waitKey]*item{}
+}
+
+func (r *Reaper) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Applied follows lease and wait changes (fsm.Observer). Runs under the FSM lock.
+func (r *Reaper) Applied(_ uint64, events []state.Event) {
+	r.mu.Lock()
+	if !r.active {
+		r.mu.Unlock()
+		return
+	}
+	now := r.clock.Now()
+	changed := false
+	for i := range events {
+		e := &events[i]
+		switch e.Type {
+		case state.EventLeaseTimer:
+			r.setLeaseLocked(now, e.LeaseID, e.Gen, e.RemainingMs)
+			changed = true
+		case state.EventLeaseGone:
+			if it := r.leases[e.LeaseID]; it != nil {
+				heap.Remove(&r.h, it.index)
+				delete(r.leases, e.LeaseID)
+			}
+		case state.EventWaitTimer:
+			r.setWaitLocked(now, command.WaitRef{LeaseID: e.LeaseID, Name: e.Name, Seq: e.Seq}, e.RemainingMs)
+			changed = true
+		case state.EventWaitGone:
+			k := waitKey{e.LeaseID, e.Name}
+			if it := r.waits[k]; it != nil && it.wait.Seq == e.Seq {
+				heap.Remove(&r.h, it.index)
+				delete(r.waits, k)
+			}
+		}
+	}
+	r.mu.Unlock()
+	if changed {
+		r.poke()
+	}
+}
+
+// Restored rebuilds from the new state if this node leads.
+func (r *Reaper) Restored() {
+	r.mu.Lock()
+	active := r.active
+	r.mu.Unlock()
+	if active {
+		// Called under the FSM write lock: rebuild from the timers directly
+		// rather than through Read, which would deadlock.
+		r.logger.Warn("snapshot restored on the leader; lease timers restart at the next promotion")
+		r.Demote()
+	}
+}
+
+func (r *Reaper) setLeaseLocked(now time.Time, id command.LeaseID, gen uint64, remainingMs int64) {
+	d := now.Add(time.Duration(remainingMs) * time.Millisecond)
+	if it := r.leases[id]; it != nil {
+		it.gen, it.deadline = gen, d
+		heap.Fix(&r.h, it.index)
+		return
+	}
+	it := &item{deadline: d, kind: kindLease, lease: id, gen: gen}
+	heap.Push(&r.h, it)
+	r.leases[id] = it
+}
+
+func (r *Reaper) setWaitLocked(now time.Time, w command.WaitRef, remainingMs int64) {
+	d := now.Add(time.Duration(remainingMs) * time.Millisecond)
+	k := waitKey{w.LeaseID, w.Name}
+	if it := r.waits[k]; it != nil {
+		it.wait, it.deadline = w, d
+		heap.Fix(&r.h, it.index)
+		return
+	}
+	it := &item{deadline: d, kind: kindWait, wait: w}
+	heap.Push(&r.h, it)
+	r.waits[k] = it
+}
+
+// Due collects what is due at now (at most MaxBatch of each kind) and pushes
+// those deadlines back by RetryAfter, so a proposal in flight is not repeated
+// at once. It returns the time of the next deadline (zero when none).
+func (r *Reaper) Due(now time.Time) (leases []command.LeaseGen, waits []command.WaitRef, next time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.active {
+		return nil, nil, time.Time{}
+	}
+	for len(r.h) > 0 && !r.h[0].deadline.After(now) && len(leases) < MaxBatch && len(waits) < MaxBatch {
+		it := r.h[0]
+		if it.kind == kindLease {
+			leases = append(leases, command.LeaseGen{LeaseID: it.lease, Gen: it.gen})
+		} else {
+			waits = append(waits, it.wait)
+		}
+		it.deadline = now.Add(RetryAfter)
+		heap.Fix(&r.h, 0)
+	}
+	if len(r.h) > 0 {
+		next = r.h[0].deadline
+	}
+	return leases, waits, next
+}
+
+// Run expires due deadlines until ctx ends. It is the reaper's only goroutine.
+func (r *Reaper) Run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		leases, waits, next := r.Due(r.clock.Now())
+		if len(leases) > 0 {
+			r.propose(ctx, &command.ExpireLeases{Leases: leases})
+		}
+		if len(waits) > 0 {
+			r.propose(ctx, &command.ExpireWaits{Waits: waits})
+		}
+		if len(leases) > 0 || len(waits) > 0 {
+			continue // more may be due; Due bounded the batch
+		}
+		wait := time.Hour
+		if !next.IsZero() {
+			wait = max(next.Sub(r.clock.Now()), time.Millisecond)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+			// Go 1.23+ timers: Reset at the top of the loop discards any stale
+			// expiry, so no drain is needed here.
+		case <-timer.C:
+		}
+	}
+}
+
+func (r *Reaper) propose(ctx context.Context, b command.Body) {
+	// etcd's lessor re-checks leadership before expiring: a reaper that was
+	// demoted while collecting must not act. Raft refuses a deposed leader's
+	// proposal anyway; this only saves the round trip.
+	if !r.Active() {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.proposer.Propose(pctx, &command.Envelope{Body: b}); err != nil {
+		r.logger.Warn("proposing expiry failed; will retry", "err", err)
+	}
+}

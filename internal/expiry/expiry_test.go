@@ -1,0 +1,189 @@
+package expiry
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+)
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// stateHolder applies commands to a real state and feeds the reaper, as the FSM does.
+type stateHolder struct {
+	mu    sync.Mutex
+	st    *state.State
+	index uint64
+	ts    int64
+	obs   *Reaper
+}
+
+func (h *stateHolder) Read(fn func(*state.State)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fn(h.st)
+}
+
+func (h *stateHolder) apply(advanceMs int64, e *command.Envelope) command.Result {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.index++
+	h.ts += advanceMs
+	e.TS = h.ts
+	r := h.st.Apply(h.index, e)
+	if h.obs != nil {
+		h.obs.Applied(h.index, h.st.TakeEvents())
+	} else {
+		h.st.TakeEvents()
+	}
+	return r
+}
+
+type recordingProposer struct {
+	mu  sync.Mutex
+	got []command.Body
+}
+
+func (p *recordingProposer) Propose(_ context.Context, e *command.Envelope) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.got = append(p.got, e.Body)
+	return nil
+}
+
+func lid(b byte) command.LeaseID { return command.LeaseID{b} }
+
+func setup(t *testing.T) (*fakeClock, *stateHolder, *Reaper) {
+	clock := &fakeClock{now: time.Unix(1000, 0)}
+	h := &stateHolder{st: state.New(), ts: 1_000_000}
+	r := New(clock, &recordingProposer{}, h, nil)
+	return clock, h, r
+}
+
+func TestPromoteCountsRemainingTimeFromTakeover(t *testing.T) {
+	clock, h, r := setup(t)
+	// Lease granted at ts, then 4 s of log pass (another entry) before takeover.
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 10_000}})
+	h.apply(4_000, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "y", LeaseID: lid(2), TTLms: 10_000}})
+	// The new leader takes over much later by its own clock: irrelevant, only
+	// the time left as of the newest entry counts (6 s for x, 10 s for y).
+	r.Promote()
+	if l, w, _ := r.Due(clock.Now().Add(5_999 * time.Millisecond)); len(l)+len(w) != 0 {
+		t.Fatalf("expired before the holder's full TTL: %v %v", l, w)
+	}
+	l, _, _ := r.Due(clock.Now().Add(6 * time.Second))
+	if len(l) != 1 || l[0].LeaseID != lid(1) || l[0].Gen != 1 {
+		t.Fatalf("due at 6 s: %+v", l)
+	}
+	if l, _, _ := r.Due(clock.Now().Add(6_500 * time.Millisecond)); len(l) != 0 {
+		t.Fatalf("y due before its 10 s, or x proposed again within RetryAfter: %+v", l)
+	}
+	// At 10 s y is due, and x (proposed at 6 s, never applied) is due again.
+	l, _, _ = r.Due(clock.Now().Add(10 * time.Second))
+	if len(l) != 2 {
+		t.Fatalf("due at 10 s: %+v", l)
+	}
+}
+
+func TestRenewalMovesDeadlineAndBumpsGeneration(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	res := h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 3_000}})
+	clock.Advance(2 * time.Second)
+	h.apply(2_000, &command.Envelope{ClientID: "a", Body: &command.Renew{Name: "x", LeaseID: lid(1), Token: res.Token}})
+	if l, _, _ := r.Due(clock.Now().Add(2999 * time.Millisecond)); len(l) != 0 {
+		t.Fatalf("renewed lease due early: %+v", l)
+	}
+	l, _, _ := r.Due(clock.Now().Add(3 * time.Second))
+	if len(l) != 1 || l[0].Gen != 2 {
+		t.Fatalf("want gen 2 due at renewal+TTL, got %+v", l)
+	}
+	// A stale expiry (gen 1) does nothing; the current one expires the lease.
+	h.apply(0, &command.Envelope{Body: &command.ExpireLeases{Leases: []command.LeaseGen{{LeaseID: lid(1), Gen: 1}}}})
+	if held := h.st.GetLock("x").Held; !held {
+		t.Fatalf("stale generation expired the lease")
+	}
+	h.apply(0, &command.Envelope{Body: &command.ExpireLeases{Leases: l}})
+	if held := h.st.GetLock("x").Held; held {
+		t.Fatalf("current generation did not expire the lease")
+	}
+	if r.Len() != 0 {
+		t.Fatalf("expired lease still tracked: %d", r.Len())
+	}
+}
+
+func TestWaitDeadlinesAndDemote(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 60_000}})
+	q := h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "x", LeaseID: lid(2), TTLms: 60_000, WaitMs: 2_000}})
+	_, w, _ := r.Due(clock.Now().Add(2 * time.Second))
+	if len(w) != 1 || w[0] != (command.WaitRef{LeaseID: lid(2), Name: "x", Seq: q.Seq}) {
+		t.Fatalf("wait due: %+v", w)
+	}
+	// Due pushed it back by RetryAfter, so it is not proposed twice at once.
+	if _, w, _ := r.Due(clock.Now().Add(2 * time.Second)); len(w) != 0 {
+		t.Fatalf("in-flight expiry proposed again: %+v", w)
+	}
+	r.Demote()
+	if l, w, _ := r.Due(clock.Now().Add(time.Hour)); len(l)+len(w) != 0 || r.Active() {
+		t.Fatalf("a demoted reaper must expire nothing")
+	}
+	h.apply(0, &command.Envelope{ClientID: "c", Body: &command.Acquire{Name: "z", LeaseID: lid(3), TTLms: 1_000}})
+	if r.Len() != 0 {
+		t.Fatalf("a follower must not track deadlines")
+	}
+}
+
+func TestRunProposesDueExpiries(t *testing.T) {
+	clock, h, r := setup(t)
+	p := r.proposer.(*recordingProposer)
+	h.obs = r
+	r.Promote()
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 1_000}})
+	clock.Advance(time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.mu.Lock()
+		n := len(p.got)
+		p.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Run proposed nothing for a due lease")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	el, ok := p.got[0].(*command.ExpireLeases)
+	if !ok || len(el.Leases) != 1 || el.Leases[0].LeaseID != lid(1) {
+		t.Fatalf("proposed %+v", p.got[0])
+	}
+}

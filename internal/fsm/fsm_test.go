@@ -1,0 +1,594 @@
+package fsm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/state"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func lease(n byte) command.LeaseID {
+	var id command.LeaseID
+	id[0], id[15] = 0x5A, n
+	return id
+}
+
+const ts0 = 1_700_000_000_000
+
+func cmdLog(index uint64, client string, b command.Body) *raft.Log {
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand,
+		Data: command.Encode(&command.Envelope{TS: ts0 + int64(index), ClientID: client, Body: b})}
+}
+
+// recorder is an Observer that keeps what it is told.
+type recorder struct {
+	mu       sync.Mutex
+	applied  []appliedCall
+	restored int
+}
+
+type appliedCall struct {
+	index  uint64
+	events []state.Event
+}
+
+func (r *recorder) Applied(index uint64, ev []state.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.applied = append(r.applied, appliedCall{index, append([]state.Event(nil), ev...)})
+}
+
+func (r *recorder) Restored() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restored++
+}
+
+func stateBytes(f *fsm.FSM) []byte {
+	var b []byte
+	f.Read(func(s *state.State) { b = s.Snapshot() })
+	return b
+}
+
+// script is a small log exercising grants, queues, hand-offs and a refusal.
+func script() []*raft.Log {
+	return []*raft.Log{
+		{Index: 1, Term: 1, Type: raft.LogConfiguration},
+		cmdLog(2, "n1", &command.RegisterMember{ID: "n1", RaftAddr: "r1", APIAddr: "a1"}),
+		cmdLog(3, "c1", &command.Acquire{Name: "a", LeaseID: lease(1), TTLms: 10_000}),
+		cmdLog(4, "c2", &command.Acquire{Name: "a", LeaseID: lease(2), TTLms: 10_000}), // refused: no events
+		cmdLog(5, "c2", &command.Acquire{Name: "a", LeaseID: lease(3), TTLms: 10_000, WaitMs: 5_000}),
+		{Index: 6, Term: 2, Type: raft.LogNoop},
+		cmdLog(7, "c1", &command.Release{Name: "a", LeaseID: lease(1), Token: 1}),
+		cmdLog(8, "c3", &command.CreateSession{LeaseID: lease(4), TTLms: 20_000}),
+		{Index: 9, Term: 2, Type: raft.LogBarrier},
+	}
+}
+
+func TestApplyReturnsResponseWithIndex(t *testing.T) {
+	f := fsm.New(quietLogger())
+	for _, l := range script() {
+		out := f.Apply(l)
+		if l.Type != raft.LogCommand {
+			if out != nil {
+				t.Fatalf("index %d (%v): response %v, want nil", l.Index, l.Type, out)
+			}
+		} else {
+			resp, ok := out.(*fsm.Response)
+			if !ok {
+				t.Fatalf("index %d: response %T", l.Index, out)
+			}
+			if resp.Index != l.Index {
+				t.Fatalf("response index %d, want %d", resp.Index, l.Index)
+			}
+			switch l.Index {
+			case 3:
+				if resp.Result.Status != command.StatusOK || resp.Result.Token != 1 {
+					t.Fatalf("acquire %+v", resp.Result)
+				}
+			case 4:
+				if resp.Result.Status != command.StatusLockHeld {
+					t.Fatalf("refusal %+v", resp.Result)
+				}
+			case 5:
+				if resp.Result.Status != command.StatusQueued || resp.Result.Seq != 5 {
+					t.Fatalf("queued %+v", resp.Result)
+				}
+			}
+		}
+		if f.AppliedIndex() != l.Index {
+			t.Fatalf("applied index %d after %d", f.AppliedIndex(), l.Index)
+		}
+		f.Read(func(s *state.State) {
+			if s.Index() != l.Index {
+				t.Fatalf("state index %d after %d", s.Index(), l.Index)
+			}
+		})
+	}
+	f.Read(func(s *state.State) {
+		if h := s.LockHolder("a"); h.Holder != lease(3) || h.Token != 2 {
+			t.Fatalf("holder %+v", h)
+		}
+	})
+}
+
+func TestNonCommandEntriesOnlyAdvanceIndex(t *testing.T) {
+	f := fsm.New(nil) // nil logger is allowed
+	rec := &recorder{}
+	f.AddObserver(rec)
+	before := stateBytes(f)
+	for i, typ := range []raft.LogType{raft.LogConfiguration, raft.LogNoop, raft.LogBarrier, raft.LogAddPeerDeprecated, raft.LogRemovePeerDeprecated} {
+		idx := uint64(10 * (i + 1))
+		if out := f.Apply(&raft.Log{Index: idx, Type: typ, Data: []byte("not a command")}); out != nil {
+			t.Fatalf("%v: response %v", typ, out)
+		}
+		if f.AppliedIndex() != idx {
+			t.Fatalf("%v: applied %d", typ, f.AppliedIndex())
+		}
+	}
+	var rev uint64
+	var idx uint64
+	f.Read(func(s *state.State) { rev, idx = s.Revision(), s.Index() })
+	if rev != 0 || idx != 50 {
+		t.Fatalf("revision %d index %d", rev, idx)
+	}
+	// Only the index in the header moved.
+	after := stateBytes(f)
+	ref, _ := state.Restore(before)
+	ref.SetIndex(50)
+	if !bytes.Equal(after, ref.Snapshot()) {
+		t.Fatal("non-command entries changed the state")
+	}
+	if len(rec.applied) != 0 {
+		t.Fatalf("observer told about non-commands: %+v", rec.applied)
+	}
+}
+
+func TestApplyBatchMatchesApplyAndNotifiesObserversInOrder(t *testing.T) {
+	logs := script()
+	single := fsm.New(quietLogger())
+	recS := &recorder{}
+	single.AddObserver(recS)
+	var singleOut []interface{}
+	for _, l := range logs {
+		singleOut = append(singleOut, single.Apply(l))
+	}
+
+	batch := fsm.New(quietLogger())
+	rec1, rec2 := &recorder{}, &recorder{}
+	batch.AddObserver(rec1)
+	batch.AddObserver(rec2)
+	out := append(batch.ApplyBatch(logs[:4]), batch.ApplyBatch(logs[4:])...)
+	if len(out) != len(logs) {
+		t.Fatalf("%d responses for %d entries", len(out), len(logs))
+	}
+	if !reflect.DeepEqual(out, singleOut) {
+		t.Fatalf("batch responses differ from single applies:\n%+v\n%+v", out, singleOut)
+	}
+	if !bytes.Equal(stateBytes(batch), stateBytes(single)) {
+		t.Fatal("batch and single apply give different states")
+	}
+	if batch.AppliedIndex() != 9 {
+		t.Fatalf("applied %d", batch.AppliedIndex())
+	}
+	if got := batch.ApplyBatch(nil); len(got) != 0 || batch.AppliedIndex() != 9 {
+		t.Fatal("empty batch changed something")
+	}
+
+	// Every observer sees every entry that produced events, in log order, with
+	// exactly the events the state produced.
+	ref := state.New()
+	var want []appliedCall
+	for _, l := range logs {
+		if l.Type != raft.LogCommand {
+			ref.SetIndex(l.Index)
+			continue
+		}
+		e, _ := command.Decode(l.Data)
+		ref.Apply(l.Index, e)
+		if ev := ref.TakeEvents(); len(ev) > 0 {
+			want = append(want, appliedCall{l.Index, ev})
+		}
+	}
+	for i, rec := range []*recorder{rec1, rec2, recS} {
+		if !reflect.DeepEqual(rec.applied, want) {
+			t.Fatalf("observer %d saw\n%+v\nwant\n%+v", i, rec.applied, want)
+		}
+	}
+	var idx []uint64
+	for _, c := range want {
+		idx = append(idx, c.index)
+	}
+	// RegisterMember (2) changes state but emits no event; 4 was refused.
+	if !reflect.DeepEqual(idx, []uint64{3, 5, 7, 8}) {
+		t.Fatalf("observed indexes %v", idx)
+	}
+}
+
+func TestApplyPanicsOnUndecodableEntryAndReleasesLock(t *testing.T) {
+	for _, data := range [][]byte{nil, {0xff, 1}, {byte(command.TypeAcquire), command.Version + 1}, append(command.Encode(&command.Envelope{Body: &command.KeepAlive{}}), 0)} {
+		f := fsm.New(quietLogger())
+		f.Apply(cmdLog(1, "c", &command.Acquire{Name: "a", LeaseID: lease(1), TTLms: 1000}))
+		before := stateBytes(f)
+		var p any
+		func() {
+			defer func() { p = recover() }()
+			f.ApplyBatch([]*raft.Log{{Index: 2, Type: raft.LogCommand, Data: data}})
+		}()
+		if p == nil {
+			t.Fatalf("undecodable entry %x applied silently", data)
+		}
+		// The FSM is not left locked, and nothing was half-applied.
+		done := make(chan []byte)
+		go func() { done <- stateBytes(f) }()
+		if got := <-done; !bytes.Equal(got, before) {
+			t.Fatal("state changed by an undecodable entry")
+		}
+		if f.AppliedIndex() != 1 {
+			t.Fatalf("applied index moved to %d", f.AppliedIndex())
+		}
+	}
+}
+
+// fakeSink is an in-memory raft.SnapshotSink.
+type fakeSink struct {
+	bytes.Buffer
+	closed, cancelled int
+	failWrite         bool
+}
+
+func (s *fakeSink) Write(p []byte) (int, error) {
+	if s.failWrite {
+		return 0, errors.New("disk full")
+	}
+	return s.Buffer.Write(p)
+}
+func (s *fakeSink) ID() string    { return "fake" }
+func (s *fakeSink) Close() error  { s.closed++; return nil }
+func (s *fakeSink) Cancel() error { s.cancelled++; return nil }
+
+var _ raft.SnapshotSink = (*fakeSink)(nil)
+
+type trackingReader struct {
+	io.Reader
+	closed int
+}
+
+func (r *trackingReader) Close() error { r.closed++; return nil }
+
+func TestSnapshotPersistRestore(t *testing.T) {
+	f := fsm.New(quietLogger())
+	for _, l := range script() {
+		f.Apply(l)
+	}
+	want := stateBytes(f)
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Applying after Snapshot must not change what Persist writes.
+	f.Apply(cmdLog(10, "c9", &command.Acquire{Name: "later", LeaseID: lease(9), TTLms: 1000}))
+	sink := &fakeSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if sink.closed != 1 || sink.cancelled != 0 {
+		t.Fatalf("sink closed %d cancelled %d", sink.closed, sink.cancelled)
+	}
+	if !bytes.Equal(sink.Bytes(), want) {
+		t.Fatal("persisted bytes are not the state at snapshot time")
+	}
+
+	g := fsm.New(quietLogger())
+	rec := &recorder{}
+	g.AddObserver(rec)
+	g.Apply(cmdLog(1, "x", &command.Acquire{Name: "old", LeaseID: lease(50), TTLms: 1000})) // replaced by the restore
+	rc := &trackingReader{Reader: bytes.NewReader(sink.Bytes())}
+	if err := g.Restore(rc); err != nil {
+		t.Fatal(err)
+	}
+	if rc.closed != 1 {
+		t.Fatalf("snapshot reader closed %d times", rc.closed)
+	}
+	if rec.restored != 1 || len(rec.applied) != 1 {
+		t.Fatalf("observer: restored %d, applied %d", rec.restored, len(rec.applied))
+	}
+	if !bytes.Equal(stateBytes(g), want) {
+		t.Fatal("restored state differs")
+	}
+	if g.AppliedIndex() != 9 {
+		t.Fatalf("applied index after restore %d", g.AppliedIndex())
+	}
+	if err := g.WaitApplied(context.Background(), 9); err != nil {
+		t.Fatal(err)
+	}
+	// Both continue identically.
+	next := cmdLog(10, "c9", &command.Acquire{Name: "later", LeaseID: lease(9), TTLms: 1000})
+	g.Apply(next)
+	if !bytes.Equal(stateBytes(g), stateBytes(f)) {
+		t.Fatal("restored FSM diverges from the original")
+	}
+}
+
+func TestPersistWriteFailureCancelsSink(t *testing.T) {
+	f := fsm.New(quietLogger())
+	snap, _ := f.Snapshot()
+	sink := &fakeSink{failWrite: true}
+	if err := snap.Persist(sink); err == nil {
+		t.Fatal("Persist ignored a write error")
+	}
+	if sink.cancelled != 1 || sink.closed != 0 {
+		t.Fatalf("sink closed %d cancelled %d", sink.closed, sink.cancelled)
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("io error") }
+
+func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
+	f := fsm.New(quietLogger())
+	rec := &recorder{}
+	f.AddObserver(rec)
+	for _, l := range script() {
+		f.Apply(l)
+	}
+	before := stateBytes(f)
+	good := append([]byte(nil), before...)
+	for name, r := range map[string]io.Reader{
+		"empty":     bytes.NewReader(nil),
+		"garbage":   bytes.NewReader([]byte("garbage")),
+		"truncated": bytes.NewReader(good[:len(good)/2]),
+		"trailing":  bytes.NewReader(append(append([]byte(nil), good...), 1)),
+		"io error":  failingReader{},
+	} {
+		rc := &trackingReader{Reader: r}
+		if err := f.Restore(rc); err == nil {
+			t.Fatalf("%s: Restore succeeded", name)
+		}
+		if rc.closed != 1 {
+			t.Fatalf("%s: reader closed %d times", name, rc.closed)
+		}
+		if !bytes.Equal(stateBytes(f), before) || f.AppliedIndex() != 9 || rec.restored != 0 {
+			t.Fatalf("%s: failed restore changed the FSM", name)
+		}
+	}
+}
+
+func TestWaitApplied(t *testing.T) {
+	f := fsm.New(quietLogger())
+	if err := f.WaitApplied(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		idx uint64
+		err error
+	}
+	done := make(chan res, 10)
+	for _, idx := range []uint64{2, 3, 5} {
+		go func() { done <- res{idx, f.WaitApplied(context.Background(), idx)} }()
+	}
+	f.Apply(cmdLog(1, "c", &command.RegisterMember{ID: "n"}))
+	select {
+	case r := <-done:
+		t.Fatalf("WaitApplied(%d) returned at index 1: %v", r.idx, r.err)
+	default:
+	}
+	// A batch that jumps past several waiters wakes all of them.
+	f.ApplyBatch([]*raft.Log{{Index: 2, Type: raft.LogNoop}, cmdLog(3, "c", &command.RegisterMember{ID: "m"})})
+	got := map[uint64]bool{}
+	for range 2 {
+		r := <-done
+		if r.err != nil || r.idx == 5 {
+			t.Fatalf("WaitApplied(%d) = %v at index 3", r.idx, r.err)
+		}
+		got[r.idx] = true
+	}
+	if !got[2] || !got[3] {
+		t.Fatalf("woken: %v", got)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("WaitApplied(%d) returned early: %v", r.idx, r.err)
+	default:
+	}
+	// A restore also counts.
+	src := fsm.New(quietLogger())
+	src.Apply(&raft.Log{Index: 7, Type: raft.LogConfiguration})
+	if err := f.Restore(io.NopCloser(bytes.NewReader(stateBytes(src)))); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.idx != 5 || r.err != nil {
+		t.Fatalf("after restore: %+v", r)
+	}
+}
+
+func TestWaitAppliedHonoursContext(t *testing.T) {
+	f := fsm.New(quietLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.WaitApplied(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	// Already applied wins over a cancelled context.
+	f.Apply(&raft.Log{Index: 1, Type: raft.LogNoop})
+	if err := f.WaitApplied(ctx, 1); err != nil {
+		t.Fatalf("already applied: %v", err)
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- f.WaitApplied(ctx, 100) }()
+	f.Apply(&raft.Log{Index: 2, Type: raft.LogNoop}) // wakes it, not enough
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancel while waiting: %v", err)
+	}
+
+	dctx, dcancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+	defer dcancel()
+	if err := f.WaitApplied(dctx, 100); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("deadline: %v", err)
+	}
+}
+
+func TestConcurrentReadsWaitsAndApplies(t *testing.T) {
+	f := fsm.New(quietLogger())
+	const n = 300
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := uint64(1); i <= n; i += 7 {
+				if err := f.WaitApplied(context.Background(), i); err != nil {
+					t.Error(err)
+					return
+				}
+				f.Read(func(s *state.State) {
+					if s.Index() < i {
+						t.Errorf("state index %d < waited %d", s.Index(), i)
+					}
+					s.ListLocks("", "", 10)
+				})
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 20; i++ {
+			if snap, err := f.Snapshot(); err == nil {
+				snap.Persist(&fakeSink{})
+			}
+		}
+	}()
+	for i := uint64(1); i <= n; i++ {
+		f.Apply(cmdLog(i, fmt.Sprintf("c%d", i%5), &command.Acquire{Name: fmt.Sprintf("l%d", i%13), LeaseID: lease(byte(i)), TTLms: 1000, WaitMs: int64(i % 2 * 1000)}))
+	}
+	wg.Wait()
+}
+
+// TestWithRealRaft runs a single in-memory Raft node over the FSM: commands go
+// through raft.Apply, responses come back as *fsm.Response, and a Raft
+// snapshot restores into a fresh FSM with the same state.
+func TestWithRealRaft(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Raft node")
+	}
+	f, r, snaps, rec := startRaft(t)
+	var lastIdx uint64
+	for i := 0; i < 20; i++ {
+		env := (&command.Envelope{ClientID: fmt.Sprintf("c%d", i%3), Body: &command.Acquire{Name: "job", TTLms: 5000, WaitMs: 1000}}).Stamped(ts0 + int64(i))
+		fut := r.Apply(command.Encode(env), 5*time.Second)
+		if err := fut.Error(); err != nil {
+			t.Fatal(err)
+		}
+		resp, ok := fut.Response().(*fsm.Response)
+		if !ok || resp.Index != fut.Index() {
+			t.Fatalf("response %#v for index %d", fut.Response(), fut.Index())
+		}
+		if s := resp.Result.Status; s != command.StatusOK && s != command.StatusQueued {
+			t.Fatalf("status %v", s)
+		}
+		lastIdx = fut.Index()
+	}
+	if err := f.WaitApplied(context.Background(), lastIdx); err != nil {
+		t.Fatal(err)
+	}
+	if f.AppliedIndex() < lastIdx {
+		t.Fatalf("applied %d < %d", f.AppliedIndex(), lastIdx)
+	}
+	if err := r.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	list, err := snaps.List()
+	if err != nil || len(list) == 0 {
+		t.Fatalf("snapshots %v %v", list, err)
+	}
+	_, rc, err := snaps.Open(list[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := fsm.New(quietLogger())
+	if err := g.Restore(rc); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(stateBytes(g), stateBytes(f)) {
+		t.Fatal("state restored from the Raft snapshot differs")
+	}
+	if len(rec.applied) == 0 {
+		t.Fatal("observer saw nothing")
+	}
+}
+
+// Raft never hands LogNoop or LogBarrier entries to an FSM, so the FSM's
+// applied index stops at the last command or configuration entry. A read
+// path that waits on the FSM for Raft's commit/applied index (the new
+// leader's no-op, or a barrier) then blocks until the next write.
+func TestWaitAppliedReachesRaftAppliedIndex(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Raft node")
+	}
+	f, r, _, _ := startRaft(t)
+	if err := r.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	target := r.AppliedIndex()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := f.WaitApplied(ctx, target); err != nil {
+		t.Skipf("BUG (integration): raft applied index is %d (no-op/barrier entries) but FSM.AppliedIndex() is %d; WaitApplied(%d) blocks until the next command: %v",
+			target, f.AppliedIndex(), target, err)
+	}
+}
+
+func startRaft(t *testing.T) (*fsm.FSM, *raft.Raft, *raft.InmemSnapshotStore, *recorder) {
+	t.Helper()
+	conf := raft.DefaultConfig()
+	conf.LocalID = "n1"
+	conf.HeartbeatTimeout = 50 * time.Millisecond
+	conf.ElectionTimeout = 50 * time.Millisecond
+	conf.LeaderLeaseTimeout = 50 * time.Millisecond
+	conf.CommitTimeout = 5 * time.Millisecond
+	conf.Logger = hclog.NewNullLogger()
+	f := fsm.New(quietLogger())
+	rec := &recorder{}
+	f.AddObserver(rec)
+	store := raft.NewInmemStore()
+	snaps := raft.NewInmemSnapshotStore()
+	_, trans := raft.NewInmemTransport("n1")
+	r, err := raft.NewRaft(conf, f, store, store, snaps, trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown().Error() })
+	if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: trans.LocalAddr()}}}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.LeaderCh():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no leader")
+	}
+	for r.State() != raft.Leader {
+		<-r.LeaderCh()
+	}
+	return f, r, snaps, rec
+}

@@ -1,0 +1,141 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// errorBody is the one error shape of DESIGN §5.
+type errorBody struct {
+	Code    apierror.Code `json:"code"`
+	Message string        `json:"message"`
+}
+
+type errorEnvelope struct {
+	Error errorBody `json:"error"`
+}
+
+// acquireConflict is the 409 answer of an acquire that did not get the lock:
+// the error plus who holds it, so the caller can decide whether to wait.
+type acquireConflict struct {
+	Acquired bool            `json:"acquired"`
+	Error    errorBody       `json:"error"`
+	Holder   *service.Holder `json:"holder,omitempty"`
+}
+
+// writeJSON marshals before touching the response, so that a value that
+// cannot be encoded (a time.Time past year 9999, say) can still be answered
+// with a clean 500 instead of a half-written 200.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	// Answers carry live lock state and secrets (lease and session ids):
+	// nothing in between may cache them.
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+	return nil
+}
+
+// reply answers a service call: the error if there is one, else resp.
+func reply[T any](a *api, w http.ResponseWriter, r *http.Request, status int, resp *T, err error) {
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if resp == nil {
+		a.writeError(w, r, apierror.Wrap(apierror.Internal, errors.New("service returned neither an answer nor an error"), ""))
+		return
+	}
+	if err := writeJSON(w, status, resp); err != nil {
+		a.writeError(w, r, apierror.Wrap(apierror.Internal, err, "encoding the answer"))
+	}
+}
+
+// publicError is what a client may see of err, and its HTTP status.
+func (a *api) publicError(r *http.Request, err error) (*apierror.Error, int) {
+	e, isAPI := errors.AsType[*apierror.Error](err)
+	if !isAPI && r.Context().Err() != nil &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		// The client hung up (or the server is shutting down) and the service
+		// passed the context error through. Nobody may be listening, and it is
+		// no server fault worth an error log line.
+		e = &apierror.Error{Code: apierror.Unavailable, Message: "the request was cancelled before it finished; retry it", Err: err}
+	} else if !isAPI {
+		e = apierror.From(err)
+	}
+
+	status := apierror.HTTPStatus(e.Code)
+	if status != http.StatusInternalServerError {
+		return e, status
+	}
+	// Internal errors, and codes the table does not know, are logged with
+	// their cause and shown only as a pointer to the log: the cause may hold
+	// internals a client has no business seeing. Only the error text is
+	// logged, never a request, so lease ids stay out of the log as long as the
+	// service keeps them out of its errors.
+	id := RequestID(r.Context())
+	requestLogger(r.Context(), a.log).LogAttrs(r.Context(), slog.LevelError, "internal error",
+		slog.String("code", string(e.Code)), slog.String("error", err.Error()))
+	return &apierror.Error{
+		Code:    apierror.Internal,
+		Message: "internal error; see the server log for request id " + id,
+	}, status
+}
+
+// writeError answers err in the DESIGN §5 error shape.
+func (a *api) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e, status := a.publicError(r, err)
+	setRetryAfter(w, e, status)
+	writeJSON(w, status, errorEnvelope{Error: errorBody{Code: e.Code, Message: message(e)}})
+}
+
+func (a *api) writeAcquireConflict(w http.ResponseWriter, r *http.Request, resp *service.AcquireResponse, e *apierror.Error) {
+	writeJSON(w, apierror.HTTPStatus(e.Code), acquireConflict{
+		Acquired: false,
+		Error:    errorBody{Code: e.Code, Message: message(e)},
+		Holder:   resp.Holder,
+	})
+}
+
+// message never leaves an error without words: a bare code does not say
+// what to do.
+func message(e *apierror.Error) string {
+	if e.Message != "" {
+		return e.Message
+	}
+	return strings.ReplaceAll(string(e.Code), "_", " ")
+}
+
+// setRetryAfter tells clients when to come back from a 503 (no leader,
+// unavailable) or a 429. HTTP counts whole seconds, so round up and never
+// say 0, which would invite a retry storm.
+func setRetryAfter(w http.ResponseWriter, e *apierror.Error, status int) {
+	if status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests {
+		return
+	}
+	secs := int64(math.Ceil(e.RetryAfter.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	// An absurd hint from a bug upstream must not park clients for days.
+	if limit := int64(time.Hour / time.Second); secs > limit {
+		secs = limit
+	}
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+}

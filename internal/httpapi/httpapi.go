@@ -1,0 +1,415 @@
+// Package httpapi serves dlock's HTTP/JSON API (DESIGN §5): it decodes requests, calls the service layer and encodes answers. It holds no lock semantics.
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// Service is what the handlers need from the service layer; *service.Service
+// satisfies it. It is declared here, by its consumer, so the handlers can be
+// tested against a fake without a cluster.
+type Service interface {
+	Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error)
+	Release(ctx context.Context, req service.ReleaseRequest) (*service.ReleaseResponse, error)
+	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
+	GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error)
+	ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error)
+	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
+	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
+	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
+	Cluster(ctx context.Context) (*service.ClusterInfo, error)
+	Healthy() error
+	Ready() error
+}
+
+// DefaultMaxBodyBytes is the request body limit of DESIGN §5 (64 KiB).
+const DefaultMaxBodyBytes = 64 << 10
+
+// Options tunes the handler. The zero value is the DESIGN §5 behaviour.
+type Options struct {
+	// MaxBodyBytes bounds a request body; larger bodies get 413 too_large.
+	// 0 (or less) means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Metrics, when set, is served at /metrics (DESIGN §5 puts it at the root
+	// beside /healthz). It is an option rather than something the caller mounts
+	// beside this handler because putting this handler behind an http.ServeMux
+	// would bring back the ServeMux's path cleaning and its 301 redirects, which
+	// must never answer a bad lock name.
+	Metrics http.Handler
+}
+
+// API paths. Fixed segments are matched in their escaped form: only lock names
+// and session ids are unescaped, so "%2F" can carry a slash inside a name.
+const (
+	apiPrefix      = "/api/v1"
+	locksPrefix    = apiPrefix + "/locks"
+	sessionsPrefix = apiPrefix + "/sessions"
+)
+
+// Lock actions: the last path segment of POST /api/v1/locks/{name}/{action}.
+const (
+	actionAcquire = "acquire"
+	actionRelease = "release"
+	actionRenew   = "renew"
+)
+
+const (
+	allowGet    = "GET, HEAD"
+	allowPost   = "POST"
+	allowDelete = "DELETE"
+	allowLock   = "GET, HEAD, POST"
+)
+
+type api struct {
+	svc     Service
+	log     *slog.Logger
+	maxBody int64
+	metrics http.Handler
+}
+
+// New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
+// /readyz and, if Options.Metrics is set, /metrics.
+//
+// Use it as the http.Server's Handler directly, not behind an http.ServeMux:
+// a ServeMux cleans paths and 301-redirects "a//b" or "a/../b" before any
+// handler runs, while DESIGN §5 wants such lock names refused with 400. This
+// handler routes on r.URL.EscapedPath() itself and never redirects.
+//
+// A nil logger discards logs. The server's WriteTimeout must be longer than
+// the longest acquire wait the service allows, or blocking acquires are cut
+// off mid-wait.
+func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
+	if svc == nil {
+		panic("httpapi: New called with a nil Service")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics}
+	return a.middleware(http.HandlerFunc(a.route))
+}
+
+// route dispatches on the escaped path. It does not use http.ServeMux on
+// purpose; see New.
+func (a *api) route(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.EscapedPath()
+	switch p {
+	case "/healthz":
+		a.health(w, r, a.svc.Healthy)
+		return
+	case "/readyz":
+		a.health(w, r, a.svc.Ready)
+		return
+	case "/metrics":
+		if a.metrics != nil {
+			a.metrics.ServeHTTP(w, r)
+			return
+		}
+	}
+
+	if rest, ok := cutSegments(p, locksPrefix); ok {
+		// "/api/v1/locks" and "/api/v1/locks/" are both the collection.
+		if rest == "" || rest == "/" {
+			a.listLocks(w, r)
+		} else {
+			a.lock(w, r, rest[1:])
+		}
+		return
+	}
+	if rest, ok := cutSegments(p, sessionsPrefix); ok {
+		if rest == "" || rest == "/" {
+			a.sessions(w, r)
+			return
+		}
+		id, sub, hasSub := strings.Cut(rest[1:], "/")
+		switch {
+		case !hasSub:
+			a.session(w, r, id)
+		case sub == "keepalive":
+			a.keepAlive(w, r, id)
+		default:
+			a.notFound(w, r)
+		}
+		return
+	}
+	if p == apiPrefix+"/cluster" {
+		a.cluster(w, r)
+		return
+	}
+	a.notFound(w, r)
+}
+
+// cutSegments reports whether p is prefix itself or prefix followed by more
+// segments, and returns what follows ("" or starting with "/"), so that
+// "/api/v1/lockstep" does not count as under "/api/v1/locks".
+func cutSegments(p, prefix string) (string, bool) {
+	rest, ok := strings.CutPrefix(p, prefix)
+	if !ok || (rest != "" && rest[0] != '/') {
+		return "", false
+	}
+	return rest, true
+}
+
+func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
+	a.writeError(w, r, apierror.New(apierror.NotFound,
+		"no endpoint at this path; the API is under %s (locks, sessions, cluster), health at /healthz and /readyz", apiPrefix))
+}
+
+func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	a.writeError(w, r, apierror.New(apierror.MethodNotAllowed,
+		"method %s is not allowed here; use %s", r.Method, allow))
+}
+
+func isGet(r *http.Request) bool { return r.Method == http.MethodGet || r.Method == http.MethodHead }
+
+// lockName turns the escaped name part of a path into a canonical lock name.
+// Unescaping the whole part at once is what lets "billing%2Fjob" and
+// "billing/job" name the same lock.
+func lockName(escaped string) (string, *apierror.Error) {
+	raw, err := url.PathUnescape(escaped)
+	if err != nil {
+		return "", apierror.New(apierror.InvalidArgument, "lock name in the path has a bad %%-escape")
+	}
+	name, err := command.NormalizeName(raw)
+	if err != nil {
+		return "", apierror.New(apierror.InvalidArgument, "bad lock name: %v", err)
+	}
+	return name, nil
+}
+
+// sessionID unescapes the {id} segment. Its format is the service's business;
+// only an empty id is refused here, since it cannot name anything.
+func sessionID(escaped string) (string, *apierror.Error) {
+	id, err := url.PathUnescape(escaped)
+	if err != nil {
+		return "", apierror.New(apierror.InvalidArgument, "session id in the path has a bad %%-escape")
+	}
+	if id == "" {
+		return "", apierror.New(apierror.InvalidArgument, "session id in the path is empty")
+	}
+	return id, nil
+}
+
+// lock serves /api/v1/locks/{rest}: for GET the whole rest is the name, for
+// POST the last segment is the action (DESIGN §5), so a lock may itself be
+// called ".../acquire" and still be read.
+func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
+	switch {
+	case isGet(r):
+		q, aerr := parseQuery(r, "stale")
+		if aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		stale, aerr := parseStale(q)
+		if aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		name, aerr := lockName(rest)
+		if aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		view, err := a.svc.GetLock(r.Context(), name, stale)
+		reply(a, w, r, http.StatusOK, view, err)
+	case r.Method == http.MethodPost:
+		a.lockAction(w, r, rest)
+	default:
+		a.methodNotAllowed(w, r, allowLock)
+	}
+}
+
+func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
+	namePart, action := "", rest
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		namePart, action = rest[:i], rest[i+1:]
+	}
+	switch action {
+	case actionAcquire, actionRelease, actionRenew:
+	default:
+		a.writeError(w, r, apierror.New(apierror.NotFound,
+			"unknown lock action %q; POST to %s/{name}/%s, /%s or /%s",
+			action, locksPrefix, actionAcquire, actionRelease, actionRenew))
+		return
+	}
+	name, aerr := lockName(namePart)
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+
+	switch action {
+	case actionAcquire:
+		var req service.AcquireRequest
+		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		req.Name = name
+		// r.Context() is cancelled when the client hangs up, which is how a
+		// waiting acquirer withdraws from the queue (DESIGN §5); no timeout is
+		// added here because the wait bound is the service's.
+		resp, err := a.svc.Acquire(r.Context(), req)
+		if err != nil && resp != nil {
+			if c := apierror.CodeOf(err); c == apierror.LockHeld || c == apierror.WaitTimeout {
+				a.writeAcquireConflict(w, r, resp, apierror.From(err))
+				return
+			}
+		}
+		reply(a, w, r, http.StatusOK, resp, err)
+	case actionRelease:
+		var req service.ReleaseRequest
+		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		req.Name = name
+		resp, err := a.svc.Release(r.Context(), req)
+		reply(a, w, r, http.StatusOK, resp, err)
+	case actionRenew:
+		var req service.RenewRequest
+		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		req.Name = name
+		resp, err := a.svc.Renew(r.Context(), req)
+		reply(a, w, r, http.StatusOK, resp, err)
+	}
+}
+
+func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
+	if !isGet(r) {
+		a.methodNotAllowed(w, r, allowGet)
+		return
+	}
+	q, aerr := parseQuery(r, "prefix", "after", "limit", "stale")
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	req, aerr := listRequest(q)
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	resp, err := a.svc.ListLocks(r.Context(), req)
+	reply(a, w, r, http.StatusOK, resp, err)
+}
+
+func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		a.methodNotAllowed(w, r, allowPost)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	var req service.CreateSessionRequest
+	if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	resp, err := a.svc.CreateSession(r.Context(), req)
+	reply(a, w, r, http.StatusCreated, resp, err)
+}
+
+func (a *api) session(w http.ResponseWriter, r *http.Request, escapedID string) {
+	if r.Method != http.MethodDelete {
+		a.methodNotAllowed(w, r, allowDelete)
+		return
+	}
+	id, aerr := sessionID(escapedID)
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	var req service.DeleteSessionRequest
+	if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	req.SessionID = id
+	resp, err := a.svc.DeleteSession(r.Context(), req)
+	reply(a, w, r, http.StatusOK, resp, err)
+}
+
+func (a *api) keepAlive(w http.ResponseWriter, r *http.Request, escapedID string) {
+	if r.Method != http.MethodPost {
+		a.methodNotAllowed(w, r, allowPost)
+		return
+	}
+	id, aerr := sessionID(escapedID)
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	var req service.KeepAliveRequest
+	if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	req.SessionID = id
+	resp, err := a.svc.KeepAlive(r.Context(), req)
+	reply(a, w, r, http.StatusOK, resp, err)
+}
+
+func (a *api) cluster(w http.ResponseWriter, r *http.Request) {
+	if !isGet(r) {
+		a.methodNotAllowed(w, r, allowGet)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	info, err := a.svc.Cluster(r.Context())
+	reply(a, w, r, http.StatusOK, info, err)
+}
+
+// health serves /healthz and /readyz. Probes only look at the status, so any
+// failure is a 503 whatever code the check returned, and the query string is
+// ignored rather than refused.
+func (a *api) health(w http.ResponseWriter, r *http.Request, check func() error) {
+	if !isGet(r) {
+		a.methodNotAllowed(w, r, allowGet)
+		return
+	}
+	if err := check(); err != nil {
+		e := apierror.From(err)
+		if apierror.HTTPStatus(e.Code) != http.StatusServiceUnavailable {
+			// A plain error's text is the reason an operator needs to see;
+			// apierror.From would have hidden it behind a generic message.
+			e = &apierror.Error{Code: apierror.Unavailable, Message: err.Error(), RetryAfter: e.RetryAfter, Err: err}
+		}
+		a.writeError(w, r, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}

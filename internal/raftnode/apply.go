@@ -1,0 +1,304 @@
+// The apply helper: every write goes through Apply, which proposes on the
+// leader or forwards to it, retries through leader changes while that is safe,
+// and returns the FSM's result. Reads go through LinearizableRead.
+
+package raftnode
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/wire"
+)
+
+// errRetry marks an attempt that certainly did not reach the log (no leader,
+// leader not ready, proposal refused): trying again is always safe.
+var errRetry = errors.New("not applied; retry")
+
+// errUnknown marks an attempt whose outcome is unknown (leadership lost after
+// the proposal was appended, or a forwarded request lost mid-flight).
+var errUnknown = errors.New("outcome unknown")
+
+const maxForwardBody = 1 << 20
+
+// Apply commits a command and returns what the state machine answered. Any node
+// may call it: a follower forwards to the leader. It retries through elections
+// until ctx (or ApplyTimeout when ctx has no deadline) ends; after an unknown
+// outcome it retries only commands that are safe to repeat (a request_id, or an
+// idempotent command).
+func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
+		defer cancel()
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		var resp *fsm.Response
+		var err error
+		if n.raft.State() == raft.Leader {
+			resp, err = n.applyLocal(ctx, e)
+		} else {
+			resp, err = n.forwardApply(ctx, e)
+		}
+		switch {
+		case err == nil:
+			return resp, nil
+		case errors.Is(err, errRetry):
+		case errors.Is(err, errUnknown):
+			if e.RequestID == "" && !e.Idempotent() {
+				return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+					Message: "leadership changed while the request was in flight and its outcome is unknown; retry with a request_id to make retries safe"}
+			}
+		default:
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, n.unavailable(ctx.Err())
+		case <-n.ctx.Done():
+			return nil, &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second}
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 100*time.Millisecond)
+	}
+}
+
+func (n *Node) unavailable(cause error) error {
+	if leader, _ := n.raft.LeaderWithID(); leader == "" {
+		return &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: cause,
+			Message: "the cluster has no leader right now (an election is under way or a quorum of nodes is down); retry shortly"}
+	}
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: cause,
+		Message: "the request could not be committed in time; retry shortly"}
+}
+
+// Propose applies a command only if this node is the ready leader, without
+// forwarding or retrying. The lease reaper uses it.
+func (n *Node) Propose(ctx context.Context, e *command.Envelope) error {
+	_, err := n.applyLocal(ctx, e)
+	return err
+}
+
+// stamp returns the leader timestamp for the next entry: the wall clock, but
+// never earlier than anything already in the log.
+func (n *Node) stamp() int64 {
+	for {
+		prev := n.lastTS.Load()
+		ts := max(time.Now().UnixMilli(), prev)
+		if n.lastTS.CompareAndSwap(prev, ts) {
+			return ts
+		}
+	}
+}
+
+func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+	if !n.ready.Load() {
+		return nil, errRetry
+	}
+	stamped := e.Stamped(n.stamp())
+	timeout := time.Until(deadline(ctx))
+	if timeout <= 0 {
+		return nil, ctx.Err()
+	}
+	f := n.raft.Apply(command.Encode(stamped), timeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+			return nil, fmt.Errorf("%w: %v", errRetry, err)
+		case errors.Is(err, raft.ErrLeadershipLost):
+			return nil, fmt.Errorf("%w: %v", errUnknown, err)
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return nil, &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second, Err: err}
+		}
+		return nil, fmt.Errorf("raft apply: %w", err)
+	}
+	resp, ok := f.Response().(*fsm.Response)
+	if !ok {
+		return nil, fmt.Errorf("raft apply: unexpected FSM response %T", f.Response())
+	}
+	return resp, nil
+}
+
+func deadline(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(10 * time.Second)
+}
+
+// leaderAddr is the raft address of the current leader, if known and not self.
+func (n *Node) leaderAddr() (string, bool) {
+	addr, id := n.raft.LeaderWithID()
+	if addr == "" || string(id) == n.cfg.ID {
+		return "", false
+	}
+	return string(addr), true
+}
+
+func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+	addr, ok := n.leaderAddr()
+	if !ok {
+		return nil, errRetry
+	}
+	body, status, err := n.forward(ctx, addr, "/forward/apply", command.Encode(e))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// The request may or may not have reached the leader.
+		return nil, fmt.Errorf("%w: forward to leader %s: %v", errUnknown, addr, err)
+	}
+	switch status {
+	case http.StatusOK:
+	case http.StatusServiceUnavailable:
+		return nil, errRetry
+	case http.StatusConflict:
+		return nil, fmt.Errorf("%w: %s", errUnknown, body)
+	default:
+		return nil, fmt.Errorf("forward to leader %s: status %d: %s", addr, status, body)
+	}
+	r := wire.NewReader(body)
+	resp := &fsm.Response{Index: r.Uvarint()}
+	resp.Result = command.DecodeResult(r)
+	if err := r.Err(); err != nil {
+		return nil, fmt.Errorf("forward to leader %s: bad answer: %w", addr, err)
+	}
+	return resp, nil
+}
+
+func (n *Node) forward(ctx context.Context, addr, path string, payload []byte) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(payload))
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("X-Dlock-From", n.cfg.ID)
+	res, err := n.fwdClient.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, maxForwardBody))
+	if err != nil {
+		return nil, 0, err
+	}
+	return body, res.StatusCode, nil
+}
+
+// forwardHandler serves other nodes: apply a command here (only if this node is
+// the ready leader — never forward again, so requests cannot loop) and read-index.
+func (n *Node) forwardHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /forward/apply", func(w http.ResponseWriter, r *http.Request) {
+		data, err := io.ReadAll(io.LimitReader(r.Body, maxForwardBody))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		e, err := command.Decode(data)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := n.applyLocal(r.Context(), e)
+		switch {
+		case err == nil:
+		case errors.Is(err, errRetry):
+			http.Error(w, "not the leader", http.StatusServiceUnavailable)
+			return
+		case errors.Is(err, errUnknown):
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		default:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		wr := &wire.Writer{}
+		wr.Uvarint(resp.Index)
+		command.EncodeResult(wr, &resp.Result)
+		_, _ = w.Write(wr.Buf)
+	})
+	mux.HandleFunc("POST /forward/readindex", func(w http.ResponseWriter, r *http.Request) {
+		idx, err := n.readIndexLocal()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(binary.AppendUvarint(nil, idx))
+	})
+	return mux
+}
+
+// readIndexLocal confirms this node still leads (a heartbeat round to a quorum)
+// and returns its applied index: every write acknowledged before the call was
+// applied here before it was acknowledged.
+func (n *Node) readIndexLocal() (uint64, error) {
+	if !n.ready.Load() {
+		return 0, errRetry
+	}
+	idx := n.fsm.AppliedIndex()
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return 0, fmt.Errorf("%w: %v", errRetry, err)
+	}
+	return idx, nil
+}
+
+// LinearizableRead returns once the local state machine reflects every write
+// acknowledged before the call. The leader confirms its leadership; a follower
+// asks the leader for its applied index and waits until it has applied as much.
+func (n *Node) LinearizableRead(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
+		defer cancel()
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		var idx uint64
+		var err error
+		if n.raft.State() == raft.Leader {
+			idx, err = n.readIndexLocal()
+		} else if addr, ok := n.leaderAddr(); ok {
+			var body []byte
+			var status int
+			body, status, err = n.forward(ctx, addr, "/forward/readindex", nil)
+			if err == nil && status != http.StatusOK {
+				err = errRetry
+			}
+			if err == nil {
+				var k int
+				idx, k = binary.Uvarint(body)
+				if k <= 0 {
+					err = errors.New("bad read index answer")
+				}
+			}
+		} else {
+			err = errRetry
+		}
+		if err == nil {
+			if werr := n.fsm.WaitApplied(ctx, idx); werr != nil {
+				return n.unavailable(werr)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return n.unavailable(ctx.Err())
+		case <-n.ctx.Done():
+			return &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second}
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 100*time.Millisecond)
+	}
+}

@@ -1,0 +1,418 @@
+// Node lifecycle: open the stores, start Raft, bootstrap on first start, follow
+// leadership (barrier, then promote the reaper), and shut down in order.
+
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/expiry"
+	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// Config configures one node.
+type Config struct {
+	ID      string
+	DataDir string
+	// RaftAddr is where the node listens for Raft and forwarding traffic.
+	RaftAddr string
+	// RaftAdvertise is the address peers dial (defaults to RaftAddr).
+	RaftAdvertise string
+	// APIAddr is the client API address this node advertises to the cluster.
+	APIAddr string
+	// InitialCluster maps node id to raft address; used only on first start.
+	InitialCluster map[string]string
+
+	LogStore          LogStoreKind
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+	SnapshotRetain    int
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	// ApplyTimeout bounds a write whose context has no deadline.
+	ApplyTimeout time.Duration
+	// RaftLogLevel is hclog's level for Raft's own logs (default "warn").
+	RaftLogLevel string
+	Logger       *slog.Logger
+}
+
+// Defaults fills unset fields with the documented defaults.
+func (c *Config) Defaults() {
+	if c.LogStore == "" {
+		c.LogStore = DefaultLogStore
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 16384
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = 30 * time.Second
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.SnapshotRetain == 0 {
+		c.SnapshotRetain = 2
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 500 * time.Millisecond
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = 500 * time.Millisecond
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = 250 * time.Millisecond
+	}
+	if c.ApplyTimeout == 0 {
+		c.ApplyTimeout = 10 * time.Second
+	}
+	if c.RaftLogLevel == "" {
+		c.RaftLogLevel = "warn"
+	}
+	if c.RaftAdvertise == "" {
+		c.RaftAdvertise = c.RaftAddr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Node is one running dlock Raft node.
+type Node struct {
+	cfg    Config
+	logger *slog.Logger
+
+	raft      *raft.Raft
+	fsm       *fsm.FSM
+	reaper    *expiry.Reaper
+	mux       *Mux
+	trans     *raft.NetworkTransport
+	closeLogs func() error
+
+	fwdServer *http.Server
+	fwdClient *http.Client
+
+	// ready is true while this node is the leader and its barrier has been
+	// applied: only then may it stamp, propose and answer reads.
+	ready  atomic.Bool
+	lastTS atomic.Int64
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// Open starts a node. On first start with InitialCluster set it bootstraps the
+// cluster; later starts recover everything from DataDir.
+func Open(cfg Config) (*Node, error) {
+	cfg.Defaults()
+	if cfg.ID == "" {
+		return nil, errors.New("node id is empty: pass --id")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID)}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.fsm = fsm.New(n.logger)
+	n.reaper = expiry.New(expiry.SystemClock{}, proposerFunc(n.Propose), n.fsm, n.logger)
+	n.fsm.AddObserver(n.reaper)
+
+	ok := false
+	defer func() {
+		if !ok {
+			n.cancel()
+			n.closeAll()
+		}
+	}()
+
+	if err := checkLogStoreKind(cfg.DataDir, cfg.LogStore); err != nil {
+		return nil, err
+	}
+	store, closeLogs, err := OpenLogStore(cfg.LogStore, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n.closeLogs = closeLogs
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.LevelFromString(cfg.RaftLogLevel), Output: os.Stderr})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog) // adds "snapshots/"
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
+	}
+
+	ln, err := net.Listen("tcp", cfg.RaftAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for raft on %s: %w (is another node using this port?)", cfg.RaftAddr, err)
+	}
+	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
+	}
+	n.mux = NewMux(ln, adv, n.logger)
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); _ = n.mux.Serve() }()
+	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: n.mux.RaftLayer(), MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog,
+	})
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.Logger = hlog
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	// Group commit: the leader takes up to MaxAppendEntries queued proposals
+	// into one log write (one fsync) and one AppendEntries round.
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 512
+	rc.PreVoteDisabled = false
+
+	hasState, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("inspect raft state in %s: %w", cfg.DataDir, err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.trans)
+	if err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	n.raft = r
+	if !hasState && len(cfg.InitialCluster) > 0 {
+		if _, self := cfg.InitialCluster[cfg.ID]; !self {
+			return nil, fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)
+		}
+		ids := make([]string, 0, len(cfg.InitialCluster))
+		for id := range cfg.InitialCluster {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		var servers []raft.Server
+		for _, id := range ids {
+			servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(cfg.InitialCluster[id]), Suffrage: raft.Voter})
+		}
+		// Every initial member bootstraps with the same configuration; Raft
+		// treats identical bootstraps as one.
+		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+			return nil, fmt.Errorf("bootstrap cluster: %w", err)
+		}
+		n.logger.Info("bootstrapped new cluster", "members", len(servers))
+	} else if hasState {
+		n.logger.Info("recovered raft state from data dir", "dir", cfg.DataDir)
+	}
+
+	n.fwdClient = &http.Client{Transport: &http.Transport{
+		DialContext:         ForwardDialer(nil),
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
+	n.wg.Add(3)
+	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
+	go func() { defer n.wg.Done(); n.followLeadership() }()
+	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.registerSelf() }()
+	ok = true
+	return n, nil
+}
+
+type proposerFunc func(ctx context.Context, e *command.Envelope) error
+
+func (f proposerFunc) Propose(ctx context.Context, e *command.Envelope) error { return f(ctx, e) }
+
+// FSM is the node's state machine (for reads and observers).
+func (n *Node) FSM() *fsm.FSM { return n.fsm }
+
+// Raft exposes the underlying Raft instance for status and tests.
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// ID is the node id.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// IsLeader reports whether this node is the leader and ready to serve.
+func (n *Node) IsLeader() bool { return n.ready.Load() && n.raft.State() == raft.Leader }
+
+// followLeadership promotes and demotes the reaper as leadership comes and
+// goes. LeaderCh may drop signals, so Raft's own state is re-read on every
+// signal and on a short tick.
+func (n *Node) followLeadership() {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var termCancel context.CancelFunc
+	leading := false
+	for {
+		select {
+		case <-n.ctx.Done():
+			if termCancel != nil {
+				termCancel()
+			}
+			return
+		case <-n.raft.LeaderCh():
+		case <-tick.C:
+		}
+		now := n.raft.State() == raft.Leader
+		if now == leading {
+			continue
+		}
+		leading = now
+		if now {
+			var tctx context.Context
+			tctx, termCancel = context.WithCancel(n.ctx)
+			n.wg.Add(1)
+			go func() { defer n.wg.Done(); n.becomeReady(tctx) }()
+		} else {
+			if termCancel != nil {
+				termCancel()
+				termCancel = nil
+			}
+			n.ready.Store(false)
+			n.reaper.Demote()
+			n.logger.Info("lost leadership")
+		}
+	}
+}
+
+// becomeReady applies a barrier so every entry of earlier terms is in the FSM,
+// then starts the reaper from that state and opens the node for writes.
+func (n *Node) becomeReady(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := n.raft.Barrier(5 * time.Second).Error(); err != nil {
+			n.logger.Warn("leader barrier failed; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		if ctx.Err() != nil || n.raft.State() != raft.Leader {
+			return
+		}
+		// Timestamps never go backwards along the log, even if this node's
+		// clock is behind the previous leader's.
+		n.fsm.Read(func(s *state.State) {
+			for {
+				prev := n.lastTS.Load()
+				if prev >= s.LastTS() || n.lastTS.CompareAndSwap(prev, s.LastTS()) {
+					return
+				}
+			}
+		})
+		n.reaper.Promote()
+		n.ready.Store(true)
+		n.logger.Info("became leader", "term", n.raft.CurrentTerm(), "applied", n.fsm.AppliedIndex())
+		return
+	}
+}
+
+// registerSelf records this node's API address in the replicated state once a
+// leader exists, so every node can point clients to the leader's API.
+func (n *Node) registerSelf() {
+	if n.cfg.APIAddr == "" {
+		return
+	}
+	want := state.Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAdvertise, APIAddr: n.cfg.APIAddr}
+	for n.ctx.Err() == nil {
+		registered := false
+		n.fsm.Read(func(s *state.State) {
+			for _, m := range s.Members() {
+				if m == want {
+					registered = true
+				}
+			}
+		})
+		if registered {
+			return
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
+		_, err := n.Apply(ctx, &command.Envelope{Body: &command.RegisterMember{ID: want.ID, RaftAddr: want.RaftAddr, APIAddr: want.APIAddr}})
+		cancel()
+		if err == nil {
+			continue
+		}
+		select {
+		case <-n.ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Shutdown stops the node: Raft first (so nothing new commits), then the
+// forwarding server, transport and stores. Safe to call twice.
+func (n *Node) Shutdown() error {
+	if !n.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	n.cancel()
+	var err error
+	if n.raft != nil {
+		err = n.raft.Shutdown().Error()
+	}
+	n.ready.Store(false)
+	n.closeAll()
+	n.wg.Wait()
+	return err
+}
+
+func (n *Node) closeAll() {
+	if n.fwdServer != nil {
+		_ = n.fwdServer.Close()
+	}
+	if n.fwdClient != nil {
+		n.fwdClient.CloseIdleConnections()
+	}
+	if n.trans != nil {
+		_ = n.trans.Close()
+	}
+	if n.mux != nil {
+		_ = n.mux.Close()
+	}
+	if n.closeLogs != nil {
+		_ = n.closeLogs()
+	}
+}
+
+// checkLogStoreKind pins a data dir to the log store it was created with:
+// opening it with the other kind would find no log and could bootstrap a
+// fresh, empty cluster over the old one.
+func checkLogStoreKind(dir string, kind LogStoreKind) error {
+	path := filepath.Join(dir, "LOG_STORE")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if got := LogStoreKind(strings.TrimSpace(string(b))); got != kind {
+			return fmt.Errorf("data dir %s was created with --log-store %s; start with --log-store %s (or use a new data dir)", dir, got, got)
+		}
+		return nil
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.WriteFile(path, []byte(string(kind)+"\n"), 0o640); err != nil {
+			return fmt.Errorf("record log store kind in %s: %w", dir, err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+}

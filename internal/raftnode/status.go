@@ -1,0 +1,122 @@
+// Status and readiness of a node, for GET /cluster, /readyz and metrics.
+
+package raftnode
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/state"
+)
+
+// ServerStatus is one member of the Raft configuration.
+type ServerStatus struct {
+	ID       string
+	RaftAddr string
+	APIAddr  string
+	Suffrage string
+	State    string
+}
+
+// Status is a snapshot of the node's view of the cluster.
+type Status struct {
+	ID           string
+	State        string
+	LeaderID     string
+	LeaderAddr   string
+	LeaderAPI    string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	LastContact  time.Duration
+	Servers      []ServerStatus
+	Revision     uint64
+	LastToken    uint64
+}
+
+// Status reports the node's current view of the cluster.
+func (n *Node) Status() Status {
+	addr, id := n.raft.LeaderWithID()
+	st := Status{
+		ID:           n.cfg.ID,
+		State:        n.raft.State().String(),
+		LeaderID:     string(id),
+		LeaderAddr:   string(addr),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.fsm.AppliedIndex(),
+		LastContact:  time.Since(n.raft.LastContact()),
+	}
+	members := map[string]state.Member{}
+	n.fsm.Read(func(s *state.State) {
+		for _, m := range s.Members() {
+			members[m.ID] = m
+		}
+		st.Revision = s.Revision()
+		st.LastToken = s.LastToken()
+	})
+	if m, ok := members[st.LeaderID]; ok {
+		st.LeaderAPI = m.APIAddr
+	}
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			ss := ServerStatus{ID: string(s.ID), RaftAddr: string(s.Address), APIAddr: members[string(s.ID)].APIAddr, Suffrage: suffrage(s.Suffrage)}
+			switch {
+			case string(s.ID) == st.LeaderID:
+				ss.State = "leader"
+			case s.Suffrage == raft.Voter:
+				ss.State = "follower"
+			default:
+				ss.State = "learner"
+			}
+			st.Servers = append(st.Servers, ss)
+		}
+	}
+	return st
+}
+
+func suffrage(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return "voter"
+	case raft.Nonvoter:
+		return "nonvoter"
+	}
+	return "staging"
+}
+
+// MaxReadyLag is how far the applied index may trail the commit index for the
+// node to count as ready.
+const MaxReadyLag = 1000
+
+// Ready reports whether the node can serve: a leader is known (and, on the
+// leader, its barrier is applied), and this node has applied nearly all it knows
+// to be committed.
+func (n *Node) Ready() error {
+	if n.closed.Load() {
+		return errors.New("node is shutting down")
+	}
+	leader, _ := n.raft.LeaderWithID()
+	if leader == "" {
+		return errors.New("no leader known: an election is under way or this node cannot reach a quorum")
+	}
+	if n.raft.State() == raft.Leader && !n.ready.Load() {
+		return errors.New("leader is still applying earlier terms' entries")
+	}
+	commit, applied := n.raft.CommitIndex(), n.fsm.AppliedIndex()
+	if commit > applied+MaxReadyLag {
+		return fmt.Errorf("applied index %d trails commit index %d by more than %d", applied, commit, MaxReadyLag)
+	}
+	return nil
+}
+
+// Healthy reports whether the process is alive and Raft is running.
+func (n *Node) Healthy() error {
+	if n.closed.Load() || n.raft.State() == raft.Shutdown {
+		return errors.New("raft is shut down")
+	}
+	return nil
+}

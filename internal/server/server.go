@@ -1,0 +1,101 @@
+// Package server assembles one dlock node: the Raft node, the service layer and
+// the HTTP API listener, with an orderly start and shutdown. cmd/dlock and the
+// in-process cluster tests both use it, so tests run exactly what ships.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/dlock/dlock/internal/httpapi"
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// Config is a node's raft settings plus where to serve the client API.
+type Config struct {
+	Raft raftnode.Config
+	// APIAddr is the HTTP listen address; Raft.APIAddr (advertised) defaults to it.
+	APIAddr string
+	// MaxBodyBytes bounds request bodies (default 64 KiB).
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+}
+
+// Server is one running node.
+type Server struct {
+	Node    *raftnode.Node
+	Service *service.Service
+	http    *http.Server
+	ln      net.Listener
+	done    chan struct{}
+	logger  *slog.Logger
+}
+
+// Start opens the node and begins serving the API.
+func Start(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ln, err := net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
+	}
+	rc := cfg.Raft
+	if rc.APIAddr == "" {
+		rc.APIAddr = ln.Addr().String()
+	}
+	if rc.Logger == nil {
+		rc.Logger = cfg.Logger
+	}
+	node, err := raftnode.Open(rc)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	svc := service.New(node, cfg.Logger)
+	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID)}
+	s.http = &http.Server{
+		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes}),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	go func() {
+		defer close(s.done)
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.logger.Error("API server stopped", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// APIAddr is the address the API listens on.
+func (s *Server) APIAddr() string { return s.ln.Addr().String() }
+
+// Shutdown stops accepting requests, lets open ones finish until ctx ends,
+// then stops the node.
+func (s *Server) Shutdown(ctx context.Context) error {
+	herr := s.http.Shutdown(ctx)
+	if herr != nil {
+		_ = s.http.Close()
+	}
+	<-s.done
+	nerr := s.Node.Shutdown()
+	return errors.Join(herr, nerr)
+}
+
+// Kill stops the node abruptly, as a crash would (tests): open connections are
+// cut and Raft stops without a graceful hand-over.
+func (s *Server) Kill() {
+	// Raft first: a crashed node commits nothing more, not even the clean-up of
+	// the requests its dying connections abandon.
+	_ = s.Node.Shutdown()
+	_ = s.http.Close()
+	<-s.done
+}

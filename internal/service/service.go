@@ -1,0 +1,500 @@
+// Package service is dlock's one semantic layer between the protocol APIs
+// (HTTP, gRPC, WebSocket) and the Raft node: it validates requests, turns them
+// into commands, waits for queued acquires in FIFO order, and turns results into
+// answers and typed errors. Every protocol calls the same methods, so every
+// protocol behaves the same.
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// Node is what the service needs from the Raft node (raftnode.Node).
+type Node interface {
+	Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error)
+	LinearizableRead(ctx context.Context) error
+	FSM() *fsm.FSM
+	Status() raftnode.Status
+	Ready() error
+	Healthy() error
+}
+
+// Service implements the lock, session and cluster calls.
+type Service struct {
+	node    Node
+	fsm     *fsm.FSM
+	waiters *waitRegistry
+	logger  *slog.Logger
+}
+
+// New builds the service over a node and subscribes to its applied events.
+func New(node Node, logger *slog.Logger) *Service {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	s := &Service{node: node, fsm: node.FSM(), waiters: newWaitRegistry(), logger: logger}
+	s.fsm.AddObserver(s.waiters)
+	return s
+}
+
+// cancelTimeout bounds the clean-up a cancelled acquire commits after its
+// client has gone.
+const cancelTimeout = 5 * time.Second
+
+func ms(t int64) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(t).UTC()
+}
+
+func invalid(format string, args ...any) error {
+	return apierror.New(apierror.InvalidArgument, format, args...)
+}
+
+func checkID(field, v string, required bool) error {
+	if v == "" {
+		if required {
+			return invalid("%s is required", field)
+		}
+		return nil
+	}
+	if len(v) > command.MaxClientID {
+		return invalid("%s is %d bytes; the limit is %d", field, len(v), command.MaxClientID)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x21 || v[i] > 0x7e {
+			return invalid("%s may contain only printable ASCII without spaces", field)
+		}
+	}
+	return nil
+}
+
+func checkTTL(ttl int64, required bool) error {
+	if ttl == 0 && !required {
+		return nil
+	}
+	if ttl < command.MinTTLms || ttl > command.MaxTTLms {
+		return invalid("ttl_ms must be between %d and %d (1 s to 600 s), got %d", command.MinTTLms, command.MaxTTLms, ttl)
+	}
+	return nil
+}
+
+func parseLease(field, v string) (command.LeaseID, error) {
+	id, err := command.ParseLeaseID(v)
+	if err != nil {
+		return id, invalid("%s must be the 32-hex-digit id the grant returned", field)
+	}
+	return id, nil
+}
+
+func normalize(name string) (string, error) {
+	n, err := command.NormalizeName(name)
+	if err != nil {
+		return "", invalid("bad lock name: %v", err)
+	}
+	return n, nil
+}
+
+// envelope builds a command. A request without request_id gets a server-made
+// one, so the node may retry it through a leader change without acting twice.
+func envelope(clientID, requestID string, body command.Body) *command.Envelope {
+	if requestID == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		requestID = "srv-" + hex.EncodeToString(b[:])
+	}
+	return &command.Envelope{ClientID: clientID, RequestID: requestID, Body: body}
+}
+
+func statusErr(r command.Result, what string) error {
+	switch r.Status {
+	case command.StatusNotHolder:
+		return apierror.New(apierror.NotHolder, "%s refused: the caller does not hold this lock with that fencing_token and lease_id (it may have expired or been released); acquire it again", what)
+	case command.StatusSessionNotFound:
+		return apierror.New(apierror.SessionNotFound, "session not found (it expired, was deleted, or belongs to another client_id); create a new session")
+	case command.StatusInvalid:
+		return invalid("%s: %s", what, r.Message)
+	}
+	return apierror.New(apierror.Internal, "%s: unexpected result %s", what, r.Status)
+}
+
+func holderView(h command.Holder) *Holder {
+	return &Holder{ClientID: h.ClientID, FencingToken: h.Token, GrantedAt: ms(h.GrantedAt), ExpiresAt: ms(h.ExpiresAt)}
+}
+
+// Acquire takes a lock, or waits for it in FIFO order when WaitTimeoutMs > 0.
+func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResponse, error) {
+	name, err := normalize(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	if req.WaitTimeoutMs < 0 || req.WaitTimeoutMs > command.MaxWaitMs {
+		return nil, invalid("wait_timeout_ms must be between 0 and %d, got %d", command.MaxWaitMs, req.WaitTimeoutMs)
+	}
+	body := &command.Acquire{Name: name, WaitMs: req.WaitTimeoutMs}
+	switch {
+	case req.SessionID != "" && req.TTLms != 0:
+		return nil, invalid("give either ttl_ms (a lease for this lock alone) or session_id, not both")
+	case req.SessionID != "":
+		id, err := parseLease("session_id", req.SessionID)
+		if err != nil {
+			return nil, err
+		}
+		body.Session, body.LeaseID = true, id
+	default:
+		if req.TTLms == 0 {
+			return nil, invalid("ttl_ms is required (%d to %d) unless session_id is given", command.MinTTLms, command.MaxTTLms)
+		}
+		if err := checkTTL(req.TTLms, true); err != nil {
+			return nil, err
+		}
+		body.TTLms = req.TTLms
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, body))
+	if err != nil {
+		return nil, err
+	}
+	r := resp.Result
+	switch r.Status {
+	case command.StatusOK:
+		return &AcquireResponse{Acquired: true, FencingToken: r.Token, ExpiresAt: ms(r.ExpiresAt), LeaseID: r.LeaseID.String(), Revision: r.Revision}, nil
+	case command.StatusLockHeld:
+		return &AcquireResponse{Acquired: false, Holder: holderView(r.Holder), Revision: r.Revision},
+			apierror.New(apierror.LockHeld, "lock %q is held by client %q; retry later, or pass wait_timeout_ms to wait in line", name, r.Holder.ClientID)
+	case command.StatusQueued:
+		return s.await(ctx, req.ClientID, name, body.Session, r, resp.Index, time.Duration(req.WaitTimeoutMs)*time.Millisecond)
+	}
+	return nil, statusErr(r, "acquire")
+}
+
+type waitOutcome int
+
+const (
+	stillWaiting waitOutcome = iota
+	wasGranted
+	waitGone
+)
+
+// checkWait looks at the local state for the fate of one queued acquire.
+func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *AcquireResponse, bool) {
+	out, leaseAlive := waitGone, false
+	var res *AcquireResponse
+	s.fsm.Read(func(st *state.State) {
+		l, ok := st.Lease(w.LeaseID)
+		leaseAlive = ok
+		h := st.LockHolder(name)
+		if h.Holder == w.LeaseID && h.GrantSeq == w.Seq {
+			out = wasGranted
+			res = &AcquireResponse{Acquired: true, FencingToken: h.Token, ExpiresAt: ms(l.ExpiresAt()), LeaseID: w.LeaseID.String(), Revision: st.Revision()}
+			return
+		}
+		if seq, ok := st.WaitSeq(w.LeaseID, name); ok && seq == w.Seq {
+			out = stillWaiting
+		}
+	})
+	return out, res, leaseAlive
+}
+
+// await blocks a queued acquire until it is granted, times out, or its caller
+// goes away. The wait itself is replicated; this only watches for its fate.
+func (s *Service) await(ctx context.Context, clientID, name string, session bool, r command.Result, index uint64, wait time.Duration) (*AcquireResponse, error) {
+	w := command.WaitRef{LeaseID: r.LeaseID, Name: name, Seq: r.Seq}
+	sig := s.waiters.add(w.LeaseID)
+	defer s.waiters.remove(w.LeaseID, sig)
+	// A follower may not have applied the entry the leader answered from yet.
+	if err := s.fsm.WaitApplied(ctx, index); err != nil {
+		return s.abandon(clientID, name, w, err)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		out, res, alive := s.checkWait(name, w)
+		switch out {
+		case wasGranted:
+			return res, nil
+		case waitGone:
+			if session && !alive {
+				return nil, apierror.New(apierror.SessionNotFound, "the session ended while waiting for lock %q; create a new session", name)
+			}
+			return s.timedOut(name)
+		}
+		select {
+		case <-sig:
+		case <-timer.C:
+			// Withdraw the wait through Raft, then answer with what really
+			// happened: a grant that raced with the timeout wins.
+			resp, err := s.node.Apply(ctx, envelope(clientID, "", &command.ExpireWaits{Waits: []command.WaitRef{w}}))
+			if err != nil {
+				return nil, err
+			}
+			if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
+				return nil, apierror.Wrap(apierror.Unavailable, err, "waiting for the local state to catch up; retry")
+			}
+			if out, res, _ := s.checkWait(name, w); out == wasGranted {
+				return res, nil
+			}
+			return s.timedOut(name)
+		case <-ctx.Done():
+			return s.abandon(clientID, name, w, ctx.Err())
+		}
+	}
+}
+
+func (s *Service) timedOut(name string) (*AcquireResponse, error) {
+	var li state.LockInfo
+	s.fsm.Read(func(st *state.State) { li = st.GetLock(name) })
+	res := &AcquireResponse{Acquired: false}
+	if li.Held {
+		res.Holder = holderView(li.Holder)
+	}
+	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for lock %q after wait_timeout_ms; it is still held; wait longer or try again later", name)
+}
+
+// abandon withdraws a wait whose caller went away; if the lock was granted to
+// that very wait in the meantime, it is released, so nothing is left behind.
+func (s *Service) abandon(clientID, name string, w command.WaitRef, cause error) (*AcquireResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+	defer cancel()
+	if _, err := s.node.Apply(ctx, envelope(clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: true})); err != nil {
+		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", name, "err", err)
+	}
+	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before lock %q was granted; the wait was withdrawn", name)
+}
+
+// Release gives a lock back and hands it to the next waiter.
+func (s *Service) Release(ctx context.Context, req ReleaseRequest) (*ReleaseResponse, error) {
+	name, err := normalize(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	if req.FencingToken == 0 {
+		return nil, invalid("fencing_token is required")
+	}
+	id, err := parseLease("lease_id", req.LeaseID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Release{Name: name, LeaseID: id, Token: req.FencingToken}))
+	if err != nil {
+		return nil, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return nil, statusErr(resp.Result, "release")
+	}
+	return &ReleaseResponse{Released: true, Revision: resp.Result.Revision}, nil
+}
+
+// Renew extends the lease that holds a lock.
+func (s *Service) Renew(ctx context.Context, req RenewRequest) (*RenewResponse, error) {
+	name, err := normalize(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	if req.FencingToken == 0 {
+		return nil, invalid("fencing_token is required")
+	}
+	if err := checkTTL(req.TTLms, false); err != nil {
+		return nil, err
+	}
+	id, err := parseLease("lease_id", req.LeaseID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: name, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}))
+	if err != nil {
+		return nil, err
+	}
+	r := resp.Result
+	if r.Status != command.StatusOK {
+		return nil, statusErr(r, "renew")
+	}
+	return &RenewResponse{Renewed: true, ExpiresAt: ms(r.ExpiresAt), TTLms: r.TTLms, Revision: r.Revision}, nil
+}
+
+func (s *Service) read(ctx context.Context, stale bool) error {
+	if stale {
+		return nil
+	}
+	return s.node.LinearizableRead(ctx)
+}
+
+func lockView(li state.LockInfo, rev uint64) LockView {
+	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev}
+	if li.Held {
+		v.Holder = holderView(li.Holder)
+	}
+	return v
+}
+
+// GetLock returns one lock. Linearizable unless stale.
+func (s *Service) GetLock(ctx context.Context, name string, stale bool) (*LockView, error) {
+	n, err := normalize(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, stale); err != nil {
+		return nil, err
+	}
+	var v LockView
+	s.fsm.Read(func(st *state.State) { v = lockView(st.GetLock(n), st.Revision()) })
+	return &v, nil
+}
+
+// ListLocks lists locks by prefix, a page at a time.
+func (s *Service) ListLocks(ctx context.Context, req ListRequest) (*ListResponse, error) {
+	prefix, err := command.ValidatePrefix(req.Prefix)
+	if err != nil {
+		return nil, invalid("bad prefix: %v", err)
+	}
+	after := req.After
+	if after != "" {
+		if after, err = normalize(after); err != nil {
+			return nil, err
+		}
+	}
+	limit := req.Limit
+	switch {
+	case limit == 0:
+		limit = DefaultListLimit
+	case limit < 0 || limit > MaxListLimit:
+		return nil, invalid("limit must be between 1 and %d", MaxListLimit)
+	}
+	if err := s.read(ctx, req.Stale); err != nil {
+		return nil, err
+	}
+	out := &ListResponse{Locks: []LockView{}}
+	s.fsm.Read(func(st *state.State) {
+		infos, more := st.ListLocks(prefix, after, limit)
+		out.Revision, out.More = st.Revision(), more
+		for _, li := range infos {
+			out.Locks = append(out.Locks, lockView(li, out.Revision))
+		}
+	})
+	return out, nil
+}
+
+// CreateSession creates an explicit session.
+func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (*SessionResponse, error) {
+	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	if err := checkTTL(req.TTLms, true); err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms}))
+	if err != nil {
+		return nil, err
+	}
+	r := resp.Result
+	if r.Status != command.StatusOK {
+		return nil, statusErr(r, "create session")
+	}
+	return &SessionResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision}, nil
+}
+
+func (s *Service) sessionID(v string) (command.LeaseID, error) {
+	id, err := command.ParseLeaseID(v)
+	if err != nil {
+		return id, invalid("session id must be the 32-hex-digit id that session create returned")
+	}
+	return id, nil
+}
+
+// KeepAlive renews a session.
+func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (*SessionResponse, error) {
+	id, err := s.sessionID(req.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("client_id", req.ClientID, false); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.KeepAlive{LeaseID: id}))
+	if err != nil {
+		return nil, err
+	}
+	r := resp.Result
+	if r.Status != command.StatusOK {
+		return nil, statusErr(r, "keepalive")
+	}
+	return &SessionResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision}, nil
+}
+
+// DeleteSession ends a session, releasing its locks and dropping its waits.
+func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (*DeleteSessionResponse, error) {
+	id, err := s.sessionID(req.SessionID)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("client_id", req.ClientID, false); err != nil {
+		return nil, err
+	}
+	if err := checkID("request_id", req.RequestID, false); err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.DeleteSession{LeaseID: id}))
+	if err != nil {
+		return nil, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return nil, statusErr(resp.Result, "delete session")
+	}
+	return &DeleteSessionResponse{Deleted: true, Revision: resp.Result.Revision}, nil
+}
+
+// Cluster describes the cluster as this node sees it.
+func (s *Service) Cluster(_ context.Context) (*ClusterInfo, error) {
+	st := s.node.Status()
+	ci := &ClusterInfo{NodeID: st.ID, LeaderID: st.LeaderID, LeaderAPI: st.LeaderAPI, Term: st.Term,
+		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, Revision: st.Revision, LastToken: st.LastToken, Members: []Member{}}
+	for _, m := range st.Servers {
+		ci.Members = append(ci.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State})
+	}
+	return ci, nil
+}
+
+// Healthy reports liveness.
+func (s *Service) Healthy() error { return s.node.Healthy() }
+
+// Ready reports readiness: a leader is known and this node is caught up.
+func (s *Service) Ready() error {
+	if err := s.node.Ready(); err != nil {
+		return apierror.Wrap(apierror.Unavailable, err, "not ready: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package service
+
+import "time"
+
+// AcquireRequest asks for a lock. Exactly one of TTLms (an implicit one-lock
+// lease) or SessionID (hold it under an existing session) is set. WaitTimeoutMs
+// > 0 waits in the lock's FIFO queue for at most that long.
+type AcquireRequest struct {
+	Name          string `json:"-"`
+	ClientID      string `json:"client_id"`
+	TTLms         int64  `json:"ttl_ms,omitempty"`
+	SessionID     string `json:"session_id,omitempty"`
+	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
+	RequestID     string `json:"request_id,omitempty"`
+}
+
+// Holder is the public view of who holds a lock.
+type Holder struct {
+	ClientID     string    `json:"client_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	GrantedAt    time.Time `json:"granted_at"`
+	ExpiresAt    time.Time `json:"expires_at"`
+}
+
+// AcquireResponse answers an acquire. When Acquired is false the error returned
+// alongside says why (lock_held or wait_timeout) and Holder says who has it.
+type AcquireResponse struct {
+	Acquired     bool      `json:"acquired"`
+	FencingToken uint64    `json:"fencing_token,omitempty"`
+	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+	LeaseID      string    `json:"lease_id,omitempty"`
+	Revision     uint64    `json:"revision,omitempty"`
+	Holder       *Holder   `json:"holder,omitempty"`
+}
+
+// ReleaseRequest gives a lock back. The token and lease id prove the caller is
+// the holder.
+type ReleaseRequest struct {
+	Name         string `json:"-"`
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	LeaseID      string `json:"lease_id"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+// ReleaseResponse answers a release.
+type ReleaseResponse struct {
+	Released bool   `json:"released"`
+	Revision uint64 `json:"revision"`
+}
+
+// RenewRequest extends the lease holding a lock; TTLms 0 keeps its TTL.
+type RenewRequest struct {
+	Name         string `json:"-"`
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	LeaseID      string `json:"lease_id"`
+	TTLms        int64  `json:"ttl_ms,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+// RenewResponse answers a renewal.
+type RenewResponse struct {
+	Renewed   bool      `json:"renewed"`
+	ExpiresAt time.Time `json:"expires_at"`
+	TTLms     int64     `json:"ttl_ms"`
+	Revision  uint64    `json:"revision"`
+}
+
+// LockView is the public state of one lock.
+type LockView struct {
+	Name     string  `json:"name"`
+	Held     bool    `json:"held"`
+	Holder   *Holder `json:"holder,omitempty"`
+	Waiters  int     `json:"waiters"`
+	Revision uint64  `json:"revision"`
+}
+
+// ListRequest lists locks by name prefix, in name order, a page at a time.
+type ListRequest struct {
+	Prefix string
+	// After continues a listing after this name (the last name of the previous page).
+	After string
+	// Limit is the page size: 0 means DefaultListLimit, at most MaxListLimit.
+	Limit int
+	Stale bool
+}
+
+// List limits.
+const (
+	DefaultListLimit = 1000
+	MaxListLimit     = 10000
+)
+
+// ListResponse is one page of locks. More says another page exists; ask again
+// with After set to the last name.
+type ListResponse struct {
+	Locks    []LockView `json:"locks"`
+	More     bool       `json:"more"`
+	Revision uint64     `json:"revision"`
+}
+
+// CreateSessionRequest creates an explicit session (a lease kept alive by
+// keepalives, for holding many locks).
+type CreateSessionRequest struct {
+	ClientID  string `json:"client_id"`
+	TTLms     int64  `json:"ttl_ms"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// SessionResponse answers session create and keepalive.
+type SessionResponse struct {
+	SessionID string    `json:"session_id,omitempty"`
+	TTLms     int64     `json:"ttl_ms"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Revision  uint64    `json:"revision"`
+}
+
+// KeepAliveRequest renews a session. ClientID is optional: the session id is
+// itself the capability.
+type KeepAliveRequest struct {
+	SessionID string `json:"-"`
+	ClientID  string `json:"client_id,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// DeleteSessionRequest ends a session, releasing its locks and dropping its waits.
+type DeleteSessionRequest struct {
+	SessionID string `json:"-"`
+	ClientID  string `json:"client_id,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// DeleteSessionResponse answers a session delete.
+type DeleteSessionResponse struct {
+	Deleted  bool   `json:"deleted"`
+	Revision uint64 `json:"revision"`
+}
+
+// Member is one node of the cluster as GET /cluster shows it.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+	Suffrage string `json:"suffrage"`
+	State    string `json:"state"`
+}
+
+// ClusterInfo is the answer of GET /cluster.
+type ClusterInfo struct {
+	NodeID       string   `json:"node_id"`
+	LeaderID     string   `json:"leader_id"`
+	LeaderAPI    string   `json:"leader_api_addr,omitempty"`
+	Term         uint64   `json:"term"`
+	Members      []Member `json:"members"`
+	CommitIndex  uint64   `json:"commit_index"`
+	AppliedIndex uint64   `json:"applied_index"`
+	Revision     uint64   `json:"revision"`
+	LastToken    uint64   `json:"last_fencing_token"`
+}

@@ -1,0 +1,599 @@
+package state
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/dlock/dlock/internal/command"
+)
+
+// gen is a seeded random command generator. It peeks at a reference replica to
+// aim commands at real holders, waits and generations, and mixes in wrong
+// tokens, stale generations, foreign sessions and repeated request ids.
+type gen struct {
+	rng       *rand.Rand
+	s         *State
+	idx       uint64
+	ts        int64
+	nextLease int
+	clients   []string
+	hot       []string
+	cold      []string
+	sessions  []command.LeaseID // every session ever created, live or not
+	reqs      []dedupKey        // request ids used so far
+	reqN      int
+	// contention phases pile waiters onto the hot locks.
+	contention bool
+	// retry is an idempotent command to propose again (a retry after an
+	// unknown outcome), with the core state it must leave unchanged.
+	retry *command.Envelope
+}
+
+func newGen(seed uint64, s *State) *gen {
+	g := &gen{rng: rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1)), s: s, ts: startTS}
+	for i := 0; i < 12; i++ {
+		g.clients = append(g.clients, fmt.Sprintf("client-%d", i))
+	}
+	g.hot = []string{"hot/a", "hot/b", "leader"}
+	for i := 0; i < 40; i++ {
+		g.cold = append(g.cold, fmt.Sprintf("cold/%02d", i))
+	}
+	return g
+}
+
+func (g *gen) pct(p int) bool { return g.rng.IntN(100) < p }
+
+func (g *gen) client() string { return g.clients[g.rng.IntN(len(g.clients))] }
+
+func (g *gen) name() string {
+	if g.pct(70) {
+		return g.hot[g.rng.IntN(len(g.hot))]
+	}
+	return g.cold[g.rng.IntN(len(g.cold))]
+}
+
+func (g *gen) newLease() command.LeaseID {
+	g.nextLease++
+	return lid(g.nextLease)
+}
+
+func (g *gen) ttl() int64 {
+	switch {
+	case g.pct(3):
+		return []int64{0, -5, command.MinTTLms - 1, command.MaxTTLms + 1}[g.rng.IntN(4)]
+	case g.pct(10):
+		return []int64{command.MinTTLms, command.MaxTTLms}[g.rng.IntN(2)]
+	}
+	return command.MinTTLms + g.rng.Int64N(60_000)
+}
+
+func (g *gen) wait() int64 {
+	switch {
+	case g.pct(45):
+		return 0
+	case g.pct(3):
+		return []int64{-1, command.MaxWaitMs + 1}[g.rng.IntN(2)]
+	}
+	return 1 + g.rng.Int64N(120_000)
+}
+
+func (g *gen) heldLocks() []*Lock {
+	var out []*Lock
+	g.s.locks.Ascend(func(lk *Lock) bool {
+		if lk.Held() {
+			out = append(out, lk)
+		}
+		return true
+	})
+	return out
+}
+
+func (g *gen) waits() []command.WaitRef {
+	var out []command.WaitRef
+	g.s.locks.Ascend(func(lk *Lock) bool {
+		for _, w := range lk.Queue {
+			out = append(out, command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq})
+		}
+		return true
+	})
+	return out
+}
+
+// session picks a live session most of the time, else any session ever made.
+func (g *gen) session() (command.LeaseID, bool) {
+	if len(g.sessions) == 0 {
+		return command.LeaseID{}, false
+	}
+	if g.pct(80) {
+		var live []command.LeaseID
+		for _, id := range g.sessions {
+			if g.s.leases[id] != nil {
+				live = append(live, id)
+			}
+		}
+		if len(live) > 0 {
+			return live[g.rng.IntN(len(live))], true
+		}
+	}
+	return g.sessions[g.rng.IntN(len(g.sessions))], true
+}
+
+func (g *gen) anyLease() (command.LeaseID, *Lease) {
+	ids := sortedLeaseIDs(g.s)
+	if len(ids) == 0 {
+		return g.newLease(), nil
+	}
+	id := ids[g.rng.IntN(len(ids))]
+	return id, g.s.leases[id]
+}
+
+func (g *gen) perturbWait(w command.WaitRef) command.WaitRef {
+	switch g.rng.IntN(3) {
+	case 0:
+		w.Seq += uint64(g.rng.IntN(3)) + 1
+	case 1:
+		w.Name = g.name()
+	default:
+		id, _ := g.anyLease()
+		w.LeaseID = id
+	}
+	return w
+}
+
+// next returns the next log entry. Its index is g.idx.
+func (g *gen) next() *command.Envelope {
+	g.idx++
+	// The leader's clock: mostly forward, sometimes still, rarely backwards.
+	switch {
+	case g.pct(2):
+		g.ts -= g.rng.Int64N(500)
+	case g.pct(20):
+	default:
+		g.ts += g.rng.Int64N(3000)
+	}
+	if g.retry != nil {
+		e := *g.retry
+		g.retry = nil
+		e.TS = g.ts
+		return &e
+	}
+	if g.pct(1) {
+		g.contention = !g.contention
+	}
+	e := &command.Envelope{TS: g.ts, ClientID: g.client()}
+	if g.contention && g.pct(60) {
+		name := g.hot[g.rng.IntN(len(g.hot))]
+		if id, ok := g.session(); ok && g.pct(30) {
+			if l := g.s.leases[id]; l != nil {
+				e.ClientID = l.ClientID
+			}
+			e.Body = &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: 1 + g.rng.Int64N(100_000)}
+		} else {
+			e.Body = &command.Acquire{Name: name, LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: 1 + g.rng.Int64N(100_000)}
+		}
+	} else {
+		e.Body = g.body(e)
+	}
+	if g.pct(10) {
+		if len(g.reqs) > 0 && g.pct(40) {
+			k := g.reqs[g.rng.IntN(len(g.reqs))]
+			e.ClientID, e.RequestID = k.client, k.request
+		} else {
+			g.reqN++
+			e.RequestID = fmt.Sprintf("req-%d", g.reqN)
+			g.reqs = append(g.reqs, dedupKey{e.ClientID, e.RequestID})
+		}
+	}
+	if e.Idempotent() && e.RequestID == "" && g.pct(25) {
+		g.retry = e
+	}
+	return e
+}
+
+func (g *gen) body(e *command.Envelope) command.Body {
+	switch p := g.rng.IntN(100); {
+	case p < 22: // implicit acquire
+		b := &command.Acquire{Name: g.name(), LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: g.wait()}
+		switch {
+		case g.pct(2):
+			b.Name = []string{"", "/hot/a", "a//b", "x/../y", "é"}[g.rng.IntN(5)]
+		case g.pct(2):
+			b.LeaseID, _ = g.anyLease() // the leader never does this; the FSM must refuse
+		case g.pct(1):
+			b.LeaseID = command.LeaseID{}
+		}
+		// Often the same client as the holder (a restarted holder).
+		if lk, _ := g.s.locks.Get(&Lock{Name: b.Name}); lk != nil && lk.Held() && g.pct(25) {
+			e.ClientID = g.s.leases[lk.Holder].ClientID
+		}
+		return b
+	case p < 36: // acquire under a session
+		id, ok := g.session()
+		if !ok {
+			id = g.newLease()
+			g.sessions = append(g.sessions, id)
+			return &command.CreateSession{LeaseID: id, TTLms: g.ttl()}
+		}
+		if l := g.s.leases[id]; l != nil && g.pct(85) {
+			e.ClientID = l.ClientID
+		}
+		return &command.Acquire{Name: g.name(), LeaseID: id, Session: true, WaitMs: g.wait(), TTLms: g.rng.Int64N(2) * 5000}
+	case p < 48, p < 56: // release / renew
+		held := g.heldLocks()
+		var name string
+		var id command.LeaseID
+		var token uint64
+		if len(held) > 0 && g.pct(90) {
+			lk := held[g.rng.IntN(len(held))]
+			name, id, token = lk.Name, lk.Holder, lk.Token
+			e.ClientID = g.s.leases[lk.Holder].ClientID
+			if g.pct(35) {
+				switch g.rng.IntN(4) {
+				case 0:
+					token = token - 1 + uint64(g.rng.IntN(3))*1 // older, same or newer
+					if token == lk.Token {
+						token++
+					}
+				case 1:
+					id, _ = g.anyLease()
+				case 2:
+					e.ClientID = g.client()
+				default:
+					name = g.name()
+				}
+			}
+		} else {
+			name, token = g.name(), uint64(g.rng.IntN(int(g.s.lastToken)+2))
+			id, _ = g.anyLease()
+		}
+		if p < 48 {
+			return &command.Release{Name: name, LeaseID: id, Token: token}
+		}
+		ttl := int64(0)
+		if g.pct(40) {
+			ttl = g.ttl()
+		}
+		return &command.Renew{Name: name, LeaseID: id, Token: token, TTLms: ttl}
+	case p < 60:
+		id := g.newLease()
+		g.sessions = append(g.sessions, id)
+		return &command.CreateSession{LeaseID: id, TTLms: g.ttl()}
+	case p < 66, p < 70: // keepalive / delete session
+		var id command.LeaseID
+		if sid, ok := g.session(); ok && g.pct(90) {
+			id = sid
+			if l := g.s.leases[id]; l != nil && g.pct(85) {
+				e.ClientID = l.ClientID
+			}
+		} else {
+			id, _ = g.anyLease()
+		}
+		if g.pct(5) {
+			e.ClientID = ""
+		}
+		if p < 66 {
+			return &command.KeepAlive{LeaseID: id}
+		}
+		return &command.DeleteSession{LeaseID: id}
+	case p < 80: // the reaper expires leases, sometimes with a stale generation
+		e.ClientID = ""
+		var b command.ExpireLeases
+		for n := 1 + g.rng.IntN(3); n > 0; n-- {
+			id, l := g.anyLease()
+			gen := uint64(g.rng.IntN(3))
+			if l != nil {
+				gen = l.Gen
+				if g.pct(35) {
+					gen = l.Gen - 1
+				}
+			}
+			b.Leases = append(b.Leases, command.LeaseGen{LeaseID: id, Gen: gen})
+		}
+		return &b
+	case p < 88: // the reaper expires waits
+		e.ClientID = ""
+		var b command.ExpireWaits
+		ws := g.waits()
+		for n := 1 + g.rng.IntN(3); n > 0 && len(ws) > 0; n-- {
+			w := ws[g.rng.IntN(len(ws))]
+			if g.pct(30) {
+				w = g.perturbWait(w)
+			}
+			b.Waits = append(b.Waits, w)
+		}
+		return &b
+	case p < 97: // a waiter gives up
+		e.ClientID = ""
+		ws := g.waits()
+		held := g.heldLocks()
+		c := &command.CancelWait{ReleaseIfGranted: g.pct(50)}
+		switch {
+		case len(held) > 0 && g.pct(30):
+			lk := held[g.rng.IntN(len(held))]
+			c.Wait = command.WaitRef{LeaseID: lk.Holder, Name: lk.Name, Seq: lk.GrantSeq}
+			if g.pct(30) {
+				c.Wait = g.perturbWait(c.Wait)
+			}
+		case len(ws) > 0:
+			c.Wait = ws[g.rng.IntN(len(ws))]
+			if g.pct(30) {
+				c.Wait = g.perturbWait(c.Wait)
+			}
+		default:
+			c.Wait = command.WaitRef{LeaseID: g.newLease(), Name: g.name(), Seq: g.idx}
+		}
+		return c
+	default:
+		e.ClientID = "node"
+		return &command.RegisterMember{ID: fmt.Sprintf("n%d", g.rng.IntN(4)), RaftAddr: fmt.Sprintf("r%d", g.rng.IntN(3)), APIAddr: "api"}
+	}
+}
+
+func queues(s *State) map[string][]Waiter {
+	m := map[string][]Waiter{}
+	s.locks.Ascend(func(lk *Lock) bool {
+		if len(lk.Queue) > 0 {
+			m[lk.Name] = slices.Clone(lk.Queue)
+		}
+		return true
+	})
+	return m
+}
+
+// checkFIFO: a hand-off goes to a waiter that was queued before the command,
+// and everyone who was ahead of it has left the queue by the end of the
+// command (granted, timed out, cancelled or ended) — nobody is skipped.
+func checkFIFO(t *testing.T, index uint64, before, after map[string][]Waiter, ev []Event) {
+	t.Helper()
+	for _, e := range ev {
+		if e.Type != EventAcquired || e.Cause != CauseHandoff {
+			continue
+		}
+		q := before[e.Name]
+		pos := slices.IndexFunc(q, func(w Waiter) bool { return w.LeaseID == e.LeaseID && w.Seq == e.Seq })
+		if pos < 0 {
+			t.Fatalf("index %d: hand-off of %q to a lease that was not queued: %+v", index, e.Name, e)
+		}
+		for _, ahead := range q[:pos] {
+			if slices.ContainsFunc(after[e.Name], func(w Waiter) bool { return w.LeaseID == ahead.LeaseID && w.Seq == ahead.Seq }) {
+				t.Fatalf("index %d: hand-off of %q skipped waiter %+v still in line", index, e.Name, ahead)
+			}
+		}
+	}
+}
+
+// step is one applied entry, kept to compare replays.
+type stepRecord struct {
+	result command.Result
+	events []Event
+}
+
+// tokenModel follows grants and releases through the public events.
+type tokenModel struct {
+	holder    map[string]uint64 // lock -> token of its current grant
+	lastToken uint64
+}
+
+func (m *tokenModel) apply(t *testing.T, index uint64, ev []Event) {
+	t.Helper()
+	for _, e := range ev {
+		switch e.Type {
+		case EventAcquired:
+			if tok, held := m.holder[e.Name]; held {
+				t.Fatalf("index %d: %q granted (token %d) while held with token %d: two holders", index, e.Name, e.Token, tok)
+			}
+			if e.Token <= m.lastToken {
+				t.Fatalf("index %d: token %d granted after %d", index, e.Token, m.lastToken)
+			}
+			m.lastToken = e.Token
+			m.holder[e.Name] = e.Token
+		case EventReleased, EventExpired:
+			if tok, held := m.holder[e.Name]; !held || tok != e.Token {
+				t.Fatalf("index %d: %v of %q token %d, but the model has %d (held %v)", index, e.Type, e.Name, e.Token, tok, held)
+			}
+			delete(m.holder, e.Name)
+		}
+	}
+}
+
+func (m *tokenModel) check(t *testing.T, s *State) {
+	t.Helper()
+	got := map[string]uint64{}
+	s.locks.Ascend(func(lk *Lock) bool {
+		if lk.Held() {
+			got[lk.Name] = lk.Token
+		}
+		return true
+	})
+	if !reflect.DeepEqual(got, m.holder) && !(len(got) == 0 && len(m.holder) == 0) {
+		t.Fatalf("index %d: state holders %v, events say %v", s.index, got, m.holder)
+	}
+	if s.lastToken != m.lastToken {
+		t.Fatalf("index %d: last token %d, events say %d", s.index, s.lastToken, m.lastToken)
+	}
+}
+
+func TestDeterminismAndSnapshots(t *testing.T) {
+	seeds := []uint64{1, 2, 3, 42}
+	steps := 2000
+	if testing.Short() {
+		seeds, steps = seeds[:2], 1000
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			runDeterminism(t, seed, steps)
+		})
+	}
+}
+
+func runDeterminism(t *testing.T, seed uint64, steps int) {
+	a, b := New(), New()
+	g := newGen(seed, a)
+	model := &tokenModel{holder: map[string]uint64{}}
+	var (
+		log     [][]byte
+		records []stepRecord
+		first   = map[dedupKey]command.Result{}
+	)
+	type cut struct {
+		at   int // entries applied
+		snap []byte
+		dump string
+	}
+	var cuts []cut
+	rng := rand.New(rand.NewPCG(seed, 7))
+	stats := map[command.Status]int{}
+	dedupHits, retries := 0, 0
+	prevDump := dump(a)
+	maxLocks, maxLeases, maxQueue := 0, 0, 0
+
+	for i := 0; i < steps; i++ {
+		isRetry := g.retry != nil
+		env := g.next()
+		raw := command.Encode(env)
+		log = append(log, raw)
+		ea, err := command.Decode(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eb, _ := command.Decode(raw)
+
+		key := dedupKey{env.ClientID, env.RequestID}
+		prevFirst, isDup := first[key]
+		isDup = isDup && env.RequestID != ""
+		coreBefore, revBefore, leasesBefore := prevDump, a.revision, leaseSet(a)
+
+		queuesBefore := queues(a)
+		ra := a.Apply(g.idx, ea)
+		evA := a.TakeEvents()
+		rb := b.Apply(g.idx, eb)
+		evB := b.TakeEvents()
+		stats[ra.Status]++
+
+		// (a) Two replicas fed the same log agree byte for byte, every step.
+		if ra != rb || !reflect.DeepEqual(evA, evB) {
+			t.Fatalf("step %d: replicas disagree: %+v vs %+v", i, ra, rb)
+		}
+		sa := a.Snapshot()
+		if !bytes.Equal(sa, b.Snapshot()) {
+			t.Fatalf("step %d: snapshots differ", i)
+		}
+		// (d) Invariants, revision and event rules.
+		checkInvariants(t, a)
+		coreAfter := dump(a)
+		prevDump = coreAfter
+		checkStep(t, a, revBefore, coreBefore, coreAfter, leasesBefore, evA, ra)
+		// (c) Tokens increase in grant order and no lock has two holders.
+		model.apply(t, g.idx, evA)
+		checkFIFO(t, g.idx, queuesBefore, queues(a), evA)
+		model.check(t, a)
+		if ra.Revision > a.revision {
+			t.Fatalf("step %d: result revision %d ahead of state %d", i, ra.Revision, a.revision)
+		}
+
+		// Dedup: a repeated (client, request_id) returns the first result and
+		// changes nothing.
+		if isDup {
+			dedupHits++
+			if ra != prevFirst {
+				t.Fatalf("step %d: dedup hit returned %+v, first result was %+v", i, ra, prevFirst)
+			}
+			if coreAfter != coreBefore || len(evA) != 0 || a.revision != revBefore {
+				t.Fatalf("step %d: dedup hit changed the state", i)
+			}
+		} else if env.RequestID != "" {
+			first[key] = ra
+			if got, ok := a.Lookup(key.client, key.request); !ok || got != ra {
+				t.Fatalf("step %d: result not remembered", i)
+			}
+		} else if ra.Revision != a.revision {
+			t.Fatalf("step %d: result revision %d, state %d", i, ra.Revision, a.revision)
+		}
+		// A retried idempotent command changes nothing the first one did not
+		// (KeepAlive is a fresh renewal, so it is left out).
+		if isRetry {
+			retries++
+			if _, ka := env.Body.(*command.KeepAlive); !ka && coreAfter != coreBefore {
+				t.Fatalf("step %d: retry of idempotent %T changed the state", i, env.Body)
+			}
+		}
+		// An OK acquire that was acted on names the current grant.
+		if acq, ok := env.Body.(*command.Acquire); ok && ra.Status == command.StatusOK && !isDup {
+			lk := a.LockHolder(acq.Name)
+			if lk.Holder != ra.LeaseID || lk.Token != ra.Token || lk.GrantSeq != ra.Seq {
+				t.Fatalf("step %d: acquire result %+v but lock is %+v", i, ra, lk)
+			}
+		}
+
+		records = append(records, stepRecord{ra, evA})
+		maxLocks, maxLeases = max(maxLocks, a.locks.Len()), max(maxLeases, len(a.leases))
+		a.locks.Ascend(func(lk *Lock) bool { maxQueue = max(maxQueue, len(lk.Queue)); return true })
+		if rng.IntN(steps/15+1) == 0 || i == steps/2 {
+			cuts = append(cuts, cut{at: i + 1, snap: sa, dump: fullDump(a)})
+		}
+	}
+	final := a.Snapshot()
+	finalDump := fullDump(a)
+
+	// (b) Snapshot at a point, restore, replay the rest: identical to never
+	// having snapshotted, including every result and event along the way.
+	cuts = append(cuts, cut{at: 0, snap: New().Snapshot(), dump: fullDump(New())})
+	for _, c := range cuts {
+		r, err := Restore(c.snap)
+		if err != nil {
+			t.Fatalf("restore at %d: %v", c.at, err)
+		}
+		if got := fullDump(r); got != c.dump {
+			t.Fatalf("restore at %d: state differs\n got %s\nwant %s", c.at, got, c.dump)
+		}
+		if !bytes.Equal(r.Snapshot(), c.snap) {
+			t.Fatalf("restore at %d: re-snapshot differs", c.at)
+		}
+		checkInvariants(t, r)
+		for j := c.at; j < len(log); j++ {
+			e, _ := command.Decode(log[j])
+			res := r.Apply(uint64(j+1), e)
+			ev := r.TakeEvents()
+			if res != records[j].result || !reflect.DeepEqual(ev, records[j].events) {
+				t.Fatalf("replay from %d: entry %d gives %+v %+v, straight run gave %+v %+v", c.at, j, res, ev, records[j].result, records[j].events)
+			}
+		}
+		if !bytes.Equal(r.Snapshot(), final) || fullDump(r) != finalDump {
+			t.Fatalf("replay from %d: final state differs", c.at)
+		}
+	}
+
+	// The run must have exercised what it claims to.
+	if model.lastToken < 50 || dedupHits < 10 || retries < 10 || len(cuts) < 5 {
+		t.Fatalf("weak run: %d grants, %d dedup hits, %d retries, %d cuts", model.lastToken, dedupHits, retries, len(cuts))
+	}
+	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
+		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting} {
+		if stats[st] == 0 {
+			t.Fatalf("no %v result in the run: %v", st, stats)
+		}
+	}
+	cnt := map[string]int{}
+	for _, rec := range records {
+		for _, e := range rec.events {
+			cnt[e.Type.String()+"/"+e.Cause]++
+		}
+	}
+	for _, k := range []string{"acquired/acquire", "acquired/handoff", "acquired/takeover", "released/release", "released/takeover",
+		"released/cancelled", "released/session_deleted", "expired/expired", "dequeued/timeout", "dequeued/cancelled",
+		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted"} {
+		if cnt[k] == 0 {
+			t.Errorf("seed %d never produced %s; counts %v", seed, k, cnt)
+		}
+	}
+	if maxQueue < 3 || maxLocks < 8 {
+		t.Errorf("weak run: at most %d locks, queues of at most %d", maxLocks, maxQueue)
+	}
+	t.Logf("seed %d: %d steps, %d tokens, %d dedup hits, %d retries, max %d locks %d leases queue %d, %d-byte final snapshot, statuses %v",
+		seed, steps, model.lastToken, dedupHits, retries, maxLocks, maxLeases, maxQueue, len(final), stats)
+}

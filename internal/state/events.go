@@ -1,0 +1,87 @@
+package state
+
+import "github.com/dlock/dlock/internal/command"
+
+// EventType classifies what a command did. Public types are what watchers see;
+// internal ones feed the leader's timers and the server's waiting requests.
+type EventType uint8
+
+// Event types.
+const (
+	EventAcquired EventType = iota + 1
+	EventReleased
+	EventExpired
+	EventQueued
+	EventDequeued
+	EventSessionCreated
+	EventSessionExpired
+	EventSessionDeleted
+
+	// Internal: a lease's TTL (re)started; RemainingMs counts from the command.
+	EventLeaseTimer
+	// Internal: a lease is gone.
+	EventLeaseGone
+	// Internal: a wait was queued; RemainingMs is its time left.
+	EventWaitTimer
+	// Internal: a wait left its queue (granted, timed out, cancelled, ended).
+	EventWaitGone
+)
+
+// Causes carried by events.
+const (
+	CauseAcquire        = "acquire"
+	CauseHandoff        = "handoff"
+	CauseTakeover       = "takeover"
+	CauseReleased       = "release"
+	CauseExpired        = "expired"
+	CauseTimeout        = "timeout"
+	CauseCancelled      = "cancelled"
+	CauseSessionDeleted = "session_deleted"
+)
+
+var eventNames = map[EventType]string{
+	EventAcquired:       "acquired",
+	EventReleased:       "released",
+	EventExpired:        "expired",
+	EventQueued:         "queued",
+	EventDequeued:       "dequeued",
+	EventSessionCreated: "session_created",
+	EventSessionExpired: "session_expired",
+	EventSessionDeleted: "session_deleted",
+	EventLeaseTimer:     "lease_timer",
+	EventLeaseGone:      "lease_gone",
+	EventWaitTimer:      "wait_timer",
+	EventWaitGone:       "wait_gone",
+}
+
+func (t EventType) String() string { return eventNames[t] }
+
+// Public reports whether watchers may see this event type.
+func (t EventType) Public() bool { return t >= EventAcquired && t <= EventSessionDeleted }
+
+// Event is one effect of a command. LeaseID is internal: the lease id is a
+// secret capability and must never reach watchers or logs.
+type Event struct {
+	Revision    uint64
+	Type        EventType
+	Name        string
+	ClientID    string
+	Token       uint64
+	Cause       string
+	LeaseID     command.LeaseID
+	Seq         uint64
+	Gen         uint64
+	RemainingMs int64
+}
+
+func (s *State) emit(e Event) {
+	e.Revision = s.revision + 1
+	s.events = append(s.events, e)
+}
+
+// TakeEvents returns the events produced since the last call and forgets them.
+func (s *State) TakeEvents() []Event {
+	ev := s.events
+	s.events = nil
+	return ev
+}

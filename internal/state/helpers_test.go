@@ -1,0 +1,461 @@
+package state
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/dlock/dlock/internal/command"
+)
+
+// lid is a lease id chosen by the test, as the leader would draw one.
+func lid(n int) command.LeaseID {
+	var id command.LeaseID
+	id[0] = 0xA5
+	id[1] = byte(n >> 16)
+	id[2] = byte(n >> 8)
+	id[3] = byte(n)
+	for i := 4; i < 16; i++ {
+		id[i] = byte(n*7 + i)
+	}
+	return id
+}
+
+const startTS = 1_700_000_000_000
+
+// harness applies commands with increasing index and timestamp, round-tripping
+// every envelope through the log encoding, and checks the invariants and the
+// event rules after every step.
+type harness struct {
+	t   testing.TB
+	s   *State
+	idx uint64
+	ts  int64
+	// step is how far the timestamp moves per command.
+	step int64
+	ev   []Event
+	log  [][]byte
+}
+
+func newHarness(t testing.TB) *harness {
+	return &harness{t: t, s: New(), ts: startTS, step: 10}
+}
+
+func (h *harness) applyEnv(e *command.Envelope) command.Result {
+	h.t.Helper()
+	raw := command.Encode(e)
+	dec, err := command.Decode(raw)
+	if err != nil {
+		h.t.Fatalf("decode of own encoding: %v", err)
+	}
+	h.log = append(h.log, raw)
+	before := leaseSet(h.s)
+	revBefore := h.s.Revision()
+	dumpBefore := dump(h.s)
+	r := h.s.Apply(h.idx, dec)
+	h.ev = h.s.TakeEvents()
+	checkInvariants(h.t, h.s)
+	checkStep(h.t, h.s, revBefore, dumpBefore, dump(h.s), before, h.ev, r)
+	return r
+}
+
+func (h *harness) req(client, reqID string, b command.Body) command.Result {
+	h.t.Helper()
+	h.idx++
+	h.ts += h.step
+	return h.applyEnv(&command.Envelope{TS: h.ts, ClientID: client, RequestID: reqID, Body: b})
+}
+
+func (h *harness) do(client string, b command.Body) command.Result {
+	h.t.Helper()
+	return h.req(client, "", b)
+}
+
+func (h *harness) acquire(client, name string, lease command.LeaseID, ttl, wait int64) command.Result {
+	h.t.Helper()
+	return h.do(client, &command.Acquire{Name: name, LeaseID: lease, TTLms: ttl, WaitMs: wait})
+}
+
+func (h *harness) sacquire(client, name string, session command.LeaseID, wait int64) command.Result {
+	h.t.Helper()
+	return h.do(client, &command.Acquire{Name: name, LeaseID: session, Session: true, WaitMs: wait})
+}
+
+func (h *harness) release(client, name string, lease command.LeaseID, token uint64) command.Result {
+	h.t.Helper()
+	return h.do(client, &command.Release{Name: name, LeaseID: lease, Token: token})
+}
+
+func (h *harness) renew(client, name string, lease command.LeaseID, token uint64, ttl int64) command.Result {
+	h.t.Helper()
+	return h.do(client, &command.Renew{Name: name, LeaseID: lease, Token: token, TTLms: ttl})
+}
+
+func (h *harness) session(client string, id command.LeaseID, ttl int64) command.Result {
+	h.t.Helper()
+	return h.do(client, &command.CreateSession{LeaseID: id, TTLms: ttl})
+}
+
+// mustStatus fails unless r has status want.
+func mustStatus(t testing.TB, r command.Result, want command.Status) {
+	t.Helper()
+	if r.Status != want {
+		t.Fatalf("status = %v (%q), want %v; result %+v", r.Status, r.Message, want, r)
+	}
+}
+
+// checkNoChange asserts that the state is as it was (index and timestamp
+// aside) and that nothing was emitted.
+func (h *harness) checkNoChange(before string, rev uint64) {
+	h.t.Helper()
+	if got := dump(h.s); got != before {
+		h.t.Fatalf("state changed:\nbefore:\n%s\nafter:\n%s", before, got)
+	}
+	if h.s.Revision() != rev {
+		h.t.Fatalf("revision moved from %d to %d", rev, h.s.Revision())
+	}
+	if len(h.ev) != 0 {
+		h.t.Fatalf("events emitted: %+v", h.ev)
+	}
+}
+
+// evTypes lists the types of events.
+func evTypes(ev []Event) []EventType {
+	out := make([]EventType, len(ev))
+	for i, e := range ev {
+		out[i] = e.Type
+	}
+	return out
+}
+
+// wantTypes checks the events' types. Public events must come in the given
+// order, and so must internal ones; how the two kinds interleave is not part of
+// the contract.
+func wantTypes(t testing.TB, ev []Event, want ...EventType) {
+	t.Helper()
+	split := func(ts []EventType) (pub, internal []EventType) {
+		for _, x := range ts {
+			if x.Public() {
+				pub = append(pub, x)
+			} else {
+				internal = append(internal, x)
+			}
+		}
+		return
+	}
+	gp, gi := split(evTypes(ev))
+	wp, wi := split(want)
+	if !slices.Equal(gp, wp) || !slices.Equal(gi, wi) {
+		t.Fatalf("event types = %v, want %v\nevents: %+v", evTypes(ev), want, ev)
+	}
+}
+
+// ofType returns the events of one type, in order.
+func ofType(ev []Event, typ EventType) []Event {
+	var out []Event
+	for _, e := range ev {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// findEvent returns the only event of a type.
+func findEvent(t testing.TB, ev []Event, typ EventType) Event {
+	t.Helper()
+	var out []Event
+	for _, e := range ev {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("%d events of type %v in %+v", len(out), typ, ev)
+	}
+	return out[0]
+}
+
+// dump is an independent, canonical text form of the replicated state without
+// index, timestamp, revision and the dedup table, so that "nothing changed"
+// can be checked across commands. It includes the derived per-lease lock and
+// wait sets, which Snapshot does not store. (Hand-rolled rather than fmt: it
+// runs several times per step in the randomized test.)
+func dump(s *State) string {
+	b := make([]byte, 0, 256+len(s.leases)*160+s.locks.Len()*160)
+	num := func(v uint64) { b = strconv.AppendUint(b, v, 10); b = append(b, ' ') }
+	inum := func(v int64) { b = strconv.AppendInt(b, v, 10); b = append(b, ' ') }
+	str := func(v string) { b = strconv.AppendQuote(b, v); b = append(b, ' ') }
+	id := func(v command.LeaseID) { b = hex.AppendEncode(b, v[:]); b = append(b, ' ') }
+	flag := func(v bool) { b = strconv.AppendBool(b, v); b = append(b, ' ') }
+	b = append(b, "lastToken "...)
+	num(s.lastToken)
+	mids := make([]string, 0, len(s.members))
+	for m := range s.members {
+		mids = append(mids, m)
+	}
+	sort.Strings(mids)
+	for _, m := range mids {
+		mm := s.members[m]
+		b = append(b, "\nmember "...)
+		str(m)
+		str(mm.ID)
+		str(mm.RaftAddr)
+		str(mm.APIAddr)
+	}
+	for _, lid := range sortedLeaseIDs(s) {
+		l := s.leases[lid]
+		b = append(b, "\nlease "...)
+		id(lid)
+		id(l.ID)
+		str(l.ClientID)
+		inum(l.TTLms)
+		flag(l.Session)
+		flag(l.Active)
+		num(l.Gen)
+		inum(l.RenewedAt)
+		inum(l.CreatedAt)
+		locks := make([]string, 0, len(l.Locks))
+		for n := range l.Locks {
+			locks = append(locks, n)
+		}
+		sort.Strings(locks)
+		b = append(b, "locks "...)
+		for _, n := range locks {
+			str(n)
+		}
+		waits := make([]string, 0, len(l.Waits))
+		for n := range l.Waits {
+			waits = append(waits, n)
+		}
+		sort.Strings(waits)
+		b = append(b, "waits "...)
+		for _, n := range waits {
+			str(n)
+			num(l.Waits[n])
+		}
+	}
+	s.locks.Ascend(func(lk *Lock) bool {
+		b = append(b, "\nlock "...)
+		str(lk.Name)
+		id(lk.Holder)
+		num(lk.Token)
+		inum(lk.GrantedAt)
+		num(lk.GrantSeq)
+		b = append(b, "queue "...)
+		for _, w := range lk.Queue {
+			id(w.LeaseID)
+			str(w.ClientID)
+			num(w.Seq)
+			inum(w.EnqueuedAt)
+			inum(w.Deadline)
+			b = append(b, "; "...)
+		}
+		return true
+	})
+	return string(b)
+}
+
+// fullDump adds what dump leaves out.
+func fullDump(s *State) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "index=%d ts=%d revision=%d\n", s.index, s.ts, s.revision)
+	b.WriteString(dump(s))
+	for i := 0; i < s.dedupCount; i++ {
+		e := s.dedupRing[(s.dedupHead+i)%len(s.dedupRing)]
+		fmt.Fprintf(&b, "dedup %q %q %+v\n", e.key.client, e.key.request, e.result)
+	}
+	return b.String()
+}
+
+func sortedLeaseIDs(s *State) []command.LeaseID {
+	ids := make([]command.LeaseID, 0, len(s.leases))
+	for id := range s.leases {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b command.LeaseID) int { return bytes.Compare(a[:], b[:]) })
+	return ids
+}
+
+func leaseSet(s *State) map[command.LeaseID]bool {
+	m := make(map[command.LeaseID]bool, len(s.leases))
+	for id := range s.leases {
+		m[id] = true
+	}
+	return m
+}
+
+// checkInvariants verifies the structural rules of the replicated state.
+func checkInvariants(t testing.TB, s *State) {
+	t.Helper()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("invariant broken at index %d: %s\nstate:\n%s", s.index, fmt.Sprintf(format, args...), dump(s))
+	}
+	tokens := map[uint64]string{}
+	prev := ""
+	first := true
+	s.locks.Ascend(func(lk *Lock) bool {
+		if !first && lk.Name <= prev {
+			fail("lock table out of order: %q after %q", lk.Name, prev)
+		}
+		first, prev = false, lk.Name
+		if n, err := command.NormalizeName(lk.Name); err != nil || n != lk.Name {
+			fail("lock %q has a non-canonical name", lk.Name)
+		}
+		// A lock is in the table only while held; a free lock has no queue
+		// (the head is granted in the same step).
+		if !lk.Held() {
+			fail("lock %q is in the table but free (queue %d)", lk.Name, len(lk.Queue))
+		}
+		holder := s.leases[lk.Holder]
+		if holder == nil {
+			fail("lock %q held by unknown lease %x", lk.Name, lk.Holder)
+		}
+		if _, ok := holder.Locks[lk.Name]; !ok {
+			fail("lock %q: holder lease does not list it", lk.Name)
+		}
+		if !holder.Active {
+			fail("lock %q: holder lease is not active", lk.Name)
+		}
+		if lk.Token == 0 || lk.Token > s.lastToken {
+			fail("lock %q token %d outside 1..%d", lk.Name, lk.Token, s.lastToken)
+		}
+		if other, dup := tokens[lk.Token]; dup {
+			fail("token %d on both %q and %q", lk.Token, other, lk.Name)
+		}
+		tokens[lk.Token] = lk.Name
+		if lk.GrantSeq == 0 || lk.GrantSeq > s.index {
+			fail("lock %q grant seq %d outside 1..%d", lk.Name, lk.GrantSeq, s.index)
+		}
+		leases := map[command.LeaseID]bool{}
+		clients := map[string]bool{}
+		for _, w := range lk.Queue {
+			l := s.leases[w.LeaseID]
+			if l == nil {
+				fail("lock %q: waiter with unknown lease %x", lk.Name, w.LeaseID)
+			}
+			if seq, ok := l.Waits[lk.Name]; !ok || seq != w.Seq {
+				fail("lock %q: waiter lease does not list the wait (seq %d, listed %d %v)", lk.Name, w.Seq, seq, ok)
+			}
+			if w.ClientID != l.ClientID {
+				fail("lock %q: waiter client %q but lease client %q", lk.Name, w.ClientID, l.ClientID)
+			}
+			if w.LeaseID == lk.Holder {
+				fail("lock %q: holder also waits for it", lk.Name)
+			}
+			if leases[w.LeaseID] {
+				fail("lock %q: lease waits twice", lk.Name)
+			}
+			if clients[w.ClientID] {
+				fail("lock %q: client %q waits twice", lk.Name, w.ClientID)
+			}
+			if w.ClientID == holder.ClientID {
+				fail("lock %q: holder's client %q also waits", lk.Name, w.ClientID)
+			}
+			leases[w.LeaseID], clients[w.ClientID] = true, true
+			if w.Seq == 0 || w.Seq > s.index {
+				fail("lock %q: wait seq %d outside 1..%d", lk.Name, w.Seq, s.index)
+			}
+		}
+		return true
+	})
+	for id, l := range s.leases {
+		if l.ID != id || id.IsZero() {
+			fail("lease key %x has id %x", id, l.ID)
+		}
+		if l.TTLms < command.MinTTLms || l.TTLms > command.MaxTTLms {
+			fail("lease %x ttl %d out of range", id, l.TTLms)
+		}
+		for name := range l.Locks {
+			lk, _ := s.locks.Get(&Lock{Name: name})
+			if lk == nil || lk.Holder != id {
+				fail("lease %x lists lock %q it does not hold", id, name)
+			}
+		}
+		for name, seq := range l.Waits {
+			lk, _ := s.locks.Get(&Lock{Name: name})
+			found := false
+			if lk != nil {
+				for _, w := range lk.Queue {
+					if w.LeaseID == id && w.Seq == seq {
+						found = true
+					}
+				}
+			}
+			if !found {
+				fail("lease %x lists a wait on %q@%d that is not queued", id, name, seq)
+			}
+		}
+		if l.Session {
+			if !l.Active {
+				fail("session %x not active", id)
+			}
+		} else {
+			if len(l.Locks)+len(l.Waits) != 1 {
+				fail("implicit lease %x holds %d and waits for %d locks", id, len(l.Locks), len(l.Waits))
+			}
+			if l.Active != (len(l.Locks) == 1) {
+				fail("implicit lease %x active=%v but holds %d", id, l.Active, len(l.Locks))
+			}
+		}
+	}
+}
+
+// checkStep verifies the per-command rules: revision moves by one exactly when
+// the state changes, events carry the new revision, and lease ids never reach a
+// public event field or a refusal.
+func checkStep(t testing.TB, s *State, revBefore uint64, dumpBefore, dumpAfter string, leasesBefore map[command.LeaseID]bool, ev []Event, r command.Result) {
+	t.Helper()
+	changed := dumpAfter != dumpBefore
+	switch {
+	case changed && s.revision != revBefore+1:
+		t.Fatalf("index %d: state changed but revision went %d -> %d", s.index, revBefore, s.revision)
+	case !changed && s.revision != revBefore:
+		t.Fatalf("index %d: state unchanged but revision went %d -> %d (events %+v)", s.index, revBefore, s.revision, ev)
+	}
+	if len(ev) > 0 && !changed {
+		t.Fatalf("index %d: events without a state change: %+v", s.index, ev)
+	}
+	for _, e := range ev {
+		if e.Revision != s.revision {
+			t.Fatalf("index %d: event %+v has revision %d, state is at %d", s.index, e, e.Revision, s.revision)
+		}
+		if e.Type.String() == "" {
+			t.Fatalf("event type %d has no name", e.Type)
+		}
+	}
+	ids := leaseSet(s)
+	for id := range leasesBefore {
+		ids[id] = true
+	}
+	for _, e := range ev {
+		if !e.Type.Public() {
+			continue
+		}
+		for id := range ids {
+			hexID, rawID := id.String(), string(id[:])
+			for _, f := range []string{e.Name, e.ClientID, e.Cause} {
+				if strings.Contains(strings.ToLower(f), hexID) || strings.Contains(f, rawID) {
+					t.Fatalf("public event %+v shows lease id %x", e, id)
+				}
+			}
+		}
+	}
+	// A refusal must not hand the holder's lease id to someone else.
+	if r.Status == command.StatusLockHeld && !r.LeaseID.IsZero() {
+		t.Fatalf("lock_held result carries lease id %x", r.LeaseID)
+	}
+	if r.Status == command.StatusLockHeld {
+		for id := range ids {
+			if strings.Contains(r.Holder.ClientID, id.String()) {
+				t.Fatalf("lock_held holder shows a lease id")
+			}
+		}
+	}
+}

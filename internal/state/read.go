@@ -1,0 +1,165 @@
+package state
+
+import (
+	"sort"
+
+	"github.com/dlock/dlock/internal/command"
+)
+
+// LockInfo is the public view of one lock.
+type LockInfo struct {
+	Name    string
+	Held    bool
+	Holder  command.Holder
+	Waiters int
+}
+
+// GetLock returns the view of a lock; a lock nobody holds or waits for is
+// simply not held.
+func (s *State) GetLock(name string) LockInfo {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return LockInfo{Name: name}
+	}
+	return s.info(lk)
+}
+
+func (s *State) info(lk *Lock) LockInfo {
+	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue)}
+	if lk.Held() {
+		li.Holder = holderOf(lk, s.leases[lk.Holder])
+	}
+	return li
+}
+
+// ListLocks returns up to limit locks whose names start with prefix and sort
+// after `after`, in name order, and whether more exist.
+func (s *State) ListLocks(prefix, after string, limit int) ([]LockInfo, bool) {
+	start := prefix
+	if after > start {
+		start = after
+	}
+	var out []LockInfo
+	more := false
+	s.locks.AscendGreaterOrEqual(&Lock{Name: start}, func(lk *Lock) bool {
+		if !hasPrefix(lk.Name, prefix) {
+			return false
+		}
+		if lk.Name == after {
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		out = append(out, s.info(lk))
+		return true
+	})
+	return out, more
+}
+
+// LockState is the internal view of a lock used by the service to answer a
+// waiting acquire.
+type LockState struct {
+	Holder   command.LeaseID
+	Token    uint64
+	GrantSeq uint64
+}
+
+// LockHolder returns who holds a lock, by lease (internal).
+func (s *State) LockHolder(name string) LockState {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return LockState{}
+	}
+	return LockState{Holder: lk.Holder, Token: lk.Token, GrantSeq: lk.GrantSeq}
+}
+
+// Lease returns a copy of the lease's scalar fields (nil maps), if it exists.
+func (s *State) Lease(id command.LeaseID) (Lease, bool) {
+	l := s.leases[id]
+	if l == nil {
+		return Lease{}, false
+	}
+	c := *l
+	c.Locks, c.Waits = nil, nil
+	return c, true
+}
+
+// WaitSeq returns the sequence of a lease's wait on a lock, if it waits.
+func (s *State) WaitSeq(id command.LeaseID, name string) (uint64, bool) {
+	l := s.leases[id]
+	if l == nil {
+		return 0, false
+	}
+	seq, ok := l.Waits[name]
+	return seq, ok
+}
+
+// Counts is a summary for metrics and status pages.
+type Counts struct {
+	Locks, Held, Waiters, Leases, Sessions int
+}
+
+// Counts summarises the table. It walks everything: not for hot paths.
+func (s *State) Counts() Counts {
+	var c Counts
+	s.locks.Ascend(func(lk *Lock) bool {
+		c.Locks++
+		if lk.Held() {
+			c.Held++
+		}
+		c.Waiters += len(lk.Queue)
+		return true
+	})
+	for _, l := range s.leases {
+		c.Leases++
+		if l.Session {
+			c.Sessions++
+		}
+	}
+	return c
+}
+
+// LeaseTimer is what the leader's reaper needs to know about one active lease.
+type LeaseTimer struct {
+	LeaseID     command.LeaseID
+	Gen         uint64
+	RemainingMs int64
+}
+
+// WaitTimer is what the reaper needs to know about one queued wait.
+type WaitTimer struct {
+	Wait        command.WaitRef
+	RemainingMs int64
+}
+
+// Timers lists every active lease and queued wait with its time left as of the
+// newest applied command. A new leader counts that time again from the moment
+// it takes over, so no lease ends before its holder had its full TTL.
+func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
+	leases := make([]LeaseTimer, 0, len(s.leases))
+	for _, l := range s.leases {
+		if l.Active {
+			leases = append(leases, LeaseTimer{LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedAt + l.TTLms - s.ts})
+		}
+	}
+	var waits []WaitTimer
+	s.locks.Ascend(func(lk *Lock) bool {
+		for _, w := range lk.Queue {
+			waits = append(waits, WaitTimer{Wait: command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq}, RemainingMs: w.Deadline - s.ts})
+		}
+		return true
+	})
+	return leases, waits
+}
+
+// Members lists registered members by id.
+func (s *State) Members() []Member {
+	out := make([]Member, 0, len(s.members))
+	for _, m := range s.members {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}

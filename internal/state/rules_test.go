@@ -1,0 +1,1067 @@
+package state
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/dlock/dlock/internal/command"
+)
+
+const ttl = 30_000
+
+func TestAcquireFreeLockGetsToken1(t *testing.T) {
+	h := newHarness(t)
+	r := h.acquire("c1", "billing/batch-job", lid(1), ttl, 0)
+	mustStatus(t, r, command.StatusOK)
+	if r.Token != 1 || r.LeaseID != lid(1) || r.TTLms != ttl || r.Seq != h.idx || r.Revision != 1 {
+		t.Fatalf("result = %+v", r)
+	}
+	if r.ExpiresAt != h.ts+ttl {
+		t.Fatalf("expires_at = %d, want %d", r.ExpiresAt, h.ts+ttl)
+	}
+	wantTypes(t, h.ev, EventAcquired, EventLeaseTimer)
+	a := findEvent(t, h.ev, EventAcquired)
+	if a.Name != "billing/batch-job" || a.ClientID != "c1" || a.Token != 1 || a.Cause != CauseAcquire || a.LeaseID != lid(1) || a.Seq != h.idx {
+		t.Fatalf("acquired event = %+v", a)
+	}
+	lt := findEvent(t, h.ev, EventLeaseTimer)
+	if lt.LeaseID != lid(1) || lt.Gen != 1 || lt.RemainingMs != ttl {
+		t.Fatalf("lease timer = %+v", lt)
+	}
+	info := h.s.GetLock("billing/batch-job")
+	want := LockInfo{Name: "billing/batch-job", Held: true, Holder: command.Holder{ClientID: "c1", Token: 1, GrantedAt: h.ts, ExpiresAt: h.ts + ttl}}
+	if info != want {
+		t.Fatalf("GetLock = %+v, want %+v", info, want)
+	}
+	if h.s.LastToken() != 1 || h.s.Revision() != 1 || h.s.Index() != h.idx || h.s.LastTS() != h.ts {
+		t.Fatalf("counters: token %d rev %d index %d ts %d", h.s.LastToken(), h.s.Revision(), h.s.Index(), h.s.LastTS())
+	}
+	if free := h.s.GetLock("other"); free != (LockInfo{Name: "other"}) {
+		t.Fatalf("GetLock of a free lock = %+v", free)
+	}
+}
+
+func TestTokensStrictlyIncreaseAcrossLocks(t *testing.T) {
+	h := newHarness(t)
+	var last uint64
+	n := 0
+	for round := 0; round < 5; round++ {
+		held := map[string]command.Result{}
+		for _, name := range []string{"a", "b", "c/d"} {
+			n++
+			r := h.acquire("c-"+name, name, lid(n), ttl, 0)
+			mustStatus(t, r, command.StatusOK)
+			if r.Token <= last {
+				t.Fatalf("token %d after %d", r.Token, last)
+			}
+			last = r.Token
+			held[name] = r
+		}
+		for _, name := range []string{"b", "a", "c/d"} {
+			mustStatus(t, h.release("c-"+name, name, held[name].LeaseID, held[name].Token), command.StatusOK)
+		}
+	}
+	if h.s.LastToken() != last || last != 15 {
+		t.Fatalf("LastToken = %d, last granted %d", h.s.LastToken(), last)
+	}
+	if h.s.locks.Len() != 0 || len(h.s.leases) != 0 {
+		t.Fatalf("table not empty after releasing everything:\n%s", dump(h.s))
+	}
+}
+
+func TestAcquireHeldLockWithoutWaitChangesNothing(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	grantTS := h.ts
+	before, rev := dump(h.s), h.s.Revision()
+	snapBefore := h.s.Snapshot()
+
+	for _, tc := range []struct {
+		name string
+		do   func() command.Result
+	}{
+		{"implicit", func() command.Result { return h.acquire("c2", "a", lid(2), ttl, 0) }},
+		{"implicit-other-ttl", func() command.Result { return h.acquire("c3", "a", lid(3), command.MaxTTLms, 0) }},
+	} {
+		r := tc.do()
+		mustStatus(t, r, command.StatusLockHeld)
+		want := command.Holder{ClientID: "c1", Token: 1, GrantedAt: grantTS, ExpiresAt: grantTS + ttl}
+		if r.Holder != want || !r.LeaseID.IsZero() || r.Token != 0 || r.Revision != rev {
+			t.Fatalf("%s: result %+v, want holder %+v", tc.name, r, want)
+		}
+		h.checkNoChange(before, rev)
+	}
+	if _, ok := h.s.Lease(lid(2)); ok {
+		t.Fatal("refused acquire left a lease behind")
+	}
+	// Snapshot bytes differ only in the index and timestamp header.
+	snapAfter := h.s.Snapshot()
+	h.s.index, h.s.ts = 1, grantTS
+	if got := h.s.Snapshot(); string(got) != string(snapBefore) {
+		t.Fatalf("snapshot changed beyond index/ts")
+	}
+	_ = snapAfter
+}
+
+func TestWaitersQueueInFIFOOrder(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("holder", "a", lid(1), ttl, 0), command.StatusOK)
+	var seqs []uint64
+	for i, c := range []string{"c2", "c3", "c4"} {
+		rev := h.s.Revision()
+		r := h.acquire(c, "a", lid(2+i), ttl, 5_000*int64(i+1))
+		mustStatus(t, r, command.StatusQueued)
+		if r.Seq != h.idx || r.LeaseID != lid(2+i) || r.Token != 0 || r.Revision != rev+1 {
+			t.Fatalf("queued result %+v", r)
+		}
+		seqs = append(seqs, r.Seq)
+		wantTypes(t, h.ev, EventQueued, EventWaitTimer)
+		q := findEvent(t, h.ev, EventQueued)
+		if q.Name != "a" || q.ClientID != c || q.LeaseID != lid(2+i) || q.Seq != h.idx {
+			t.Fatalf("queued event %+v", q)
+		}
+		if wt := findEvent(t, h.ev, EventWaitTimer); wt.RemainingMs != 5_000*int64(i+1) || wt.Seq != h.idx || wt.LeaseID != lid(2+i) || wt.Name != "a" {
+			t.Fatalf("wait timer %+v", wt)
+		}
+		// A waiting implicit lease is not active: its TTL counts from the grant.
+		l, ok := h.s.Lease(lid(2 + i))
+		if !ok || l.Active || l.ExpiresAt() != 0 {
+			t.Fatalf("waiting lease = %+v, %v", l, ok)
+		}
+	}
+	lk, _ := h.s.locks.Get(&Lock{Name: "a"})
+	var order []string
+	for _, w := range lk.Queue {
+		order = append(order, w.ClientID)
+	}
+	if !slices.Equal(order, []string{"c2", "c3", "c4"}) {
+		t.Fatalf("queue order %v", order)
+	}
+	if h.s.GetLock("a").Waiters != 3 {
+		t.Fatalf("waiters = %d", h.s.GetLock("a").Waiters)
+	}
+	// An implicit lease cannot ask again: its id is in use.
+	before, rev := dump(h.s), h.s.Revision()
+	mustStatus(t, h.acquire("c3", "a", lid(3), ttl, 1000), command.StatusInvalid)
+	h.checkNoChange(before, rev)
+	_ = seqs
+}
+
+func TestReleaseHandsOffToQueueHead(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	r2 := h.acquire("c2", "a", lid(2), 20_000, 60_000)
+	r3 := h.acquire("c3", "a", lid(3), 40_000, 60_000)
+	mustStatus(t, r2, command.StatusQueued)
+	mustStatus(t, r3, command.StatusQueued)
+
+	rev := h.s.Revision()
+	r := h.release("c1", "a", lid(1), 1)
+	mustStatus(t, r, command.StatusOK)
+	if r.Revision != rev+1 {
+		t.Fatalf("release revision %d, want %d (one step)", r.Revision, rev+1)
+	}
+	wantTypes(t, h.ev, EventReleased, EventLeaseGone, EventWaitGone, EventAcquired, EventLeaseTimer)
+	rel, gone, wg, acq, lt := findEvent(t, h.ev, EventReleased), findEvent(t, h.ev, EventLeaseGone), findEvent(t, h.ev, EventWaitGone), findEvent(t, h.ev, EventAcquired), findEvent(t, h.ev, EventLeaseTimer)
+	if rel.Name != "a" || rel.ClientID != "c1" || rel.Token != 1 || rel.Cause != CauseReleased {
+		t.Fatalf("released %+v", rel)
+	}
+	if gone.LeaseID != lid(1) {
+		t.Fatalf("lease gone %+v", gone)
+	}
+	if wg.LeaseID != lid(2) || wg.Seq != r2.Seq || wg.Name != "a" {
+		t.Fatalf("wait gone %+v", wg)
+	}
+	if acq.Name != "a" || acq.ClientID != "c2" || acq.Token != 2 || acq.Cause != CauseHandoff || acq.LeaseID != lid(2) || acq.Seq != r2.Seq {
+		t.Fatalf("acquired %+v", acq)
+	}
+	if lt.LeaseID != lid(2) || lt.RemainingMs != 20_000 {
+		t.Fatalf("lease timer %+v", lt)
+	}
+	st := h.s.LockHolder("a")
+	if st.Holder != lid(2) || st.Token != 2 || st.GrantSeq != r2.Seq {
+		t.Fatalf("holder %+v", st)
+	}
+	l2, _ := h.s.Lease(lid(2))
+	if !l2.Active || l2.RenewedAt != h.ts || l2.ExpiresAt() != h.ts+20_000 {
+		t.Fatalf("granted lease %+v: its TTL must count from the grant", l2)
+	}
+	if _, ok := h.s.Lease(lid(1)); ok {
+		t.Fatal("released implicit lease still exists")
+	}
+	if h.s.GetLock("a").Holder.GrantedAt != h.ts {
+		t.Fatal("granted_at not the hand-off time")
+	}
+
+	mustStatus(t, h.release("c2", "a", lid(2), 2), command.StatusOK)
+	if st := h.s.LockHolder("a"); st.Holder != lid(3) || st.Token != 3 {
+		t.Fatalf("second hand-off: %+v", st)
+	}
+	mustStatus(t, h.release("c3", "a", lid(3), 3), command.StatusOK)
+	wantTypes(t, h.ev, EventReleased, EventLeaseGone)
+	if h.s.locks.Len() != 0 || len(h.s.leases) != 0 {
+		t.Fatalf("table not empty:\n%s", dump(h.s))
+	}
+}
+
+func TestReleaseAndRenewRequireHolderProof(t *testing.T) {
+	for _, op := range []string{"release", "renew"} {
+		t.Run(op, func(t *testing.T) {
+			h := newHarness(t)
+			mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK) // token 1
+			mustStatus(t, h.acquire("c9", "z", lid(9), ttl, 0), command.StatusOK) // token 2
+			mustStatus(t, h.acquire("c2", "a", lid(2), ttl, 9999), command.StatusQueued)
+			mustStatus(t, h.session("c3", lid(3), ttl), command.StatusOK)
+			before, rev := dump(h.s), h.s.Revision()
+			cases := []struct {
+				name, client, lock string
+				lease              command.LeaseID
+				token              uint64
+			}{
+				{"wrong token (older)", "c1", "a", lid(1), 0},
+				{"wrong token (another lock's)", "c1", "a", lid(1), 2},
+				{"wrong token (future)", "c1", "a", lid(1), 3},
+				{"wrong lease (a waiter's)", "c1", "a", lid(2), 1},
+				{"wrong lease (a session)", "c1", "a", lid(3), 1},
+				{"wrong lease (zero)", "c1", "a", command.LeaseID{}, 1},
+				{"wrong lease (unknown)", "c1", "a", lid(77), 1},
+				{"wrong client", "c2", "a", lid(1), 1},
+				{"empty client", "", "a", lid(1), 1},
+				{"waiter with holder's token", "c2", "a", lid(2), 1},
+				{"wrong lock", "c1", "z", lid(1), 1},
+				{"free lock", "c1", "free", lid(1), 1},
+				{"non-canonical name", "c1", "/a", lid(1), 1},
+			}
+			for _, tc := range cases {
+				var r command.Result
+				if op == "release" {
+					r = h.release(tc.client, tc.lock, tc.lease, tc.token)
+				} else {
+					r = h.renew(tc.client, tc.lock, tc.lease, tc.token, 0)
+				}
+				if r.Status != command.StatusNotHolder {
+					t.Fatalf("%s: status %v, want not_holder", tc.name, r.Status)
+				}
+				h.checkNoChange(before, rev)
+			}
+		})
+	}
+}
+
+func TestRenewExtendsLease(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	h.step = 1000
+	gen := func() uint64 { l, _ := h.s.Lease(lid(1)); return l.Gen }
+	g0 := gen()
+	r := h.renew("c1", "a", lid(1), 1, 0)
+	mustStatus(t, r, command.StatusOK)
+	if r.TTLms != ttl || r.ExpiresAt != h.ts+ttl || r.LeaseID != lid(1) || gen() != g0+1 {
+		t.Fatalf("renew keep-ttl: %+v gen %d", r, gen())
+	}
+	wantTypes(t, h.ev, EventLeaseTimer)
+	if lt := findEvent(t, h.ev, EventLeaseTimer); lt.Gen != g0+1 || lt.RemainingMs != ttl {
+		t.Fatalf("lease timer %+v", lt)
+	}
+	r = h.renew("c1", "a", lid(1), 1, 5_000)
+	mustStatus(t, r, command.StatusOK)
+	if r.TTLms != 5_000 || r.ExpiresAt != h.ts+5_000 || gen() != g0+2 {
+		t.Fatalf("renew new ttl: %+v", r)
+	}
+	if h.s.GetLock("a").Holder.ExpiresAt != h.ts+5_000 || h.s.GetLock("a").Holder.Token != 1 {
+		t.Fatalf("holder view %+v", h.s.GetLock("a").Holder)
+	}
+	before, rev := dump(h.s), h.s.Revision()
+	for _, bad := range []int64{-1, 1, command.MinTTLms - 1, command.MaxTTLms + 1, 1 << 40} {
+		r := h.renew("c1", "a", lid(1), 1, bad)
+		mustStatus(t, r, command.StatusInvalid)
+		if r.Message == "" {
+			t.Error("invalid without a message")
+		}
+		h.checkNoChange(before, rev)
+	}
+	for _, ok := range []int64{command.MinTTLms, command.MaxTTLms} {
+		r := h.renew("c1", "a", lid(1), 1, ok)
+		mustStatus(t, r, command.StatusOK)
+		if r.TTLms != ok {
+			t.Fatalf("ttl %d not taken", ok)
+		}
+	}
+}
+
+func TestIdempotentReacquireBySameSession(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.session("c1", lid(1), ttl), command.StatusOK)
+	first := h.sacquire("c1", "a", lid(1), 0)
+	mustStatus(t, first, command.StatusOK)
+	h.step = 500
+	for _, wait := range []int64{0, 10_000} {
+		genBefore := func() uint64 { l, _ := h.s.Lease(lid(1)); return l.Gen }()
+		r := h.sacquire("c1", "a", lid(1), wait)
+		mustStatus(t, r, command.StatusOK)
+		if r.Token != first.Token || r.Seq != first.Seq || r.LeaseID != lid(1) || r.ExpiresAt != h.ts+ttl {
+			t.Fatalf("re-acquire %+v, first %+v", r, first)
+		}
+		l, _ := h.s.Lease(lid(1))
+		if l.Gen != genBefore+1 || l.RenewedAt != h.ts {
+			t.Fatalf("lease not refreshed: %+v", l)
+		}
+		wantTypes(t, h.ev, EventLeaseTimer)
+	}
+	if h.s.LastToken() != first.Token {
+		t.Fatal("re-acquire drew a token")
+	}
+
+	// A session already waiting: same place, no change at all.
+	mustStatus(t, h.acquire("c9", "b", lid(9), ttl, 0), command.StatusOK)
+	q := h.sacquire("c1", "b", lid(1), 10_000)
+	mustStatus(t, q, command.StatusQueued)
+	before, rev := dump(h.s), h.s.Revision()
+	for _, wait := range []int64{0, 10_000, 20_000} {
+		r := h.sacquire("c1", "b", lid(1), wait)
+		mustStatus(t, r, command.StatusQueued)
+		if r.Seq != q.Seq {
+			t.Fatalf("re-queue seq %d, want %d", r.Seq, q.Seq)
+		}
+		h.checkNoChange(before, rev)
+	}
+}
+
+func TestSameClientNewLeaseTakesOver(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	mustStatus(t, h.acquire("c2", "a", lid(2), ttl, 60_000), command.StatusQueued)
+	for _, wait := range []int64{0, 60_000} {
+		old := h.s.LockHolder("a")
+		newID := lid(int(10 + wait/1000))
+		r := h.acquire("c1", "a", newID, 12_000, wait)
+		mustStatus(t, r, command.StatusOK)
+		if r.Token != old.Token+1 || r.LeaseID != newID || r.Seq != h.idx || r.TTLms != 12_000 {
+			t.Fatalf("takeover result %+v", r)
+		}
+		wantTypes(t, h.ev, EventReleased, EventLeaseGone, EventAcquired, EventLeaseTimer)
+		rel, gone, acq := findEvent(t, h.ev, EventReleased), findEvent(t, h.ev, EventLeaseGone), findEvent(t, h.ev, EventAcquired)
+		if rel.Cause != CauseTakeover || rel.Token != old.Token || rel.LeaseID != old.Holder || rel.ClientID != "c1" || gone.LeaseID != old.Holder {
+			t.Fatalf("release event %+v / %+v", rel, gone)
+		}
+		if acq.Cause != CauseTakeover || acq.Token != r.Token || acq.ClientID != "c1" || acq.LeaseID != newID {
+			t.Fatalf("acquire event %+v", acq)
+		}
+		if _, ok := h.s.Lease(old.Holder); ok {
+			t.Fatal("old implicit lease survived the takeover")
+		}
+		// The old incarnation can no longer release or renew.
+		before, rev := dump(h.s), h.s.Revision()
+		mustStatus(t, h.release("c1", "a", old.Holder, old.Token), command.StatusNotHolder)
+		mustStatus(t, h.renew("c1", "a", old.Holder, old.Token, 0), command.StatusNotHolder)
+		h.checkNoChange(before, rev)
+		// The queue is untouched.
+		if h.s.GetLock("a").Waiters != 1 {
+			t.Fatal("takeover disturbed the queue")
+		}
+	}
+
+	// Takeover from a session of the same client: the session survives, without the lock.
+	mustStatus(t, h.session("c5", lid(50), ttl), command.StatusOK)
+	mustStatus(t, h.sacquire("c5", "s", lid(50), 0), command.StatusOK)
+	mustStatus(t, h.sacquire("c5", "t", lid(50), 0), command.StatusOK)
+	r := h.acquire("c5", "s", lid(51), ttl, 0)
+	mustStatus(t, r, command.StatusOK)
+	l, ok := h.s.Lease(lid(50))
+	if !ok || h.s.LockHolder("s").Holder != lid(51) || h.s.LockHolder("t").Holder != lid(50) {
+		t.Fatalf("session after takeover: %+v %v", l, ok)
+	}
+	// And a different session of the same client takes over from an implicit lease.
+	mustStatus(t, h.session("c5", lid(52), ttl), command.StatusOK)
+	r2 := h.sacquire("c5", "s", lid(52), 0)
+	mustStatus(t, r2, command.StatusOK)
+	if r2.Token <= r.Token || h.s.LockHolder("s").Holder != lid(52) {
+		t.Fatalf("session takeover %+v", r2)
+	}
+	// Another client never takes over.
+	mustStatus(t, h.acquire("c6", "s", lid(60), ttl, 0), command.StatusLockHeld)
+}
+
+func TestSameClientRequeueKeepsPlace(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("holder", "a", lid(1), ttl, 0), command.StatusOK)
+	r1 := h.acquire("c1", "a", lid(2), ttl, 10_000)
+	mustStatus(t, r1, command.StatusQueued)
+	mustStatus(t, h.acquire("c2", "a", lid(3), ttl, 10_000), command.StatusQueued)
+	r1b := h.acquire("c1", "a", lid(4), 7_000, 20_000)
+	mustStatus(t, r1b, command.StatusQueued)
+	if r1b.Seq != h.idx || r1b.LeaseID != lid(4) {
+		t.Fatalf("requeue %+v", r1b)
+	}
+	wantTypes(t, h.ev, EventWaitGone, EventLeaseGone, EventWaitTimer)
+	if wg, lg, wt := findEvent(t, h.ev, EventWaitGone), findEvent(t, h.ev, EventLeaseGone), findEvent(t, h.ev, EventWaitTimer); wg.LeaseID != lid(2) || wg.Seq != r1.Seq || lg.LeaseID != lid(2) || wt.LeaseID != lid(4) || wt.RemainingMs != 20_000 {
+		t.Fatalf("events %+v", h.ev)
+	}
+	if _, ok := h.s.Lease(lid(2)); ok {
+		t.Fatal("replaced wait's lease survived")
+	}
+	lk, _ := h.s.locks.Get(&Lock{Name: "a"})
+	if len(lk.Queue) != 2 || lk.Queue[0].LeaseID != lid(4) || lk.Queue[1].LeaseID != lid(3) {
+		t.Fatalf("queue %+v", lk.Queue)
+	}
+	if lk.Queue[0].Deadline != h.ts+20_000 || lk.Queue[0].Seq != r1b.Seq {
+		t.Fatalf("replaced waiter %+v", lk.Queue[0])
+	}
+	// The old wait is gone for good: expiring or cancelling it does nothing.
+	before, rev := dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("x", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(2), Name: "a", Seq: r1.Seq}, ReleaseIfGranted: true}), command.StatusNotWaiting)
+	r := h.do("x", &command.ExpireWaits{Waits: []command.WaitRef{{LeaseID: lid(2), Name: "a", Seq: r1.Seq}}})
+	mustStatus(t, r, command.StatusOK)
+	h.checkNoChange(before, rev)
+
+	mustStatus(t, h.release("holder", "a", lid(1), 1), command.StatusOK)
+	if st := h.s.LockHolder("a"); st.Holder != lid(4) || st.GrantSeq != r1b.Seq {
+		t.Fatalf("hand-off went to %+v", st)
+	}
+	l, _ := h.s.Lease(lid(4))
+	if l.TTLms != 7_000 {
+		t.Fatalf("new lease ttl %d", l.TTLms)
+	}
+
+	// A session of the same client replacing an implicit wait.
+	mustStatus(t, h.acquire("c7", "q", lid(70), ttl, 10_000), command.StatusOK)
+	mustStatus(t, h.acquire("c8", "q", lid(80), ttl, 10_000), command.StatusQueued)
+	mustStatus(t, h.session("c8", lid(81), ttl), command.StatusOK)
+	rs := h.sacquire("c8", "q", lid(81), 10_000)
+	mustStatus(t, rs, command.StatusQueued)
+	if _, ok := h.s.Lease(lid(80)); ok {
+		t.Fatal("implicit wait replaced by a session wait survived")
+	}
+	if seq, ok := h.s.WaitSeq(lid(81), "q"); !ok || seq != rs.Seq {
+		t.Fatalf("session wait %d %v", seq, ok)
+	}
+}
+
+func TestDedupReturnsFirstResult(t *testing.T) {
+	h := newHarness(t)
+	first := h.req("c1", "r1", &command.Acquire{Name: "a", LeaseID: lid(1), TTLms: ttl})
+	mustStatus(t, first, command.StatusOK)
+	mustStatus(t, h.req("c1", "r2", &command.Release{Name: "a", LeaseID: lid(1), Token: 1}), command.StatusOK)
+	mustStatus(t, h.acquire("c2", "a", lid(2), ttl, 0), command.StatusOK) // state changed since
+
+	before, rev := dump(h.s), h.s.Revision()
+	for _, b := range []command.Body{
+		&command.Acquire{Name: "a", LeaseID: lid(3), TTLms: ttl}, // the retry (leader drew a new lease id)
+		&command.Acquire{Name: "other", LeaseID: lid(4), TTLms: ttl},
+		&command.Release{Name: "a", LeaseID: lid(2), Token: 2},
+		&command.CreateSession{LeaseID: lid(5), TTLms: ttl},
+	} {
+		r := h.req("c1", "r1", b)
+		if r != first {
+			t.Fatalf("dedup hit = %+v, want first result %+v", r, first)
+		}
+		h.checkNoChange(before, rev)
+	}
+	if got, ok := h.s.Lookup("c1", "r1"); !ok || got != first {
+		t.Fatalf("Lookup = %+v, %v", got, ok)
+	}
+	if _, ok := h.s.Lookup("c1", "nope"); ok {
+		t.Fatal("Lookup of unknown request found something")
+	}
+	// A refusal is remembered too.
+	held := h.req("c3", "x", &command.Acquire{Name: "a", LeaseID: lid(6), TTLms: ttl})
+	mustStatus(t, held, command.StatusLockHeld)
+	mustStatus(t, h.release("c2", "a", lid(2), 2), command.StatusOK)
+	if r := h.req("c3", "x", &command.Acquire{Name: "a", LeaseID: lid(7), TTLms: ttl}); r != held {
+		t.Fatalf("retried refusal = %+v, want %+v", r, held)
+	}
+	// A different request id, or the same id from another client, acts again.
+	r := h.req("c3", "y", &command.Acquire{Name: "a", LeaseID: lid(8), TTLms: ttl})
+	mustStatus(t, r, command.StatusOK)
+	r = h.req("c4", "r1", &command.Acquire{Name: "b", LeaseID: lid(9), TTLms: ttl})
+	mustStatus(t, r, command.StatusOK)
+	if r.LeaseID != lid(9) {
+		t.Fatalf("other client's r1 returned %+v", r)
+	}
+	// No request id: never deduplicated.
+	mustStatus(t, h.acquire("c4", "b", lid(10), ttl, 0), command.StatusOK) // takeover, new token
+	if h.s.LockHolder("b").Holder != lid(10) {
+		t.Fatal("acquire without request id deduplicated")
+	}
+}
+
+func TestDedupTableIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	s := New()
+	n := DedupCapacity + 10
+	for i := 1; i <= n; i++ {
+		s.Apply(uint64(i), &command.Envelope{TS: int64(i), ClientID: "c", RequestID: itoa(i), Body: &command.RegisterMember{}})
+	}
+	if s.dedupCount != DedupCapacity || len(s.dedup) != DedupCapacity {
+		t.Fatalf("dedup holds %d/%d", s.dedupCount, len(s.dedup))
+	}
+	for i := 1; i <= 10; i++ {
+		if _, ok := s.Lookup("c", itoa(i)); ok {
+			t.Fatalf("oldest entry %d not forgotten", i)
+		}
+	}
+	for _, i := range []int{11, n / 2, n} {
+		if _, ok := s.Lookup("c", itoa(i)); !ok {
+			t.Fatalf("entry %d forgotten", i)
+		}
+	}
+	b := s.Snapshot()
+	r, err := Restore(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(r.Snapshot()) != string(b) {
+		t.Fatal("full dedup ring does not re-snapshot identically")
+	}
+	// Both forget the same next entry.
+	for _, st := range []*State{s, r} {
+		st.Apply(uint64(n+1), &command.Envelope{TS: int64(n + 1), ClientID: "c", RequestID: "new", Body: &command.RegisterMember{}})
+	}
+	if string(r.Snapshot()) != string(s.Snapshot()) {
+		t.Fatal("restored dedup ring evicts differently")
+	}
+	if _, ok := r.Lookup("c", itoa(11)); ok {
+		t.Fatal("restored ring did not evict the oldest")
+	}
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; i > 0; i /= 10 {
+		b = append([]byte{digits[i%10]}, b...)
+	}
+	return string(b)
+}
+
+func TestSessions(t *testing.T) {
+	h := newHarness(t)
+	r := h.session("c1", lid(1), 10_000)
+	mustStatus(t, r, command.StatusOK)
+	if r.LeaseID != lid(1) || r.TTLms != 10_000 || r.ExpiresAt != h.ts+10_000 {
+		t.Fatalf("create %+v", r)
+	}
+	wantTypes(t, h.ev, EventSessionCreated, EventLeaseTimer)
+	if sc, lt := findEvent(t, h.ev, EventSessionCreated), findEvent(t, h.ev, EventLeaseTimer); sc.ClientID != "c1" || lt.Gen != 1 || lt.RemainingMs != 10_000 || lt.LeaseID != lid(1) {
+		t.Fatalf("events %+v", h.ev)
+	}
+
+	// Creation is refused for a bad TTL or a used / missing id.
+	before, rev := dump(h.s), h.s.Revision()
+	for _, tc := range []struct {
+		id  command.LeaseID
+		ttl int64
+	}{{lid(2), 999}, {lid(2), 600_001}, {lid(2), 0}, {lid(1), 10_000}, {command.LeaseID{}, 10_000}} {
+		mustStatus(t, h.session("c2", tc.id, tc.ttl), command.StatusInvalid)
+		h.checkNoChange(before, rev)
+	}
+
+	// Keepalive: generation increases, expiry moves.
+	h.step = 3000
+	for i := 0; i < 3; i++ {
+		g := func() uint64 { l, _ := h.s.Lease(lid(1)); return l.Gen }()
+		r := h.do("c1", &command.KeepAlive{LeaseID: lid(1)})
+		mustStatus(t, r, command.StatusOK)
+		l, _ := h.s.Lease(lid(1))
+		if l.Gen != g+1 || r.ExpiresAt != h.ts+10_000 || l.RenewedAt != h.ts {
+			t.Fatalf("keepalive %+v lease %+v", r, l)
+		}
+		wantTypes(t, h.ev, EventLeaseTimer)
+	}
+	// Keepalive without a client id is accepted (the id is the capability).
+	mustStatus(t, h.do("", &command.KeepAlive{LeaseID: lid(1)}), command.StatusOK)
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("c2", &command.KeepAlive{LeaseID: lid(1)}), command.StatusSessionNotFound)
+	mustStatus(t, h.do("c1", &command.KeepAlive{LeaseID: lid(99)}), command.StatusSessionNotFound)
+	mustStatus(t, h.do("c2", &command.DeleteSession{LeaseID: lid(1)}), command.StatusSessionNotFound)
+	mustStatus(t, h.do("c1", &command.DeleteSession{LeaseID: lid(99)}), command.StatusSessionNotFound)
+	h.checkNoChange(before, rev)
+
+	// An implicit lease is not a session.
+	mustStatus(t, h.acquire("c1", "imp", lid(5), ttl, 0), command.StatusOK)
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("c1", &command.KeepAlive{LeaseID: lid(5)}), command.StatusSessionNotFound)
+	mustStatus(t, h.do("c1", &command.DeleteSession{LeaseID: lid(5)}), command.StatusSessionNotFound)
+	mustStatus(t, h.sacquire("c1", "x", lid(5), 0), command.StatusSessionNotFound)
+	// Another client's session is refused; so is an unknown one.
+	mustStatus(t, h.sacquire("c2", "x", lid(1), 0), command.StatusSessionNotFound)
+	mustStatus(t, h.sacquire("c2", "x", lid(1), 5000), command.StatusSessionNotFound)
+	mustStatus(t, h.sacquire("c1", "x", lid(98), 0), command.StatusSessionNotFound)
+	mustStatus(t, h.sacquire("c1", "x", command.LeaseID{}, 0), command.StatusSessionNotFound)
+	h.checkNoChange(before, rev)
+
+	// Many locks under one session; others queue behind them; it waits for one.
+	for _, n := range []string{"s/b", "s/a", "s/c"} {
+		r := h.sacquire("c1", n, lid(1), 0)
+		mustStatus(t, r, command.StatusOK)
+		if r.LeaseID != lid(1) || r.ExpiresAt != func() int64 { l, _ := h.s.Lease(lid(1)); return l.ExpiresAt() }() {
+			t.Fatalf("session acquire %+v", r)
+		}
+	}
+	mustStatus(t, h.acquire("w1", "s/a", lid(10), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.acquire("w2", "s/c", lid(11), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.acquire("w3", "s/c", lid(12), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.acquire("o", "busy", lid(13), ttl, 0), command.StatusOK)
+	q := h.sacquire("c1", "busy", lid(1), 60_000)
+	mustStatus(t, q, command.StatusQueued)
+	if l, _ := h.s.Lease(lid(1)); l.ExpiresAt() == 0 {
+		t.Fatal("session inactive")
+	}
+
+	tok := h.s.LastToken()
+	r = h.do("c1", &command.DeleteSession{LeaseID: lid(1)})
+	mustStatus(t, r, command.StatusOK)
+	if _, ok := h.s.Lease(lid(1)); ok {
+		t.Fatal("deleted session still exists")
+	}
+	// Locks released in name order, each handed off at once; the wait dropped.
+	var kinds []string
+	for _, e := range h.ev {
+		switch e.Type {
+		case EventReleased:
+			kinds = append(kinds, "rel:"+e.Name+":"+e.Cause)
+		case EventAcquired:
+			kinds = append(kinds, "acq:"+e.Name+":"+e.ClientID+":"+e.Cause)
+		case EventDequeued:
+			kinds = append(kinds, "deq:"+e.Name+":"+e.Cause)
+		case EventSessionDeleted:
+			kinds = append(kinds, "del:"+e.ClientID+":"+e.Cause)
+		}
+	}
+	want := []string{
+		"rel:s/a:session_deleted", "acq:s/a:w1:handoff",
+		"rel:s/b:session_deleted",
+		"rel:s/c:session_deleted", "acq:s/c:w2:handoff",
+		"deq:busy:session_deleted",
+		"del:c1:session_deleted",
+	}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("delete events\n got %v\nwant %v", kinds, want)
+	}
+	if h.s.LockHolder("s/a").Token != tok+1 || h.s.LockHolder("s/c").Token != tok+2 || h.s.GetLock("s/b").Held {
+		t.Fatalf("after delete: %+v %+v %+v", h.s.LockHolder("s/a"), h.s.LockHolder("s/c"), h.s.GetLock("s/b"))
+	}
+	if h.s.GetLock("busy").Waiters != 0 {
+		t.Fatal("deleted session's wait still queued")
+	}
+	// Gone for good.
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("c1", &command.KeepAlive{LeaseID: lid(1)}), command.StatusSessionNotFound)
+	mustStatus(t, h.do("c1", &command.DeleteSession{LeaseID: lid(1)}), command.StatusSessionNotFound)
+	mustStatus(t, h.sacquire("c1", "s/b", lid(1), 0), command.StatusSessionNotFound)
+	h.checkNoChange(before, rev)
+	// A session id cannot be reused by an implicit acquire while it lives.
+	mustStatus(t, h.session("c1", lid(20), ttl), command.StatusOK)
+	mustStatus(t, h.acquire("c1", "y", lid(20), ttl, 0), command.StatusInvalid)
+}
+
+func TestExpireLeasesOnlyAtMatchingGeneration(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	mustStatus(t, h.acquire("c2", "a", lid(2), ttl, 60_000), command.StatusQueued)
+	l1, _ := h.s.Lease(lid(1))
+	staleGen := l1.Gen
+	mustStatus(t, h.renew("c1", "a", lid(1), 1, 0), command.StatusOK) // renewal after the reaper looked
+
+	before, rev := dump(h.s), h.s.Revision()
+	for _, lg := range [][]command.LeaseGen{
+		{{LeaseID: lid(1), Gen: staleGen}},
+		{{LeaseID: lid(1), Gen: staleGen + 2}},
+		{{LeaseID: lid(99), Gen: 1}},
+		{{LeaseID: lid(2), Gen: 0}}, // a waiting implicit lease is not running
+		{{LeaseID: lid(2), Gen: 1}},
+		{},
+	} {
+		r := h.do("reaper", &command.ExpireLeases{Leases: lg})
+		mustStatus(t, r, command.StatusOK)
+		if r.Token != 0 {
+			t.Fatalf("expired count %d", r.Token)
+		}
+		h.checkNoChange(before, rev)
+	}
+
+	l1, _ = h.s.Lease(lid(1))
+	r := h.do("reaper", &command.ExpireLeases{Leases: []command.LeaseGen{{LeaseID: lid(1), Gen: l1.Gen}, {LeaseID: lid(1), Gen: l1.Gen}}})
+	mustStatus(t, r, command.StatusOK)
+	if r.Token != 1 {
+		t.Fatalf("expired count %d, want 1", r.Token)
+	}
+	wantTypes(t, h.ev, EventExpired, EventLeaseGone, EventWaitGone, EventAcquired, EventLeaseTimer)
+	if e := findEvent(t, h.ev, EventExpired); e.Name != "a" || e.ClientID != "c1" || e.Token != 1 || e.Cause != CauseExpired {
+		t.Fatalf("expired event %+v", e)
+	}
+	if e := findEvent(t, h.ev, EventAcquired); e.ClientID != "c2" || e.Cause != CauseHandoff || e.Token != 2 {
+		t.Fatalf("hand-off event %+v", e)
+	}
+	// The expired holder's proof is worthless now.
+	mustStatus(t, h.release("c1", "a", lid(1), 1), command.StatusNotHolder)
+
+	// A session expires: its locks are handed on, its waits dropped.
+	mustStatus(t, h.session("s", lid(10), ttl), command.StatusOK)
+	mustStatus(t, h.sacquire("s", "x", lid(10), 0), command.StatusOK)
+	mustStatus(t, h.acquire("w", "x", lid(11), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.sacquire("s", "a", lid(10), 60_000), command.StatusQueued)
+	ls, _ := h.s.Lease(lid(10))
+	r = h.do("reaper", &command.ExpireLeases{Leases: []command.LeaseGen{{LeaseID: lid(10), Gen: ls.Gen}}})
+	if r.Token != 1 {
+		t.Fatalf("session not expired: %+v", r)
+	}
+	findEvent(t, h.ev, EventSessionExpired)
+	if e := findEvent(t, h.ev, EventDequeued); e.Name != "a" || e.Cause != CauseExpired {
+		t.Fatalf("dequeued %+v", e)
+	}
+	if e := findEvent(t, h.ev, EventExpired); e.Name != "x" {
+		t.Fatalf("expired %+v", e)
+	}
+	if h.s.LockHolder("x").Holder != lid(11) {
+		t.Fatal("session's lock not handed off")
+	}
+}
+
+func TestExpireWaitsAndCancelWaitActOnlyOnExactWait(t *testing.T) {
+	for _, op := range []string{"expire", "cancel"} {
+		t.Run(op, func(t *testing.T) {
+			h := newHarness(t)
+			mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+			mustStatus(t, h.acquire("c1", "b", lid(3), ttl, 0), command.StatusOK)
+			w := h.acquire("c2", "a", lid(2), ttl, 60_000)
+			mustStatus(t, w, command.StatusQueued)
+			mustStatus(t, h.acquire("c4", "a", lid(4), ttl, 60_000), command.StatusQueued)
+			do := func(ref command.WaitRef) command.Result {
+				if op == "expire" {
+					r := h.do("reaper", &command.ExpireWaits{Waits: []command.WaitRef{ref}})
+					mustStatus(t, r, command.StatusOK)
+					if r.Token == 0 {
+						r.Status = command.StatusNotWaiting // normalise: nothing expired
+					}
+					return r
+				}
+				return h.do("srv", &command.CancelWait{Wait: ref})
+			}
+			before, rev := dump(h.s), h.s.Revision()
+			for _, ref := range []command.WaitRef{
+				{LeaseID: lid(2), Name: "a", Seq: w.Seq + 1},
+				{LeaseID: lid(2), Name: "a", Seq: w.Seq - 1},
+				{LeaseID: lid(2), Name: "a", Seq: 0},
+				{LeaseID: lid(2), Name: "b", Seq: w.Seq},
+				{LeaseID: lid(2), Name: "/a", Seq: w.Seq},
+				{LeaseID: lid(1), Name: "a", Seq: w.Seq},
+				{LeaseID: lid(4), Name: "a", Seq: w.Seq},
+				{LeaseID: lid(99), Name: "a", Seq: w.Seq},
+				{Name: "a", Seq: w.Seq},
+			} {
+				mustStatus(t, do(ref), command.StatusNotWaiting)
+				h.checkNoChange(before, rev)
+			}
+			r := do(command.WaitRef{LeaseID: lid(2), Name: "a", Seq: w.Seq})
+			if op == "cancel" {
+				mustStatus(t, r, command.StatusOK)
+			} else if r.Token != 1 {
+				t.Fatalf("expired %d waits", r.Token)
+			}
+			wantTypes(t, h.ev, EventDequeued, EventWaitGone, EventLeaseGone)
+			cause := map[string]string{"expire": CauseTimeout, "cancel": CauseCancelled}[op]
+			if e := findEvent(t, h.ev, EventDequeued); e.Name != "a" || e.ClientID != "c2" || e.Cause != cause || e.Seq != w.Seq {
+				t.Fatalf("dequeued %+v", e)
+			}
+			if _, ok := h.s.Lease(lid(2)); ok {
+				t.Fatal("lease of a dropped wait survived")
+			}
+			if h.s.LockHolder("a").Holder != lid(1) || h.s.GetLock("a").Waiters != 1 {
+				t.Fatal("dropping a wait disturbed the lock")
+			}
+			// Dropping it again does nothing.
+			before, rev = dump(h.s), h.s.Revision()
+			mustStatus(t, do(command.WaitRef{LeaseID: lid(2), Name: "a", Seq: w.Seq}), command.StatusNotWaiting)
+			h.checkNoChange(before, rev)
+		})
+	}
+}
+
+func TestExpireWaitsBatch(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	mustStatus(t, h.session("s", lid(5), ttl), command.StatusOK)
+	w2 := h.acquire("c2", "a", lid(2), ttl, 60_000)
+	w3 := h.sacquire("s", "a", lid(5), 60_000)
+	r := h.do("reaper", &command.ExpireWaits{Waits: []command.WaitRef{
+		{LeaseID: lid(2), Name: "a", Seq: w2.Seq},
+		{LeaseID: lid(5), Name: "a", Seq: w3.Seq},
+		{LeaseID: lid(2), Name: "a", Seq: w2.Seq},
+	}})
+	if r.Token != 2 {
+		t.Fatalf("expired %d", r.Token)
+	}
+	if _, ok := h.s.Lease(lid(5)); !ok {
+		t.Fatal("a session must survive the expiry of its wait")
+	}
+	if h.s.GetLock("a").Waiters != 0 {
+		t.Fatal("waits left")
+	}
+}
+
+func TestCancelWaitReleaseIfGranted(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("c1", "a", lid(1), ttl, 0), command.StatusOK)
+	w := h.acquire("c2", "a", lid(2), ttl, 60_000)
+	mustStatus(t, w, command.StatusQueued)
+	mustStatus(t, h.acquire("c3", "a", lid(3), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.release("c1", "a", lid(1), 1), command.StatusOK) // c2's wait is granted
+	ref := command.WaitRef{LeaseID: lid(2), Name: "a", Seq: w.Seq}
+
+	before, rev := dump(h.s), h.s.Revision()
+	for _, c := range []command.CancelWait{
+		{Wait: ref}, // not waiting any more, and not asked to release
+		{Wait: command.WaitRef{LeaseID: lid(2), Name: "a", Seq: w.Seq + 1}, ReleaseIfGranted: true},
+		{Wait: command.WaitRef{LeaseID: lid(2), Name: "b", Seq: w.Seq}, ReleaseIfGranted: true},
+		{Wait: command.WaitRef{LeaseID: lid(3), Name: "a", Seq: w.Seq}, ReleaseIfGranted: true},
+	} {
+		c := c
+		mustStatus(t, h.do("srv", &c), command.StatusNotWaiting)
+		h.checkNoChange(before, rev)
+	}
+	r := h.do("srv", &command.CancelWait{Wait: ref, ReleaseIfGranted: true})
+	mustStatus(t, r, command.StatusOK)
+	if e := findEvent(t, h.ev, EventReleased); e.Cause != CauseCancelled || e.ClientID != "c2" || e.Token != 2 {
+		t.Fatalf("released %+v", e)
+	}
+	if e := findEvent(t, h.ev, EventAcquired); e.ClientID != "c3" || e.Cause != CauseHandoff || e.Token != 3 {
+		t.Fatalf("hand-off %+v", e)
+	}
+	if _, ok := h.s.Lease(lid(2)); ok {
+		t.Fatal("cancelled lease survived")
+	}
+	// Repeating it does nothing: the lock now belongs to another grant.
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("srv", &command.CancelWait{Wait: ref, ReleaseIfGranted: true}), command.StatusNotWaiting)
+	h.checkNoChange(before, rev)
+
+	// A session: the grant of its wait is released, a later grant is not.
+	mustStatus(t, h.session("s", lid(10), ttl), command.StatusOK)
+	mustStatus(t, h.acquire("o", "b", lid(11), ttl, 0), command.StatusOK)
+	sw := h.sacquire("s", "b", lid(10), 60_000)
+	mustStatus(t, sw, command.StatusQueued)
+	tok := h.s.LastToken()
+	mustStatus(t, h.release("o", "b", lid(11), tok), command.StatusOK)
+	if h.s.LockHolder("b").GrantSeq != sw.Seq {
+		t.Fatal("session wait not granted")
+	}
+	mustStatus(t, h.release("s", "b", lid(10), tok+1), command.StatusOK)
+	again := h.sacquire("s", "b", lid(10), 0)
+	mustStatus(t, again, command.StatusOK)
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("srv", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(10), Name: "b", Seq: sw.Seq}, ReleaseIfGranted: true}), command.StatusNotWaiting)
+	h.checkNoChange(before, rev)
+	if h.s.LockHolder("b").Holder != lid(10) {
+		t.Fatal("later grant released")
+	}
+	// The direct grant's own seq does release it (the acquire never waited, but
+	// the requester may still cancel it).
+	mustStatus(t, h.do("srv", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(10), Name: "b", Seq: again.Seq}, ReleaseIfGranted: true}), command.StatusOK)
+	if h.s.GetLock("b").Held {
+		t.Fatal("grant of the cancelled acquire not released")
+	}
+	if _, ok := h.s.Lease(lid(10)); !ok {
+		t.Fatal("session ended by a cancel")
+	}
+}
+
+func TestTTLAndWaitBounds(t *testing.T) {
+	cases := []struct {
+		ttl, wait int64
+		ok        bool
+	}{
+		{command.MinTTLms, 0, true},
+		{command.MaxTTLms, 0, true},
+		{command.MinTTLms - 1, 0, false},
+		{command.MaxTTLms + 1, 0, false},
+		{0, 0, false},
+		{-1000, 0, false},
+		{ttl, -1, false},
+		{ttl, command.MaxWaitMs, true},
+		{ttl, command.MaxWaitMs + 1, false},
+		{ttl, 1, true},
+	}
+	for _, held := range []bool{false, true} {
+		for _, tc := range cases {
+			h := newHarness(t)
+			if held {
+				mustStatus(t, h.acquire("o", "a", lid(100), ttl, 0), command.StatusOK)
+			}
+			before, rev := dump(h.s), h.s.Revision()
+			r := h.acquire("c", "a", lid(1), tc.ttl, tc.wait)
+			if !tc.ok {
+				mustStatus(t, r, command.StatusInvalid)
+				h.checkNoChange(before, rev)
+				continue
+			}
+			want := command.StatusOK
+			if held {
+				want = command.StatusLockHeld
+				if tc.wait > 0 {
+					want = command.StatusQueued
+				}
+			}
+			mustStatus(t, r, want)
+		}
+	}
+	// Session acquires check the wait bound too.
+	h := newHarness(t)
+	mustStatus(t, h.session("c", lid(1), ttl), command.StatusOK)
+	before, rev := dump(h.s), h.s.Revision()
+	mustStatus(t, h.sacquire("c", "a", lid(1), -1), command.StatusInvalid)
+	mustStatus(t, h.sacquire("c", "a", lid(1), command.MaxWaitMs+1), command.StatusInvalid)
+	h.checkNoChange(before, rev)
+}
+
+func TestBadNamesRejected(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.session("c", lid(1), ttl), command.StatusOK)
+	before, rev := dump(h.s), h.s.Revision()
+	for i, name := range []string{"", "/", "/a", "a//b", "a/", ".", "..", "a/../b", "a/./b", "a b", "é", strings.Repeat("x", 257)} {
+		mustStatus(t, h.acquire("c", name, lid(10+i), ttl, 0), command.StatusInvalid)
+		mustStatus(t, h.sacquire("c", name, lid(1), 1000), command.StatusInvalid)
+		h.checkNoChange(before, rev)
+	}
+	mustStatus(t, h.acquire("c", strings.Repeat("x", 256), lid(5), ttl, 0), command.StatusOK)
+}
+
+func TestTimersRelativeToNewestTimestamp(t *testing.T) {
+	h := newHarness(t)
+	h.step = 100
+	mustStatus(t, h.session("c1", lid(1), 10_000), command.StatusOK)
+	sessTS := h.ts
+	mustStatus(t, h.acquire("c2", "a", lid(2), 20_000, 0), command.StatusOK)
+	grantTS := h.ts
+	w := h.acquire("c3", "a", lid(3), 5_000, 7_000)
+	waitTS := h.ts
+	mustStatus(t, h.do("n", &command.RegisterMember{ID: "n1"}), command.StatusOK)
+	// Commands that change nothing still move the clock forward.
+	h.step = 1000
+	mustStatus(t, h.acquire("c4", "a", lid(4), ttl, 0), command.StatusLockHeld)
+	now := h.ts
+	leases, waits := h.s.Timers()
+	sort.Slice(leases, func(i, j int) bool { return string(leases[i].LeaseID[:]) < string(leases[j].LeaseID[:]) })
+	want := []LeaseTimer{
+		{LeaseID: lid(1), Gen: 1, RemainingMs: sessTS + 10_000 - now},
+		{LeaseID: lid(2), Gen: 1, RemainingMs: grantTS + 20_000 - now},
+	}
+	sort.Slice(want, func(i, j int) bool { return string(want[i].LeaseID[:]) < string(want[j].LeaseID[:]) })
+	if !slices.Equal(leases, want) {
+		t.Fatalf("lease timers %+v, want %+v (waiting lease 3 must not run)", leases, want)
+	}
+	wantW := []WaitTimer{{Wait: command.WaitRef{LeaseID: lid(3), Name: "a", Seq: w.Seq}, RemainingMs: waitTS + 7_000 - now}}
+	if !slices.Equal(waits, wantW) {
+		t.Fatalf("wait timers %+v, want %+v", waits, wantW)
+	}
+	// A timestamp going backwards in the log does not move the clock back.
+	h.idx++
+	h.applyEnv(&command.Envelope{TS: now - 5000, ClientID: "n", Body: &command.RegisterMember{ID: "n1"}})
+	if h.s.LastTS() != now {
+		t.Fatalf("clock went back to %d", h.s.LastTS())
+	}
+	l2, _ := h.s.Timers()
+	if len(l2) != 2 {
+		t.Fatal("timers changed")
+	}
+}
+
+func TestRevisionMovesOnlyOnChange(t *testing.T) {
+	h := newHarness(t)
+	// checkStep (run on every command) asserts the general rule; these are
+	// the edge cases worth naming.
+	mustStatus(t, h.do("n", &command.RegisterMember{ID: "n1", RaftAddr: "r", APIAddr: "a"}), command.StatusOK)
+	if h.s.Revision() != 1 {
+		t.Fatal("member registration is a change")
+	}
+	mustStatus(t, h.do("n", &command.RegisterMember{ID: "n1", RaftAddr: "r", APIAddr: "a"}), command.StatusOK)
+	if h.s.Revision() != 1 {
+		t.Fatal("re-registering the same member is not a change")
+	}
+	mustStatus(t, h.do("n", &command.RegisterMember{ID: "n1", RaftAddr: "r", APIAddr: "b"}), command.StatusOK)
+	mustStatus(t, h.do("n", &command.RegisterMember{ID: "n0", RaftAddr: "r0", APIAddr: "a0"}), command.StatusOK)
+	mustStatus(t, h.do("n", &command.RegisterMember{}), command.StatusInvalid)
+	if h.s.Revision() != 3 {
+		t.Fatalf("revision %d", h.s.Revision())
+	}
+	if m := h.s.Members(); len(m) != 2 || m[0].ID != "n0" || m[1] != (Member{ID: "n1", RaftAddr: "r", APIAddr: "b"}) {
+		t.Fatalf("members %+v", m)
+	}
+	mustStatus(t, h.do("reaper", &command.ExpireLeases{}), command.StatusOK)
+	mustStatus(t, h.do("reaper", &command.ExpireWaits{}), command.StatusOK)
+	if h.s.Revision() != 3 {
+		t.Fatal("empty expiries changed the revision")
+	}
+	// Results report the revision they reflect.
+	r := h.acquire("c", "a", lid(1), ttl, 0)
+	if r.Revision != 4 {
+		t.Fatalf("result revision %d", r.Revision)
+	}
+	r = h.acquire("d", "a", lid(2), ttl, 0)
+	if r.Revision != 4 {
+		t.Fatalf("refusal revision %d", r.Revision)
+	}
+}
+
+func TestReads(t *testing.T) {
+	h := newHarness(t)
+	for i, n := range []string{"a/1", "a/2", "a/3", "ab", "b/1"} {
+		mustStatus(t, h.acquire("c"+n, n, lid(i+1), ttl, 0), command.StatusOK)
+	}
+	mustStatus(t, h.acquire("w", "a/2", lid(20), ttl, 1000), command.StatusQueued)
+	names := func(l []LockInfo) []string {
+		var out []string
+		for _, x := range l {
+			out = append(out, x.Name)
+		}
+		return out
+	}
+	cases := []struct {
+		prefix, after string
+		limit         int
+		want          []string
+		more          bool
+	}{
+		{"", "", 10, []string{"a/1", "a/2", "a/3", "ab", "b/1"}, false},
+		{"a/", "", 10, []string{"a/1", "a/2", "a/3"}, false},
+		{"a/", "", 2, []string{"a/1", "a/2"}, true},
+		{"a/", "a/2", 2, []string{"a/3"}, false},
+		{"a/", "a/1", 2, []string{"a/2", "a/3"}, false},
+		{"a", "", 10, []string{"a/1", "a/2", "a/3", "ab"}, false},
+		{"b/", "", 10, []string{"b/1"}, false},
+		{"c", "", 10, nil, false},
+		{"a/", "zzz", 10, nil, false},
+		{"", "a/3", 1, []string{"ab"}, true},
+	}
+	for _, tc := range cases {
+		got, more := h.s.ListLocks(tc.prefix, tc.after, tc.limit)
+		if !slices.Equal(names(got), tc.want) || more != tc.more {
+			t.Errorf("ListLocks(%q,%q,%d) = %v,%v; want %v,%v", tc.prefix, tc.after, tc.limit, names(got), more, tc.want, tc.more)
+		}
+	}
+	got, _ := h.s.ListLocks("a/2", "", 1)
+	if len(got) != 1 || got[0].Waiters != 1 || got[0].Holder.ClientID != "ca/2" {
+		t.Fatalf("list entry %+v", got)
+	}
+	c := h.s.Counts()
+	if c != (Counts{Locks: 5, Held: 5, Waiters: 1, Leases: 6, Sessions: 0}) {
+		t.Fatalf("counts %+v", c)
+	}
+	if seq, ok := h.s.WaitSeq(lid(20), "a/2"); !ok || seq != h.idx {
+		t.Fatalf("WaitSeq %d %v", seq, ok)
+	}
+	if _, ok := h.s.WaitSeq(lid(20), "a/1"); ok {
+		t.Fatal("WaitSeq on the wrong lock")
+	}
+	l, ok := h.s.Lease(lid(1))
+	if !ok || l.Locks != nil || l.Waits != nil || l.ClientID != "ca/1" {
+		t.Fatalf("Lease copy %+v", l)
+	}
+}

@@ -1,0 +1,603 @@
+// Package state is dlock's replicated state as a pure, deterministic value: locks
+// with their FIFO wait queues, leases (implicit per-acquire leases and explicit
+// sessions), the fencing-token and revision counters, cluster member metadata and
+// the request dedup table. It knows nothing of Raft, clocks or randomness: every
+// input, including the time, comes in the command, so every replica that applies
+// the same log reaches byte-identical state.
+package state
+
+import (
+	"sort"
+	"strings"
+
+	"github.com/google/btree"
+
+	"github.com/dlock/dlock/internal/command"
+)
+
+// Lease is the unit of liveness: when it ends, its locks are released and its
+// waits dropped.
+type Lease struct {
+	ID       command.LeaseID
+	ClientID string
+	TTLms    int64
+	// Session is true for explicit sessions; false for the implicit one-lock
+	// lease an acquire with ttl_ms creates.
+	Session bool
+	// Active is true while the TTL runs: always for sessions, and for an implicit
+	// lease once its lock is granted (its TTL counts from the grant).
+	Active bool
+	// Gen increases on every renewal, so an Expire proposed before a renewal
+	// cannot end the renewed lease.
+	Gen uint64
+	// RenewedAt is the leader timestamp of the last grant or renewal.
+	RenewedAt int64
+	CreatedAt int64
+	Locks     map[string]struct{}
+	// Waits maps lock name to the wait's sequence number.
+	Waits map[string]uint64
+}
+
+// ExpiresAt is the display expiry in leader wall-clock milliseconds.
+func (l *Lease) ExpiresAt() int64 {
+	if !l.Active {
+		return 0
+	}
+	return l.RenewedAt + l.TTLms
+}
+
+// Waiter is one queued acquire.
+type Waiter struct {
+	LeaseID  command.LeaseID
+	ClientID string
+	// Seq is the log index of the acquire that queued; it names this wait.
+	Seq        uint64
+	EnqueuedAt int64
+	// Deadline is the leader timestamp at which the wait times out.
+	Deadline int64
+}
+
+// Lock is a named lock. It exists in the table while held or waited for.
+type Lock struct {
+	Name      string
+	Holder    command.LeaseID
+	Token     uint64
+	GrantedAt int64
+	// GrantSeq is the Seq of the acquire that was granted.
+	GrantSeq uint64
+	Queue    []Waiter
+}
+
+// Held reports whether some lease holds the lock.
+func (l *Lock) Held() bool { return !l.Holder.IsZero() }
+
+// Member is a node's advertised addresses.
+type Member struct {
+	ID       string
+	RaftAddr string
+	APIAddr  string
+}
+
+// DedupCapacity bounds the dedup table; the oldest entries are forgotten first.
+// It is a constant of the replicated state: changing it changes snapshots.
+const DedupCapacity = 100_000
+
+type dedupKey struct{ client, request string }
+
+type dedupEntry struct {
+	key    dedupKey
+	result command.Result
+}
+
+// State is the whole replicated state. The zero value is not usable; call New.
+type State struct {
+	index     uint64
+	ts        int64
+	revision  uint64
+	lastToken uint64
+	locks     *btree.BTreeG[*Lock]
+	leases    map[command.LeaseID]*Lease
+	members   map[string]Member
+
+	dedup      map[dedupKey]int // key -> position in dedupRing
+	dedupRing  []dedupEntry     // insertion order; dedupHead is the oldest
+	dedupHead  int
+	dedupCount int
+
+	events  []Event
+	changed bool
+}
+
+func lockLess(a, b *Lock) bool { return a.Name < b.Name }
+
+// New returns an empty state.
+func New() *State {
+	return &State{
+		locks:   btree.NewG(32, lockLess),
+		leases:  make(map[command.LeaseID]*Lease),
+		members: make(map[string]Member),
+		dedup:   make(map[dedupKey]int),
+	}
+}
+
+// Index is the Raft index of the last applied entry.
+func (s *State) Index() uint64 { return s.index }
+
+// LastTS is the leader timestamp of the last applied command.
+func (s *State) LastTS() int64 { return s.ts }
+
+// Revision is the number of state changes so far.
+func (s *State) Revision() uint64 { return s.revision }
+
+// LastToken is the last fencing token granted.
+func (s *State) LastToken() uint64 { return s.lastToken }
+
+// SetIndex records the Raft index of an entry that carried no command (for
+// example a configuration change), so Index always matches the log.
+func (s *State) SetIndex(index uint64) {
+	if index > s.index {
+		s.index = index
+	}
+}
+
+// Apply applies one command at a log index and returns its result. Events it
+// produced are collected with TakeEvents.
+func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
+	s.SetIndex(index)
+	// The leader never lets timestamps go backwards, but a log is input: keep the
+	// invariant here too so remaining-time arithmetic can rely on it.
+	if e.TS > s.ts {
+		s.ts = e.TS
+	}
+	var key dedupKey
+	if e.RequestID != "" {
+		key = dedupKey{e.ClientID, e.RequestID}
+		if pos, ok := s.dedup[key]; ok {
+			return s.dedupRing[pos].result
+		}
+	}
+	s.changed = false
+	r := s.dispatch(index, e)
+	if s.changed {
+		s.revision++
+	}
+	r.Revision = s.revision
+	if e.RequestID != "" {
+		s.remember(key, r)
+	}
+	return r
+}
+
+// remember stores a result in the bounded FIFO dedup table.
+func (s *State) remember(key dedupKey, r command.Result) {
+	if s.dedupRing == nil {
+		s.dedupRing = make([]dedupEntry, 0, 1024)
+	}
+	if s.dedupCount == DedupCapacity {
+		old := s.dedupRing[s.dedupHead]
+		delete(s.dedup, old.key)
+		s.dedupRing[s.dedupHead] = dedupEntry{key: key, result: r}
+		s.dedup[key] = s.dedupHead
+		s.dedupHead = (s.dedupHead + 1) % DedupCapacity
+		return
+	}
+	// Not yet full: the ring is a plain slice with head 0.
+	s.dedupRing = append(s.dedupRing, dedupEntry{key: key, result: r})
+	s.dedup[key] = len(s.dedupRing) - 1
+	s.dedupCount++
+}
+
+// Lookup returns the remembered result of (client, request), if any.
+func (s *State) Lookup(clientID, requestID string) (command.Result, bool) {
+	pos, ok := s.dedup[dedupKey{clientID, requestID}]
+	if !ok {
+		return command.Result{}, false
+	}
+	return s.dedupRing[pos].result, true
+}
+
+func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
+	switch b := e.Body.(type) {
+	case *command.RegisterMember:
+		return s.registerMember(b)
+	case *command.CreateSession:
+		return s.createSession(e, b)
+	case *command.KeepAlive:
+		return s.keepAlive(e, b)
+	case *command.DeleteSession:
+		return s.deleteSession(e, b)
+	case *command.Acquire:
+		return s.acquire(index, e, b)
+	case *command.Release:
+		return s.release(e, b)
+	case *command.Renew:
+		return s.renew(e, b)
+	case *command.ExpireLeases:
+		return s.expireLeases(b)
+	case *command.ExpireWaits:
+		return s.expireWaits(b)
+	case *command.CancelWait:
+		return s.cancelWait(b)
+	}
+	return invalid("unknown command")
+}
+
+func invalid(msg string) command.Result {
+	return command.Result{Status: command.StatusInvalid, Message: msg}
+}
+
+func validTTL(ttl int64) bool { return ttl >= command.MinTTLms && ttl <= command.MaxTTLms }
+
+func (s *State) registerMember(b *command.RegisterMember) command.Result {
+	if b.ID == "" {
+		return invalid("member id is empty")
+	}
+	m := Member(*b)
+	if old, ok := s.members[b.ID]; !ok || old != m {
+		s.members[b.ID] = m
+		s.changed = true
+	}
+	return command.Result{Status: command.StatusOK}
+}
+
+func (s *State) createSession(e *command.Envelope, b *command.CreateSession) command.Result {
+	if !validTTL(b.TTLms) {
+		return invalid("ttl_ms out of range")
+	}
+	if b.LeaseID.IsZero() || s.leases[b.LeaseID] != nil {
+		return invalid("lease id missing or already in use")
+	}
+	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Session: true, Active: true,
+		RenewedAt: s.ts, CreatedAt: s.ts, Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
+	s.leases[l.ID] = l
+	s.touch(l)
+	s.emit(Event{Type: EventSessionCreated, ClientID: l.ClientID})
+	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: l.TTLms, ExpiresAt: l.ExpiresAt()}
+}
+
+func (s *State) keepAlive(e *command.Envelope, b *command.KeepAlive) command.Result {
+	l := s.leases[b.LeaseID]
+	if l == nil || !l.Session || (e.ClientID != "" && e.ClientID != l.ClientID) {
+		return command.Result{Status: command.StatusSessionNotFound}
+	}
+	l.RenewedAt = s.ts
+	s.touch(l)
+	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: l.TTLms, ExpiresAt: l.ExpiresAt()}
+}
+
+func (s *State) deleteSession(e *command.Envelope, b *command.DeleteSession) command.Result {
+	l := s.leases[b.LeaseID]
+	if l == nil || !l.Session || (e.ClientID != "" && e.ClientID != l.ClientID) {
+		return command.Result{Status: command.StatusSessionNotFound}
+	}
+	s.endLease(l, CauseSessionDeleted)
+	return command.Result{Status: command.StatusOK}
+}
+
+func holderOf(l *Lock, lease *Lease) command.Holder {
+	return command.Holder{ClientID: lease.ClientID, Token: l.Token, GrantedAt: l.GrantedAt, ExpiresAt: lease.ExpiresAt()}
+}
+
+func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) command.Result {
+	name, err := command.NormalizeName(b.Name)
+	if err != nil || name != b.Name {
+		return invalid("bad lock name")
+	}
+	if b.WaitMs < 0 || b.WaitMs > command.MaxWaitMs {
+		return invalid("wait_ms out of range")
+	}
+	var lease *Lease
+	if b.Session {
+		lease = s.leases[b.LeaseID]
+		if lease == nil || !lease.Session || lease.ClientID != e.ClientID {
+			return command.Result{Status: command.StatusSessionNotFound}
+		}
+	} else {
+		if !validTTL(b.TTLms) {
+			return invalid("ttl_ms out of range")
+		}
+		if b.LeaseID.IsZero() || s.leases[b.LeaseID] != nil {
+			return invalid("lease id missing or already in use")
+		}
+	}
+	lk, _ := s.locks.Get(&Lock{Name: name})
+
+	// The same lease already holds it: idempotent, same token, lease refreshed.
+	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
+		lease.RenewedAt = s.ts
+		s.touch(lease)
+		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
+			ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: lk.GrantSeq}
+	}
+	// The same lease already waits for it: idempotent, same place.
+	if lease != nil {
+		if seq, ok := lease.Waits[name]; ok {
+			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: seq}
+		}
+	}
+
+	newLease := func(active bool) *Lease {
+		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Active: active,
+			RenewedAt: s.ts, CreatedAt: s.ts, Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
+		s.leases[l.ID] = l
+		return l
+	}
+
+	switch {
+	case lk == nil || !lk.Held():
+		if lease == nil {
+			lease = newLease(true)
+		}
+		if lk == nil {
+			lk = &Lock{Name: name}
+			s.locks.ReplaceOrInsert(lk)
+		}
+		s.grant(lk, lease, index, CauseAcquire)
+	case s.leases[lk.Holder].ClientID == e.ClientID:
+		// The same client with a new lease: its previous incarnation crashed and
+		// it came back. Take over at once, with a new token.
+		old := s.leases[lk.Holder]
+		s.unhold(lk, old, CauseTakeover)
+		if lease == nil {
+			lease = newLease(true)
+		}
+		s.grant(lk, lease, index, CauseTakeover)
+	case b.WaitMs == 0:
+		holder := s.leases[lk.Holder]
+		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
+	default:
+		if lease == nil {
+			lease = newLease(false)
+		}
+		s.enqueue(lk, lease, index, b.WaitMs)
+		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: index}
+	}
+	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
+		ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: lk.GrantSeq}
+}
+
+// enqueue appends a wait, or, if the same client already waits with another
+// lease (it restarted), moves that place in line to the new lease.
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64) {
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs}
+	lease.Waits[lk.Name] = seq
+	s.changed = true
+	for i := range lk.Queue {
+		if lk.Queue[i].ClientID == lease.ClientID {
+			prev := lk.Queue[i]
+			lk.Queue[i] = w
+			if old := s.leases[prev.LeaseID]; old != nil {
+				delete(old.Waits, lk.Name)
+				s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: prev.LeaseID, Seq: prev.Seq})
+				s.dropIfIdle(old)
+			}
+			s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: waitMs})
+			return
+		}
+	}
+	lk.Queue = append(lk.Queue, w)
+	s.emit(Event{Type: EventQueued, Name: lk.Name, ClientID: lease.ClientID, LeaseID: lease.ID, Seq: seq})
+	s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: waitMs})
+}
+
+// grant gives a free lock to a lease with a new fencing token.
+func (s *State) grant(lk *Lock, lease *Lease, seq uint64, cause string) {
+	s.lastToken++
+	lk.Holder = lease.ID
+	lk.Token = s.lastToken
+	lk.GrantedAt = s.ts
+	lk.GrantSeq = seq
+	lease.Locks[lk.Name] = struct{}{}
+	if !lease.Session {
+		// An implicit lease's TTL counts from its grant.
+		lease.Active = true
+		lease.RenewedAt = s.ts
+	}
+	s.touch(lease)
+	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq})
+}
+
+// unhold takes a lock away from its holder without handing it on. An implicit
+// lease that holds nothing else ends with it.
+func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
+	typ := EventReleased
+	if cause == CauseExpired {
+		typ = EventExpired
+	}
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, LeaseID: holder.ID})
+	delete(holder.Locks, lk.Name)
+	lk.Holder = command.LeaseID{}
+	lk.GrantSeq = 0
+	s.changed = true
+	s.dropIfIdle(holder)
+}
+
+// dropIfIdle ends an implicit lease that no longer holds or waits for anything.
+func (s *State) dropIfIdle(l *Lease) {
+	if !l.Session && len(l.Locks) == 0 && len(l.Waits) == 0 {
+		delete(s.leases, l.ID)
+		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
+	}
+}
+
+// handOff grants a free lock to the head of its queue in the same step, or
+// removes the lock from the table when nobody waits.
+func (s *State) handOff(lk *Lock) {
+	for len(lk.Queue) > 0 {
+		w := lk.Queue[0]
+		lk.Queue = lk.Queue[1:]
+		lease := s.leases[w.LeaseID]
+		if lease == nil {
+			continue // cannot happen: waits end with their lease
+		}
+		delete(lease.Waits, lk.Name)
+		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
+		s.grant(lk, lease, w.Seq, CauseHandoff)
+		return
+	}
+	s.locks.Delete(lk)
+}
+
+func (s *State) release(e *command.Envelope, b *command.Release) command.Result {
+	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if !ok {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	s.unhold(lk, lease, CauseReleased)
+	s.handOff(lk)
+	return command.Result{Status: command.StatusOK}
+}
+
+func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
+	if b.TTLms != 0 && !validTTL(b.TTLms) {
+		return invalid("ttl_ms out of range")
+	}
+	_, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if !ok {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	if b.TTLms != 0 {
+		lease.TTLms = b.TTLms
+	}
+	lease.RenewedAt = s.ts
+	s.touch(lease)
+	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms}
+}
+
+// holderCheck proves the caller holds the lock: right name, current token, the
+// holder's lease id and its client id. A token alone proves nothing.
+func (s *State) holderCheck(e *command.Envelope, name string, id command.LeaseID, token uint64) (*Lock, *Lease, bool) {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil || !lk.Held() || lk.Holder != id || lk.Token != token {
+		return nil, nil, false
+	}
+	lease := s.leases[id]
+	if lease == nil || lease.ClientID != e.ClientID {
+		return nil, nil, false
+	}
+	return lk, lease, true
+}
+
+func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
+	n := 0
+	for _, lg := range b.Leases {
+		l := s.leases[lg.LeaseID]
+		if l == nil || !l.Active || l.Gen != lg.Gen {
+			continue // renewed or gone since the reaper looked: the renewal wins
+		}
+		s.endLease(l, CauseExpired)
+		n++
+	}
+	return command.Result{Status: command.StatusOK, Token: uint64(n)}
+}
+
+// endLease releases every lock of a lease (handing each on), drops its waits and
+// deletes it. Names are visited in sorted order so every replica does the same.
+func (s *State) endLease(l *Lease, cause string) {
+	for _, name := range sortedKeys(l.Locks) {
+		lk, _ := s.locks.Get(&Lock{Name: name})
+		s.unhold(lk, l, cause)
+		s.handOff(lk)
+	}
+	waits := make([]string, 0, len(l.Waits))
+	for name := range l.Waits {
+		waits = append(waits, name)
+	}
+	sort.Strings(waits)
+	for _, name := range waits {
+		s.removeWait(l, name, cause)
+	}
+	if _, still := s.leases[l.ID]; still {
+		delete(s.leases, l.ID)
+		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
+	}
+	if l.Session {
+		typ := EventSessionDeleted
+		if cause == CauseExpired {
+			typ = EventSessionExpired
+		}
+		s.emit(Event{Type: typ, ClientID: l.ClientID, Cause: cause})
+	}
+	s.changed = true
+}
+
+// removeWait takes a lease's wait out of a lock's queue.
+func (s *State) removeWait(l *Lease, name, cause string) {
+	seq := l.Waits[name]
+	delete(l.Waits, name)
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk != nil {
+		for i := range lk.Queue {
+			if lk.Queue[i].LeaseID == l.ID {
+				lk.Queue = append(lk.Queue[:i], lk.Queue[i+1:]...)
+				break
+			}
+		}
+		if !lk.Held() && len(lk.Queue) == 0 {
+			s.locks.Delete(lk)
+		}
+	}
+	s.changed = true
+	s.emit(Event{Type: EventDequeued, Name: name, ClientID: l.ClientID, Cause: cause, LeaseID: l.ID, Seq: seq})
+	s.emit(Event{Type: EventWaitGone, Name: name, LeaseID: l.ID, Seq: seq})
+}
+
+func (s *State) waitMatches(w command.WaitRef) (*Lease, bool) {
+	l := s.leases[w.LeaseID]
+	if l == nil {
+		return nil, false
+	}
+	seq, ok := l.Waits[w.Name]
+	return l, ok && seq == w.Seq
+}
+
+func (s *State) expireWaits(b *command.ExpireWaits) command.Result {
+	n := 0
+	for _, w := range b.Waits {
+		if l, ok := s.waitMatches(w); ok {
+			s.removeWait(l, w.Name, CauseTimeout)
+			s.dropIfIdle(l)
+			n++
+		}
+	}
+	return command.Result{Status: command.StatusOK, Token: uint64(n)}
+}
+
+func (s *State) cancelWait(b *command.CancelWait) command.Result {
+	if l, ok := s.waitMatches(b.Wait); ok {
+		s.removeWait(l, b.Wait.Name, CauseCancelled)
+		s.dropIfIdle(l)
+		return command.Result{Status: command.StatusOK}
+	}
+	if b.ReleaseIfGranted {
+		lk, _ := s.locks.Get(&Lock{Name: b.Wait.Name})
+		if lk != nil && lk.Holder == b.Wait.LeaseID && lk.GrantSeq == b.Wait.Seq {
+			s.unhold(lk, s.leases[lk.Holder], CauseCancelled)
+			s.handOff(lk)
+			return command.Result{Status: command.StatusOK}
+		}
+	}
+	return command.Result{Status: command.StatusNotWaiting}
+}
+
+// touch records that a lease was (re)started: a new generation and, for the
+// leader's reaper, the time left counted from this command.
+func (s *State) touch(l *Lease) {
+	l.Gen++
+	s.changed = true
+	if l.Active {
+		s.emit(Event{Type: EventLeaseTimer, LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedAt + l.TTLms - s.ts})
+	}
+}
+
+func sortedKeys(m map[string]struct{}) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// hasPrefix is a name-prefix match.
+func hasPrefix(name, prefix string) bool { return strings.HasPrefix(name, prefix) }

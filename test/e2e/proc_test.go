@@ -1,0 +1,454 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stopTimeout is how long a process gets to exit after SIGTERM/SIGINT; the
+// server's own shutdown is bounded by 10 s.
+const stopTimeout = 10 * time.Second
+
+// proc is one running (or exited) dlock process.
+type proc struct {
+	name    string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process has exited and been reaped
+	waitErr error         // cmd.Wait's result; read only after done is closed
+}
+
+// launch starts bin with args. Its stderr (and stdout, unless stdout is given)
+// is appended to logPath, after a header naming the start.
+func launch(t testing.TB, name, logPath string, stdout *os.File, bin string, args ...string) *proc {
+	t.Helper()
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatalf("open log %s: %v", logPath, err)
+	}
+	defer f.Close() // the child has its own copy of the descriptor
+	fmt.Fprintf(f, "=== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), filepath.Base(bin), strings.Join(args, " "))
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = f
+	cmd.Stdout = f
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	cmd.SysProcAttr = sysProcAttr()
+	if raceEnabled {
+		// A race-built binary sleeps 1 s at exit by default; keep any GORACE
+		// options the caller set.
+		cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.done)
+	}()
+	return p
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitExit waits up to d for the process to exit and reports whether it did.
+func (p *proc) waitExit(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// kill SIGKILLs the process, as a crash or `kill -9` would, and reaps it.
+func (p *proc) kill(t testing.TB) {
+	t.Helper()
+	if p.exited() {
+		t.Fatalf("%s: already exited before the kill: %v", p.name, p.waitErr)
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		t.Fatalf("kill %s: %v", p.name, err)
+	}
+	if !p.waitExit(stopTimeout) {
+		t.Fatalf("%s still running %s after SIGKILL", p.name, stopTimeout)
+	}
+}
+
+// stop sends sig and waits up to stopTimeout; a process still running then is
+// SIGKILLed. It returns how long the exit took and whether it needed the kill.
+func (p *proc) stop(sig os.Signal) (took time.Duration, killed bool) {
+	if p.exited() {
+		return 0, false
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(sig)
+	if p.waitExit(stopTimeout) {
+		return time.Since(start), false
+	}
+	_ = p.cmd.Process.Kill()
+	p.waitExit(stopTimeout) // SIGKILL cannot be ignored; this returns at once
+	return time.Since(start), true
+}
+
+// exitCode is the process's exit status, -1 if a signal ended it.
+func (p *proc) exitCode() int {
+	<-p.done
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// logTail returns the last n lines of the process's log.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = append([]string{fmt.Sprintf("... (%d earlier lines in %s)", len(lines)-n, path)}, lines[len(lines)-n:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// checkRaces fails the test if the race detector reported a data race in a
+// dlock process's log.
+func checkRaces(t testing.TB, name, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
+		end := min(len(b), i+8000)
+		t.Errorf("%s: the race detector found a data race in dlock:\n%s", name, b[i:end])
+	}
+}
+
+// portRange is where free ports are looked for: below (or above) the kernel's
+// ephemeral range, so that an outgoing connection can never take a node's port
+// while the node is down between a kill and its restart on the same port.
+func portRange() (lo, hi int) {
+	lo, hi = 20000, 32000
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return lo, hi
+	}
+	eLo, err1 := strconv.Atoi(f[0])
+	eHi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return lo, hi
+	}
+	switch {
+	case eLo-10000 >= 2000:
+		return 10000, eLo - 1
+	case 65535-eHi >= 2000:
+		return eHi + 1, 65535
+	}
+	return 20000, 32000
+}
+
+// pickBasePort finds a base port such that base+off is free on 127.0.0.1 for
+// every offset (each is listened on, then closed).
+func pickBasePort(t testing.TB, offsets ...int) int {
+	t.Helper()
+	lo, hi := portRange()
+	maxOff := 0
+	for _, off := range offsets {
+		maxOff = max(maxOff, off)
+	}
+	for range 200 {
+		base := lo + rand.IntN(hi-lo-maxOff)
+		var lns []net.Listener
+		free := true
+		for _, off := range offsets {
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+off)))
+			if err != nil {
+				free = false
+				break
+			}
+			lns = append(lns, ln)
+		}
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if free {
+			return base
+		}
+	}
+	t.Fatalf("no free loopback port range with offsets %v in [%d, %d)", offsets, lo, hi)
+	return 0
+}
+
+// node is one `dlock serve` process of a cluster, with the flags it is
+// (re)started with.
+type node struct {
+	id       string
+	apiAddr  string
+	raftAddr string
+	dataDir  string
+	logPath  string
+	p        *proc // current or last process
+}
+
+func (n *node) url() string { return "http://" + n.apiAddr }
+
+// procCluster is a cluster of `dlock serve` processes on loopback.
+type procCluster struct {
+	t       *testing.T
+	bin     string
+	nodes   []*node
+	initial string // the --initial-cluster value
+}
+
+// startCluster starts n nodes on first boot and waits until every node is
+// ready and names the same leader. Everything is stopped at test clean-up.
+func startCluster(t *testing.T, n int) *procCluster {
+	t.Helper()
+	bin := dlockBinary(t)
+	dir := t.TempDir()
+	offsets := make([]int, 0, 2*n)
+	for i := range n {
+		offsets = append(offsets, 10*i, 10*i+1)
+	}
+	base := pickBasePort(t, offsets...)
+	c := &procCluster{t: t, bin: bin}
+	var initial []string
+	for i := range n {
+		id := fmt.Sprintf("n%d", i+1)
+		nd := &node{
+			id:       id,
+			apiAddr:  fmt.Sprintf("127.0.0.1:%d", base+10*i),
+			raftAddr: fmt.Sprintf("127.0.0.1:%d", base+10*i+1),
+			dataDir:  filepath.Join(dir, id),
+			logPath:  filepath.Join(dir, id+".log"),
+		}
+		c.nodes = append(c.nodes, nd)
+		initial = append(initial, id+"="+nd.raftAddr)
+	}
+	c.initial = strings.Join(initial, ",")
+	// Registered after t.TempDir, so it runs before the data dirs are removed.
+	t.Cleanup(c.cleanup)
+	for _, nd := range c.nodes {
+		c.start(nd.id, true)
+	}
+	c.waitReady(10*time.Second*slow, c.ids()...)
+	c.waitLeader(10*time.Second*slow, c.ids()...)
+	return c
+}
+
+// slow stretches bounds that cover process start-up under the race detector.
+var slow = func() time.Duration {
+	if raceEnabled {
+		return 2
+	}
+	return 1
+}()
+
+func (c *procCluster) ids() []string {
+	var ids []string
+	for _, nd := range c.nodes {
+		ids = append(ids, nd.id)
+	}
+	return ids
+}
+
+func (c *procCluster) node(id string) *node {
+	for _, nd := range c.nodes {
+		if nd.id == id {
+			return nd
+		}
+	}
+	c.t.Fatalf("no node %q", id)
+	return nil
+}
+
+func (c *procCluster) url(id string) string { return c.node(id).url() }
+
+// start starts (or restarts, from its data dir) one node with the same flags;
+// withInitial passes --initial-cluster, which only the first start needs.
+func (c *procCluster) start(id string, withInitial bool) {
+	c.t.Helper()
+	nd := c.node(id)
+	if nd.p != nil && !nd.p.exited() {
+		c.t.Fatalf("start %s: it is still running", id)
+	}
+	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
+		"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--log-level", "warn"}
+	if withInitial {
+		args = append(args, "--initial-cluster", c.initial)
+	}
+	nd.p = launch(c.t, nd.id, nd.logPath, nil, c.bin, args...)
+}
+
+// kill SIGKILLs one node.
+func (c *procCluster) kill(id string) {
+	c.t.Helper()
+	c.node(id).p.kill(c.t)
+}
+
+// others lists the nodes other than the given ones.
+func (c *procCluster) others(not ...string) []string {
+	var out []string
+	for _, id := range c.ids() {
+		skip := false
+		for _, n := range not {
+			skip = skip || id == n
+		}
+		if !skip {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// cleanup stops every process still running (SIGTERM, SIGKILL after 10 s),
+// in parallel, and on failure prints the tail of every node's log.
+func (c *procCluster) cleanup() {
+	var wg sync.WaitGroup
+	for _, nd := range c.nodes {
+		if nd.p == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if took, killed := nd.p.stop(syscall.SIGTERM); killed {
+				c.t.Errorf("%s did not exit within %s of SIGTERM at clean-up; SIGKILLed it", nd.id, took.Round(time.Millisecond))
+			}
+		}()
+	}
+	wg.Wait()
+	for _, nd := range c.nodes {
+		checkRaces(c.t, nd.id, nd.logPath)
+	}
+	if c.t.Failed() {
+		for _, nd := range c.nodes {
+			c.t.Logf("--- tail of %s's log (%s):\n%s", nd.id, nd.logPath, logTail(nd.logPath, 60))
+		}
+	}
+}
+
+// waitReady waits until GET /readyz answers 200 on every given node.
+func (c *procCluster) waitReady(within time.Duration, ids ...string) {
+	c.t.Helper()
+	for _, id := range ids {
+		url := c.url(id) + "/readyz"
+		eventually(c.t, within, id+" ready", func() (bool, string) {
+			r, err := call(http.MethodGet, url, nil)
+			if err != nil {
+				return false, err.Error()
+			}
+			return r.Status == 200, r.String()
+		})
+	}
+}
+
+// waitLeader waits until every given node names the same leader, one of them,
+// in GET /api/v1/cluster, and returns its id.
+func (c *procCluster) waitLeader(within time.Duration, ids ...string) string {
+	c.t.Helper()
+	var leader string
+	eventually(c.t, within, fmt.Sprintf("a leader among %v", ids), func() (bool, string) {
+		var seen []string
+		leader = ""
+		for _, id := range ids {
+			var ci clusterInfo
+			r, err := call(http.MethodGet, c.url(id)+"/api/v1/cluster", nil)
+			if err == nil {
+				err = r.decode(&ci)
+			}
+			if err != nil {
+				return false, fmt.Sprintf("%s: %v", id, err)
+			}
+			seen = append(seen, fmt.Sprintf("%s->%q(term %d)", id, ci.LeaderID, ci.Term))
+			if ci.LeaderID == "" || (leader != "" && ci.LeaderID != leader) {
+				return false, strings.Join(seen, " ")
+			}
+			leader = ci.LeaderID
+		}
+		for _, id := range ids {
+			if id == leader {
+				return true, ""
+			}
+		}
+		return false, "leader is not among them: " + strings.Join(seen, " ")
+	})
+	return leader
+}
+
+// eventually polls cond every 25 ms until it holds, failing the test after
+// within with cond's last explanation.
+func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last: %s", within, what, why)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// lineReader collects a process's stdout lines.
+type lineReader struct {
+	mu    sync.Mutex
+	lines []string
+	done  chan struct{}
+}
+
+func readLines(f *os.File, tee *os.File) *lineReader {
+	lr := &lineReader{done: make(chan struct{})}
+	go func() {
+		defer close(lr.done)
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			lr.mu.Lock()
+			lr.lines = append(lr.lines, sc.Text())
+			lr.mu.Unlock()
+			if tee != nil {
+				fmt.Fprintln(tee, sc.Text())
+			}
+		}
+	}()
+	return lr
+}
+
+func (lr *lineReader) snapshot() []string {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	return append([]string(nil), lr.lines...)
+}
