@@ -170,6 +170,8 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
 	}
 	n.mux = NewMux(ln, adv, n.logger)
+	dial := sourceDialer(cfg.RaftAddr)
+	n.mux.Dialer = dial
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); _ = n.mux.Serve() }()
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
@@ -224,7 +226,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 
 	n.fwdClient = &http.Client{Transport: &http.Transport{
-		DialContext:         ForwardDialer(nil),
+		DialContext:         ForwardDialer(dial),
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
 	}}
@@ -415,4 +417,16 @@ func checkLogStoreKind(dir string, kind LogStoreKind) error {
 	default:
 		return fmt.Errorf("read %s: %w", path, err)
 	}
+}
+
+// sourceDialer dials peers from the host of the raft listen address when that
+// is a specific IP, so a multi-homed node talks to its peers from the address
+// they know it by (and a test proxy can tell nodes apart by source address).
+func sourceDialer(listen string) DialFunc {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	host, _, err := net.SplitHostPort(listen)
+	if ip := net.ParseIP(host); err == nil && ip != nil && !ip.IsUnspecified() {
+		d.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	return d.DialContext
 }

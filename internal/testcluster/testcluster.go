@@ -67,7 +67,22 @@ func New(t testing.TB, n int) *Cluster {
 		c.Start(id)
 	}
 	t.Cleanup(c.Stop)
-	c.WaitLeader(20 * time.Second)
+	leader := c.WaitLeader(20 * time.Second)
+	// Let every node register its API address, so tests start from a quiet log.
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		st := c.servers[leader].Node.Status()
+		registered := 0
+		for _, m := range st.Servers {
+			if m.APIAddr != "" {
+				registered++
+			}
+		}
+		if registered == n {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return c
 }
 
