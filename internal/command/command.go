@@ -29,11 +29,12 @@ const (
 	TypeExpireLeases   Type = 8
 	TypeExpireWaits    Type = 9
 	TypeCancelWait     Type = 10
+	TypeProclaim       Type = 11
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
-// version up to this one.
-const Version = 1
+// version up to this one. Version 2 added Acquire.Value (elections).
+const Version = 2
 
 // Limits shared by validation and the state machine.
 const (
@@ -42,6 +43,8 @@ const (
 	MaxWaitMs = 3_600_000
 	// MaxClientID bounds client_id and request_id.
 	MaxClientID = 128
+	// MaxValueLen bounds an election value.
+	MaxValueLen = 4096
 )
 
 // LeaseID is a 128-bit random lease or session id. It is the holder's secret
@@ -118,13 +121,15 @@ type DeleteSession struct {
 }
 
 // Acquire takes a lock, or queues for it when WaitMs > 0. With Session false the
-// leader draws LeaseID for a new implicit one-lock lease of TTLms.
+// leader draws LeaseID for a new implicit one-lock lease of TTLms. An election
+// campaign is an Acquire of the election's key (ElectionKey) with a Value.
 type Acquire struct {
 	Name    string
 	LeaseID LeaseID
 	Session bool
 	TTLms   int64
 	WaitMs  int64
+	Value   string
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -140,6 +145,14 @@ type Renew struct {
 	LeaseID LeaseID
 	Token   uint64
 	TTLms   int64
+}
+
+// Proclaim replaces the value of an election's current leader.
+type Proclaim struct {
+	Name    string
+	LeaseID LeaseID
+	Token   uint64
+	Value   string
 }
 
 // LeaseGen names one lease at one renewal generation.
@@ -186,6 +199,7 @@ func (*Renew) Type() Type          { return TypeRenew }
 func (*ExpireLeases) Type() Type   { return TypeExpireLeases }
 func (*ExpireWaits) Type() Type    { return TypeExpireWaits }
 func (*CancelWait) Type() Type     { return TypeCancelWait }
+func (*Proclaim) Type() Type       { return TypeProclaim }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -224,6 +238,8 @@ func newBody(t Type) Body {
 		return &ExpireWaits{}
 	case TypeCancelWait:
 		return &CancelWait{}
+	case TypeProclaim:
+		return &Proclaim{}
 	}
 	return nil
 }
@@ -290,13 +306,30 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.Bool(b.Session)
 	w.Varint(b.TTLms)
 	w.Varint(b.WaitMs)
+	w.String(b.Value)
 }
-func (b *Acquire) decode(r *wire.Reader, _ byte) {
+func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
 	b.LeaseID = getLease(r)
 	b.Session = r.Bool()
 	b.TTLms = r.Varint()
 	b.WaitMs = r.Varint()
+	if v >= 2 {
+		b.Value = r.String()
+	}
+}
+
+func (b *Proclaim) encode(w *wire.Writer) {
+	w.String(b.Name)
+	putLease(w, b.LeaseID)
+	w.Uvarint(b.Token)
+	w.String(b.Value)
+}
+func (b *Proclaim) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.LeaseID = getLease(r)
+	b.Token = r.Uvarint()
+	b.Value = r.String()
 }
 
 func (b *Release) encode(w *wire.Writer) {

@@ -55,3 +55,26 @@ func ValidatePrefix(p string) (string, error) {
 	}
 	return p, nil
 }
+
+// electionPrefix puts election keys in their own namespace inside the lock
+// table: '@' is not allowed in lock names, so no lock can collide with an
+// election and no lock call can touch one.
+const electionPrefix = "@e/"
+
+// ElectionKey is the lock-table key of an election with a normalized name.
+func ElectionKey(name string) string { return electionPrefix + name }
+
+// SplitKey tells a lock-table key's kind: an election (with its name) or a lock.
+func SplitKey(key string) (name string, election bool) {
+	if strings.HasPrefix(key, electionPrefix) {
+		return key[len(electionPrefix):], true
+	}
+	return key, false
+}
+
+// ValidKey reports whether key is a normalized lock name or election key.
+func ValidKey(key string) bool {
+	name, _ := SplitKey(key)
+	n, err := NormalizeName(name)
+	return err == nil && n == name
+}

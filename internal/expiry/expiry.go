@@ -118,21 +118,26 @@ func New(clock Clock, proposer Proposer, reader StateReader, logger *slog.Logger
 // to a full TTL. Call it on the new leader after its barrier, before it serves.
 func (r *Reaper) Promote() {
 	r.reader.Read(func(s *state.State) {
-		leases, waits := s.Timers()
-		now := r.clock.Now()
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.resetLocked()
 		r.active = true
-		for _, l := range leases {
-			r.setLeaseLocked(now, l.LeaseID, l.Gen, l.RemainingMs)
-		}
-		for _, w := range waits {
-			r.setWaitLocked(now, w.Wait, w.RemainingMs)
-		}
-		r.logger.Info("lease reaper promoted", "leases", len(leases), "waits", len(waits))
+		r.rebuildLocked(s)
 	})
 	r.poke()
+}
+
+// rebuildLocked starts every timer afresh from the state's remaining times.
+func (r *Reaper) rebuildLocked(s *state.State) {
+	leases, waits := s.Timers()
+	now := r.clock.Now()
+	r.resetLocked()
+	for _, l := range leases {
+		r.setLeaseLocked(now, l.LeaseID, l.Gen, l.RemainingMs)
+	}
+	for _, w := range waits {
+		r.setWaitLocked(now, w.Wait, w.RemainingMs)
+	}
+	r.logger.Info("lease reaper timers started", "leases", len(leases), "waits", len(waits))
 }
 
 // Demote stops tracking; a follower never expires anything.
@@ -210,17 +215,15 @@ func (r *Reaper) Applied(_ uint64, events []state.Event) {
 	}
 }
 
-// Restored rebuilds from the new state if this node leads.
-func (r *Reaper) Restored() {
+// Restored rebuilds the timers from the new state if this node leads (a
+// leader does not normally restore, but an operator's restore can do it).
+func (r *Reaper) Restored(s *state.State) {
 	r.mu.Lock()
-	active := r.active
-	r.mu.Unlock()
-	if active {
-		// Called under the FSM write lock: rebuild from the timers directly
-		// rather than through Read, which would deadlock.
-		r.logger.Warn("snapshot restored on the leader; lease timers restart at the next promotion")
-		r.Demote()
+	defer r.mu.Unlock()
+	if !r.active {
+		return
 	}
+	r.rebuildLocked(s)
 }
 
 func (r *Reaper) setLeaseLocked(now time.Time, id command.LeaseID, gen uint64, remainingMs int64) {

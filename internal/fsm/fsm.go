@@ -24,8 +24,9 @@ import (
 type Observer interface {
 	// Applied receives the events of one log entry, in order.
 	Applied(index uint64, events []state.Event)
-	// Restored says the whole state was replaced from a snapshot.
-	Restored()
+	// Restored says the whole state was replaced from a snapshot. The state is
+	// passed because the FSM is locked: observers must not call Read.
+	Restored(s *state.State)
 }
 
 // Response is what Apply returns for a command entry (raft's future.Response()).
@@ -158,7 +159,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	st.TakeEvents()
 	f.applied.Store(st.Index())
 	for _, o := range f.observers {
-		o.Restored()
+		o.Restored(st)
 	}
 	f.mu.Unlock()
 	f.wake()

@@ -53,10 +53,29 @@ func (r *recorder) Applied(index uint64, ev []state.Event) {
 	r.applied = append(r.applied, appliedCall{index, append([]state.Event(nil), ev...)})
 }
 
-func (r *recorder) Restored() {
+func (r *recorder) Restored(*state.State) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.restored++
+}
+
+// within bounds a receive that a broken FSM would block for ever; it is a
+// guard, not a delay: correct code answers at once.
+func within[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out: a waiter was never woken")
+		panic("unreachable")
+	}
+}
+
+func guardCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func stateBytes(f *fsm.FSM) []byte {
@@ -236,7 +255,7 @@ func TestApplyPanicsOnUndecodableEntryAndReleasesLock(t *testing.T) {
 		// The FSM is not left locked, and nothing was half-applied.
 		done := make(chan []byte)
 		go func() { done <- stateBytes(f) }()
-		if got := <-done; !bytes.Equal(got, before) {
+		if got := within(t, done); !bytes.Equal(got, before) {
 			t.Fatal("state changed by an undecodable entry")
 		}
 		if f.AppliedIndex() != 1 {
@@ -315,7 +334,7 @@ func TestSnapshotPersistRestore(t *testing.T) {
 	if g.AppliedIndex() != 9 {
 		t.Fatalf("applied index after restore %d", g.AppliedIndex())
 	}
-	if err := g.WaitApplied(context.Background(), 9); err != nil {
+	if err := g.WaitApplied(guardCtx(t), 9); err != nil {
 		t.Fatal(err)
 	}
 	// Both continue identically.
@@ -373,16 +392,17 @@ func TestRestoreRejectsCorruptSnapshotAndKeepsState(t *testing.T) {
 
 func TestWaitApplied(t *testing.T) {
 	f := fsm.New(quietLogger())
-	if err := f.WaitApplied(context.Background(), 0); err != nil {
+	if err := f.WaitApplied(guardCtx(t), 0); err != nil {
 		t.Fatal(err)
 	}
+	ctx := guardCtx(t)
 	type res struct {
 		idx uint64
 		err error
 	}
 	done := make(chan res, 10)
 	for _, idx := range []uint64{2, 3, 5} {
-		go func() { done <- res{idx, f.WaitApplied(context.Background(), idx)} }()
+		go func() { done <- res{idx, f.WaitApplied(ctx, idx)} }()
 	}
 	f.Apply(cmdLog(1, "c", &command.RegisterMember{ID: "n"}))
 	select {
@@ -394,7 +414,7 @@ func TestWaitApplied(t *testing.T) {
 	f.ApplyBatch([]*raft.Log{{Index: 2, Type: raft.LogNoop}, cmdLog(3, "c", &command.RegisterMember{ID: "m"})})
 	got := map[uint64]bool{}
 	for range 2 {
-		r := <-done
+		r := within(t, done)
 		if r.err != nil || r.idx == 5 {
 			t.Fatalf("WaitApplied(%d) = %v at index 3", r.idx, r.err)
 		}
@@ -414,7 +434,7 @@ func TestWaitApplied(t *testing.T) {
 	if err := f.Restore(io.NopCloser(bytes.NewReader(stateBytes(src)))); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-done; r.idx != 5 || r.err != nil {
+	if r := within(t, done); r.idx != 5 || r.err != nil {
 		t.Fatalf("after restore: %+v", r)
 	}
 }
@@ -437,7 +457,7 @@ func TestWaitAppliedHonoursContext(t *testing.T) {
 	go func() { errc <- f.WaitApplied(ctx, 100) }()
 	f.Apply(&raft.Log{Index: 2, Type: raft.LogNoop}) // wakes it, not enough
 	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
+	if err := within(t, errc); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancel while waiting: %v", err)
 	}
 
@@ -451,13 +471,14 @@ func TestWaitAppliedHonoursContext(t *testing.T) {
 func TestConcurrentReadsWaitsAndApplies(t *testing.T) {
 	f := fsm.New(quietLogger())
 	const n = 300
+	ctx := guardCtx(t)
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := uint64(1); i <= n; i += 7 {
-				if err := f.WaitApplied(context.Background(), i); err != nil {
+				if err := f.WaitApplied(ctx, i); err != nil {
 					t.Error(err)
 					return
 				}
@@ -509,7 +530,7 @@ func TestWithRealRaft(t *testing.T) {
 		}
 		lastIdx = fut.Index()
 	}
-	if err := f.WaitApplied(context.Background(), lastIdx); err != nil {
+	if err := f.WaitApplied(guardCtx(t), lastIdx); err != nil {
 		t.Fatal(err)
 	}
 	if f.AppliedIndex() < lastIdx {

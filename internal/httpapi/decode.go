@@ -252,8 +252,11 @@ func parseQuery(r *http.Request, allowed ...string) (url.Values, *apierror.Error
 }
 
 // parseStale reads ?stale. A bare "?stale" means true, as in Consul.
-func parseStale(q url.Values) (bool, *apierror.Error) {
-	v, ok := q["stale"]
+func parseStale(q url.Values) (bool, *apierror.Error) { return parseBool(q, "stale") }
+
+// parseBool reads a boolean query parameter; bare "?key" means true.
+func parseBool(q url.Values, key string) (bool, *apierror.Error) {
+	v, ok := q[key]
 	if !ok {
 		return false, nil
 	}
@@ -263,7 +266,7 @@ func parseStale(q url.Values) (bool, *apierror.Error) {
 	case "false":
 		return false, nil
 	}
-	return false, badRequest("query parameter stale=%q must be true or false", v[0])
+	return false, badRequest("query parameter %s=%q must be true or false", key, v[0])
 }
 
 func listRequest(q url.Values) (service.ListRequest, *apierror.Error) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
@@ -26,6 +27,13 @@ type Service interface {
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
 	Cluster(ctx context.Context) (*service.ClusterInfo, error)
+	Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error)
+	GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error)
+	Proclaim(ctx context.Context, req service.ProclaimRequest) (*service.ProclaimResponse, error)
+	Resign(ctx context.Context, req service.ResignRequest) (*service.ResignResponse, error)
+	RenewElection(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
+	Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error)
+	Observe(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error)
 	Healthy() error
 	Ready() error
 }
@@ -44,6 +52,9 @@ type Options struct {
 	// would bring back the ServeMux's path cleaning and its 301 redirects, which
 	// must never answer a bad lock name.
 	Metrics http.Handler
+	// WatchHeartbeat is how often an idle event stream sends a comment line so
+	// proxies keep it open (default 15 s).
+	WatchHeartbeat time.Duration
 }
 
 // API paths. Fixed segments are matched in their escaped form: only lock names
@@ -69,10 +80,11 @@ const (
 )
 
 type api struct {
-	svc     Service
-	log     *slog.Logger
-	maxBody int64
-	metrics http.Handler
+	svc       Service
+	log       *slog.Logger
+	maxBody   int64
+	metrics   http.Handler
+	heartbeat time.Duration
 }
 
 // New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
@@ -96,7 +108,10 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics}
+	if opts.WatchHeartbeat <= 0 {
+		opts.WatchHeartbeat = 15 * time.Second
+	}
+	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 
@@ -143,6 +158,14 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	if rest, ok := cutSegments(p, electionsPrefix); ok && len(rest) > 1 {
+		a.election(w, r, rest[1:])
+		return
+	}
+	if p == apiPrefix+"/watch" {
+		a.watch(w, r)
+		return
+	}
 	if p == apiPrefix+"/cluster" {
 		a.cluster(w, r)
 		return
@@ -163,7 +186,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, cluster), health at /healthz and /readyz", apiPrefix))
+		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster), health at /healthz and /readyz", apiPrefix))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {

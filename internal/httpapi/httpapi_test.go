@@ -135,6 +135,43 @@ func (f *fakeService) Cluster(ctx context.Context) (*service.ClusterInfo, error)
 	})
 }
 
+func (f *fakeService) Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error) {
+	return answer(ctx, f, "Campaign", req, &service.CampaignResponse{Leader: true, FencingToken: 8, ExpiresAt: t1, LeaseID: "L-secret", Revision: 18})
+}
+
+func (f *fakeService) GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error) {
+	return answer(ctx, f, "GetElection", getLockCall{name, stale}, &service.ElectionView{Name: name, Revision: 19})
+}
+
+func (f *fakeService) Proclaim(ctx context.Context, req service.ProclaimRequest) (*service.ProclaimResponse, error) {
+	return answer(ctx, f, "Proclaim", req, &service.ProclaimResponse{Proclaimed: true, Revision: 20})
+}
+
+func (f *fakeService) Resign(ctx context.Context, req service.ResignRequest) (*service.ResignResponse, error) {
+	return answer(ctx, f, "Resign", req, &service.ResignResponse{Resigned: true, Revision: 21})
+}
+
+func (f *fakeService) RenewElection(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error) {
+	return answer(ctx, f, "RenewElection", req, &service.RenewResponse{Renewed: true, ExpiresAt: t1, TTLms: 30000, Revision: 22})
+}
+
+// Streams need a real hub; the fake refuses them (the cluster tests cover them).
+func (f *fakeService) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
+	_, err := answer[service.Watcher](ctx, f, "Watch", req, nil)
+	if err == nil {
+		err = apierror.New(apierror.Unavailable, "fake service has no watch hub")
+	}
+	return nil, err
+}
+
+func (f *fakeService) Observe(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error) {
+	_, err := answer[service.Watcher](ctx, f, "Observe", getLockCall{name, stale}, nil)
+	if err == nil {
+		err = apierror.New(apierror.Unavailable, "fake service has no watch hub")
+	}
+	return nil, nil, err
+}
+
 func (f *fakeService) Healthy() error { return f.healthErr }
 func (f *fakeService) Ready() error   { return f.readyErr }
 

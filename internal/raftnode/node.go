@@ -54,6 +54,9 @@ type Config struct {
 	// RaftLogLevel is hclog's level for Raft's own logs (default "warn").
 	RaftLogLevel string
 	Logger       *slog.Logger
+	// Observers see every applied event from the very first entry replayed at
+	// start-up (they are registered before Raft starts).
+	Observers []fsm.Observer
 }
 
 // Defaults fills unset fields with the documented defaults.
@@ -137,6 +140,9 @@ func Open(cfg Config) (*Node, error) {
 	n.fsm = fsm.New(n.logger)
 	n.reaper = expiry.New(expiry.SystemClock{}, proposerFunc(n.Propose), n.fsm, n.logger)
 	n.fsm.AddObserver(n.reaper)
+	for _, o := range cfg.Observers {
+		n.fsm.AddObserver(o)
+	}
 
 	ok := false
 	defer func() {

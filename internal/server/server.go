@@ -15,6 +15,7 @@ import (
 	"github.com/dlock/dlock/internal/httpapi"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/watch"
 )
 
 // Config is a node's raft settings plus where to serve the client API.
@@ -24,7 +25,10 @@ type Config struct {
 	APIAddr string
 	// MaxBodyBytes bounds request bodies (default 64 KiB).
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	// WatchHistory is how many events each node keeps for watches that resume
+	// from a revision; WatchBuffer how many a watcher may fall behind.
+	WatchHistory, WatchBuffer int
+	Logger                    *slog.Logger
 }
 
 // Server is one running node.
@@ -53,12 +57,14 @@ func Start(cfg Config) (*Server, error) {
 	if rc.Logger == nil {
 		rc.Logger = cfg.Logger
 	}
+	hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
+	rc.Observers = append(rc.Observers, hub)
 	node, err := raftnode.Open(rc)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
-	svc := service.New(node, cfg.Logger)
+	svc := service.New(node, hub, cfg.Logger)
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID)}
 	s.http = &http.Server{
 		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes}),
@@ -81,6 +87,7 @@ func (s *Server) APIAddr() string { return s.ln.Addr().String() }
 // Shutdown stops accepting requests, lets open ones finish until ctx ends,
 // then stops the node.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.Service.Close()
 	herr := s.http.Shutdown(ctx)
 	if herr != nil {
 		_ = s.http.Close()
@@ -96,6 +103,7 @@ func (s *Server) Kill() {
 	// Raft first: a crashed node commits nothing more, not even the clean-up of
 	// the requests its dying connections abandon.
 	_ = s.Node.Shutdown()
+	s.Service.Close()
 	_ = s.http.Close()
 	<-s.done
 }

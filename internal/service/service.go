@@ -17,6 +17,7 @@ import (
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/watch"
 )
 
 // Node is what the service needs from the Raft node (raftnode.Node).
@@ -29,23 +30,29 @@ type Node interface {
 	Healthy() error
 }
 
-// Service implements the lock, session and cluster calls.
+// Service implements the lock, session, election, watch and cluster calls.
 type Service struct {
 	node    Node
 	fsm     *fsm.FSM
+	hub     *watch.Hub
 	waiters *waitRegistry
 	logger  *slog.Logger
 }
 
-// New builds the service over a node and subscribes to its applied events.
-func New(node Node, logger *slog.Logger) *Service {
+// New builds the service over a node and its event hub (which must have been
+// registered as an FSM observer before Raft started), and subscribes to applied
+// events to wake waiting acquires.
+func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Service{node: node, fsm: node.FSM(), waiters: newWaitRegistry(), logger: logger}
+	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
 	s.fsm.AddObserver(s.waiters)
 	return s
 }
+
+// Close ends every open watch stream (before the HTTP server drains).
+func (s *Service) Close() { s.hub.Close() }
 
 // cancelTimeout bounds the clean-up a cancelled acquire commits after its
 // client has gone.
@@ -142,46 +149,89 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResp
 	if err := checkID("client_id", req.ClientID, true); err != nil {
 		return nil, err
 	}
-	if err := checkID("request_id", req.RequestID, false); err != nil {
+	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
+		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs})
+	if g == nil {
 		return nil, err
 	}
-	if req.WaitTimeoutMs < 0 || req.WaitTimeoutMs > command.MaxWaitMs {
-		return nil, invalid("wait_timeout_ms must be between 0 and %d, got %d", command.MaxWaitMs, req.WaitTimeoutMs)
+	res := &AcquireResponse{Acquired: g.granted, FencingToken: g.token, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
+	if g.holder != nil {
+		res.Holder = holderView(*g.holder)
 	}
-	body := &command.Acquire{Name: name, WaitMs: req.WaitTimeoutMs}
+	return res, err
+}
+
+type acquireArgs struct {
+	key, what           string
+	clientID, requestID string
+	ttlMs               int64
+	sessionID           string
+	waitMs              int64
+	value               string
+}
+
+// grantAnswer is the protocol-neutral outcome of an acquire or campaign. With a
+// lock_held or wait_timeout error it still says who holds the key.
+type grantAnswer struct {
+	granted   bool
+	token     uint64
+	expiresAt time.Time
+	leaseID   string
+	revision  uint64
+	holder    *command.Holder
+}
+
+// acquire is the one acquire path behind locks and election campaigns.
+func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, error) {
+	if err := checkID("request_id", a.requestID, false); err != nil {
+		return nil, err
+	}
+	if a.waitMs < 0 || a.waitMs > command.MaxWaitMs {
+		return nil, invalid("wait_timeout_ms must be between 0 and %d, got %d", command.MaxWaitMs, a.waitMs)
+	}
+	if len(a.value) > command.MaxValueLen {
+		return nil, invalid("value is %d bytes; the limit is %d", len(a.value), command.MaxValueLen)
+	}
+	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value}
 	switch {
-	case req.SessionID != "" && req.TTLms != 0:
-		return nil, invalid("give either ttl_ms (a lease for this lock alone) or session_id, not both")
-	case req.SessionID != "":
-		id, err := parseLease("session_id", req.SessionID)
+	case a.sessionID != "" && a.ttlMs != 0:
+		return nil, invalid("give either ttl_ms (a lease for this %s alone) or session_id, not both", a.what)
+	case a.sessionID != "":
+		id, err := parseLease("session_id", a.sessionID)
 		if err != nil {
 			return nil, err
 		}
 		body.Session, body.LeaseID = true, id
 	default:
-		if req.TTLms == 0 {
+		if a.ttlMs == 0 {
 			return nil, invalid("ttl_ms is required (%d to %d) unless session_id is given", command.MinTTLms, command.MaxTTLms)
 		}
-		if err := checkTTL(req.TTLms, true); err != nil {
+		if err := checkTTL(a.ttlMs, true); err != nil {
 			return nil, err
 		}
-		body.TTLms = req.TTLms
+		body.TTLms = a.ttlMs
 	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, body))
+	resp, err := s.node.Apply(ctx, envelope(a.clientID, a.requestID, body))
 	if err != nil {
 		return nil, err
 	}
 	r := resp.Result
 	switch r.Status {
 	case command.StatusOK:
-		return &AcquireResponse{Acquired: true, FencingToken: r.Token, ExpiresAt: ms(r.ExpiresAt), LeaseID: r.LeaseID.String(), Revision: r.Revision}, nil
+		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision}, nil
 	case command.StatusLockHeld:
-		return &AcquireResponse{Acquired: false, Holder: holderView(r.Holder), Revision: r.Revision},
-			apierror.New(apierror.LockHeld, "lock %q is held by client %q; retry later, or pass wait_timeout_ms to wait in line", name, r.Holder.ClientID)
+		h := r.Holder
+		return &grantAnswer{holder: &h, revision: r.Revision},
+			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
-		return s.await(ctx, req.ClientID, name, body.Session, r, resp.Index, time.Duration(req.WaitTimeoutMs)*time.Millisecond)
+		return s.await(ctx, a, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
 	}
-	return nil, statusErr(r, "acquire")
+	return nil, statusErr(r, a.what)
+}
+
+func displayName(key string) string {
+	name, _ := command.SplitKey(key)
+	return name
 }
 
 type waitOutcome int
@@ -193,16 +243,16 @@ const (
 )
 
 // checkWait looks at the local state for the fate of one queued acquire.
-func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *AcquireResponse, bool) {
+func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *grantAnswer, bool) {
 	out, leaseAlive := waitGone, false
-	var res *AcquireResponse
+	var res *grantAnswer
 	s.fsm.Read(func(st *state.State) {
 		l, ok := st.Lease(w.LeaseID)
 		leaseAlive = ok
 		h := st.LockHolder(name)
 		if h.Holder == w.LeaseID && h.GrantSeq == w.Seq {
 			out = wasGranted
-			res = &AcquireResponse{Acquired: true, FencingToken: h.Token, ExpiresAt: ms(l.ExpiresAt()), LeaseID: w.LeaseID.String(), Revision: st.Revision()}
+			res = &grantAnswer{granted: true, token: h.Token, expiresAt: ms(l.ExpiresAt()), leaseID: w.LeaseID.String(), revision: st.Revision()}
 			return
 		}
 		if seq, ok := st.WaitSeq(w.LeaseID, name); ok && seq == w.Seq {
@@ -214,7 +264,8 @@ func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *Acqui
 
 // await blocks a queued acquire until it is granted, times out, or its caller
 // goes away. The wait itself is replicated; this only watches for its fate.
-func (s *Service) await(ctx context.Context, clientID, name string, session bool, r command.Result, index uint64, wait time.Duration) (*AcquireResponse, error) {
+func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r command.Result, index uint64, wait time.Duration) (*grantAnswer, error) {
+	clientID, name := a.clientID, a.key
 	w := command.WaitRef{LeaseID: r.LeaseID, Name: name, Seq: r.Seq}
 	sig := s.waiters.add(w.LeaseID)
 	defer s.waiters.remove(w.LeaseID, sig)
@@ -231,9 +282,9 @@ func (s *Service) await(ctx context.Context, clientID, name string, session bool
 			return res, nil
 		case waitGone:
 			if session && !alive {
-				return nil, apierror.New(apierror.SessionNotFound, "the session ended while waiting for lock %q; create a new session", name)
+				return nil, apierror.New(apierror.SessionNotFound, "the session ended while waiting for %s %q; create a new session", a.what, displayName(name))
 			}
-			return s.timedOut(name)
+			return s.timedOut(a)
 		}
 		select {
 		case <-sig:
@@ -250,50 +301,38 @@ func (s *Service) await(ctx context.Context, clientID, name string, session bool
 			if out, res, _ := s.checkWait(name, w); out == wasGranted {
 				return res, nil
 			}
-			return s.timedOut(name)
+			return s.timedOut(a)
 		case <-ctx.Done():
 			return s.abandon(clientID, name, w, ctx.Err())
 		}
 	}
 }
 
-func (s *Service) timedOut(name string) (*AcquireResponse, error) {
+func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 	var li state.LockInfo
-	s.fsm.Read(func(st *state.State) { li = st.GetLock(name) })
-	res := &AcquireResponse{Acquired: false}
+	s.fsm.Read(func(st *state.State) { li = st.GetLock(a.key) })
+	res := &grantAnswer{}
 	if li.Held {
-		res.Holder = holderView(li.Holder)
+		h := li.Holder
+		res.holder = &h
 	}
-	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for lock %q after wait_timeout_ms; it is still held; wait longer or try again later", name)
+	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after wait_timeout_ms; it is still held; wait longer or try again later", a.what, displayName(a.key))
 }
 
 // abandon withdraws a wait whose caller went away; if the lock was granted to
 // that very wait in the meantime, it is released, so nothing is left behind.
-func (s *Service) abandon(clientID, name string, w command.WaitRef, cause error) (*AcquireResponse, error) {
+func (s *Service) abandon(clientID, name string, w command.WaitRef, cause error) (*grantAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 	defer cancel()
 	if _, err := s.node.Apply(ctx, envelope(clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: true})); err != nil {
 		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", name, "err", err)
 	}
-	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before lock %q was granted; the wait was withdrawn", name)
+	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before %q was granted; the wait was withdrawn", displayName(name))
 }
 
 // Release gives a lock back and hands it to the next waiter.
 func (s *Service) Release(ctx context.Context, req ReleaseRequest) (*ReleaseResponse, error) {
-	name, err := normalize(req.Name)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkID("client_id", req.ClientID, true); err != nil {
-		return nil, err
-	}
-	if err := checkID("request_id", req.RequestID, false); err != nil {
-		return nil, err
-	}
-	if req.FencingToken == 0 {
-		return nil, invalid("fencing_token is required")
-	}
-	id, err := parseLease("lease_id", req.LeaseID)
+	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
 		return nil, err
 	}
@@ -309,27 +348,18 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (*ReleaseResp
 
 // Renew extends the lease that holds a lock.
 func (s *Service) Renew(ctx context.Context, req RenewRequest) (*RenewResponse, error) {
-	name, err := normalize(req.Name)
+	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
 		return nil, err
 	}
-	if err := checkID("client_id", req.ClientID, true); err != nil {
-		return nil, err
-	}
-	if err := checkID("request_id", req.RequestID, false); err != nil {
-		return nil, err
-	}
-	if req.FencingToken == 0 {
-		return nil, invalid("fencing_token is required")
-	}
+	return s.renew(ctx, req, name, id)
+}
+
+func (s *Service) renew(ctx context.Context, req RenewRequest, key string, id command.LeaseID) (*RenewResponse, error) {
 	if err := checkTTL(req.TTLms, false); err != nil {
 		return nil, err
 	}
-	id, err := parseLease("lease_id", req.LeaseID)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: name, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}))
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: key, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}))
 	if err != nil {
 		return nil, err
 	}

@@ -158,3 +158,95 @@ type ClusterInfo struct {
 	Revision     uint64   `json:"revision"`
 	LastToken    uint64   `json:"last_fencing_token"`
 }
+
+// CampaignRequest joins an election: wait in its FIFO queue (WaitTimeoutMs) to
+// become leader with Value. Like an acquire, exactly one of TTLms or SessionID.
+type CampaignRequest struct {
+	Name          string `json:"-"`
+	CandidateID   string `json:"candidate_id"`
+	Value         string `json:"value"`
+	TTLms         int64  `json:"ttl_ms,omitempty"`
+	SessionID     string `json:"session_id,omitempty"`
+	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
+	RequestID     string `json:"request_id,omitempty"`
+}
+
+// ElectionLeader is the current winner of an election.
+type ElectionLeader struct {
+	CandidateID  string    `json:"candidate_id"`
+	Value        string    `json:"value"`
+	FencingToken uint64    `json:"fencing_token"`
+	Since        time.Time `json:"since"`
+	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+}
+
+// CampaignResponse answers a campaign. When Leader is false the error says why
+// (lock_held or wait_timeout) and Current names the leader.
+type CampaignResponse struct {
+	Leader       bool            `json:"leader"`
+	FencingToken uint64          `json:"fencing_token,omitempty"`
+	ExpiresAt    time.Time       `json:"expires_at,omitzero"`
+	LeaseID      string          `json:"lease_id,omitempty"`
+	Revision     uint64          `json:"revision,omitempty"`
+	Current      *ElectionLeader `json:"current,omitempty"`
+}
+
+// ElectionView is the public state of one election.
+type ElectionView struct {
+	Name        string          `json:"name"`
+	Leader      *ElectionLeader `json:"leader"`
+	Campaigners int             `json:"campaigners"`
+	Revision    uint64          `json:"revision"`
+}
+
+// ProclaimRequest changes the leader's value; the token and lease id prove the
+// caller is the leader.
+type ProclaimRequest struct {
+	Name         string `json:"-"`
+	CandidateID  string `json:"candidate_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	LeaseID      string `json:"lease_id"`
+	Value        string `json:"value"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+// ProclaimResponse answers a proclaim.
+type ProclaimResponse struct {
+	Proclaimed bool   `json:"proclaimed"`
+	Revision   uint64 `json:"revision"`
+}
+
+// ResignRequest gives up leadership; the next campaigner is elected at once.
+type ResignRequest struct {
+	Name         string `json:"-"`
+	CandidateID  string `json:"candidate_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	LeaseID      string `json:"lease_id"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+// ResignResponse answers a resign.
+type ResignResponse struct {
+	Resigned bool   `json:"resigned"`
+	Revision uint64 `json:"revision"`
+}
+
+// WatchRequest streams events for names starting with Prefix, from
+// FromRevision on (0: from now).
+type WatchRequest struct {
+	Prefix       string
+	FromRevision uint64
+}
+
+// WatchEvent is one state change as watchers see it.
+type WatchEvent struct {
+	Revision     uint64    `json:"revision"`
+	Type         string    `json:"type"`
+	Kind         string    `json:"kind"`
+	Name         string    `json:"name,omitempty"`
+	ClientID     string    `json:"client_id,omitempty"`
+	FencingToken uint64    `json:"fencing_token,omitempty"`
+	Cause        string    `json:"cause,omitempty"`
+	Value        string    `json:"value,omitempty"`
+	At           time.Time `json:"at"`
+}

@@ -70,7 +70,7 @@ func (w *waitRegistry) Applied(_ uint64, events []state.Event) {
 }
 
 // Restored implements fsm.Observer: everything may have changed.
-func (w *waitRegistry) Restored() {
+func (w *waitRegistry) Restored(*state.State) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, set := range w.m {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/dlock/dlock/internal/command"
@@ -38,7 +39,7 @@ func newGen(seed uint64, s *State) *gen {
 	for i := 0; i < 12; i++ {
 		g.clients = append(g.clients, fmt.Sprintf("client-%d", i))
 	}
-	g.hot = []string{"hot/a", "hot/b", "leader"}
+	g.hot = []string{"hot/a", "hot/b", command.ElectionKey("leader")}
 	for i := 0; i < 40; i++ {
 		g.cold = append(g.cold, fmt.Sprintf("cold/%02d", i))
 	}
@@ -54,6 +55,18 @@ func (g *gen) name() string {
 		return g.hot[g.rng.IntN(len(g.hot))]
 	}
 	return g.cold[g.rng.IntN(len(g.cold))]
+}
+
+// value is a campaign value for election keys (a few distinct ones, so
+// proclaiming the same value again happens), nothing for plain locks.
+func (g *gen) value(name string) string {
+	if _, el := command.SplitKey(name); !el && !g.pct(3) {
+		return ""
+	}
+	if g.pct(1) {
+		return strings.Repeat("v", command.MaxValueLen+1)
+	}
+	return fmt.Sprintf("node-%d", g.rng.IntN(4))
 }
 
 func (g *gen) newLease() command.LeaseID {
@@ -171,9 +184,9 @@ func (g *gen) next() *command.Envelope {
 			if l := g.s.leases[id]; l != nil {
 				e.ClientID = l.ClientID
 			}
-			e.Body = &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: 1 + g.rng.Int64N(100_000)}
+			e.Body = &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: 1 + g.rng.Int64N(100_000), Value: g.value(name)}
 		} else {
-			e.Body = &command.Acquire{Name: name, LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: 1 + g.rng.Int64N(100_000)}
+			e.Body = &command.Acquire{Name: name, LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: 1 + g.rng.Int64N(100_000), Value: g.value(name)}
 		}
 	} else {
 		e.Body = g.body(e)
@@ -198,9 +211,10 @@ func (g *gen) body(e *command.Envelope) command.Body {
 	switch p := g.rng.IntN(100); {
 	case p < 22: // implicit acquire
 		b := &command.Acquire{Name: g.name(), LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: g.wait()}
+		b.Value = g.value(b.Name)
 		switch {
 		case g.pct(2):
-			b.Name = []string{"", "/hot/a", "a//b", "x/../y", "é"}[g.rng.IntN(5)]
+			b.Name = []string{"", "/hot/a", "a//b", "x/../y", "é", "@e/", "@x/a", "@e//a"}[g.rng.IntN(8)]
 		case g.pct(2):
 			b.LeaseID, _ = g.anyLease() // the leader never does this; the FSM must refuse
 		case g.pct(1):
@@ -221,7 +235,8 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		if l := g.s.leases[id]; l != nil && g.pct(85) {
 			e.ClientID = l.ClientID
 		}
-		return &command.Acquire{Name: g.name(), LeaseID: id, Session: true, WaitMs: g.wait(), TTLms: g.rng.Int64N(2) * 5000}
+		name := g.name()
+		return &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: g.wait(), TTLms: g.rng.Int64N(2) * 5000, Value: g.value(name)}
 	case p < 48, p < 56: // release / renew
 		held := g.heldLocks()
 		var name string
@@ -306,7 +321,7 @@ func (g *gen) body(e *command.Envelope) command.Body {
 			b.Waits = append(b.Waits, w)
 		}
 		return &b
-	case p < 97: // a waiter gives up
+	case p < 94: // a waiter gives up
 		e.ClientID = ""
 		ws := g.waits()
 		held := g.heldLocks()
@@ -327,6 +342,30 @@ func (g *gen) body(e *command.Envelope) command.Body {
 			c.Wait = command.WaitRef{LeaseID: g.newLease(), Name: g.name(), Seq: g.idx}
 		}
 		return c
+	case p < 97: // an election leader proclaims a new value
+		held := g.heldLocks()
+		if len(held) == 0 {
+			return &command.Proclaim{Name: g.hot[2], LeaseID: g.newLease(), Token: 1, Value: "x"}
+		}
+		lk := held[g.rng.IntN(len(held))]
+		for _, c := range held {
+			if _, el := command.SplitKey(c.Name); el && g.pct(70) {
+				lk = c
+			}
+		}
+		b := &command.Proclaim{Name: lk.Name, LeaseID: lk.Holder, Token: lk.Token, Value: g.value(command.ElectionKey("x"))}
+		e.ClientID = g.s.leases[lk.Holder].ClientID
+		if g.pct(30) {
+			switch g.rng.IntN(3) {
+			case 0:
+				b.Token++
+			case 1:
+				b.LeaseID, _ = g.anyLease()
+			default:
+				e.ClientID = g.client()
+			}
+		}
+		return b
 	default:
 		e.ClientID = "node"
 		return &command.RegisterMember{ID: fmt.Sprintf("n%d", g.rng.IntN(4)), RaftAddr: fmt.Sprintf("r%d", g.rng.IntN(3)), APIAddr: "api"}
@@ -586,7 +625,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	}
 	for _, k := range []string{"acquired/acquire", "acquired/handoff", "acquired/takeover", "released/release", "released/takeover",
 		"released/cancelled", "released/session_deleted", "expired/expired", "dequeued/timeout", "dequeued/cancelled",
-		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted"} {
+		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted", "proclaimed/"} {
 		if cnt[k] == 0 {
 			t.Errorf("seed %d never produced %s; counts %v", seed, k, cnt)
 		}

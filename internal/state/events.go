@@ -25,6 +25,9 @@ const (
 	EventWaitTimer
 	// Internal: a wait left its queue (granted, timed out, cancelled, ended).
 	EventWaitGone
+
+	// Public: an election leader changed its value.
+	EventProclaimed
 )
 
 // Causes carried by events.
@@ -52,19 +55,27 @@ var eventNames = map[EventType]string{
 	EventLeaseGone:      "lease_gone",
 	EventWaitTimer:      "wait_timer",
 	EventWaitGone:       "wait_gone",
+	EventProclaimed:     "proclaimed",
 }
 
 func (t EventType) String() string { return eventNames[t] }
 
 // Public reports whether watchers may see this event type.
-func (t EventType) Public() bool { return t >= EventAcquired && t <= EventSessionDeleted }
+func (t EventType) Public() bool {
+	return t >= EventAcquired && t <= EventSessionDeleted || t == EventProclaimed
+}
 
 // Event is one effect of a command. LeaseID is internal: the lease id is a
-// secret capability and must never reach watchers or logs.
+// secret capability and must never reach watchers or logs. Name is the
+// lock-table key (command.SplitKey tells a lock from an election).
 type Event struct {
-	Revision    uint64
-	Type        EventType
-	Name        string
+	Revision uint64
+	Type     EventType
+	Name     string
+	// At is the leader timestamp of the command (display only).
+	At int64
+	// Value is an election leader's value (acquired, proclaimed).
+	Value       string
 	ClientID    string
 	Token       uint64
 	Cause       string
@@ -76,6 +87,7 @@ type Event struct {
 
 func (s *State) emit(e Event) {
 	e.Revision = s.revision + 1
+	e.At = s.ts
 	s.events = append(s.events, e)
 }
 

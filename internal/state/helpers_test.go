@@ -247,6 +247,7 @@ func dump(s *State) string {
 		num(lk.Token)
 		inum(lk.GrantedAt)
 		num(lk.GrantSeq)
+		str(lk.Value)
 		b = append(b, "queue "...)
 		for _, w := range lk.Queue {
 			id(w.LeaseID)
@@ -254,6 +255,7 @@ func dump(s *State) string {
 			num(w.Seq)
 			inum(w.EnqueuedAt)
 			inum(w.Deadline)
+			str(w.Value)
 			b = append(b, "; "...)
 		}
 		return true
@@ -305,8 +307,11 @@ func checkInvariants(t testing.TB, s *State) {
 			fail("lock table out of order: %q after %q", lk.Name, prev)
 		}
 		first, prev = false, lk.Name
-		if n, err := command.NormalizeName(lk.Name); err != nil || n != lk.Name {
+		if !command.ValidKey(lk.Name) {
 			fail("lock %q has a non-canonical name", lk.Name)
+		}
+		if len(lk.Value) > command.MaxValueLen {
+			fail("lock %q value of %d bytes", lk.Name, len(lk.Value))
 		}
 		// A lock is in the table only while held; a free lock has no queue
 		// (the head is granted in the same step).
@@ -440,7 +445,7 @@ func checkStep(t testing.TB, s *State, revBefore uint64, dumpBefore, dumpAfter s
 		}
 		for id := range ids {
 			hexID, rawID := id.String(), string(id[:])
-			for _, f := range []string{e.Name, e.ClientID, e.Cause} {
+			for _, f := range []string{e.Name, e.ClientID, e.Cause, e.Value} {
 				if strings.Contains(strings.ToLower(f), hexID) || strings.Contains(f, rawID) {
 					t.Fatalf("public event %+v shows lease id %x", e, id)
 				}

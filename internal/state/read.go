@@ -48,6 +48,9 @@ func (s *State) ListLocks(prefix, after string, limit int) ([]LockInfo, bool) {
 		if lk.Name == after {
 			return true
 		}
+		if _, election := command.SplitKey(lk.Name); election {
+			return true // elections live in the same table but are not locks
+		}
 		if len(out) == limit {
 			more = true
 			return false
@@ -56,6 +59,33 @@ func (s *State) ListLocks(prefix, after string, limit int) ([]LockInfo, bool) {
 		return true
 	})
 	return out, more
+}
+
+// ElectionInfo is the public view of one election.
+type ElectionInfo struct {
+	Name        string
+	HasLeader   bool
+	CandidateID string
+	Value       string
+	Token       uint64
+	Since       int64
+	ExpiresAt   int64
+	Campaigners int
+}
+
+// GetElection returns the view of an election by its (normalized) name.
+func (s *State) GetElection(name string) ElectionInfo {
+	ei := ElectionInfo{Name: name}
+	lk, _ := s.locks.Get(&Lock{Name: command.ElectionKey(name)})
+	if lk == nil {
+		return ei
+	}
+	ei.Campaigners = len(lk.Queue)
+	if lk.Held() {
+		l := s.leases[lk.Holder]
+		ei.HasLeader, ei.CandidateID, ei.Value, ei.Token, ei.Since, ei.ExpiresAt = true, l.ClientID, lk.Value, lk.Token, lk.GrantedAt, l.ExpiresAt()
+	}
+	return ei
 }
 
 // LockState is the internal view of a lock used by the service to answer a

@@ -13,7 +13,9 @@ import (
 // snapshotMagic starts every snapshot; the byte after it is the format version.
 var snapshotMagic = []byte("DLSNAP")
 
-const snapshotVersion = 1
+// snapshotVersion 2 added lock and waiter values (elections); version 1
+// snapshots are still read.
+const snapshotVersion = 2
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -61,6 +63,7 @@ func (s *State) Snapshot() []byte {
 		w.Uvarint(lk.Token)
 		w.Varint(lk.GrantedAt)
 		w.Uvarint(lk.GrantSeq)
+		w.String(lk.Value)
 		w.Uvarint(uint64(len(lk.Queue)))
 		for _, q := range lk.Queue {
 			w.Fixed(q.LeaseID[:])
@@ -68,6 +71,7 @@ func (s *State) Snapshot() []byte {
 			w.Uvarint(q.Seq)
 			w.Varint(q.EnqueuedAt)
 			w.Varint(q.Deadline)
+			w.String(q.Value)
 		}
 		return true
 	})
@@ -99,7 +103,8 @@ func Restore(b []byte) (*State, error) {
 		return nil, errors.New("restore snapshot: not a dlock snapshot (bad magic)")
 	}
 	r := wire.NewReader(b[len(snapshotMagic):])
-	if v := r.Byte(); v != snapshotVersion {
+	v := r.Byte()
+	if v < 1 || v > snapshotVersion {
 		return nil, fmt.Errorf("restore snapshot: format version %d not supported by this build (upgrade this node)", v)
 	}
 	s := New()
@@ -130,6 +135,9 @@ func Restore(b []byte) (*State, error) {
 		lk.Token = r.Uvarint()
 		lk.GrantedAt = r.Varint()
 		lk.GrantSeq = r.Uvarint()
+		if v >= 2 {
+			lk.Value = r.String()
+		}
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
 			var wt Waiter
 			r.Fixed(wt.LeaseID[:])
@@ -137,6 +145,9 @@ func Restore(b []byte) (*State, error) {
 			wt.Seq = r.Uvarint()
 			wt.EnqueuedAt = r.Varint()
 			wt.Deadline = r.Varint()
+			if v >= 2 {
+				wt.Value = r.String()
+			}
 			lk.Queue = append(lk.Queue, wt)
 			l := s.leases[wt.LeaseID]
 			if l == nil {

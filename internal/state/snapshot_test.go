@@ -40,6 +40,7 @@ type rawWaiter struct {
 	client        string
 	seq           uint64
 	enq, deadline int64
+	value         string
 }
 
 type rawLock struct {
@@ -48,6 +49,7 @@ type rawLock struct {
 	token    uint64
 	granted  int64
 	grantSeq uint64
+	value    string
 	queue    []rawWaiter
 }
 
@@ -88,6 +90,9 @@ func (r *rawSnap) encode() []byte {
 		w.Uvarint(lk.token)
 		w.Varint(lk.granted)
 		w.Uvarint(lk.grantSeq)
+		if r.version >= 2 {
+			w.String(lk.value)
+		}
 		w.Uvarint(uint64(len(lk.queue)))
 		for _, q := range lk.queue {
 			w.Fixed(q.lease[:])
@@ -95,6 +100,9 @@ func (r *rawSnap) encode() []byte {
 			w.Uvarint(q.seq)
 			w.Varint(q.enq)
 			w.Varint(q.deadline)
+			if r.version >= 2 {
+				w.String(q.value)
+			}
 		}
 	}
 	w.Uvarint(uint64(len(r.dedup)))
@@ -108,15 +116,15 @@ func (r *rawSnap) encode() []byte {
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 1, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 2, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.CreatedAt})
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
-		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq}
+		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value}
 		for _, q := range lk.Queue {
-			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline})
+			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value})
 		}
 		r.locks = append(r.locks, rl)
 		return true
@@ -143,6 +151,8 @@ func sampleState(t testing.TB) *State {
 	h.req("c5", "r-9", &command.Acquire{Name: "solo", LeaseID: lid(5), TTLms: 15_000})
 	h.session("s6", lid(6), 9_000)
 	h.sacquire("s6", "solo", lid(6), 30_000)
+	h.do("s1", &command.Acquire{Name: command.ElectionKey("db"), LeaseID: lid(1), Session: true, Value: "10.0.0.1:5432"})
+	h.do("c7", &command.Acquire{Name: command.ElectionKey("db"), LeaseID: lid(7), TTLms: 5000, WaitMs: 9000, Value: "10.0.0.7:5432"})
 	return h.s
 }
 
@@ -175,6 +185,36 @@ func TestRestoreRoundTrip(t *testing.T) {
 	}
 }
 
+// A newer node reads an older snapshot: version 1 had no lock or waiter
+// values; it restores with empty values and snapshots again at the current
+// version.
+func TestRestoreVersion1Snapshot(t *testing.T) {
+	s := sampleState(t)
+	r := toRaw(s)
+	r.version = 1
+	for i := range r.locks {
+		r.locks[i].value = ""
+		for j := range r.locks[i].queue {
+			r.locks[i].queue[j].value = ""
+		}
+	}
+	want := toRaw(s)
+	for i := range want.locks {
+		want.locks[i].value = ""
+		for j := range want.locks[i].queue {
+			want.locks[i].queue[j].value = ""
+		}
+	}
+	got, err := Restore(r.encode())
+	if err != nil {
+		t.Fatalf("version 1 snapshot refused: %v", err)
+	}
+	if !bytes.Equal(got.Snapshot(), want.encode()) {
+		t.Fatal("version 1 snapshot does not restore to the same state at version 2")
+	}
+	checkInvariants(t, got)
+}
+
 func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 	good := sampleState(t).Snapshot()
 	raw := func(mod func(r *rawSnap)) []byte {
@@ -183,14 +223,24 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		return r.encode()
 	}
 	cases := map[string][]byte{
-		"nil":              nil,
-		"empty":            {},
-		"short magic":      []byte("DLSNA"),
-		"magic only":       []byte("DLSNAP"),
-		"bad magic":        append([]byte("XLSNAP"), good[6:]...),
-		"lowercase magic":  append([]byte("dlsnap"), good[6:]...),
-		"version 0":        raw(func(r *rawSnap) { r.version = 0 }),
-		"version 2":        raw(func(r *rawSnap) { r.version = 2 }),
+		"nil":             nil,
+		"empty":           {},
+		"short magic":     []byte("DLSNA"),
+		"magic only":      []byte("DLSNAP"),
+		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
+		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
+		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
+		"version 3":       raw(func(r *rawSnap) { r.version = 3 }),
+		"v2 body as v1": func() []byte {
+			b := raw(func(r *rawSnap) {})
+			b[6] = 1
+			return b
+		}(),
+		"v1 body as v2": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 1 })
+			b[6] = 2
+			return b
+		}(),
 		"version 255":      raw(func(r *rawSnap) { r.version = 255 }),
 		"trailing zero":    append(append([]byte(nil), good...), 0),
 		"trailing garbage": append(append([]byte(nil), good...), "garbage"...),

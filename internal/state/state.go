@@ -55,6 +55,8 @@ type Waiter struct {
 	EnqueuedAt int64
 	// Deadline is the leader timestamp at which the wait times out.
 	Deadline int64
+	// Value is an election campaigner's value, set as the lock's on grant.
+	Value string
 }
 
 // Lock is a named lock. It exists in the table while held or waited for.
@@ -65,7 +67,9 @@ type Lock struct {
 	GrantedAt int64
 	// GrantSeq is the Seq of the acquire that was granted.
 	GrantSeq uint64
-	Queue    []Waiter
+	// Value is an election leader's value (empty for plain locks).
+	Value string
+	Queue []Waiter
 }
 
 // Held reports whether some lease holds the lock.
@@ -218,6 +222,8 @@ func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
 		return s.expireWaits(b)
 	case *command.CancelWait:
 		return s.cancelWait(b)
+	case *command.Proclaim:
+		return s.proclaim(e, b)
 	}
 	return invalid("unknown command")
 }
@@ -279,9 +285,12 @@ func holderOf(l *Lock, lease *Lease) command.Holder {
 }
 
 func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) command.Result {
-	name, err := command.NormalizeName(b.Name)
-	if err != nil || name != b.Name {
+	name := b.Name
+	if !command.ValidKey(name) {
 		return invalid("bad lock name")
+	}
+	if len(b.Value) > command.MaxValueLen {
+		return invalid("value too long")
 	}
 	if b.WaitMs < 0 || b.WaitMs > command.MaxWaitMs {
 		return invalid("wait_ms out of range")
@@ -332,7 +341,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 			lk = &Lock{Name: name}
 			s.locks.ReplaceOrInsert(lk)
 		}
-		s.grant(lk, lease, index, CauseAcquire)
+		s.grant(lk, lease, index, b.Value, CauseAcquire)
 	case s.leases[lk.Holder].ClientID == e.ClientID:
 		// The same client with a new lease: its previous incarnation crashed and
 		// it came back. Take over at once, with a new token.
@@ -341,7 +350,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 		if lease == nil {
 			lease = newLease(true)
 		}
-		s.grant(lk, lease, index, CauseTakeover)
+		s.grant(lk, lease, index, b.Value, CauseTakeover)
 	case b.WaitMs == 0:
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
@@ -349,7 +358,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, index, b.WaitMs)
+		s.enqueue(lk, lease, index, b.WaitMs, b.Value)
 		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: index}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
@@ -358,8 +367,8 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 
 // enqueue appends a wait, or, if the same client already waits with another
 // lease (it restarted), moves that place in line to the new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64) {
-	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs}
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value string) {
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value}
 	lease.Waits[lk.Name] = seq
 	s.changed = true
 	for i := range lk.Queue {
@@ -381,12 +390,13 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64) {
 }
 
 // grant gives a free lock to a lease with a new fencing token.
-func (s *State) grant(lk *Lock, lease *Lease, seq uint64, cause string) {
+func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	s.lastToken++
 	lk.Holder = lease.ID
 	lk.Token = s.lastToken
 	lk.GrantedAt = s.ts
 	lk.GrantSeq = seq
+	lk.Value = value
 	lease.Locks[lk.Name] = struct{}{}
 	if !lease.Session {
 		// An implicit lease's TTL counts from its grant.
@@ -394,7 +404,7 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, cause string) {
 		lease.RenewedAt = s.ts
 	}
 	s.touch(lease)
-	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq})
+	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
 }
 
 // unhold takes a lock away from its holder without handing it on. An implicit
@@ -408,6 +418,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 	delete(holder.Locks, lk.Name)
 	lk.Holder = command.LeaseID{}
 	lk.GrantSeq = 0
+	lk.Value = ""
 	s.changed = true
 	s.dropIfIdle(holder)
 }
@@ -432,7 +443,7 @@ func (s *State) handOff(lk *Lock) {
 		}
 		delete(lease.Waits, lk.Name)
 		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
-		s.grant(lk, lease, w.Seq, CauseHandoff)
+		s.grant(lk, lease, w.Seq, w.Value, CauseHandoff)
 		return
 	}
 	s.locks.Delete(lk)
@@ -446,6 +457,23 @@ func (s *State) release(e *command.Envelope, b *command.Release) command.Result 
 	s.unhold(lk, lease, CauseReleased)
 	s.handOff(lk)
 	return command.Result{Status: command.StatusOK}
+}
+
+// proclaim replaces the value of an election's leader (holder proof as renew).
+func (s *State) proclaim(e *command.Envelope, b *command.Proclaim) command.Result {
+	if len(b.Value) > command.MaxValueLen {
+		return invalid("value too long")
+	}
+	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if !ok {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	if lk.Value != b.Value {
+		lk.Value = b.Value
+		s.changed = true
+		s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
+	}
+	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token, ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms}
 }
 
 func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {

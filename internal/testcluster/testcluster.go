@@ -34,6 +34,7 @@ type Cluster struct {
 	Tune func(*raftnode.Config)
 	// Client is the HTTP client tests use.
 	Client *http.Client
+	opts   Options
 }
 
 // FreePort returns a loopback address with a port that was free a moment ago.
@@ -47,10 +48,19 @@ func FreePort(t testing.TB) string {
 	return ln.Addr().String()
 }
 
+// Options tunes a test cluster.
+type Options struct {
+	// WatchHistory is each node's kept event count (0: the default).
+	WatchHistory int
+}
+
 // New starts n nodes and waits for a leader. They stop at test cleanup.
-func New(t testing.TB, n int) *Cluster {
+func New(t testing.TB, n int) *Cluster { return NewWith(t, n, Options{}) }
+
+// NewWith is New with options.
+func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, dir: t.TempDir(), raft: map[string]string{}, api: map[string]string{}, servers: map[string]*server.Server{},
+	c := &Cluster{t: t, opts: opts, dir: t.TempDir(), raft: map[string]string{}, api: map[string]string{}, servers: map[string]*server.Server{},
 		Client: &http.Client{Timeout: 60 * time.Second}}
 	level := slog.LevelWarn
 	if os.Getenv("DLOCK_TEST_LOG") != "" {
@@ -101,7 +111,7 @@ func (c *Cluster) Start(id string) {
 	var err error
 	// A just-freed port can linger briefly; retry a few times.
 	for try := 0; try < 50; try++ {
-		s, err = server.Start(server.Config{Raft: rc, APIAddr: c.api[id], Logger: c.logger})
+		s, err = server.Start(server.Config{Raft: rc, APIAddr: c.api[id], Logger: c.logger, WatchHistory: c.opts.WatchHistory})
 		if err == nil {
 			break
 		}

@@ -1,0 +1,134 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// watch serves GET /api/v1/watch?prefix=P&from_revision=R as Server-Sent
+// Events: one `id: <revision>` / `event: <type>` / `data: <json>` record per
+// state change, a comment line as heartbeat, and a final `event: error` record
+// when the stream is cut off (slow watcher, node shutting down).
+func (a *api) watch(w http.ResponseWriter, r *http.Request) {
+	if !isGet(r) {
+		a.methodNotAllowed(w, r, allowGet)
+		return
+	}
+	q, aerr := parseQuery(r, "prefix", "from_revision")
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	var req service.WatchRequest
+	var err error
+	if req.Prefix, err = command.ValidatePrefix(q.Get("prefix")); err != nil {
+		a.writeError(w, r, badRequest("bad prefix: %v", err))
+		return
+	}
+	if v, ok := q["from_revision"]; ok {
+		if req.FromRevision, err = strconv.ParseUint(v[0], 10, 64); err != nil {
+			a.writeError(w, r, badRequest("query parameter from_revision=%q must be a non-negative integer", v[0]))
+			return
+		}
+	}
+	watcher, err := a.svc.Watch(r.Context(), req)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	defer watcher.Close()
+	a.stream(w, r, watcher, watcher.Revision, func(e service.WatchEvent) (string, any) { return e.Type, e }, nil)
+}
+
+// observe streams an election's leader as SSE: the current view first, then a
+// new view after each change (event `leader`; `leader` is null when there is
+// none, so observers learn about vacancies too).
+func (a *api) observe(w http.ResponseWriter, r *http.Request, name string, stale bool) {
+	view, watcher, err := a.svc.Observe(r.Context(), name, stale)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	defer watcher.Close()
+	v := *view
+	a.stream(w, r, watcher, v.Revision, func(e service.WatchEvent) (string, any) { return "leader", nil }, &v)
+}
+
+// stream writes SSE records until the client leaves or the watcher ends. With
+// view set it writes election views instead of raw events.
+func (a *api) stream(w http.ResponseWriter, r *http.Request, watcher *service.Watcher, rev uint64,
+	format func(service.WatchEvent) (string, any), view *service.ElectionView) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // tell nginx-style proxies not to buffer
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	fmt.Fprintf(w, ": dlock watch from revision %d\n\n", rev+1)
+	if view != nil {
+		writeRecord(w, view.Revision, "leader", view)
+	}
+	_ = rc.Flush()
+	hb := time.NewTicker(a.heartbeat)
+	defer hb.Stop()
+	events := watcher.Events()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-hb.C:
+			fmt.Fprint(w, ": heartbeat\n\n")
+			if rc.Flush() != nil {
+				return
+			}
+		case e, ok := <-events:
+			// Drain what is already queued before one flush: fewer syscalls
+			// under bursts, same order.
+			for ok {
+				ev := service.Event(e)
+				if view != nil {
+					*view = service.NextView(*view, e)
+					writeRecord(w, ev.Revision, "leader", view)
+				} else {
+					typ, body := format(ev)
+					writeRecord(w, ev.Revision, typ, body)
+				}
+				select {
+				case e, ok = <-events:
+					continue
+				default:
+				}
+				break
+			}
+			if !ok {
+				if err := watcher.Err(); err != nil {
+					ae := apierror.From(err)
+					writeRecord(w, 0, "error", errorEnvelope{Error: errorBody{Code: ae.Code, Message: ae.Message}})
+				}
+				_ = rc.Flush()
+				return
+			}
+			if rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+func writeRecord(w http.ResponseWriter, rev uint64, event string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	if rev > 0 {
+		fmt.Fprintf(w, "id: %d\n", rev)
+	}
+	fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b)
+}

@@ -1,0 +1,126 @@
+package service
+
+import (
+	"context"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// An election is a lock in its own namespace whose holder carries a value:
+// campaigners wait in its FIFO queue, so the next one takes over as soon as the
+// leader resigns or its lease ends, with a new fencing token.
+
+func electionView(ei state.ElectionInfo, rev uint64) ElectionView {
+	v := ElectionView{Name: ei.Name, Campaigners: ei.Campaigners, Revision: rev}
+	if ei.HasLeader {
+		v.Leader = &ElectionLeader{CandidateID: ei.CandidateID, Value: ei.Value, FencingToken: ei.Token, Since: ms(ei.Since), ExpiresAt: ms(ei.ExpiresAt)}
+	}
+	return v
+}
+
+// Campaign waits to become the election's leader.
+func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (*CampaignResponse, error) {
+	name, err := normalize(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkID("candidate_id", req.CandidateID, true); err != nil {
+		return nil, err
+	}
+	g, err := s.acquire(ctx, acquireArgs{key: command.ElectionKey(name), what: "election", clientID: req.CandidateID,
+		requestID: req.RequestID, ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, value: req.Value})
+	if g == nil {
+		return nil, err
+	}
+	res := &CampaignResponse{Leader: g.granted, FencingToken: g.token, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
+	if g.holder != nil {
+		var cur ElectionView
+		s.fsm.Read(func(st *state.State) { cur = electionView(st.GetElection(name), st.Revision()) })
+		res.Current = cur.Leader
+	}
+	return res, err
+}
+
+// GetElection returns the election's leader (or none). Linearizable unless stale.
+func (s *Service) GetElection(ctx context.Context, name string, stale bool) (*ElectionView, error) {
+	n, err := normalize(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.read(ctx, stale); err != nil {
+		return nil, err
+	}
+	var v ElectionView
+	s.fsm.Read(func(st *state.State) { v = electionView(st.GetElection(n), st.Revision()) })
+	return &v, nil
+}
+
+type holderProof struct {
+	name, clientID, leaseID, requestID string
+	token                              uint64
+}
+
+func (s *Service) checkProof(p *holderProof, idField string) (string, command.LeaseID, error) {
+	name, err := normalize(p.name)
+	if err != nil {
+		return "", command.LeaseID{}, err
+	}
+	if err := checkID(idField, p.clientID, true); err != nil {
+		return "", command.LeaseID{}, err
+	}
+	if err := checkID("request_id", p.requestID, false); err != nil {
+		return "", command.LeaseID{}, err
+	}
+	if p.token == 0 {
+		return "", command.LeaseID{}, invalid("fencing_token is required")
+	}
+	id, err := parseLease("lease_id", p.leaseID)
+	return name, id, err
+}
+
+// Proclaim changes the leader's value.
+func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (*ProclaimResponse, error) {
+	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Value) > command.MaxValueLen {
+		return nil, invalid("value is %d bytes; the limit is %d", len(req.Value), command.MaxValueLen)
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.CandidateID, req.RequestID,
+		&command.Proclaim{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken, Value: req.Value}))
+	if err != nil {
+		return nil, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return nil, statusErr(resp.Result, "proclaim")
+	}
+	return &ProclaimResponse{Proclaimed: true, Revision: resp.Result.Revision}, nil
+}
+
+// Resign gives up leadership; the next campaigner in line is elected at once.
+func (s *Service) Resign(ctx context.Context, req ResignRequest) (*ResignResponse, error) {
+	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.node.Apply(ctx, envelope(req.CandidateID, req.RequestID,
+		&command.Release{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken}))
+	if err != nil {
+		return nil, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return nil, statusErr(resp.Result, "resign")
+	}
+	return &ResignResponse{Resigned: true, Revision: resp.Result.Revision}, nil
+}
+
+// RenewElection extends the lease of an election's leader.
+func (s *Service) RenewElection(ctx context.Context, req RenewRequest) (*RenewResponse, error) {
+	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	if err != nil {
+		return nil, err
+	}
+	return s.renew(ctx, req, command.ElectionKey(name), id)
+}

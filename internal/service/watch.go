@@ -1,0 +1,121 @@
+package service
+
+import (
+	"context"
+	"errors"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/watch"
+)
+
+// Watcher is an open event stream. Read Events until it is closed, then Err
+// says why; Close ends it early.
+type Watcher struct {
+	sub *watch.Subscription
+	// Revision is the newest revision this node had applied when the watch
+	// started.
+	Revision uint64
+}
+
+// Events delivers events in revision order; it is closed when the stream ends.
+func (w *Watcher) Events() <-chan watch.Event { return w.sub.Events() }
+
+// Close ends the stream.
+func (w *Watcher) Close() { w.sub.Close() }
+
+// Err says why the stream ended, as a client-facing error (nil if closed by Close).
+func (w *Watcher) Err() error { return watchErr(w.sub.Err()) }
+
+func watchErr(err error) error {
+	var ce *watch.CompactedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ce):
+		return &apierror.Error{Code: apierror.Compacted, Err: err, Message: ce.Error()}
+	case errors.Is(err, watch.ErrSlow):
+		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received + 1")
+	case errors.Is(err, watch.ErrReset):
+		return apierror.Wrap(apierror.Compacted, err, "this node restored a snapshot and its event history restarted; list again and watch from the listed revision + 1")
+	case errors.Is(err, watch.ErrClosed):
+		return apierror.Wrap(apierror.Unavailable, err, "this node is shutting down; reconnect to another node with from_revision set to the last revision you received + 1")
+	}
+	return apierror.Wrap(apierror.Internal, err, "watch failed")
+}
+
+// Event converts a hub event to its public form.
+func Event(e watch.Event) WatchEvent {
+	return WatchEvent{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientID: e.ClientID,
+		FencingToken: e.Token, Cause: e.Cause, Value: e.Value, At: ms(e.At)}
+}
+
+// Watch streams every state change under a name prefix from a revision on.
+// Served from this node's own applied log: followers see the same events in the
+// same order as the leader. A revision older than the kept history is answered
+// with `compacted`.
+func (s *Service) Watch(_ context.Context, req WatchRequest) (*Watcher, error) {
+	prefix, err := command.ValidatePrefix(req.Prefix)
+	if err != nil {
+		return nil, invalid("bad prefix: %v", err)
+	}
+	sub, cur, err := s.hub.Subscribe(watch.Filter{Prefix: prefix}, req.FromRevision)
+	if err != nil {
+		return nil, watchErr(err)
+	}
+	return &Watcher{sub: sub, Revision: cur}, nil
+}
+
+// Observe follows one election: it returns the current view and a stream of
+// the election's events; apply each with NextView to get the next view. The
+// view is read and the stream opened at the same revision, so nothing is
+// missed in between.
+func (s *Service) Observe(ctx context.Context, name string, stale bool) (*ElectionView, *Watcher, error) {
+	n, err := normalize(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.read(ctx, stale); err != nil {
+		return nil, nil, err
+	}
+	var view ElectionView
+	var sub *watch.Subscription
+	// Read the view under the FSM lock so no event applies between the read
+	// and the subscription (the hub is fed from Apply under the same lock).
+	s.fsm.Read(func(st *state.State) {
+		view = electionView(st.GetElection(n), st.Revision())
+		sub, _, err = s.hub.Subscribe(watch.Filter{Kind: "election", Name: n}, 0)
+	})
+	if err != nil {
+		return nil, nil, watchErr(err)
+	}
+	return &view, &Watcher{sub: sub, Revision: view.Revision}, nil
+}
+
+// NextView applies one election event to a view.
+func NextView(v ElectionView, e watch.Event) ElectionView {
+	v.Revision = e.Revision
+	switch e.Type {
+	case "elected":
+		v.Leader = &ElectionLeader{CandidateID: e.ClientID, Value: e.Value, FencingToken: e.Token, Since: ms(e.At)}
+		if v.Campaigners > 0 && e.Cause == state.CauseHandoff {
+			v.Campaigners--
+		}
+	case "resigned", "expired":
+		v.Leader = nil
+	case "proclaimed":
+		if v.Leader != nil {
+			l := *v.Leader
+			l.Value = e.Value
+			v.Leader = &l
+		}
+	case "queued":
+		v.Campaigners++
+	case "dequeued":
+		if v.Campaigners > 0 {
+			v.Campaigners--
+		}
+	}
+	return v
+}
