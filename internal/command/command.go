@@ -213,6 +213,23 @@ func Encode(e *Envelope) []byte {
 	return w.Buf
 }
 
+// MaxEntryBytes bounds one encoded entry. It is below wire.MaxString, so any
+// entry that passes the check also decodes: an entry the leader could propose
+// but replicas could not apply would stop every replica at that index.
+const MaxEntryBytes = 512 << 10
+
+// ErrTooLarge is returned by EncodeChecked for an entry over MaxEntryBytes.
+var ErrTooLarge = errors.New("command too large")
+
+// EncodeChecked is Encode with the size bound every proposal must respect.
+func EncodeChecked(e *Envelope) ([]byte, error) {
+	b := Encode(e)
+	if len(b) > MaxEntryBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", ErrTooLarge, len(b), MaxEntryBytes)
+	}
+	return b, nil
+}
+
 // ErrUnknownType is returned for a type byte this build does not know.
 var ErrUnknownType = errors.New("unknown command type")
 

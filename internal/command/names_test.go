@@ -158,3 +158,70 @@ func TestValidatePrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestElectionKeys(t *testing.T) {
+	k := ElectionKey("db/primary")
+	if name, el := SplitKey(k); !el || name != "db/primary" {
+		t.Fatalf("SplitKey(%q) = %q, %v", k, name, el)
+	}
+	if name, el := SplitKey("db/primary"); el || name != "db/primary" {
+		t.Fatalf("SplitKey of a lock = %q, %v", name, el)
+	}
+	// No lock name can collide with an election key.
+	if _, err := NormalizeName(k); err == nil {
+		t.Fatalf("election key %q is also a valid lock name", k)
+	}
+	cases := []struct {
+		key string
+		ok  bool
+	}{
+		{"a", true},
+		{"billing/batch-job", true},
+		{ElectionKey("a"), true},
+		{ElectionKey("a/b.c"), true},
+		{ElectionKey(strings.Repeat("e", MaxNameLen)), true},
+		{"/a", false}, // not normalized
+		{"", false},
+		{"a//b", false},
+		{ElectionKey(""), false},
+		{ElectionKey("/a"), false},
+		{ElectionKey("a/"), false},
+		{ElectionKey(".."), false},
+		{ElectionKey(ElectionKey("a")), false},
+		{ElectionKey(strings.Repeat("e", MaxNameLen+1)), false},
+		{"@e", false},
+		{"@x/a", false},
+		{"@E/a", false},
+		{"@", false},
+	}
+	for _, tc := range cases {
+		if got := ValidKey(tc.key); got != tc.ok {
+			t.Errorf("ValidKey(%.40q) = %v, want %v", tc.key, got, tc.ok)
+		}
+	}
+}
+
+func FuzzValidKey(f *testing.F) {
+	for _, s := range []string{"a", "@e/a", "@e/", "@e//a", "/a", "a/../b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		name, election := SplitKey(key)
+		n, err := NormalizeName(name)
+		want := err == nil && n == name
+		if got := ValidKey(key); got != want {
+			t.Fatalf("ValidKey(%q) = %v, want %v", key, got, want)
+		}
+		if election && ElectionKey(name) != key {
+			t.Fatalf("ElectionKey(SplitKey(%q)) = %q", key, ElectionKey(name))
+		}
+		if !election && want {
+			if _, el := SplitKey(ElectionKey(key)); !el {
+				t.Fatal("election key of a lock name is not an election")
+			}
+			if ValidKey(ElectionKey(key)) != true {
+				t.Fatalf("ElectionKey(%q) invalid", key)
+			}
+		}
+	})
+}

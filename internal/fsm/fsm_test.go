@@ -40,6 +40,8 @@ type recorder struct {
 	mu       sync.Mutex
 	applied  []appliedCall
 	restored int
+	// restoredSnap is the snapshot of the state passed to Restored.
+	restoredSnap []byte
 }
 
 type appliedCall struct {
@@ -53,10 +55,11 @@ func (r *recorder) Applied(index uint64, ev []state.Event) {
 	r.applied = append(r.applied, appliedCall{index, append([]state.Event(nil), ev...)})
 }
 
-func (r *recorder) Restored(*state.State) {
+func (r *recorder) Restored(s *state.State) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.restored++
+	r.restoredSnap = s.Snapshot()
 }
 
 // within bounds a receive that a broken FSM would block for ever; it is a
@@ -330,6 +333,9 @@ func TestSnapshotPersistRestore(t *testing.T) {
 	}
 	if !bytes.Equal(stateBytes(g), want) {
 		t.Fatal("restored state differs")
+	}
+	if !bytes.Equal(rec.restoredSnap, want) {
+		t.Fatal("Restored was not handed the restored state")
 	}
 	if g.AppliedIndex() != 9 {
 		t.Fatalf("applied index after restore %d", g.AppliedIndex())

@@ -108,11 +108,15 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 		return nil, errRetry
 	}
 	stamped := e.Stamped(n.stamp())
+	data, err := command.EncodeChecked(stamped)
+	if err != nil {
+		return nil, apierror.Wrap(apierror.TooLarge, err, "the request is too large to replicate; send less data")
+	}
 	timeout := time.Until(deadline(ctx))
 	if timeout <= 0 {
 		return nil, ctx.Err()
 	}
-	f := n.raft.Apply(command.Encode(stamped), timeout)
+	f := n.raft.Apply(data, timeout)
 	if err := f.Error(); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
@@ -152,6 +156,7 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	if !ok {
 		return nil, errRetry
 	}
+	n.forwarded.Add(1)
 	body, status, err := n.forward(ctx, addr, "/forward/apply", command.Encode(e))
 	if err != nil {
 		if ctx.Err() != nil {

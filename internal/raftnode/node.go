@@ -118,6 +118,9 @@ type Node struct {
 	// applied: only then may it stamp, propose and answer reads.
 	ready  atomic.Bool
 	lastTS atomic.Int64
+	// Counters for metrics.
+	forwarded     atomic.Uint64
+	leaderChanges atomic.Uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -286,6 +289,7 @@ func (n *Node) followLeadership() {
 			continue
 		}
 		leading = now
+		n.leaderChanges.Add(1)
 		if now {
 			var tctx context.Context
 			tctx, termCancel = context.WithCancel(n.ctx)

@@ -35,20 +35,26 @@ type Status struct {
 	Servers      []ServerStatus
 	Revision     uint64
 	LastToken    uint64
+	// Forwarded counts writes this node forwarded to a leader; LeaderChanges
+	// counts how often this node gained or lost leadership.
+	Forwarded     uint64
+	LeaderChanges uint64
 }
 
 // Status reports the node's current view of the cluster.
 func (n *Node) Status() Status {
 	addr, id := n.raft.LeaderWithID()
 	st := Status{
-		ID:           n.cfg.ID,
-		State:        n.raft.State().String(),
-		LeaderID:     string(id),
-		LeaderAddr:   string(addr),
-		Term:         n.raft.CurrentTerm(),
-		CommitIndex:  n.raft.CommitIndex(),
-		AppliedIndex: n.fsm.AppliedIndex(),
-		LastContact:  time.Since(n.raft.LastContact()),
+		ID:            n.cfg.ID,
+		State:         n.raft.State().String(),
+		LeaderID:      string(id),
+		LeaderAddr:    string(addr),
+		Term:          n.raft.CurrentTerm(),
+		CommitIndex:   n.raft.CommitIndex(),
+		AppliedIndex:  n.fsm.AppliedIndex(),
+		LastContact:   time.Since(n.raft.LastContact()),
+		Forwarded:     n.forwarded.Load(),
+		LeaderChanges: n.leaderChanges.Load(),
 	}
 	members := map[string]state.Member{}
 	n.fsm.Read(func(s *state.State) {

@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/httpapi"
+	"github.com/dlock/dlock/internal/metrics"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
 )
 
@@ -58,16 +60,19 @@ func Start(cfg Config) (*Server, error) {
 		rc.Logger = cfg.Logger
 	}
 	hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
-	rc.Observers = append(rc.Observers, hub)
+	mtr := metrics.New(cfg.Logger)
+	rc.Observers = append(rc.Observers, hub, mtr)
 	node, err := raftnode.Open(rc)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
 	svc := service.New(node, hub, cfg.Logger)
+	svc.SetRecorder(mtr)
+	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID)}
 	s.http = &http.Server{
-		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes}),
+		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler()}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
@@ -107,3 +112,13 @@ func (s *Server) Kill() {
 	_ = s.http.Close()
 	<-s.done
 }
+
+// metricsSource is what the metrics read from a running node.
+type metricsSource struct {
+	node *raftnode.Node
+	hub  *watch.Hub
+}
+
+func (m metricsSource) Status() raftnode.Status    { return m.node.Status() }
+func (m metricsSource) Read(fn func(*state.State)) { m.node.FSM().Read(fn) }
+func (m metricsSource) Watchers() int              { return m.hub.Watchers() }

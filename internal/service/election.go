@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"time"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
@@ -20,7 +21,8 @@ func electionView(ei state.ElectionInfo, rev uint64) ElectionView {
 }
 
 // Campaign waits to become the election's leader.
-func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (*CampaignResponse, error) {
+func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *CampaignResponse, err error) {
+	defer s.observe("campaign", time.Now(), &err)
 	name, err := normalize(req.Name)
 	if err != nil {
 		return nil, err
@@ -43,7 +45,8 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (*CampaignR
 }
 
 // GetElection returns the election's leader (or none). Linearizable unless stale.
-func (s *Service) GetElection(ctx context.Context, name string, stale bool) (*ElectionView, error) {
+func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *ElectionView, err error) {
+	defer s.observe("get_election", time.Now(), &err)
 	n, err := normalize(name)
 	if err != nil {
 		return nil, err
@@ -80,7 +83,8 @@ func (s *Service) checkProof(p *holderProof, idField string) (string, command.Le
 }
 
 // Proclaim changes the leader's value.
-func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (*ProclaimResponse, error) {
+func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (_ *ProclaimResponse, err error) {
+	defer s.observe("proclaim", time.Now(), &err)
 	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
 		return nil, err
@@ -100,7 +104,8 @@ func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (*ProclaimR
 }
 
 // Resign gives up leadership; the next campaigner in line is elected at once.
-func (s *Service) Resign(ctx context.Context, req ResignRequest) (*ResignResponse, error) {
+func (s *Service) Resign(ctx context.Context, req ResignRequest) (_ *ResignResponse, err error) {
+	defer s.observe("resign", time.Now(), &err)
 	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
 		return nil, err
@@ -117,7 +122,8 @@ func (s *Service) Resign(ctx context.Context, req ResignRequest) (*ResignRespons
 }
 
 // RenewElection extends the lease of an election's leader.
-func (s *Service) RenewElection(ctx context.Context, req RenewRequest) (*RenewResponse, error) {
+func (s *Service) RenewElection(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
+	defer s.observe("election_renew", time.Now(), &err)
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
 		return nil, err

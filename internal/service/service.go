@@ -37,6 +37,7 @@ type Service struct {
 	hub     *watch.Hub
 	waiters *waitRegistry
 	logger  *slog.Logger
+	rec     Recorder
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -49,6 +50,20 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
 	s.fsm.AddObserver(s.waiters)
 	return s
+}
+
+// Recorder observes each request's latency and outcome (the metrics package).
+type Recorder interface {
+	Op(op string, d time.Duration, err error)
+}
+
+// SetRecorder installs a recorder; call before serving.
+func (s *Service) SetRecorder(r Recorder) { s.rec = r }
+
+func (s *Service) observe(op string, start time.Time, err *error) {
+	if s.rec != nil {
+		s.rec.Op(op, time.Since(start), *err)
+	}
 }
 
 // Close ends every open watch stream (before the HTTP server drains).
@@ -141,7 +156,8 @@ func holderView(h command.Holder) *Holder {
 }
 
 // Acquire takes a lock, or waits for it in FIFO order when WaitTimeoutMs > 0.
-func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (*AcquireResponse, error) {
+func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireResponse, err error) {
+	defer s.observe("acquire", time.Now(), &err)
 	name, err := normalize(req.Name)
 	if err != nil {
 		return nil, err
@@ -331,7 +347,8 @@ func (s *Service) abandon(clientID, name string, w command.WaitRef, cause error)
 }
 
 // Release gives a lock back and hands it to the next waiter.
-func (s *Service) Release(ctx context.Context, req ReleaseRequest) (*ReleaseResponse, error) {
+func (s *Service) Release(ctx context.Context, req ReleaseRequest) (_ *ReleaseResponse, err error) {
+	defer s.observe("release", time.Now(), &err)
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
 		return nil, err
@@ -347,7 +364,8 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (*ReleaseResp
 }
 
 // Renew extends the lease that holds a lock.
-func (s *Service) Renew(ctx context.Context, req RenewRequest) (*RenewResponse, error) {
+func (s *Service) Renew(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
+	defer s.observe("renew", time.Now(), &err)
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
 		return nil, err
@@ -386,7 +404,8 @@ func lockView(li state.LockInfo, rev uint64) LockView {
 }
 
 // GetLock returns one lock. Linearizable unless stale.
-func (s *Service) GetLock(ctx context.Context, name string, stale bool) (*LockView, error) {
+func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *LockView, err error) {
+	defer s.observe("get_lock", time.Now(), &err)
 	n, err := normalize(name)
 	if err != nil {
 		return nil, err
@@ -400,7 +419,8 @@ func (s *Service) GetLock(ctx context.Context, name string, stale bool) (*LockVi
 }
 
 // ListLocks lists locks by prefix, a page at a time.
-func (s *Service) ListLocks(ctx context.Context, req ListRequest) (*ListResponse, error) {
+func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListResponse, err error) {
+	defer s.observe("list_locks", time.Now(), &err)
 	prefix, err := command.ValidatePrefix(req.Prefix)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
@@ -433,7 +453,8 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (*ListResponse
 }
 
 // CreateSession creates an explicit session.
-func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (*SessionResponse, error) {
+func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (_ *SessionResponse, err error) {
+	defer s.observe("session_create", time.Now(), &err)
 	if err := checkID("client_id", req.ClientID, true); err != nil {
 		return nil, err
 	}
@@ -463,7 +484,8 @@ func (s *Service) sessionID(v string) (command.LeaseID, error) {
 }
 
 // KeepAlive renews a session.
-func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (*SessionResponse, error) {
+func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *SessionResponse, err error) {
+	defer s.observe("session_keepalive", time.Now(), &err)
 	id, err := s.sessionID(req.SessionID)
 	if err != nil {
 		return nil, err
@@ -486,7 +508,8 @@ func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (*Session
 }
 
 // DeleteSession ends a session, releasing its locks and dropping its waits.
-func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (*DeleteSessionResponse, error) {
+func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (_ *DeleteSessionResponse, err error) {
+	defer s.observe("session_delete", time.Now(), &err)
 	id, err := s.sessionID(req.SessionID)
 	if err != nil {
 		return nil, err

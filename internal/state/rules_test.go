@@ -1065,3 +1065,108 @@ func TestReads(t *testing.T) {
 		t.Fatalf("Lease copy %+v", l)
 	}
 }
+
+func TestElections(t *testing.T) {
+	h := newHarness(t)
+	key := command.ElectionKey("db/primary")
+	mustStatus(t, h.session("cand-1", lid(1), 20_000), command.StatusOK)
+	sessTS := h.ts
+	r1 := h.do("cand-1", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "10.0.0.1"})
+	mustStatus(t, r1, command.StatusOK)
+	acq := findEvent(t, h.ev, EventAcquired)
+	if acq.Value != "10.0.0.1" || acq.Name != key || acq.ClientID != "cand-1" || acq.At != h.ts {
+		t.Fatalf("acquired %+v", acq)
+	}
+	grantTS := h.ts
+	r2 := h.do("cand-2", &command.Acquire{Name: key, LeaseID: lid(2), TTLms: 5_000, WaitMs: 60_000, Value: "10.0.0.2"})
+	mustStatus(t, r2, command.StatusQueued)
+	el := h.s.GetElection("db/primary")
+	want := ElectionInfo{Name: "db/primary", HasLeader: true, CandidateID: "cand-1", Value: "10.0.0.1", Token: r1.Token,
+		Since: grantTS, ExpiresAt: sessTS + 20_000, Campaigners: 1}
+	if el != want {
+		t.Fatalf("GetElection = %+v, want %+v", el, want)
+	}
+	if got := h.s.GetElection("other"); got != (ElectionInfo{Name: "other"}) {
+		t.Fatalf("empty election %+v", got)
+	}
+	// Elections share the table but are not listed as locks.
+	mustStatus(t, h.acquire("c", "db", lid(3), ttl, 0), command.StatusOK)
+	if got, _ := h.s.ListLocks("", "", 10); len(got) != 1 || got[0].Name != "db" {
+		t.Fatalf("ListLocks = %+v", got)
+	}
+
+	// Proclaim: the leader changes its value.
+	rev := h.s.Revision()
+	r := h.do("cand-1", &command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token, Value: "10.0.0.9"})
+	mustStatus(t, r, command.StatusOK)
+	if r.Token != r1.Token || r.Revision != rev+1 {
+		t.Fatalf("proclaim %+v", r)
+	}
+	wantTypes(t, h.ev, EventProclaimed)
+	if e := h.ev[0]; !e.Type.Public() || e.Value != "10.0.0.9" || e.ClientID != "cand-1" || e.Token != r1.Token || e.Name != key {
+		t.Fatalf("proclaimed %+v", e)
+	}
+	if h.s.GetElection("db/primary").Value != "10.0.0.9" {
+		t.Fatal("value not replaced")
+	}
+	// The same value again, a bad proof or an oversized value change nothing.
+	before, rev := dump(h.s), h.s.Revision()
+	mustStatus(t, h.do("cand-1", &command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token, Value: "10.0.0.9"}), command.StatusOK)
+	for _, p := range []struct {
+		client string
+		p      command.Proclaim
+	}{
+		{"cand-1", command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token + 1, Value: "x"}},
+		{"cand-1", command.Proclaim{Name: key, LeaseID: lid(2), Token: r1.Token, Value: "x"}},
+		{"cand-2", command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token, Value: "x"}},
+		{"cand-1", command.Proclaim{Name: command.ElectionKey("other"), LeaseID: lid(1), Token: r1.Token, Value: "x"}},
+	} {
+		p := p
+		mustStatus(t, h.do(p.client, &p.p), command.StatusNotHolder)
+	}
+	// Proclaim names an election; on a plain lock name it is refused.
+	mustStatus(t, h.do("cand-1", &command.Proclaim{Name: "db/primary", LeaseID: lid(1), Token: r1.Token, Value: "x"}), command.StatusInvalid)
+	mustStatus(t, h.do("cand-1", &command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token, Value: strings.Repeat("v", command.MaxValueLen+1)}), command.StatusInvalid)
+	mustStatus(t, h.do("cand-3", &command.Acquire{Name: key, LeaseID: lid(4), TTLms: ttl, WaitMs: 1000, Value: strings.Repeat("v", command.MaxValueLen+1)}), command.StatusInvalid)
+	h.checkNoChange(before, rev)
+	mustStatus(t, h.do("cand-1", &command.Proclaim{Name: key, LeaseID: lid(1), Token: r1.Token, Value: strings.Repeat("v", command.MaxValueLen)}), command.StatusOK)
+
+	// Resign: the next campaigner leads at once, with its own value.
+	mustStatus(t, h.release("cand-1", key, lid(1), r1.Token), command.StatusOK)
+	acq = findEvent(t, h.ev, EventAcquired)
+	if acq.ClientID != "cand-2" || acq.Value != "10.0.0.2" || acq.Cause != CauseHandoff {
+		t.Fatalf("hand-off %+v", acq)
+	}
+	el = h.s.GetElection("db/primary")
+	if el.CandidateID != "cand-2" || el.Value != "10.0.0.2" || el.Campaigners != 0 || el.ExpiresAt != h.ts+5_000 {
+		t.Fatalf("after resign %+v", el)
+	}
+	// A restarted leader (same candidate id, new lease) takes over with its new value.
+	tok := h.s.LastToken()
+	r = h.do("cand-2", &command.Acquire{Name: key, LeaseID: lid(5), TTLms: 5_000, Value: "10.0.0.22"})
+	mustStatus(t, r, command.StatusOK)
+	if el := h.s.GetElection("db/primary"); el.Value != "10.0.0.22" || el.Token != tok+1 {
+		t.Fatalf("after takeover %+v", el)
+	}
+	// The last leader leaves: no leader, no value left behind.
+	mustStatus(t, h.release("cand-2", key, lid(5), tok+1), command.StatusOK)
+	if el := h.s.GetElection("db/primary"); el.HasLeader || el.Value != "" {
+		t.Fatalf("empty election %+v", el)
+	}
+	if _, ok := h.s.locks.Get(&Lock{Name: key}); ok {
+		t.Fatal("empty election left in the table")
+	}
+}
+
+// etcd's Campaign by the current leader with a new value proclaims it; so
+// does dlock's (same token, new value, a proclaimed event).
+func TestRecampaignBySameSessionUpdatesValue(t *testing.T) {
+	h := newHarness(t)
+	key := command.ElectionKey("e")
+	mustStatus(t, h.session("c", lid(1), ttl), command.StatusOK)
+	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "old"}), command.StatusOK)
+	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "new"}), command.StatusOK)
+	if v := h.s.GetElection("e").Value; v != "new" {
+		t.Fatalf("re-campaign kept value %q, want %q", v, "new")
+	}
+}

@@ -117,9 +117,14 @@ func Restore(b []byte) (*State, error) {
 		m := Member{ID: r.String(), RaftAddr: r.String(), APIAddr: r.String()}
 		s.members[m.ID] = m
 	}
+	var prevID command.LeaseID
 	for n := r.Count(24); n > 0 && r.Err() == nil; n-- {
 		l := &Lease{Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
 		r.Fixed(l.ID[:])
+		if l.ID.IsZero() || (len(s.leases) > 0 && bytes.Compare(prevID[:], l.ID[:]) >= 0) {
+			return nil, errors.New("restore snapshot: lease ids are zero, repeated or out of order")
+		}
+		prevID = l.ID
 		l.ClientID = r.String()
 		l.TTLms = r.Varint()
 		l.Session = r.Bool()
@@ -129,8 +134,14 @@ func Restore(b []byte) (*State, error) {
 		l.CreatedAt = r.Varint()
 		s.leases[l.ID] = l
 	}
+	prevName := ""
+	tokens := map[uint64]bool{}
 	for n := r.Count(20); n > 0 && r.Err() == nil; n-- {
 		lk := &Lock{Name: r.String()}
+		if !command.ValidKey(lk.Name) || (s.locks.Len() > 0 && lk.Name <= prevName) {
+			return nil, fmt.Errorf("restore snapshot: lock name %q is invalid, repeated or out of order", lk.Name)
+		}
+		prevName = lk.Name
 		r.Fixed(lk.Holder[:])
 		lk.Token = r.Uvarint()
 		lk.GrantedAt = r.Varint()
@@ -150,17 +161,31 @@ func Restore(b []byte) (*State, error) {
 			}
 			lk.Queue = append(lk.Queue, wt)
 			l := s.leases[wt.LeaseID]
-			if l == nil {
-				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown lease", lk.Name)
+			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || len(wt.Value) > command.MaxValueLen {
+				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
+			}
+			if _, twice := l.Waits[lk.Name]; twice {
+				return nil, fmt.Errorf("restore snapshot: a lease waits twice for lock %q", lk.Name)
 			}
 			l.Waits[lk.Name] = wt.Seq
+		}
+		if len(lk.Value) > command.MaxValueLen {
+			return nil, fmt.Errorf("restore snapshot: lock %q has an oversized value", lk.Name)
 		}
 		if lk.Held() {
 			l := s.leases[lk.Holder]
 			if l == nil {
 				return nil, fmt.Errorf("restore snapshot: lock %q is held by an unknown lease", lk.Name)
 			}
+			if lk.Token == 0 || lk.Token > s.lastToken || tokens[lk.Token] {
+				return nil, fmt.Errorf("restore snapshot: lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
+			}
+			tokens[lk.Token] = true
 			l.Locks[lk.Name] = struct{}{}
+		} else if r.Err() == nil {
+			// A lock is in the table only while held; a free lock's queue
+			// would have been handed the lock.
+			return nil, fmt.Errorf("restore snapshot: lock %q is free but listed", lk.Name)
 		}
 		if r.Err() == nil {
 			s.locks.ReplaceOrInsert(lk)
@@ -172,6 +197,9 @@ func Restore(b []byte) (*State, error) {
 	}
 	for ; n > 0 && r.Err() == nil; n-- {
 		key := dedupKey{client: r.String(), request: r.String()}
+		if _, dup := s.dedup[key]; dup {
+			return nil, errors.New("restore snapshot: repeated dedup entry")
+		}
 		s.remember(key, command.DecodeResult(r))
 	}
 	if err := r.Err(); err != nil {
@@ -179,6 +207,12 @@ func Restore(b []byte) (*State, error) {
 	}
 	if r.Len() != 0 {
 		return nil, fmt.Errorf("restore snapshot: %d trailing bytes", r.Len())
+	}
+	for _, l := range s.leases {
+		// An implicit lease exists for exactly one lock: held or waited for.
+		if !l.Session && len(l.Locks)+len(l.Waits) != 1 {
+			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, len(l.Locks)+len(l.Waits))
+		}
 	}
 	return s, nil
 }

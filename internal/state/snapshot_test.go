@@ -246,9 +246,10 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"trailing garbage": append(append([]byte(nil), good...), "garbage"...),
 		"two snapshots":    append(append([]byte(nil), good...), good...),
 		"waiter of unknown lease": raw(func(r *rawSnap) {
-			r.locks[0].queue = append(r.locks[0].queue, rawWaiter{lease: lid(999), client: "x", seq: 1})
+			lk := lockAt(r, "jobs/a")
+			lk.queue = append(lk.queue, rawWaiter{lease: lid(999), client: "x", seq: 1})
 		}),
-		"holder unknown": raw(func(r *rawSnap) { r.locks[0].holder = lid(999) }),
+		"holder unknown": raw(func(r *rawSnap) { lockAt(r, "jobs/a").holder = lid(999) }),
 		"bad bool":       badBool(raw(func(r *rawSnap) { r.leases[0].client = "MARK" }), sampleState(t).leases[lid(1)].TTLms),
 		"huge lease count": func() []byte {
 			w := &wire.Writer{}
@@ -293,14 +294,15 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 // internally inconsistent; accepting them lets a replica continue from a state
 // the state machine could never reach.
 func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
-	// sampleState: leases 1 (session s1: holds jobs/a, jobs/b), 2 and 3 (wait
-	// on jobs/a), 4 (holds solo), 6 (session waiting on solo).
+	// sampleState: leases 1 (session s1: holds jobs/a, jobs/b and leads
+	// election db), 2 and 3 (wait on jobs/a), 4 (holds solo), 6 (session
+	// waiting on solo), 7 (campaigns for db).
 	cases := []struct {
 		name string
 		mod  func(r *rawSnap)
 	}{
 		{"duplicate lock name", func(r *rawSnap) {
-			dup := r.locks[2] // "solo", held by lease 4
+			dup := *lockAt(r, "solo") // held by lease 4
 			dup.token = r.lastToken
 			dup.queue = nil
 			dup.holder = lid(1)
@@ -308,22 +310,24 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 		}},
 		{"duplicate lease id", func(r *rawSnap) { r.leases = append(r.leases, r.leases[0]) }},
 		{"token above last token", func(r *rawSnap) { r.lastToken = 1 }},
-		{"two locks with one token", func(r *rawSnap) { r.locks[1].token = r.locks[0].token }},
+		{"two locks with one token", func(r *rawSnap) { lockAt(r, "jobs/b").token = lockAt(r, "jobs/a").token }},
 		{"free lock with queue", func(r *rawSnap) {
-			r.locks[2].holder = command.LeaseID{}
+			lockAt(r, "solo").holder = command.LeaseID{}
 			r.leases = removeLease(r.leases, lid(4))
 		}},
 		{"holder waits for its own lock", func(r *rawSnap) {
-			r.locks[0].queue = append(r.locks[0].queue, rawWaiter{lease: lid(1), client: "s1", seq: 3})
+			lk := lockAt(r, "jobs/a")
+			lk.queue = append(lk.queue, rawWaiter{lease: lid(1), client: "s1", seq: 3})
 		}},
-		{"lease waits twice in one queue", func(r *rawSnap) { r.locks[0].queue = append(r.locks[0].queue, r.locks[0].queue[0]) }},
-		{"waiter client differs from lease", func(r *rawSnap) { r.locks[0].queue[0].client = "mallory" }},
-		{"implicit lease holding two locks", func(r *rawSnap) { r.locks[1].holder = lid(4) }},
+		{"lease waits twice in one queue", func(r *rawSnap) { lk := lockAt(r, "jobs/a"); lk.queue = append(lk.queue, lk.queue[0]) }},
+		{"waiter client differs from lease", func(r *rawSnap) { lockAt(r, "jobs/a").queue[0].client = "mallory" }},
+		{"implicit lease holding two locks", func(r *rawSnap) { lockAt(r, "jobs/b").holder = lid(4) }},
 		{"implicit lease holding nothing", func(r *rawSnap) {
 			r.leases = append(r.leases, rawLease{id: lid(200), client: "ghost", ttl: 5000, active: true, gen: 1})
 			sortRawLeases(r.leases)
 		}},
-		{"non-canonical lock name", func(r *rawSnap) { r.locks[2].name = "/solo" }},
+		{"non-canonical lock name", func(r *rawSnap) { r.locks[len(r.locks)-1].name = "/solo" }},
+		{"value over the limit", func(r *rawSnap) { lockAt(r, "solo").value = strings.Repeat("v", command.MaxValueLen+1) }},
 		{"leases out of order", func(r *rawSnap) { r.leases[0], r.leases[1] = r.leases[1], r.leases[0] }},
 		{"locks out of order", func(r *rawSnap) { r.locks[0], r.locks[1] = r.locks[1], r.locks[0] }},
 		{"duplicate dedup key", func(r *rawSnap) { r.dedup = append(r.dedup, r.dedup[0]) }},
@@ -340,7 +344,7 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 		}
 	}
 	if len(accepted) > 0 {
-		t.Skipf("BUG (hardening): Restore accepts inconsistent snapshots: %s", strings.Join(accepted, "; "))
+		t.Fatalf("Restore accepts inconsistent snapshots: %s", strings.Join(accepted, "; "))
 	}
 }
 
@@ -355,6 +359,16 @@ func badBool(b []byte, ttl int64) []byte {
 	c := append([]byte(nil), b...)
 	c[i+len(mark)] = 5
 	return c
+}
+
+// lockAt finds a lock of a raw snapshot by name.
+func lockAt(r *rawSnap, name string) *rawLock {
+	for i := range r.locks {
+		if r.locks[i].name == name {
+			return &r.locks[i]
+		}
+	}
+	panic("no lock " + name)
 }
 
 func removeLease(ls []rawLease, id command.LeaseID) []rawLease {
@@ -381,7 +395,7 @@ func sortRawLeases(ls []rawLease) {
 // twice restores, and a later ordinary command panics every replica.
 func TestRestoreDuplicateLockNameThenApplyDoesNotPanic(t *testing.T) {
 	r := toRaw(sampleState(t))
-	dup := r.locks[2] // "solo", held by lease 4
+	dup := *lockAt(r, "solo") // held by lease 4
 	dup.holder, dup.queue, dup.token = lid(1), nil, r.lastToken+1
 	r.lastToken++
 	r.locks = append(r.locks, dup)
@@ -401,7 +415,7 @@ func TestRestoreDuplicateLockNameThenApplyDoesNotPanic(t *testing.T) {
 		}
 	})
 	if p != nil {
-		t.Skipf("BUG: Restore accepted a snapshot with lock %q twice; expiring its two holders then panics in Apply: %v", dup.name, p)
+		t.Fatalf("Restore accepted a snapshot with lock %q twice; expiring its two holders then panics in Apply: %v", dup.name, p)
 	}
 }
 

@@ -289,8 +289,9 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 	if !command.ValidKey(name) {
 		return invalid("bad lock name")
 	}
-	if len(b.Value) > command.MaxValueLen {
-		return invalid("value too long")
+	_, election := command.SplitKey(name)
+	if len(b.Value) > command.MaxValueLen || (b.Value != "" && !election) {
+		return invalid("value too long, or given for a lock (only elections carry values)")
 	}
 	if b.WaitMs < 0 || b.WaitMs > command.MaxWaitMs {
 		return invalid("wait_ms out of range")
@@ -315,6 +316,11 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
 		lease.RenewedAt = s.ts
 		s.touch(lease)
+		if election && lk.Value != b.Value {
+			// Campaigning again with a new value proclaims it, as in etcd.
+			lk.Value = b.Value
+			s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
+		}
 		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 			ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: lk.GrantSeq}
 	}
@@ -398,12 +404,14 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	lk.GrantSeq = seq
 	lk.Value = value
 	lease.Locks[lk.Name] = struct{}{}
+	s.changed = true
 	if !lease.Session {
-		// An implicit lease's TTL counts from its grant.
+		// An implicit lease's TTL counts from its grant. A session's does not
+		// change: a grant is not a keepalive.
 		lease.Active = true
 		lease.RenewedAt = s.ts
+		s.touch(lease)
 	}
-	s.touch(lease)
 	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
 }
 
@@ -461,8 +469,8 @@ func (s *State) release(e *command.Envelope, b *command.Release) command.Result 
 
 // proclaim replaces the value of an election's leader (holder proof as renew).
 func (s *State) proclaim(e *command.Envelope, b *command.Proclaim) command.Result {
-	if len(b.Value) > command.MaxValueLen {
-		return invalid("value too long")
+	if _, election := command.SplitKey(b.Name); !election || len(b.Value) > command.MaxValueLen {
+		return invalid("proclaim is for elections, with a value of at most 4 KiB")
 	}
 	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
 	if !ok {

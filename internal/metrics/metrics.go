@@ -1,0 +1,198 @@
+// Package metrics exposes one node's Prometheus metrics at /metrics: request
+// latencies by operation and outcome, state-machine events, the lock table's
+// size, watchers, and Raft's state, indexes, leader changes and forwarding —
+// plus hashicorp/raft's own timings (commit, snapshot, restore) bridged from
+// go-metrics.
+package metrics
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	gometrics "github.com/hashicorp/go-metrics"
+	gmprom "github.com/hashicorp/go-metrics/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// Source is what the metrics read on each scrape.
+type Source interface {
+	Status() raftnode.Status
+	Read(fn func(*state.State))
+	Watchers() int
+}
+
+// Metrics holds one node's collectors. It implements fsm.Observer (event
+// counters) and the service's Recorder (request latencies).
+type Metrics struct {
+	reg    *prometheus.Registry
+	ops    *prometheus.HistogramVec
+	events *prometheus.CounterVec
+}
+
+// raftSink bridges hashicorp/raft's go-metrics into one process-wide registry;
+// go-metrics has a single global sink per process.
+var (
+	raftOnce sync.Once
+	raftReg  = prometheus.NewRegistry()
+)
+
+func bridgeRaftMetrics(logger *slog.Logger) {
+	raftOnce.Do(func() {
+		sink, err := gmprom.NewPrometheusSinkFrom(gmprom.PrometheusOpts{Registerer: raftReg, Expiration: time.Minute})
+		if err != nil {
+			logger.Warn("raft metrics unavailable", "err", err)
+			return
+		}
+		cfg := gometrics.DefaultConfig("dlock")
+		cfg.EnableHostname = false
+		cfg.EnableRuntimeMetrics = false
+		if _, err := gometrics.NewGlobal(cfg, sink); err != nil {
+			logger.Warn("raft metrics unavailable", "err", err)
+		}
+	})
+}
+
+// New makes the collectors; Attach adds the ones that read the node. The split
+// lets the event counter observe the FSM from before Raft starts.
+func New(logger *slog.Logger) *Metrics {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	bridgeRaftMetrics(logger)
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.ops = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "dlock_request_duration_seconds",
+		Help:    "Time to answer a client request, by operation and outcome code (ok or the error code).",
+		Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op", "code"})
+	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dlock_events_total",
+		Help: "State changes applied on this node, by event type and kind (lock, election, session).",
+	}, []string{"type", "kind"})
+	m.reg.MustRegister(m.ops, m.events,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Attach adds the gauges read from the running node at scrape time.
+func (m *Metrics) Attach(src Source) { m.reg.MustRegister(&tableCollector{src: src}) }
+
+// Handler serves the node's metrics and Raft's.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, raftReg}, promhttp.HandlerOpts{})
+}
+
+// Op records one request's latency and outcome (service.Recorder).
+func (m *Metrics) Op(op string, d time.Duration, err error) {
+	code := "ok"
+	if err != nil {
+		var ae *apierror.Error
+		if errors.As(err, &ae) {
+			code = string(ae.Code)
+		} else {
+			code = string(apierror.Internal)
+		}
+	}
+	m.ops.WithLabelValues(op, code).Observe(d.Seconds())
+}
+
+// Applied counts public events (fsm.Observer).
+func (m *Metrics) Applied(_ uint64, events []state.Event) {
+	for i := range events {
+		e := &events[i]
+		if !e.Type.Public() {
+			continue
+		}
+		kind := "lock"
+		switch {
+		case e.Type == state.EventSessionCreated || e.Type == state.EventSessionExpired || e.Type == state.EventSessionDeleted:
+			kind = "session"
+		default:
+			if _, election := command.SplitKey(e.Name); election {
+				kind = "election"
+			}
+		}
+		m.events.WithLabelValues(e.Type.String(), kind).Inc()
+	}
+}
+
+// Restored is a no-op: gauges are read from the state at scrape time.
+func (m *Metrics) Restored(*state.State) {}
+
+// tableCollector reads gauges at scrape time, so they can never drift from
+// the state they describe.
+type tableCollector struct{ src Source }
+
+var (
+	descRaftState     = prometheus.NewDesc("dlock_raft_state", "1 for this node's current Raft state.", []string{"state"}, nil)
+	descTerm          = prometheus.NewDesc("dlock_raft_term", "Current Raft term.", nil, nil)
+	descCommit        = prometheus.NewDesc("dlock_raft_commit_index", "Raft commit index known to this node.", nil, nil)
+	descApplied       = prometheus.NewDesc("dlock_raft_applied_index", "Last log index applied to this node's state machine.", nil, nil)
+	descLastContact   = prometheus.NewDesc("dlock_raft_last_contact_seconds", "Time since this follower last heard from the leader (0 on the leader).", nil, nil)
+	descLeaderChanges = prometheus.NewDesc("dlock_raft_leadership_changes_total", "Times this node gained or lost leadership.", nil, nil)
+	descForwarded     = prometheus.NewDesc("dlock_forwarded_requests_total", "Writes this node forwarded to the leader.", nil, nil)
+	descHasLeader     = prometheus.NewDesc("dlock_raft_has_leader", "1 if this node knows a leader.", nil, nil)
+	descLocks         = prometheus.NewDesc("dlock_locks_held", "Locks and election seats currently held.", nil, nil)
+	descWaiters       = prometheus.NewDesc("dlock_waiters", "Acquires and campaigns waiting in queues.", nil, nil)
+	descLeases        = prometheus.NewDesc("dlock_leases", "Live leases (implicit and sessions).", nil, nil)
+	descSessions      = prometheus.NewDesc("dlock_sessions", "Live sessions.", nil, nil)
+	descWatchers      = prometheus.NewDesc("dlock_watchers", "Open watch streams on this node.", nil, nil)
+	descRevision      = prometheus.NewDesc("dlock_revision", "State revision applied on this node.", nil, nil)
+	descToken         = prometheus.NewDesc("dlock_fencing_token_last", "Last fencing token granted.", nil, nil)
+)
+
+func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommit, descApplied, descLastContact, descLeaderChanges,
+		descForwarded, descHasLeader, descLocks, descWaiters, descLeases, descSessions, descWatchers, descRevision, descToken} {
+		ch <- d
+	}
+}
+
+func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src.Status()
+	for _, s := range []string{"Follower", "Candidate", "Leader", "Shutdown"} {
+		v := 0.0
+		if st.State == s {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, s)
+	}
+	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	gauge(descTerm, float64(st.Term))
+	gauge(descCommit, float64(st.CommitIndex))
+	gauge(descApplied, float64(st.AppliedIndex))
+	contact := st.LastContact.Seconds()
+	if st.State == "Leader" {
+		contact = 0
+	}
+	gauge(descLastContact, contact)
+	counter(descLeaderChanges, float64(st.LeaderChanges))
+	counter(descForwarded, float64(st.Forwarded))
+	has := 0.0
+	if st.LeaderID != "" {
+		has = 1
+	}
+	gauge(descHasLeader, has)
+	var counts state.Counts
+	c.src.Read(func(s *state.State) { counts = s.Counts() })
+	gauge(descLocks, float64(counts.Held))
+	gauge(descWaiters, float64(counts.Waiters))
+	gauge(descLeases, float64(counts.Leases))
+	gauge(descSessions, float64(counts.Sessions))
+	gauge(descWatchers, float64(c.src.Watchers()))
+	gauge(descRevision, float64(st.Revision))
+	gauge(descToken, float64(st.LastToken))
+}
