@@ -95,6 +95,8 @@ func runServe(args []string) error {
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "Raft (and node-to-node forwarding) listen address")
 	raftAdvertise := fs.String("raft-advertise", "", "Raft address peers should dial (default: --raft-addr)")
 	initial := fs.String("initial-cluster", "", "first start only: every initial member as id=raft-host:port, comma-separated (must include this node)")
+	join := fs.String("join", "", "join an existing cluster through any member's API URL (comma-separated list allowed), instead of --initial-cluster")
+	leave := fs.Bool("leave-on-shutdown", false, "on SIGINT/SIGTERM, remove this node from the cluster before stopping (for scale-down, not restarts)")
 	rf.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
@@ -114,6 +116,20 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	var joinURLs []string
+	if *join != "" {
+		if len(cluster) > 0 {
+			return fmt.Errorf("give --initial-cluster (to form a new cluster) or --join (to join one), not both")
+		}
+		for u := range strings.SplitSeq(*join, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				if !strings.Contains(u, "://") {
+					u = "http://" + u
+				}
+				joinURLs = append(joinURLs, u)
+			}
+		}
+	}
 	logger, err := newLogger(rf.logLevel, rf.logFormat)
 	if err != nil {
 		return err
@@ -123,7 +139,8 @@ func runServe(args []string) error {
 	if err := rf.apply(&rc); err != nil {
 		return err
 	}
-	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, MaxBodyBytes: rf.maxBody, Logger: logger})
+	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, MaxBodyBytes: rf.maxBody, Logger: logger,
+		Join: joinURLs, LeaveOnShutdown: *leave})
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,9 @@ type Service interface {
 	RenewElection(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
 	Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error)
 	Observe(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error)
+	AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error)
+	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
+	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
 	Healthy() error
 	Ready() error
 }
@@ -166,8 +169,8 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		a.watch(w, r)
 		return
 	}
-	if p == apiPrefix+"/cluster" {
-		a.cluster(w, r)
+	if rest, ok := cutSegments(p, clusterPrefix); ok {
+		a.clusterRoutes(w, r, rest)
 		return
 	}
 	a.notFound(w, r)

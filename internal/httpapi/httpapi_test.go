@@ -155,6 +155,18 @@ func (f *fakeService) RenewElection(ctx context.Context, req service.RenewReques
 	return answer(ctx, f, "RenewElection", req, &service.RenewResponse{Renewed: true, ExpiresAt: t1, TTLms: 30000, Revision: 22})
 }
 
+func (f *fakeService) AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error) {
+	return answer(ctx, f, "AddMember", req, &service.ClusterInfo{NodeID: "n1"})
+}
+
+func (f *fakeService) RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error) {
+	return answer(ctx, f, "RemoveMember", id, &service.ClusterInfo{NodeID: "n1"})
+}
+
+func (f *fakeService) TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error) {
+	return answer(ctx, f, "TransferLeadership", req, &service.ClusterInfo{NodeID: "n1"})
+}
+
 // Streams need a real hub; the fake refuses them (the cluster tests cover them).
 func (f *fakeService) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
 	_, err := answer[service.Watcher](ctx, f, "Watch", req, nil)

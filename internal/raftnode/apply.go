@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -233,6 +234,12 @@ func (n *Node) forwardHandler() http.Handler {
 		wr.Uvarint(resp.Index)
 		command.EncodeResult(wr, &resp.Result)
 		_, _ = w.Write(wr.Buf)
+	})
+	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(r.ID, r.RaftAddr) }))
+	mux.HandleFunc("POST /forward/remove", n.serveMember(func(r memberRequest) error { return n.removeLocal(context.Background(), r.ID) }))
+	mux.HandleFunc("POST /forward/transfer", n.serveMember(func(r memberRequest) error { return n.TransferLeadership(context.Background(), r.ID) }))
+	mux.HandleFunc("POST /forward/status", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": n.cfg.ID, "applied": n.fsm.AppliedIndex(), "state": n.raft.State().String()})
 	})
 	mux.HandleFunc("POST /forward/readindex", func(w http.ResponseWriter, r *http.Request) {
 		idx, err := n.readIndexLocal()

@@ -293,8 +293,9 @@ func (n *Node) followLeadership() {
 		if now {
 			var tctx context.Context
 			tctx, termCancel = context.WithCancel(n.ctx)
-			n.wg.Add(1)
+			n.wg.Add(2)
 			go func() { defer n.wg.Done(); n.becomeReady(tctx) }()
+			go func() { defer n.wg.Done(); n.runPromoter(tctx) }()
 		} else {
 			if termCancel != nil {
 				termCancel()

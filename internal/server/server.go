@@ -4,12 +4,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/dlock/dlock/internal/httpapi"
@@ -27,6 +31,11 @@ type Config struct {
 	APIAddr string
 	// MaxBodyBytes bounds request bodies (default 64 KiB).
 	MaxBodyBytes int64
+	// Join lists API URLs of existing members; a node given Join (and no
+	// initial cluster) asks them to add it, retrying until it is a member.
+	Join []string
+	// LeaveOnShutdown removes the node from the cluster on graceful shutdown.
+	LeaveOnShutdown bool
 	// WatchHistory is how many events each node keeps for watches that resume
 	// from a revision; WatchBuffer how many a watcher may fall behind.
 	WatchHistory, WatchBuffer int
@@ -41,6 +50,9 @@ type Server struct {
 	ln      net.Listener
 	done    chan struct{}
 	logger  *slog.Logger
+	cfg     Config
+	stop    context.CancelFunc
+	joined  chan struct{}
 }
 
 // Start opens the node and begins serving the API.
@@ -70,7 +82,8 @@ func Start(cfg Config) (*Server, error) {
 	svc := service.New(node, hub, cfg.Logger)
 	svc.SetRecorder(mtr)
 	mtr.Attach(metricsSource{node, hub})
-	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID)}
+	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
+		cfg: cfg, joined: make(chan struct{})}
 	s.http = &http.Server{
 		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler()}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -83,8 +96,60 @@ func Start(cfg Config) (*Server, error) {
 			s.logger.Error("API server stopped", "err", err)
 		}
 	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	if len(cfg.Join) > 0 {
+		go s.join(ctx, rc.ID, rc.RaftAdvertise)
+	} else {
+		close(s.joined)
+	}
 	return s, nil
 }
+
+// join asks the listed members to add this node, until one succeeds or the
+// server stops. Joining an existing member again is a no-op, so a restarted
+// node may keep its --join flag.
+func (s *Server) join(ctx context.Context, id, raftAddr string) {
+	defer close(s.joined)
+	if raftAddr == "" {
+		raftAddr = s.cfg.Raft.RaftAddr
+	}
+	body, _ := json.Marshal(service.MemberRequest{ID: id, RaftAddr: raftAddr})
+	client := &http.Client{Timeout: 30 * time.Second}
+	backoff := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		for _, base := range s.cfg.Join {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/api/v1/cluster/members", bytes.NewReader(body))
+			if err != nil {
+				s.logger.Error("bad --join URL", "url", base, "err", err)
+				continue
+			}
+			req.Header.Set("Content-Type", "application/json")
+			res, err := client.Do(req)
+			if err == nil {
+				msg, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+				res.Body.Close()
+				if res.StatusCode == http.StatusOK {
+					s.logger.Info("joined the cluster", "via", base)
+					return
+				}
+				err = fmt.Errorf("status %d: %s", res.StatusCode, bytes.TrimSpace(msg))
+			}
+			if attempt%10 == 0 {
+				s.logger.Warn("join attempt failed; retrying", "via", base, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// Joined is closed once a --join has succeeded (at once without --join).
+func (s *Server) Joined() <-chan struct{} { return s.joined }
 
 // APIAddr is the address the API listens on.
 func (s *Server) APIAddr() string { return s.ln.Addr().String() }
@@ -92,6 +157,16 @@ func (s *Server) APIAddr() string { return s.ln.Addr().String() }
 // Shutdown stops accepting requests, lets open ones finish until ctx ends,
 // then stops the node.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.stop()
+	if s.cfg.LeaveOnShutdown {
+		if err := s.Node.Leave(ctx); err != nil {
+			s.logger.Warn("could not leave the cluster cleanly; remove this node by hand", "err", err)
+		}
+	} else {
+		// A planned stop of the leader hands leadership on first, so clients
+		// see no election timeout.
+		s.Node.HandOffLeadership()
+	}
 	s.Service.Close()
 	herr := s.http.Shutdown(ctx)
 	if herr != nil {
@@ -105,6 +180,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Kill stops the node abruptly, as a crash would (tests): open connections are
 // cut and Raft stops without a graceful hand-over.
 func (s *Server) Kill() {
+	s.stop()
 	// Raft first: a crashed node commits nothing more, not even the clean-up of
 	// the requests its dying connections abandon.
 	_ = s.Node.Shutdown()

@@ -28,6 +28,9 @@ type Node interface {
 	Status() raftnode.Status
 	Ready() error
 	Healthy() error
+	Join(ctx context.Context, id, raftAddr string) error
+	Remove(ctx context.Context, id string) error
+	TransferLeadership(ctx context.Context, id string) error
 }
 
 // Service implements the lock, session, election, watch and cluster calls.

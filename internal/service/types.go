@@ -250,3 +250,15 @@ type WatchEvent struct {
 	Value        string    `json:"value,omitempty"`
 	At           time.Time `json:"at"`
 }
+
+// MemberRequest adds a node to the cluster (it joins as a non-voter and is
+// promoted once caught up).
+type MemberRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+}
+
+// TransferRequest hands leadership to ID, or to the best voter when empty.
+type TransferRequest struct {
+	ID string `json:"id,omitempty"`
+}

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,11 @@ type Cluster struct {
 	// Client is the HTTP client tests use.
 	Client *http.Client
 	opts   Options
+	// joiners started with --join instead of the initial cluster.
+	joiners map[string]bool
+	// mu guards the maps and ids: tests read them from client goroutines
+	// while the cluster changes.
+	mu sync.Mutex
 }
 
 // FreePort returns a loopback address with a port that was free a moment ago.
@@ -81,7 +87,7 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	// Let every node register its API address, so tests start from a quiet log.
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		st := c.servers[leader].Node.Status()
+		st := c.Server(leader).Node.Status()
 		registered := 0
 		for _, m := range st.Servers {
 			if m.APIAddr != "" {
@@ -97,13 +103,27 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 }
 
 // IDs lists the node ids.
-func (c *Cluster) IDs() []string { return c.ids }
+func (c *Cluster) IDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.ids...)
+}
 
 // Start starts (or restarts from its data dir) one node.
 func (c *Cluster) Start(id string) {
 	c.t.Helper()
-	rc := raftnode.Config{ID: id, DataDir: filepath.Join(c.dir, id), RaftAddr: c.raft[id], InitialCluster: c.raft,
+	c.mu.Lock()
+	rc := raftnode.Config{ID: id, DataDir: filepath.Join(c.dir, id), RaftAddr: c.raft[id], InitialCluster: c.initial(),
 		RaftLogLevel: raftLevel(), Logger: c.logger}
+	var join []string
+	if c.joiners[id] {
+		rc.InitialCluster = nil
+		for _, other := range c.runningLocked() {
+			join = append(join, "http://"+c.api[other])
+		}
+	}
+	apiAddr := c.api[id]
+	c.mu.Unlock()
 	if c.Tune != nil {
 		c.Tune(&rc)
 	}
@@ -111,7 +131,7 @@ func (c *Cluster) Start(id string) {
 	var err error
 	// A just-freed port can linger briefly; retry a few times.
 	for try := 0; try < 50; try++ {
-		s, err = server.Start(server.Config{Raft: rc, APIAddr: c.api[id], Logger: c.logger, WatchHistory: c.opts.WatchHistory})
+		s, err = server.Start(server.Config{Raft: rc, APIAddr: apiAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join})
 		if err == nil {
 			break
 		}
@@ -120,32 +140,79 @@ func (c *Cluster) Start(id string) {
 	if err != nil {
 		c.t.Fatalf("start %s: %v", id, err)
 	}
+	c.mu.Lock()
 	c.servers[id] = s
+	c.mu.Unlock()
+}
+
+// initial is the bootstrap configuration: the nodes created by New.
+func (c *Cluster) initial() map[string]string {
+	m := map[string]string{}
+	for id, addr := range c.raft {
+		if !c.joiners[id] {
+			m[id] = addr
+		}
+	}
+	return m
+}
+
+// Join starts a new node that joins the running cluster through its API (as
+// `dlock serve --join` does) and returns its id.
+func (c *Cluster) Join() string {
+	c.t.Helper()
+	c.mu.Lock()
+	if c.joiners == nil {
+		c.joiners = map[string]bool{}
+	}
+	id := fmt.Sprintf("n%d", len(c.ids)+1)
+	c.ids = append(c.ids, id)
+	c.raft[id] = FreePort(c.t)
+	c.api[id] = FreePort(c.t)
+	c.joiners[id] = true
+	c.mu.Unlock()
+	c.Start(id)
+	return id
 }
 
 // Kill stops a node abruptly (no graceful hand-over), keeping its data dir.
 func (c *Cluster) Kill(id string) {
-	if s := c.servers[id]; s != nil {
+	c.mu.Lock()
+	s := c.servers[id]
+	delete(c.servers, id)
+	c.mu.Unlock()
+	if s != nil {
 		s.Kill()
-		delete(c.servers, id)
 	}
 }
 
 // Stop shuts every running node down.
 func (c *Cluster) Stop() {
-	for id, s := range c.servers {
+	c.mu.Lock()
+	servers := c.servers
+	c.servers = map[string]*server.Server{}
+	c.mu.Unlock()
+	for _, s := range servers {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = s.Shutdown(ctx)
 		cancel()
-		delete(c.servers, id)
 	}
 }
 
 // Server returns a running node.
-func (c *Cluster) Server(id string) *server.Server { return c.servers[id] }
+func (c *Cluster) Server(id string) *server.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.servers[id]
+}
 
 // Running lists running node ids.
 func (c *Cluster) Running() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.runningLocked()
+}
+
+func (c *Cluster) runningLocked() []string {
 	var out []string
 	for _, id := range c.ids {
 		if c.servers[id] != nil {
@@ -156,14 +223,24 @@ func (c *Cluster) Running() []string {
 }
 
 // URL is a node's API base URL.
-func (c *Cluster) URL(id string) string { return "http://" + c.api[id] }
+func (c *Cluster) URL(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return "http://" + c.api[id]
+}
 
 // WaitLeader waits until some running node is the ready leader and returns it.
 func (c *Cluster) WaitLeader(timeout time.Duration) string {
 	c.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		servers := make(map[string]*server.Server, len(c.servers))
 		for id, s := range c.servers {
+			servers[id] = s
+		}
+		c.mu.Unlock()
+		for id, s := range servers {
 			if s.Node.IsLeader() {
 				return id
 			}

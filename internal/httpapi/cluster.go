@@ -1,0 +1,87 @@
+package httpapi
+
+import (
+	"net/http"
+	"net/url"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+)
+
+const clusterPrefix = apiPrefix + "/cluster"
+
+// clusterRoutes serves /api/v1/cluster, /cluster/members[/{id}] and
+// /cluster/leadership-transfer.
+func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string) {
+	switch {
+	case rest == "":
+		a.cluster(w, r)
+	case rest == "/members":
+		if r.Method != http.MethodPost {
+			a.methodNotAllowed(w, r, allowPost)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		var req service.MemberRequest
+		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		info, err := a.svc.AddMember(r.Context(), req)
+		reply(a, w, r, http.StatusOK, info, err)
+	case rest == "/leadership-transfer":
+		if r.Method != http.MethodPost {
+			a.methodNotAllowed(w, r, allowPost)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		var req service.TransferRequest
+		if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		info, err := a.svc.TransferLeadership(r.Context(), req)
+		reply(a, w, r, http.StatusOK, info, err)
+	default:
+		id, ok := cutMember(rest)
+		if !ok {
+			a.notFound(w, r)
+			return
+		}
+		if r.Method != http.MethodDelete {
+			a.methodNotAllowed(w, r, allowDelete)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		raw, err := url.PathUnescape(id)
+		if err != nil || raw == "" {
+			a.writeError(w, r, apierror.New(apierror.InvalidArgument, "member id in the path is empty or badly escaped"))
+			return
+		}
+		info, err := a.svc.RemoveMember(r.Context(), raw)
+		reply(a, w, r, http.StatusOK, info, err)
+	}
+}
+
+func cutMember(rest string) (string, bool) {
+	const p = "/members/"
+	if len(rest) <= len(p) || rest[:len(p)] != p {
+		return "", false
+	}
+	id := rest[len(p):]
+	for i := 0; i < len(id); i++ {
+		if id[i] == '/' {
+			return "", false
+		}
+	}
+	return id, true
+}

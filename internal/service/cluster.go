@@ -1,0 +1,39 @@
+package service
+
+import "context"
+
+// AddMember adds a node to the cluster through the leader.
+func (s *Service) AddMember(ctx context.Context, req MemberRequest) (*ClusterInfo, error) {
+	if err := checkID("id", req.ID, true); err != nil {
+		return nil, err
+	}
+	if req.RaftAddr == "" {
+		return nil, invalid("raft_addr is required (the new node's --raft-advertise address)")
+	}
+	if err := s.node.Join(ctx, req.ID, req.RaftAddr); err != nil {
+		return nil, err
+	}
+	return s.Cluster(ctx)
+}
+
+// RemoveMember removes a node through the leader, refusing to lose quorum.
+func (s *Service) RemoveMember(ctx context.Context, id string) (*ClusterInfo, error) {
+	if err := checkID("id", id, true); err != nil {
+		return nil, err
+	}
+	if err := s.node.Remove(ctx, id); err != nil {
+		return nil, err
+	}
+	return s.Cluster(ctx)
+}
+
+// TransferLeadership hands leadership to another voter.
+func (s *Service) TransferLeadership(ctx context.Context, req TransferRequest) (*ClusterInfo, error) {
+	if err := checkID("id", req.ID, false); err != nil {
+		return nil, err
+	}
+	if err := s.node.TransferLeadership(ctx, req.ID); err != nil {
+		return nil, err
+	}
+	return s.Cluster(ctx)
+}
