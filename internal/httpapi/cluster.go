@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
@@ -32,6 +33,25 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 		}
 		info, err := a.svc.AddMember(r.Context(), req)
 		reply(a, w, r, http.StatusOK, info, err)
+	case rest == "/snapshot":
+		if !isGet(r) {
+			a.methodNotAllowed(w, r, allowGet)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		b, rev, err := a.svc.Snapshot(r.Context())
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Dlock-Revision", strconv.FormatUint(rev, 10))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b)
 	case rest == "/leadership-transfer":
 		if r.Method != http.MethodPost {
 			a.methodNotAllowed(w, r, allowPost)

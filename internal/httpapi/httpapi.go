@@ -37,6 +37,7 @@ type Service interface {
 	AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error)
 	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
+	Snapshot(ctx context.Context) ([]byte, uint64, error)
 	Healthy() error
 	Ready() error
 }

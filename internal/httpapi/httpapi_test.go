@@ -167,6 +167,11 @@ func (f *fakeService) TransferLeadership(ctx context.Context, req service.Transf
 	return answer(ctx, f, "TransferLeadership", req, &service.ClusterInfo{NodeID: "n1"})
 }
 
+func (f *fakeService) Snapshot(ctx context.Context) ([]byte, uint64, error) {
+	_, err := answer[service.ClusterInfo](ctx, f, "Snapshot", nil, nil)
+	return []byte("DLSNAP"), 23, err
+}
+
 // Streams need a real hub; the fake refuses them (the cluster tests cover them).
 func (f *fakeService) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
 	_, err := answer[service.Watcher](ctx, f, "Watch", req, nil)

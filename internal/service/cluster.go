@@ -1,6 +1,10 @@
 package service
 
-import "context"
+import (
+	"context"
+
+	"github.com/dlock/dlock/internal/state"
+)
 
 // AddMember adds a node to the cluster through the leader.
 func (s *Service) AddMember(ctx context.Context, req MemberRequest) (*ClusterInfo, error) {
@@ -36,4 +40,16 @@ func (s *Service) TransferLeadership(ctx context.Context, req TransferRequest) (
 		return nil, err
 	}
 	return s.Cluster(ctx)
+}
+
+// Snapshot returns a consistent copy of the whole replicated state, as of a
+// linearizable read, in the snapshot format (for `dlock snapshot save`).
+func (s *Service) Snapshot(ctx context.Context) ([]byte, uint64, error) {
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		return nil, 0, err
+	}
+	var b []byte
+	var rev uint64
+	s.fsm.Read(func(st *state.State) { b, rev = st.Snapshot(), st.Revision() })
+	return b, rev, nil
 }

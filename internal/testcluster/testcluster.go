@@ -29,6 +29,7 @@ type Cluster struct {
 	ids     []string
 	raft    map[string]string
 	api     map[string]string
+	grpc    map[string]string
 	servers map[string]*server.Server
 	logger  *slog.Logger
 	// Tune adjusts each node's raft config before start.
@@ -58,6 +59,9 @@ func FreePort(t testing.TB) string {
 type Options struct {
 	// WatchHistory is each node's kept event count (0: the default).
 	WatchHistory int
+	// Prepare runs before a node's first start with its data dir and the
+	// cluster's raft addresses (to seed it, e.g. from a snapshot).
+	Prepare func(id, dataDir string, raftAddrs map[string]string)
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -66,7 +70,7 @@ func New(t testing.TB, n int) *Cluster { return NewWith(t, n, Options{}) }
 // NewWith is New with options.
 func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, opts: opts, dir: t.TempDir(), raft: map[string]string{}, api: map[string]string{}, servers: map[string]*server.Server{},
+	c := &Cluster{t: t, opts: opts, dir: t.TempDir(), raft: map[string]string{}, api: map[string]string{}, grpc: map[string]string{}, servers: map[string]*server.Server{},
 		Client: &http.Client{Timeout: 60 * time.Second}}
 	level := slog.LevelWarn
 	if os.Getenv("DLOCK_TEST_LOG") != "" {
@@ -78,8 +82,12 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 		c.ids = append(c.ids, id)
 		c.raft[id] = FreePort(t)
 		c.api[id] = FreePort(t)
+		c.grpc[id] = FreePort(t)
 	}
 	for _, id := range c.ids {
+		if opts.Prepare != nil {
+			opts.Prepare(id, c.DataDir(id), c.raft)
+		}
 		c.Start(id)
 	}
 	t.Cleanup(c.Stop)
@@ -122,7 +130,7 @@ func (c *Cluster) Start(id string) {
 			join = append(join, "http://"+c.api[other])
 		}
 	}
-	apiAddr := c.api[id]
+	apiAddr, grpcAddr := c.api[id], c.grpc[id]
 	c.mu.Unlock()
 	if c.Tune != nil {
 		c.Tune(&rc)
@@ -131,7 +139,7 @@ func (c *Cluster) Start(id string) {
 	var err error
 	// A just-freed port can linger briefly; retry a few times.
 	for try := 0; try < 50; try++ {
-		s, err = server.Start(server.Config{Raft: rc, APIAddr: apiAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join})
+		s, err = server.Start(server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join})
 		if err == nil {
 			break
 		}
@@ -143,6 +151,16 @@ func (c *Cluster) Start(id string) {
 	c.mu.Lock()
 	c.servers[id] = s
 	c.mu.Unlock()
+}
+
+// DataDir is a node's data directory.
+func (c *Cluster) DataDir(id string) string { return filepath.Join(c.dir, id) }
+
+// RaftAddr is a node's raft address.
+func (c *Cluster) RaftAddr(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.raft[id]
 }
 
 // initial is the bootstrap configuration: the nodes created by New.
@@ -168,6 +186,7 @@ func (c *Cluster) Join() string {
 	c.ids = append(c.ids, id)
 	c.raft[id] = FreePort(c.t)
 	c.api[id] = FreePort(c.t)
+	c.grpc[id] = FreePort(c.t)
 	c.joiners[id] = true
 	c.mu.Unlock()
 	c.Start(id)
@@ -203,6 +222,13 @@ func (c *Cluster) Server(id string) *server.Server {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.servers[id]
+}
+
+// GRPCAddr is a node's gRPC address (host:port).
+func (c *Cluster) GRPCAddr(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.grpc[id]
 }
 
 // Running lists running node ids.
