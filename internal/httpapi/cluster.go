@@ -6,7 +6,6 @@ import (
 	"strconv"
 
 	"github.com/dlock/dlock/internal/apierror"
-	"github.com/dlock/dlock/internal/service"
 )
 
 const clusterPrefix = apiPrefix + "/cluster"
@@ -26,13 +25,7 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 			a.writeError(w, r, aerr)
 			return
 		}
-		var req service.MemberRequest
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		info, err := a.svc.AddMember(r.Context(), req)
-		reply(a, w, r, http.StatusOK, info, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, nil, a.svc.AddMember)
 	case rest == "/snapshot":
 		if !isGet(r) {
 			a.methodNotAllowed(w, r, allowGet)
@@ -61,13 +54,7 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 			a.writeError(w, r, aerr)
 			return
 		}
-		var req service.TransferRequest
-		if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		info, err := a.svc.TransferLeadership(r.Context(), req)
-		reply(a, w, r, http.StatusOK, info, err)
+		decodeAndCall(a, w, r, http.StatusOK, false, nil, a.svc.TransferLeadership)
 	default:
 		id, ok := cutMember(rest)
 		if !ok {

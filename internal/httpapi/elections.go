@@ -1,8 +1,8 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
-	"strings"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
@@ -57,25 +57,8 @@ func (a *api) election(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string) {
-	namePart, action := "", rest
-	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
-		namePart, action = rest[:i], rest[i+1:]
-	}
-	switch action {
-	case actionCampaign, actionProclaim, actionResign, actionRenew:
-	default:
-		a.writeError(w, r, apierror.New(apierror.NotFound,
-			"unknown election action %q; POST to %s/{name}/%s, /%s, /%s or /%s",
-			action, electionsPrefix, actionCampaign, actionProclaim, actionRenew, actionResign))
-		return
-	}
-	name, aerr := lockName(namePart)
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	if _, aerr := parseQuery(r); aerr != nil {
-		a.writeError(w, r, aerr)
+	name, action, ok := a.splitAction(w, r, rest, "election", electionsPrefix, actionCampaign, actionProclaim, actionRenew, actionResign)
+	if !ok {
 		return
 	}
 	switch action {
@@ -87,41 +70,21 @@ func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string
 		}
 		req.Name = name
 		resp, err := a.svc.Campaign(r.Context(), req)
-		if err != nil && resp != nil {
-			if c := apierror.CodeOf(err); c == apierror.LockHeld || c == apierror.WaitTimeout {
-				e := apierror.From(err)
-				writeJSON(w, apierror.HTTPStatus(e.Code), campaignConflict{Leader: false, Error: errorBody{Code: e.Code, Message: e.Message}, Current: resp.Current})
-				return
-			}
+		if isConflict(err) && resp != nil {
+			e := apierror.From(err)
+			writeJSON(w, apierror.HTTPStatus(e.Code), campaignConflict{Leader: false, Error: errorBody{Code: e.Code, Message: e.Message}, Current: resp.Current})
+			return
 		}
 		reply(a, w, r, http.StatusOK, resp, err)
 	case actionProclaim:
-		var req service.ProclaimRequest
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		req.Name = name
-		resp, err := a.svc.Proclaim(r.Context(), req)
-		reply(a, w, r, http.StatusOK, resp, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ProclaimRequest) { q.Name = name }, a.svc.Proclaim)
 	case actionRenew:
-		var req electionRenew
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		resp, err := a.svc.RenewElection(r.Context(), service.RenewRequest{Name: name, ClientID: req.CandidateID,
-			FencingToken: req.FencingToken, LeaseID: req.LeaseID, TTLms: req.TTLms, RequestID: req.RequestID})
-		reply(a, w, r, http.StatusOK, resp, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, nil, func(ctx context.Context, q electionRenew) (*service.RenewResponse, error) {
+			return a.svc.RenewElection(ctx, service.RenewRequest{Name: name, ClientID: q.CandidateID,
+				FencingToken: q.FencingToken, LeaseID: q.LeaseID, TTLms: q.TTLms, RequestID: q.RequestID})
+		})
 	case actionResign:
-		var req service.ResignRequest
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		req.Name = name
-		resp, err := a.svc.Resign(r.Context(), req)
-		reply(a, w, r, http.StatusOK, resp, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ResignRequest) { q.Name = name }, a.svc.Resign)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -260,66 +261,78 @@ func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
-	namePart, action := "", rest
-	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
-		namePart, action = rest[:i], rest[i+1:]
-	}
-	switch action {
-	case actionAcquire, actionRelease, actionRenew:
-	default:
-		a.writeError(w, r, apierror.New(apierror.NotFound,
-			"unknown lock action %q; POST to %s/{name}/%s, /%s or /%s",
-			action, locksPrefix, actionAcquire, actionRelease, actionRenew))
+	name, action, ok := a.splitAction(w, r, rest, "lock", locksPrefix, actionAcquire, actionRelease, actionRenew)
+	if !ok {
 		return
 	}
-	name, aerr := lockName(namePart)
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	if _, aerr := parseQuery(r); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-
 	switch action {
 	case actionAcquire:
+		// r.Context() is cancelled when the client hangs up, which is how a
+		// waiting acquirer withdraws from the queue (DESIGN §5); no timeout is
+		// added here because the wait bound is the service's.
 		var req service.AcquireRequest
 		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
 			a.writeError(w, r, aerr)
 			return
 		}
 		req.Name = name
-		// r.Context() is cancelled when the client hangs up, which is how a
-		// waiting acquirer withdraws from the queue (DESIGN §5); no timeout is
-		// added here because the wait bound is the service's.
 		resp, err := a.svc.Acquire(r.Context(), req)
-		if err != nil && resp != nil {
-			if c := apierror.CodeOf(err); c == apierror.LockHeld || c == apierror.WaitTimeout {
-				a.writeAcquireConflict(w, r, resp, apierror.From(err))
-				return
-			}
+		if isConflict(err) && resp != nil {
+			a.writeAcquireConflict(w, r, resp, apierror.From(err))
+			return
 		}
 		reply(a, w, r, http.StatusOK, resp, err)
 	case actionRelease:
-		var req service.ReleaseRequest
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		req.Name = name
-		resp, err := a.svc.Release(r.Context(), req)
-		reply(a, w, r, http.StatusOK, resp, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ReleaseRequest) { q.Name = name }, a.svc.Release)
 	case actionRenew:
-		var req service.RenewRequest
-		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		req.Name = name
-		resp, err := a.svc.Renew(r.Context(), req)
-		reply(a, w, r, http.StatusOK, resp, err)
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RenewRequest) { q.Name = name }, a.svc.Renew)
 	}
+}
+
+// splitAction parses "{name}/{action}" for POST under prefix, refusing an
+// unknown action (404), a bad name (400) or any query parameter (400).
+func (a *api) splitAction(w http.ResponseWriter, r *http.Request, rest, kind, prefix string, actions ...string) (string, string, bool) {
+	namePart, action := "", rest
+	if i := strings.LastIndexByte(rest, '/'); i >= 0 {
+		namePart, action = rest[:i], rest[i+1:]
+	}
+	if !slices.Contains(actions, action) {
+		a.writeError(w, r, apierror.New(apierror.NotFound,
+			"unknown %s action %q; POST to %s/{name}/ followed by one of: %s", kind, action, prefix, strings.Join(actions, ", ")))
+		return "", "", false
+	}
+	name, aerr := lockName(namePart)
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return "", "", false
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return "", "", false
+	}
+	return name, action, true
+}
+
+// isConflict reports the two acquire outcomes answered with who holds the lock.
+func isConflict(err error) bool {
+	c := apierror.CodeOf(err)
+	return c == apierror.LockHeld || c == apierror.WaitTimeout
+}
+
+// decodeAndCall decodes the body into a Req, lets fill add what came from the
+// path, calls the service and answers with status.
+func decodeAndCall[Req, Resp any](a *api, w http.ResponseWriter, r *http.Request, status int, bodyRequired bool,
+	fill func(*Req), call func(context.Context, Req) (*Resp, error)) {
+	var req Req
+	if aerr := a.decodeBody(w, r, &req, bodyRequired); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	if fill != nil {
+		fill(&req)
+	}
+	resp, err := call(r.Context(), req)
+	reply(a, w, r, status, resp, err)
 }
 
 func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
@@ -350,61 +363,37 @@ func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, aerr)
 		return
 	}
-	var req service.CreateSessionRequest
-	if aerr := a.decodeBody(w, r, &req, true); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
+	decodeAndCall(a, w, r, http.StatusCreated, true, nil, a.svc.CreateSession)
+}
+
+// sessionCall checks method, id and query of /sessions/{id}[/keepalive] and
+// returns the unescaped id.
+func (a *api) sessionCall(w http.ResponseWriter, r *http.Request, escapedID, method, allow string) (string, bool) {
+	if r.Method != method {
+		a.methodNotAllowed(w, r, allow)
+		return "", false
 	}
-	resp, err := a.svc.CreateSession(r.Context(), req)
-	reply(a, w, r, http.StatusCreated, resp, err)
+	id, aerr := sessionID(escapedID)
+	if aerr == nil {
+		_, aerr = parseQuery(r)
+	}
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return "", false
+	}
+	return id, true
 }
 
 func (a *api) session(w http.ResponseWriter, r *http.Request, escapedID string) {
-	if r.Method != http.MethodDelete {
-		a.methodNotAllowed(w, r, allowDelete)
-		return
+	if id, ok := a.sessionCall(w, r, escapedID, http.MethodDelete, allowDelete); ok {
+		decodeAndCall(a, w, r, http.StatusOK, false, func(q *service.DeleteSessionRequest) { q.SessionID = id }, a.svc.DeleteSession)
 	}
-	id, aerr := sessionID(escapedID)
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	if _, aerr := parseQuery(r); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	var req service.DeleteSessionRequest
-	if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	req.SessionID = id
-	resp, err := a.svc.DeleteSession(r.Context(), req)
-	reply(a, w, r, http.StatusOK, resp, err)
 }
 
 func (a *api) keepAlive(w http.ResponseWriter, r *http.Request, escapedID string) {
-	if r.Method != http.MethodPost {
-		a.methodNotAllowed(w, r, allowPost)
-		return
+	if id, ok := a.sessionCall(w, r, escapedID, http.MethodPost, allowPost); ok {
+		decodeAndCall(a, w, r, http.StatusOK, false, func(q *service.KeepAliveRequest) { q.SessionID = id }, a.svc.KeepAlive)
 	}
-	id, aerr := sessionID(escapedID)
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	if _, aerr := parseQuery(r); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	var req service.KeepAliveRequest
-	if aerr := a.decodeBody(w, r, &req, false); aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	req.SessionID = id
-	resp, err := a.svc.KeepAlive(r.Context(), req)
-	reply(a, w, r, http.StatusOK, resp, err)
 }
 
 func (a *api) cluster(w http.ResponseWriter, r *http.Request) {
