@@ -18,7 +18,7 @@ func runDev(args []string) error {
 	var rf raftFlags
 	nodes := fs.Int("nodes", 3, "number of nodes")
 	host := fs.String("host", "127.0.0.1", "address to bind (loopback by default)")
-	basePort := fs.Int("base-port", 7070, "node i serves HTTP on base+10*i and Raft on base+10*i+1")
+	basePort := fs.Int("base-port", 7070, "node i serves HTTP on base+10*i, Raft on base+10*i+1 and gRPC on base+10*i+2")
 	dataDir := fs.String("data-dir", "", "keep data here (default: a temporary directory removed on exit)")
 	rf.register(fs)
 	fs.Usage = func() {
@@ -63,7 +63,8 @@ func runDev(args []string) error {
 		if err := rf.apply(&rc); err != nil {
 			return err
 		}
-		s, err := server.Start(server.Config{Raft: rc, APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i), MaxBodyBytes: rf.maxBody, Logger: logger})
+		s, err := server.Start(server.Config{Raft: rc, APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i),
+			GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof})
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = shutdown(ctx)
@@ -75,7 +76,7 @@ func runDev(args []string) error {
 	first := servers[0].APIAddr()
 	fmt.Printf("dlock dev cluster: %d nodes, data in %s\n", *nodes, dir)
 	for i, s := range servers {
-		fmt.Printf("  n%d  http://%s  (raft %s)\n", i+1, s.APIAddr(), cluster[fmt.Sprintf("n%d", i+1)])
+		fmt.Printf("  n%d  http://%s  (raft %s)  grpc %s\n", i+1, s.APIAddr(), cluster[fmt.Sprintf("n%d", i+1)], s.GRPCAddr())
 	}
 	fmt.Printf(`
 Try:

@@ -19,8 +19,27 @@ Usage:
   dlock serve [flags]   run one node of a cluster (see dlock serve -h)
   dlock dev [flags]     run a local 3-node cluster in one process (see dlock dev -h)
   dlock version         print the version
+  dlock snapshot save|restore ...   back up a cluster, seed a new one from a backup
+  dlock recover --data-dir D --peers id=addr,...   force members after a quorum loss
 
-Exit codes: 0 ok, 1 error, 2 usage.
+Client commands (each takes -h):
+  dlock lock NAME [--ttl 30s] [--wait D] -- CMD [ARGS...]
+                        run CMD while holding the lock NAME
+  dlock acquire NAME [--ttl 30s] [--wait D]
+                        take a lock; print its fencing token and lease id
+  dlock renew NAME --token N --lease-id ID [--ttl D]
+  dlock release NAME --token N --lease-id ID
+  dlock status NAME     who holds NAME
+  dlock list [PREFIX]   locks held or waited for
+  dlock members         the cluster's nodes and leader
+  dlock bench [--workload W] [--workers N] [--target dlock|etcd]   load generator
+  Common flags: --endpoints URLS (env DLOCK_ENDPOINTS, default
+  http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090),
+  --client-id ID (env DLOCK_CLIENT_ID), -o json.
+
+Exit codes: 0 ok, 1 error, 2 usage; client commands also 3 lock held or
+wait timed out, 4 lock lost (lock) or not the holder (release, renew).
+dlock lock otherwise exits with CMD's exit code.
 `
 
 func main() {
@@ -34,6 +53,14 @@ func main() {
 		err = runServe(os.Args[2:])
 	case "dev":
 		err = runDev(os.Args[2:])
+	case "snapshot":
+		err = runSnapshot(os.Args[2:])
+	case "recover":
+		err = runRecover(os.Args[2:])
+	case "bench":
+		err = runBench(os.Args[2:])
+	case "lock", "acquire", "release", "renew", "status", "list", "members":
+		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
 	case "version", "--version", "-v":
 		fmt.Println("dlock", version)
 	case "help", "-h", "--help":

@@ -30,6 +30,7 @@ type raftFlags struct {
 	logLevel          string
 	logFormat         string
 	maxBody           int64
+	pprof             bool
 }
 
 func (f *raftFlags) register(fs *flag.FlagSet) {
@@ -44,6 +45,7 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
+	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
 }
 
 func (f *raftFlags) apply(c *raftnode.Config) error {
@@ -91,6 +93,9 @@ func runServe(args []string) error {
 	id := fs.String("id", "", "this node's id, unique in the cluster (required)")
 	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots (required)")
 	apiAddr := fs.String("api-addr", "127.0.0.1:7070", "HTTP API listen address")
+	// Off unless asked for: a fixed default port would make several nodes on
+	// one host (tests, the README's three processes) fight over it.
+	grpcAddr := fs.String("grpc-addr", "", "gRPC API listen address, e.g. 127.0.0.1:7072 (default: no gRPC)")
 	apiAdvertise := fs.String("api-advertise", "", "API address other nodes and clients should use (default: --api-addr)")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "Raft (and node-to-node forwarding) listen address")
 	raftAdvertise := fs.String("raft-advertise", "", "Raft address peers should dial (default: --raft-addr)")
@@ -139,12 +144,12 @@ func runServe(args []string) error {
 	if err := rf.apply(&rc); err != nil {
 		return err
 	}
-	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, MaxBodyBytes: rf.maxBody, Logger: logger,
+	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof,
 		Join: joinURLs, LeaveOnShutdown: *leave})
 	if err != nil {
 		return err
 	}
-	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", version)
+	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", version)
 	return waitForSignal(func(ctx context.Context) error { return srv.Shutdown(ctx) }, logger.Info)
 }
 

@@ -1,0 +1,215 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// lockPath is the escaped path of a lock, with an action for POSTs. Each
+// segment is escaped on its own so the slashes of the name stay readable in
+// server logs.
+func lockPath(name, action string) (string, error) {
+	name = strings.TrimPrefix(name, "/")
+	if name == "" {
+		return "", invalidf("lock name is empty")
+	}
+	segs := strings.Split(name, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	p := "/locks/" + strings.Join(segs, "/")
+	if action != "" {
+		p += "/" + action
+	}
+	return p, nil
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < minTTL || ttl > maxTTL || ttl%time.Millisecond != 0 {
+		return invalidf("TTL %s: use whole milliseconds from %s to %s", ttl, minTTL, maxTTL)
+	}
+	return nil
+}
+
+// AcquireOptions are the parameters of a low-level Acquire.
+type AcquireOptions struct {
+	// TTL of a lease for this lock alone (1 s to 600 s). Ignored with Session.
+	TTL time.Duration
+	// Session holds the lock under a session instead of a lease of its own.
+	Session *Session
+	// Wait is how long to wait in the lock's FIFO queue (at most an hour);
+	// 0 does not wait.
+	Wait time.Duration
+}
+
+type acquireParams struct {
+	name      string
+	ttl       time.Duration
+	sessionID string
+	wait      time.Duration
+	requestID string
+}
+
+// acquire sends one logical acquire (retried under p.requestID) and returns
+// the grant and when it was first sent.
+func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Time, error) {
+	path, err := lockPath(p.name, "acquire")
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID}
+	if p.sessionID == "" {
+		req.TTLms = p.ttl.Milliseconds()
+	}
+	var out acquireResponse
+	sent, err := c.do(ctx, call{method: http.MethodPost, path: path, body: req, out: &out,
+		timeout: c.reqTimeout + p.wait, requestID: p.requestID})
+	if err != nil {
+		return nil, sent, err
+	}
+	if !out.Acquired || out.FencingToken == 0 || out.LeaseID == "" {
+		return nil, sent, fmt.Errorf("dlock: acquire %q: the server answered 2xx without a grant", p.name)
+	}
+	return &Grant{Name: strings.TrimPrefix(p.name, "/"), ClientID: c.id, FencingToken: out.FencingToken,
+		LeaseID: out.LeaseID, ExpiresAt: out.ExpiresAt, Revision: out.Revision}, sent, nil
+}
+
+// withdraw makes sure an acquire whose caller gave up leaves nothing behind.
+// It repeats the request under its request id without waiting: the server
+// answers a repeat with the first request's outcome, so a wait still in line
+// times out at once and is withdrawn, and a grant (made while nobody was
+// listening) comes back and is released. The server also withdraws a wait
+// whose request is cancelled, but only if the node serving it is still alive
+// and noticed; this makes it certain, and done when Lock returns.
+func (c *Client) withdraw(ctx context.Context, p acquireParams) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, c.reqTimeout))
+	defer cancel()
+	p.wait = 0
+	g, _, err := c.acquire(ctx, p)
+	if err == nil {
+		c.giveBack(ctx, g)
+		return
+	}
+	if !errors.Is(err, ErrLockHeld) && !errors.Is(err, ErrWaitTimeout) {
+		c.log.Warn("dlock: could not withdraw an abandoned acquire; the server drops it at its wait timeout or TTL",
+			"lock", p.name, "err", err)
+	}
+}
+
+// Acquire sends one acquire request, waiting in line up to opts.Wait. It is
+// the low-level call under Mutex: the grant is not renewed (see Renew) and
+// not coordinated with Mutexes of this client. Prefer Mutex or WithLock.
+func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) (*Grant, error) {
+	p := acquireParams{name: name, ttl: opts.TTL, wait: opts.Wait, requestID: newRequestID()}
+	if opts.Session != nil {
+		p.sessionID = opts.Session.id
+	} else if err := checkTTL(opts.TTL); err != nil {
+		return nil, err
+	}
+	if opts.Wait < 0 || opts.Wait > maxWait {
+		return nil, invalidf("wait %s: use 0 to %s", opts.Wait, maxWait)
+	}
+	g, sent, err := c.acquire(ctx, p)
+	if err != nil && ctx.Err() != nil && !sent.IsZero() {
+		c.withdraw(ctx, p)
+	}
+	return g, err
+}
+
+// Release gives a lock back; the next in line gets it at once. It fails with
+// ErrNotHolder if that token and lease id do not hold the lock.
+func (c *Client) Release(ctx context.Context, name string, token uint64, leaseID string) error {
+	path, err := lockPath(name, "release")
+	if err != nil {
+		return err
+	}
+	id := newRequestID()
+	_, err = c.do(ctx, call{method: http.MethodPost, path: path, requestID: id,
+		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, RequestID: id}})
+	return err
+}
+
+// Renew extends the lease that holds a lock, optionally with a new TTL (0
+// keeps it), and returns the server's new expiry (for display). It fails with
+// ErrNotHolder if that token and lease id do not hold the lock.
+func (c *Client) Renew(ctx context.Context, name string, token uint64, leaseID string, ttl time.Duration) (time.Time, error) {
+	if ttl != 0 {
+		if err := checkTTL(ttl); err != nil {
+			return time.Time{}, err
+		}
+	}
+	_, exp, err := c.renew(ctx, name, token, leaseID, ttl, 0)
+	return exp, err
+}
+
+func (c *Client) renew(ctx context.Context, name string, token uint64, leaseID string, ttl, attemptTimeout time.Duration) (time.Time, time.Time, error) {
+	path, err := lockPath(name, "renew")
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	id := newRequestID()
+	var out renewResponse
+	sent, err := c.do(ctx, call{method: http.MethodPost, path: path, out: &out, timeout: attemptTimeout, requestID: id,
+		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, TTLms: ttl.Milliseconds(), RequestID: id}})
+	if err != nil {
+		return sent, time.Time{}, err
+	}
+	return sent, out.ExpiresAt, nil
+}
+
+// Status reads one lock (a linearizable read). A lock nobody holds is
+// {Held: false}.
+func (c *Client) Status(ctx context.Context, name string) (*LockStatus, error) {
+	path, err := lockPath(name, "")
+	if err != nil {
+		return nil, err
+	}
+	var out LockStatus
+	if _, err := c.do(ctx, call{method: http.MethodGet, path: path, out: &out}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// List returns the locks whose names start with prefix that are held or
+// waited for, in name order.
+func (c *Client) List(ctx context.Context, prefix string) ([]LockStatus, error) {
+	var all []LockStatus
+	after := ""
+	for {
+		q := url.Values{}
+		if prefix != "" {
+			q.Set("prefix", prefix)
+		}
+		if after != "" {
+			q.Set("after", after)
+		}
+		path := "/locks"
+		if len(q) > 0 {
+			path += "?" + q.Encode()
+		}
+		var out listResponse
+		if _, err := c.do(ctx, call{method: http.MethodGet, path: path, out: &out}); err != nil {
+			return nil, err
+		}
+		all = append(all, out.Locks...)
+		if !out.More || len(out.Locks) == 0 {
+			return all, nil
+		}
+		after = out.Locks[len(out.Locks)-1].Name
+	}
+}
+
+// Cluster returns a node's view of the cluster: members and leader.
+func (c *Client) Cluster(ctx context.Context) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodGet, path: "/cluster", out: &out}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,103 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Errors callers branch on with errors.Is. Errors that come from a server
+// answer are *APIError values, which match the sentinel of their code.
+var (
+	// ErrLockHeld: someone else holds the lock and the call did not wait.
+	ErrLockHeld = errors.New("dlock: lock is held by another client")
+	// ErrWaitTimeout: the wait in line ended (the context's deadline or the
+	// server's wait limit) before the lock was granted.
+	ErrWaitTimeout = errors.New("dlock: timed out waiting for the lock")
+	// ErrNotHolder: a release or renew named a token and lease that do not
+	// hold the lock (it expired, was released, or was never yours).
+	ErrNotHolder = errors.New("dlock: not the holder of the lock")
+	// ErrLeaseLost: the client can no longer be sure it holds the lock.
+	// Lease.Err and Session.Err wrap it together with the cause.
+	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrSessionExpired: the server no longer knows the session (it
+	// expired, was deleted, or belongs to another client id).
+	ErrSessionExpired = errors.New("dlock: session expired or not found")
+	// ErrNoLeader: the cluster has no leader (an election is under way or a
+	// quorum is down). Errors that match it also match ErrUnavailable.
+	ErrNoLeader = errors.New("dlock: cluster has no leader")
+	// ErrUnavailable: no node could complete the request before the
+	// context ended.
+	ErrUnavailable = errors.New("dlock: cluster unavailable")
+	// ErrInvalidArgument: the request was refused as malformed (bad name,
+	// TTL out of range, ...); retrying it cannot help.
+	ErrInvalidArgument = errors.New("dlock: invalid argument")
+	// ErrReleased is Lease.Err after Unlock and Session.Err after Close.
+	ErrReleased = errors.New("dlock: released")
+	// ErrClosed: the Client was closed; leases it kept alive end with
+	// ErrLeaseLost wrapping it.
+	ErrClosed = errors.New("dlock: client closed")
+)
+
+// Server error codes (docs/api.md).
+const (
+	CodeInvalidArgument = "invalid_argument"
+	CodeLockHeld        = "lock_held"
+	CodeWaitTimeout     = "wait_timeout"
+	CodeNotHolder       = "not_holder"
+	CodeSessionNotFound = "session_not_found"
+	CodeNoLeader        = "no_leader"
+	CodeUnavailable     = "unavailable"
+	CodeTooLarge        = "too_large"
+)
+
+// APIError is an error answer from a dlock node.
+type APIError struct {
+	// Code is the server's snake_case code, e.g. "lock_held"; empty if the
+	// answer was not a dlock error (a proxy's error page, say).
+	Code       string
+	Message    string
+	HTTPStatus int
+	// Holder is who holds the lock, on lock_held and wait_timeout answers.
+	Holder *Holder
+}
+
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return fmt.Sprintf("dlock: HTTP %d %s: %s", e.HTTPStatus, http.StatusText(e.HTTPStatus), e.Message)
+	}
+	return fmt.Sprintf("dlock: %s: %s", e.Code, e.Message)
+}
+
+// Is makes errors.Is(err, ErrLockHeld) and friends true for the matching code.
+func (e *APIError) Is(target error) bool {
+	switch e.Code {
+	case CodeLockHeld:
+		return target == ErrLockHeld
+	case CodeWaitTimeout:
+		return target == ErrWaitTimeout
+	case CodeNotHolder:
+		return target == ErrNotHolder
+	case CodeSessionNotFound:
+		return target == ErrSessionExpired
+	case CodeNoLeader:
+		return target == ErrNoLeader || target == ErrUnavailable
+	case CodeUnavailable:
+		return target == ErrUnavailable
+	case CodeInvalidArgument, CodeTooLarge:
+		return target == ErrInvalidArgument
+	}
+	return false
+}
+
+// lost is the error of a lease or session the client gave up on.
+func lost(cause error) error {
+	if errors.Is(cause, ErrLeaseLost) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ErrLeaseLost, cause)
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}

@@ -1,0 +1,15 @@
+package client
+
+import "time"
+
+// LastSent is the client's own record of when it sent the last acquire or
+// renew of l that was answered with success.
+func LastSent(l *Lease) time.Time {
+	l.k.mu.Lock()
+	defer l.k.mu.Unlock()
+	return l.k.sent
+}
+
+// SessionID is the session's secret id, for tests that end it behind the
+// client's back.
+func SessionID(s *Session) string { return s.id }

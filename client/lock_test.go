@@ -1,0 +1,466 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/client"
+)
+
+// TestLocks runs the tests that leave the cluster whole on one cluster.
+func TestLocks(t *testing.T) {
+	c := startCluster(t)
+	t.Run("AutoRenewKeepsLock", func(t *testing.T) { testAutoRenew(t, c) })
+	t.Run("QueuedGrantRenewsAtOnce", func(t *testing.T) { testQueuedGrant(t, c) })
+	t.Run("CancelWhileWaitingLeavesNothing", func(t *testing.T) { testCancelWaiting(t, c) })
+	t.Run("CancelRacingGrantLeavesNothing", func(t *testing.T) { testCancelRacingGrant(t, c) })
+	t.Run("TypedErrors", func(t *testing.T) { testTypedErrors(t, c) })
+	t.Run("SessionHoldsManyLocks", func(t *testing.T) { testSession(t, c) })
+	t.Run("SessionLostWhenServerDropsIt", func(t *testing.T) { testSessionGone(t, c) })
+	t.Run("WithLock", func(t *testing.T) { testWithLock(t, c) })
+	t.Run("MutexesOfOneClientExclude", func(t *testing.T) { testLocalExclusion(t, c) })
+	t.Run("FIFOAcrossClients", func(t *testing.T) { testFIFO(t, c) })
+}
+
+func testAutoRenew(t *testing.T, c *cluster) {
+	const ttl = time.Second
+	cl := c.client("renewer")
+	m := cl.NewMutex("renew/me", client.WithTTL(ttl))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := client.LastSent(l)
+	// Hold for three and a half TTLs; the server must show the same grant
+	// the whole time.
+	until := time.Now().Add(3500 * time.Millisecond)
+	for time.Now().Before(until) {
+		checkHeld(t, c.get("renew/me"), "renewer", l.Token())
+		select {
+		case <-l.Done():
+			t.Fatalf("lease ended while renewing: %v", l.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if got := client.LastSent(l); got.Sub(first) < 2*ttl {
+		t.Fatalf("last renewal sent %s after the grant; want renewals every TTL/3 for 3.5 TTLs", got.Sub(first))
+	}
+	if err := m.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	if !errors.Is(l.Err(), client.ErrReleased) {
+		t.Fatalf("Err after Unlock = %v, want ErrReleased", l.Err())
+	}
+	checkFree(t, c.get("renew/me"))
+}
+
+// testQueuedGrant: a grant after a wait in line longer than the TTL comes
+// with a fresh bound, from a renewal sent after the grant.
+func testQueuedGrant(t *testing.T, c *cluster) {
+	const ttl = time.Second
+	a, b := c.client("queue-a"), c.client("queue-b")
+	ma := a.NewMutex("queue/x", client.WithTTL(ttl))
+	la, err := ma.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   *client.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	mb := b.NewMutex("queue/x", client.WithTTL(ttl))
+	go func() {
+		l, err := mb.Lock(context.Background())
+		got <- result{l, err}
+	}()
+	eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+		st := c.get("queue/x")
+		return st.Waiters == 1, fmt.Sprint(st.Waiters)
+	})
+	time.Sleep(ttl + ttl/2) // b waits longer than a TTL
+	released := time.Now()
+	if err := ma.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b was not granted the lock after a released it")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer mb.Unlock(context.Background())
+	if r.l.Token() <= la.Token() {
+		t.Fatalf("b's token %d not above a's %d", r.l.Token(), la.Token())
+	}
+	if sent := client.LastSent(r.l); sent.Before(released) {
+		t.Fatalf("b's bound counts from %s before the grant; want a renewal sent after it", released.Sub(sent))
+	}
+	if r.l.Err() != nil {
+		t.Fatalf("b's lease: %v", r.l.Err())
+	}
+	checkHeld(t, c.get("queue/x"), "queue-b", r.l.Token())
+}
+
+func testCancelWaiting(t *testing.T, c *cluster) {
+	a, b := c.client("cancel-a"), c.client("cancel-b")
+	ma := a.NewMutex("cancel/x")
+	if _, err := ma.TryLock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.NewMutex("cancel/x").Lock(ctx)
+		done <- err
+	}()
+	eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+		st := c.get("cancel/x")
+		return st.Waiters == 1, fmt.Sprint(st.Waiters)
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Lock after cancel = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lock did not return after its context was cancelled")
+	}
+	// Nothing is left in line once Lock has returned.
+	if st := c.get("cancel/x"); st.Waiters != 0 || st.Holder == nil || st.Holder.ClientID != "cancel-a" {
+		t.Fatalf("after the cancelled Lock returned: %+v, want held by cancel-a with 0 waiters", st)
+	}
+	if err := ma.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, c.get("cancel/x"))
+}
+
+// testCancelRacingGrant cancels waiters at about the moment the lock is
+// handed to them: whatever the timing, a Lock that fails leaves the lock
+// neither held nor waited for.
+func testCancelRacingGrant(t *testing.T, c *cluster) {
+	a, b := c.client("race-a"), c.client("race-b")
+	for i := range 6 {
+		name := fmt.Sprintf("race/%d", i)
+		ma := a.NewMutex(name)
+		if _, err := ma.TryLock(ctxTimeout(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		mb := b.NewMutex(name)
+		done := make(chan error, 1)
+		go func() {
+			_, err := mb.Lock(ctx)
+			done <- err
+		}()
+		eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+			st := c.get(name)
+			return st.Waiters == 1, fmt.Sprint(st.Waiters)
+		})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if err := ma.Unlock(context.Background()); err != nil {
+				t.Errorf("Unlock a: %v", err)
+			}
+		})
+		time.Sleep(time.Duration(i) * 2 * time.Millisecond)
+		cancel()
+		wg.Wait()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Lock did not return after its context was cancelled")
+		}
+		if err == nil {
+			t.Logf("%s: b won the race", name)
+			if err := mb.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		} else if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Lock = %v, want nil or context.Canceled", err)
+		}
+		checkFree(t, c.get(name))
+	}
+}
+
+func testTypedErrors(t *testing.T, c *cluster) {
+	a, b := c.client("typed-a"), c.client("typed-b")
+	ma := a.NewMutex("typed/x")
+	la, err := ma.TryLock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ma.Unlock(context.Background())
+
+	_, err = b.NewMutex("typed/x").TryLock(ctxTimeout(t, 5*time.Second))
+	var ae *client.APIError
+	if !errors.Is(err, client.ErrLockHeld) || !errors.As(err, &ae) {
+		t.Fatalf("TryLock of a held lock = %v, want ErrLockHeld and an *APIError", err)
+	}
+	if ae.Code != client.CodeLockHeld || ae.HTTPStatus != 409 || ae.Holder == nil || ae.Holder.ClientID != "typed-a" || ae.Holder.FencingToken != la.Token() {
+		t.Fatalf("APIError = %+v holder %+v", ae, ae.Holder)
+	}
+
+	start := time.Now()
+	_, err = b.NewMutex("typed/x").Lock(ctxTimeout(t, 400*time.Millisecond))
+	if !errors.Is(err, client.ErrWaitTimeout) {
+		t.Fatalf("Lock with a deadline on a held lock = %v, want ErrWaitTimeout", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("Lock with a 400 ms deadline returned after %s", el)
+	}
+	if st := c.get("typed/x"); st.Waiters != 0 {
+		t.Fatalf("waiters after a wait timeout: %d", st.Waiters)
+	}
+
+	lowLevel, err := a.Acquire(ctxTimeout(t, 5*time.Second), "typed/y", client.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Release(ctxTimeout(t, 5*time.Second), "typed/y", lowLevel.FencingToken+1, lowLevel.LeaseID)
+	if !errors.Is(err, client.ErrNotHolder) || !errors.As(err, &ae) || ae.Code != client.CodeNotHolder {
+		t.Fatalf("Release with a wrong token = %v, want ErrNotHolder", err)
+	}
+	_, err = b.Renew(ctxTimeout(t, 5*time.Second), "typed/y", lowLevel.FencingToken, lowLevel.LeaseID, 0)
+	if !errors.Is(err, client.ErrNotHolder) {
+		t.Fatalf("Renew by another client id = %v, want ErrNotHolder", err)
+	}
+	if _, err := a.Renew(ctxTimeout(t, 5*time.Second), "typed/y", lowLevel.FencingToken, lowLevel.LeaseID, 2*time.Second); err != nil {
+		t.Fatalf("Renew by the holder: %v", err)
+	}
+	if err := a.Release(ctxTimeout(t, 5*time.Second), "typed/y", lowLevel.FencingToken, lowLevel.LeaseID); err != nil {
+		t.Fatalf("Release by the holder: %v", err)
+	}
+
+	_, err = a.NewMutex("typed//bad").TryLock(ctxTimeout(t, 5*time.Second))
+	if !errors.Is(err, client.ErrInvalidArgument) || !errors.As(err, &ae) || ae.HTTPStatus != 400 {
+		t.Fatalf("bad name = %v, want ErrInvalidArgument from a 400", err)
+	}
+	if _, err := a.NewMutex("typed/z", client.WithTTL(500*time.Millisecond)).TryLock(context.Background()); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("TTL 500ms = %v, want ErrInvalidArgument", err)
+	}
+
+	// A session belongs to its client id; anyone else is told it does not
+	// exist.
+	s, err := a.NewSession(ctxTimeout(t, 5*time.Second), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	_, err = b.Acquire(ctxTimeout(t, 5*time.Second), "typed/s", client.AcquireOptions{Session: s})
+	if !errors.Is(err, client.ErrSessionExpired) {
+		t.Fatalf("acquire under another client's session = %v, want ErrSessionExpired", err)
+	}
+
+	if _, err := client.New(client.Config{}); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Fatalf("New without endpoints = %v", err)
+	}
+}
+
+func testSession(t *testing.T, c *cluster) {
+	const ttl = time.Second
+	cl := c.client("sessions")
+	s, err := cl.NewSession(ctxTimeout(t, 5*time.Second), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1 := cl.NewMutex("sess/one", client.WithSession(s))
+	m2 := cl.NewMutex("sess/two", client.WithSession(s))
+	l1, err := m1.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := m2.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One keepalive loop keeps both for more than two TTLs.
+	until := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(until) {
+		checkHeld(t, c.get("sess/one"), "sessions", l1.Token())
+		checkHeld(t, c.get("sess/two"), "sessions", l2.Token())
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s.Err() != nil || l1.Err() != nil || l2.Err() != nil {
+		t.Fatalf("errors while held: session %v, leases %v %v", s.Err(), l1.Err(), l2.Err())
+	}
+	if time.Until(l1.ExpiresAt()) <= 0 || !l1.ExpiresAt().Equal(s.ExpiresAt()) {
+		t.Fatalf("a session lock's ExpiresAt is the session's")
+	}
+	// Unlock one; closing the session releases the other.
+	if err := m1.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, c.get("sess/one"))
+	if err := s.Close(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, c.get("sess/two"))
+	select {
+	case <-l2.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a lock's Done stayed open after its session was closed")
+	}
+	if !errors.Is(l2.Err(), client.ErrLeaseLost) || !errors.Is(s.Err(), client.ErrReleased) {
+		t.Fatalf("after Close: lease %v, session %v", l2.Err(), s.Err())
+	}
+	if err := m2.Unlock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrNotHolder) {
+		t.Fatalf("Unlock after the session closed = %v, want ErrNotHolder", err)
+	}
+}
+
+func testSessionGone(t *testing.T, c *cluster) {
+	cl := c.client("session-gone")
+	s, err := cl.NewSession(ctxTimeout(t, 5*time.Second), 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cl.NewMutex("sess/gone", client.WithSession(s))
+	l, err := m.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delete the session behind the client's back: the next keepalive is
+	// told session_not_found.
+	code, err := c.Do(ctxTimeout(t, 5*time.Second), "DELETE", c.leaderURL()+"/api/v1/sessions/"+client.SessionID(s), nil, nil)
+	if err != nil || code != 200 {
+		t.Fatalf("DELETE session: %d %v", code, err)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("session Done stayed open after the server dropped it")
+	}
+	if !errors.Is(s.Err(), client.ErrSessionExpired) || !errors.Is(s.Err(), client.ErrLeaseLost) {
+		t.Fatalf("session Err = %v, want ErrSessionExpired and ErrLeaseLost", s.Err())
+	}
+	<-l.Done()
+	if !errors.Is(l.Err(), client.ErrLeaseLost) {
+		t.Fatalf("lease Err = %v", l.Err())
+	}
+	m.Unlock(ctxTimeout(t, 5*time.Second))
+	if _, err := m.Lock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrLeaseLost) {
+		t.Fatalf("Lock under a lost session = %v", err)
+	}
+}
+
+func testWithLock(t *testing.T, c *cluster) {
+	cl := c.client("withlock")
+	var token uint64
+	err := cl.WithLock(ctxTimeout(t, 5*time.Second), "with/x", func(ctx context.Context, l *client.Lease) error {
+		token = l.Token()
+		checkHeld(t, c.get("with/x"), "withlock", l.Token())
+		return nil
+	}, client.WithTTL(5*time.Second))
+	if err != nil || token == 0 {
+		t.Fatalf("WithLock = %v, token %d", err, token)
+	}
+	checkFree(t, c.get("with/x"))
+
+	errWork := errors.New("work failed")
+	if err := cl.WithLock(ctxTimeout(t, 5*time.Second), "with/x", func(context.Context, *client.Lease) error { return errWork }); err != errWork {
+		t.Fatalf("WithLock = %v, want fn's error", err)
+	}
+	checkFree(t, c.get("with/x"))
+
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Fatalf("recovered %v, want the panic to pass through", v)
+			}
+		}()
+		cl.WithLock(ctxTimeout(t, 5*time.Second), "with/x", func(context.Context, *client.Lease) error { panic("boom") })
+	}()
+	checkFree(t, c.get("with/x"))
+}
+
+func testLocalExclusion(t *testing.T, c *cluster) {
+	cl := c.client("local")
+	var inside, entered atomic.Int32
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			err := cl.WithLock(ctxTimeout(t, 20*time.Second), "local/x", func(ctx context.Context, l *client.Lease) error {
+				if n := inside.Add(1); n != 1 {
+					t.Errorf("%d holders inside at once", n)
+				}
+				entered.Add(1)
+				time.Sleep(50 * time.Millisecond)
+				inside.Add(-1)
+				return nil
+			})
+			if err != nil {
+				t.Errorf("WithLock: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if entered.Load() != 3 {
+		t.Fatalf("%d of 3 entered", entered.Load())
+	}
+	m := cl.NewMutex("local/y")
+	if _, err := m.TryLock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.NewMutex("local/y").TryLock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrLockHeld) {
+		t.Fatalf("TryLock while another Mutex of the client holds = %v, want ErrLockHeld", err)
+	}
+	if err := m.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrNotHolder) {
+		t.Fatalf("second Unlock = %v, want ErrNotHolder", err)
+	}
+}
+
+// testFIFO: waiters of different clients get the lock in the order they
+// queued, with increasing tokens.
+func testFIFO(t *testing.T, c *cluster) {
+	holder := c.client("fifo-0")
+	m0 := holder.NewMutex("fifo/x")
+	if _, err := m0.TryLock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var tokens []uint64
+	var wg sync.WaitGroup
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("fifo-%d", i)
+		cl := c.client(id)
+		wg.Go(func() {
+			err := cl.WithLock(ctxTimeout(t, 20*time.Second), "fifo/x", func(ctx context.Context, l *client.Lease) error {
+				mu.Lock()
+				order = append(order, id)
+				tokens = append(tokens, l.Token())
+				mu.Unlock()
+				return nil
+			})
+			if err != nil {
+				t.Errorf("%s: %v", id, err)
+			}
+		})
+		eventually(t, 5*time.Second, id+" queued", func() (bool, string) {
+			st := c.get("fifo/x")
+			return st.Waiters == i, fmt.Sprint(st.Waiters)
+		})
+	}
+	if err := m0.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if fmt.Sprint(order) != "[fifo-1 fifo-2 fifo-3]" || !(tokens[0] < tokens[1] && tokens[1] < tokens[2]) {
+		t.Fatalf("order %v tokens %v, want fifo-1..3 with increasing tokens", order, tokens)
+	}
+}

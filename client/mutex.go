@@ -1,0 +1,327 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultTTL is the lease TTL of a Mutex without WithTTL.
+const DefaultTTL = 30 * time.Second
+
+// MutexOption configures a Mutex (and WithLock).
+type MutexOption func(*Mutex)
+
+// WithTTL sets the TTL of the lock's own lease (1 s to 600 s, default 30 s):
+// how long the lock outlives a holder that stopped renewing, and so how long
+// after the last successful renewal the client treats it as lost.
+func WithTTL(ttl time.Duration) MutexOption { return func(m *Mutex) { m.ttl = ttl } }
+
+// WithSession holds the lock under a session instead of a lease of its own:
+// the session's keepalive keeps it, and it is lost when the session is.
+func WithSession(s *Session) MutexOption { return func(m *Mutex) { m.session = s } }
+
+// Mutex is a distributed lock. Mutexes of one Client also exclude each other
+// locally, so two goroutines sharing a Client cannot both hold a name.
+type Mutex struct {
+	c       *Client
+	name    string
+	ttl     time.Duration
+	session *Session
+
+	mu     sync.Mutex
+	lease  *Lease
+	unlock func() // releases the local hold
+}
+
+// NewMutex returns a Mutex for the lock called name (slash-separated
+// segments of A-Z a-z 0-9 . _ : -).
+func (c *Client) NewMutex(name string, opts ...MutexOption) *Mutex {
+	m := &Mutex{c: c, name: strings.TrimPrefix(name, "/"), ttl: DefaultTTL}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
+
+// Name is the lock's name.
+func (m *Mutex) Name() string { return m.name }
+
+// Lock waits for the lock in the server's FIFO queue until it is granted or
+// ctx ends. A deadline on ctx becomes the server-side wait bound; when ctx
+// ends first Lock returns an error that wraps ctx.Err() (and ErrWaitTimeout
+// for a deadline), and leaves nothing behind on the server: the wait is
+// withdrawn, or a grant made at that moment released.
+//
+// Like sync.Mutex, Lock blocks while this Mutex, or another Mutex of the same
+// Client for the same name, holds the lock. Call Unlock when done, also after
+// the lease was lost.
+func (m *Mutex) Lock(ctx context.Context) (*Lease, error) { return m.lock(ctx, true) }
+
+// TryLock takes the lock only if it is free now; otherwise it fails with
+// ErrLockHeld (an *APIError naming the holder, when the holder is another
+// client).
+func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) { return m.lock(ctx, false) }
+
+func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
+	if m.session == nil {
+		if err := checkTTL(m.ttl); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := lockPath(m.name, ""); err != nil {
+		return nil, err
+	}
+	var unlock func()
+	if wait {
+		var err error
+		if unlock, err = m.c.locals.lock(ctx, m.name); err != nil {
+			return nil, ctxError(ctx, m.name, true, nil)
+		}
+	} else if unlock = m.c.locals.tryLock(m.name); unlock == nil {
+		return nil, fmt.Errorf("%w: %q is held by another Mutex of this client", ErrLockHeld, m.name)
+	}
+	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	m.mu.Lock()
+	m.lease, m.unlock = l, unlock
+	m.mu.Unlock()
+	return l, nil
+}
+
+// Unlock releases the lock and stops renewing it. It fails with
+// ErrNotHolder if the server no longer counts this client as the holder (the
+// lease was lost; the error then also wraps ErrLeaseLost).
+func (m *Mutex) Unlock(ctx context.Context) error {
+	m.mu.Lock()
+	l, unlock := m.lease, m.unlock
+	m.lease, m.unlock = nil, nil
+	m.mu.Unlock()
+	if l == nil {
+		return fmt.Errorf("%w: Unlock of %q, which this Mutex does not hold", ErrNotHolder, m.name)
+	}
+	defer unlock()
+	return l.release(ctx)
+}
+
+// ctxError is the error of Lock (wait) or TryLock when ctx ended first.
+// A deadline that ends a wait is ErrWaitTimeout, unless the cluster could
+// not be reached, which is what the caller then needs to know.
+func ctxError(ctx context.Context, name string, wait bool, last error) error {
+	cause := ctx.Err()
+	err := cause
+	if last != nil {
+		if errors.Is(last, cause) {
+			err = last
+		} else {
+			err = fmt.Errorf("%w (last error: %w)", cause, last)
+		}
+	}
+	if wait && errors.Is(cause, context.DeadlineExceeded) && !errors.Is(last, ErrUnavailable) {
+		return fmt.Errorf("lock %q: %w: %w", name, ErrWaitTimeout, err)
+	}
+	return fmt.Errorf("lock %q: %w", name, err)
+}
+
+// waitFor is the wait_timeout to ask the server for: the time left before
+// ctx's deadline, less a margin so that the server says wait_timeout before
+// ctx ends (a clean answer instead of a cancelled request), at most the
+// server's limit. It reports whether ctx has a deadline.
+func waitFor(ctx context.Context) (time.Duration, bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return maxWait, false
+	}
+	left := time.Until(dl)
+	left -= min(left/10, time.Second)
+	return min(max(left.Truncate(time.Millisecond), time.Millisecond), maxWait), true
+}
+
+// lockLease acquires a lock and starts keeping its lease.
+func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait bool) (*Lease, error) {
+	sessionID := ""
+	if s != nil {
+		if err := s.Err(); err != nil {
+			return nil, fmt.Errorf("lock %q under a session: %w", name, err)
+		}
+		sessionID = s.id
+	}
+	backoff := backoffMin
+	for {
+		if ctx.Err() != nil {
+			return nil, ctxError(ctx, name, wait, nil)
+		}
+		p := acquireParams{name: name, ttl: ttl, sessionID: sessionID, requestID: newRequestID()}
+		hasDeadline := false
+		if wait {
+			p.wait, hasDeadline = waitFor(ctx)
+		}
+		g, sent, err := c.acquire(ctx, p)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			if !sent.IsZero() {
+				c.withdraw(ctx, p)
+			}
+			return nil, ctxError(ctx, name, wait, err)
+		case wait && errors.Is(err, ErrWaitTimeout) && (!hasDeadline || time.Since(sent) < p.wait*9/10):
+			// Without a deadline, wait on after the server's one-hour limit.
+			// An answer well before the wait we asked for means the wait was
+			// dropped under us (a node noticed a retried request hang up and
+			// withdrew it): queue again.
+			sleep(ctx, jitter(backoff))
+			backoff = min(2*backoff, backoffMax)
+			continue
+		default:
+			return nil, fmt.Errorf("lock %q: %w", name, err)
+		}
+		if ctx.Err() != nil {
+			// The grant came after the caller gave up: give it back.
+			c.giveBack(ctx, g)
+			return nil, ctxError(ctx, name, wait, nil)
+		}
+		if s == nil && time.Since(sent) > ttl/3 {
+			// The grant's send time is old (a wait in line, or slow
+			// retries), so the bound it gives is short or already past.
+			// Renew now for a fresh one before handing the lease out.
+			rctx, cancel := context.WithTimeout(ctx, ttl)
+			rsent, _, rerr := c.renew(rctx, name, g.FencingToken, g.LeaseID, 0, renewAttemptTimeout(ttl, c.reqTimeout))
+			cancel()
+			if rerr != nil {
+				if ctx.Err() != nil {
+					c.giveBack(ctx, g)
+					return nil, ctxError(ctx, name, wait, rerr)
+				}
+				if !wait {
+					c.giveBack(ctx, g)
+					return nil, fmt.Errorf("lock %q: confirming a slow grant: %w", name, rerr)
+				}
+				// Queue again. If the server still counts us as holder, the
+				// new request takes the lock over at once (same client id).
+				c.log.Debug("dlock: could not confirm a grant; acquiring again", "lock", name, "err", rerr)
+				continue
+			}
+			sent = rsent
+		}
+		l, err := c.newLease(name, g, sent, ttl, s)
+		if err != nil {
+			c.giveBack(ctx, g)
+			return nil, err
+		}
+		return l, nil
+	}
+}
+
+// giveBack releases a grant nobody will use, within a bound of its own
+// since the caller's ctx may be over.
+func (c *Client) giveBack(ctx context.Context, g *Grant) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, c.reqTimeout))
+	defer cancel()
+	if err := c.Release(ctx, g.Name, g.FencingToken, g.LeaseID); err != nil && !errors.Is(err, ErrNotHolder) {
+		c.log.Warn("dlock: could not give back an unused grant; it expires after its TTL", "lock", g.Name, "err", err)
+	}
+}
+
+// WithLock runs fn while holding the lock called name, waiting for it as
+// Mutex.Lock does. fn's context is cancelled the moment the lease may be lost
+// (context.Cause is then the lease's error, wrapping ErrLeaseLost). The lock
+// is released when fn returns, also when it panics. WithLock returns fn's
+// error, else the lease's error if it was lost while fn ran, else nil.
+func (c *Client) WithLock(ctx context.Context, name string, fn func(ctx context.Context, l *Lease) error, opts ...MutexOption) error {
+	m := c.NewMutex(name, opts...)
+	l, err := m.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-l.Done():
+			cancel(l.Err())
+		case <-fctx.Done():
+		}
+	}()
+	defer func() {
+		// Stop watching before Unlock, which also closes Done.
+		cancel(nil)
+		<-watched
+		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), c.reqTimeout)
+		defer ucancel()
+		if uerr := m.Unlock(uctx); uerr != nil && !errors.Is(uerr, ErrLeaseLost) {
+			// fn's work is done; a failed release only delays the next
+			// holder until the TTL runs out.
+			c.log.Warn("dlock: could not release lock; it expires after its TTL", "lock", name, "err", uerr)
+		}
+	}()
+	err = fn(fctx, l)
+	if err == nil {
+		err = l.Err()
+	}
+	return err
+}
+
+// localLocks makes Mutexes of one Client exclude each other: at the server
+// they share a client id, and an acquire by the holder's own client id takes
+// the lock over instead of waiting.
+type localLocks struct {
+	mu sync.Mutex
+	m  map[string]*localLock
+}
+
+type localLock struct {
+	ch   chan struct{} // holds a value while locked
+	refs int
+}
+
+func (ll *localLocks) get(name string) *localLock {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	if ll.m == nil {
+		ll.m = map[string]*localLock{}
+	}
+	l := ll.m[name]
+	if l == nil {
+		l = &localLock{ch: make(chan struct{}, 1)}
+		ll.m[name] = l
+	}
+	l.refs++
+	return l
+}
+
+func (ll *localLocks) put(name string, l *localLock) {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	if l.refs--; l.refs == 0 {
+		delete(ll.m, name)
+	}
+}
+
+func (ll *localLocks) lock(ctx context.Context, name string) (func(), error) {
+	l := ll.get(name)
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; ll.put(name, l) }, nil
+	case <-ctx.Done():
+		ll.put(name, l)
+		return nil, ctx.Err()
+	}
+}
+
+func (ll *localLocks) tryLock(name string) func() {
+	l := ll.get(name)
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; ll.put(name, l) }
+	default:
+		ll.put(name, l)
+		return nil
+	}
+}

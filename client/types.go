@@ -1,0 +1,118 @@
+package client
+
+import "time"
+
+// Holder is the public view of who holds a lock.
+type Holder struct {
+	ClientID     string    `json:"client_id"`
+	FencingToken uint64    `json:"fencing_token"`
+	GrantedAt    time.Time `json:"granted_at,omitzero"`
+	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+}
+
+// LockStatus is the state of one lock as GET /locks/{name} shows it.
+type LockStatus struct {
+	Name     string  `json:"name"`
+	Held     bool    `json:"held"`
+	Holder   *Holder `json:"holder,omitempty"`
+	Waiters  int     `json:"waiters"`
+	Revision uint64  `json:"revision"`
+}
+
+// Member is one node of the cluster.
+type Member struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+	Suffrage string `json:"suffrage"`
+	State    string `json:"state"`
+}
+
+// ClusterInfo is one node's view of the cluster (GET /cluster); it is not a
+// linearizable read.
+type ClusterInfo struct {
+	NodeID           string   `json:"node_id"`
+	LeaderID         string   `json:"leader_id"`
+	LeaderAPIAddr    string   `json:"leader_api_addr,omitempty"`
+	Term             uint64   `json:"term"`
+	Members          []Member `json:"members"`
+	CommitIndex      uint64   `json:"commit_index"`
+	AppliedIndex     uint64   `json:"applied_index"`
+	Revision         uint64   `json:"revision"`
+	LastFencingToken uint64   `json:"last_fencing_token"`
+}
+
+// Grant is a successful low-level Acquire. Nothing renews it: renew it with
+// Client.Renew before ExpiresAt or lose it.
+type Grant struct {
+	Name         string `json:"name"`
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	// LeaseID is the holder's secret proof, with FencingToken, for Renew and
+	// Release. Do not log it or show it to anyone else.
+	LeaseID string `json:"lease_id"`
+	// ExpiresAt is the server's expiry, in the leader's wall clock (for
+	// display; the server decides expiry on its monotonic clock).
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Revision  uint64    `json:"revision"`
+}
+
+// The request and answer bodies of the HTTP API (docs/api.md). The client
+// has its own copies so that it never depends on server internals.
+
+type acquireRequest struct {
+	ClientID      string `json:"client_id"`
+	TTLms         int64  `json:"ttl_ms,omitempty"`
+	SessionID     string `json:"session_id,omitempty"`
+	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
+	RequestID     string `json:"request_id,omitempty"`
+}
+
+type acquireResponse struct {
+	Acquired     bool      `json:"acquired"`
+	FencingToken uint64    `json:"fencing_token"`
+	ExpiresAt    time.Time `json:"expires_at"`
+	LeaseID      string    `json:"lease_id"`
+	Revision     uint64    `json:"revision"`
+}
+
+type holderRequest struct {
+	ClientID     string `json:"client_id"`
+	FencingToken uint64 `json:"fencing_token"`
+	LeaseID      string `json:"lease_id"`
+	TTLms        int64  `json:"ttl_ms,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+type renewResponse struct {
+	Renewed   bool      `json:"renewed"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+type listResponse struct {
+	Locks    []LockStatus `json:"locks"`
+	More     bool         `json:"more"`
+	Revision uint64       `json:"revision"`
+}
+
+type sessionRequest struct {
+	ClientID  string `json:"client_id"`
+	TTLms     int64  `json:"ttl_ms,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+type sessionResponse struct {
+	SessionID string    `json:"session_id"`
+	TTLms     int64     `json:"ttl_ms"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// errorResponse covers both error shapes: the plain {"error":…} and an
+// acquire conflict, which adds the holder.
+type errorResponse struct {
+	Error *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+	Holder *Holder `json:"holder"`
+}

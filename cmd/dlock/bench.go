@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dlock/dlock/internal/bench"
+)
+
+const benchDefaultEndpoints = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090"
+
+// runBench is `dlock bench`: the load generator (internal/bench).
+func runBench(args []string) error {
+	fs := flag.NewFlagSet("dlock bench", flag.ContinueOnError)
+	var cfg bench.Config
+	endpoints := fs.String("endpoints", benchEnvOr("DLOCK_ENDPOINTS", benchDefaultEndpoints), "dlock API URLs, comma-separated; writes go to the leader found through any of them (env DLOCK_ENDPOINTS)")
+	etcdEndpoints := fs.String("etcd-endpoints", "http://127.0.0.1:2379", "etcd client URLs, comma-separated (--target etcd)")
+	fs.StringVar(&cfg.Target, "target", "dlock", "system under test: dlock or etcd")
+	fs.StringVar(&cfg.Workload, "workload", "uncontended", "workload: "+strings.Join(bench.Workloads, ", "))
+	fs.IntVar(&cfg.Workers, "workers", 8, "concurrent workers (clients)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time (held: the renewal phase)")
+	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured warm-up before the measured time")
+	fs.DurationVar(&cfg.TTL, "ttl", 10*time.Second, "lock TTL (ttl_ms) or session TTL; whole seconds for etcd")
+	fs.BoolVar(&cfg.TTLPerAcquire, "ttl-per-acquire", false, "uncontended: every etcd acquire grants its own lease (dlock's acquire with ttl_ms already does)")
+	fs.DurationVar(&cfg.WaitTimeout, "wait", 60*time.Second, "contended: how long one acquire may wait in line")
+	fs.IntVar(&cfg.Names, "names", 16, "session: lock names each worker rotates over")
+	fs.IntVar(&cfg.Keys, "keys", 10000, "held: number of locks held at once")
+	fs.DurationVar(&cfg.HeldTTL, "held-ttl", 60*time.Second, "held: TTL of each held lock")
+	fs.BoolVar(&cfg.HeldRelease, "held-release", true, "held: release every lock at the end (timed)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "cap on total acquires per second (0: as fast as the workers go)")
+	fs.IntVar(&cfg.Nodes, "nodes", 3, "failover: number of `dlock serve` processes to start (3 or 5)")
+	fs.IntVar(&cfg.Repeat, "repeat", 20, "failover: how many leader kills")
+	fs.StringVar(&cfg.DlockBin, "dlock-bin", "", "failover: the dlock binary to start (default: this one)")
+	fs.StringVar(&cfg.EtcdBin, "etcd-bin", "etcd", "failover --target etcd: the etcd binary to start")
+	serveFlags := fs.String("serve-flags", "", "failover: extra server flags, space-separated (e.g. \"--heartbeat-timeout 200ms\")")
+	fs.IntVar(&cfg.Conns, "conns", 0, "idle keep-alive connections per host (default workers+16)")
+	fs.IntVar(&cfg.EtcdClients, "etcd-clients", 0, "etcd clients (gRPC connections) shared by the workers (default one per 32 workers)")
+	fs.BoolVar(&cfg.EtcdAllEndpoints, "etcd-all-endpoints", false, "let the etcd client balance over all endpoints instead of talking to the leader only")
+	fs.StringVar(&cfg.Label, "label", "", "free text copied into the result")
+	cdf := fs.Bool("cdf", false, "add latency CDF points to the JSON output")
+	output := fs.String("o", "text", "output: text or json")
+	quiet := fs.Bool("q", false, "no progress lines on stderr")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: dlock bench [flags]
+
+Drives a dlock cluster (over HTTP/JSON, like a client) or an etcd cluster (v3 API,
+concurrency.Mutex) with N workers for a fixed time and prints throughput and
+latency p50/p90/p99/max per operation (HDR histograms).
+
+Workloads:
+  uncontended  each worker acquires its own lock (ttl) and releases it
+  session      one session per worker; lock/unlock many names under it
+  contended    all workers on one lock, waiting in line: hand-offs/s, wait times
+  held         hold --keys locks with their own TTL, renew them round-robin;
+               renewals/s and every node's RSS and Go heap from /metrics
+  watch        watchers on every node; grant-to-event delivery latency
+  failover     start --nodes real 'dlock serve' (or etcd) processes, kill -9 the
+               leader, time to the next successful acquire; --repeat times
+
+Examples:
+  dlock bench --workers 64 --duration 10s
+  dlock bench --target etcd --etcd-endpoints http://127.0.0.1:2379 --workload contended --workers 8
+  dlock bench --workload failover --nodes 5 --repeat 20 -o json
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *output != "text" && *output != "json" {
+		return fmt.Errorf("-o %q: use text or json", *output)
+	}
+	cfg.Endpoints = benchSplitList(*endpoints)
+	cfg.EtcdEndpoints = benchSplitList(*etcdEndpoints)
+	cfg.ServeFlags = strings.Fields(*serveFlags)
+	cfg.CDF = *cdf
+	if !*quiet {
+		cfg.Log = os.Stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return res.WriteJSON(os.Stdout)
+	}
+	return res.WriteText(os.Stdout)
+}
+
+func benchSplitList(s string) []string {
+	var out []string
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func benchEnvOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

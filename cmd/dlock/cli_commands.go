@@ -1,0 +1,283 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dlock/dlock/client"
+)
+
+// parseNamed parses a command that takes exactly one lock name.
+func parseNamed(fs *cmdFlags, g *globalFlags, args []string) (string, error) {
+	pos, rest, err := parseCmd(fs, g, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 || len(rest) != 0 {
+		return "", usageErrorf("want exactly one lock name")
+	}
+	return pos[0], nil
+}
+
+// holderFlags are the proof of holding that release and renew need.
+type holderFlags struct {
+	token   uint64
+	leaseID string
+}
+
+func (h *holderFlags) register(fs *cmdFlags) {
+	fs.Uint64Var(&h.token, "token", 0, "fencing token of the grant (required)")
+	fs.StringVar(&h.leaseID, "lease-id", "", "lease id of the grant (required)")
+}
+
+func (h *holderFlags) check() error {
+	if h.token == 0 || h.leaseID == "" {
+		return usageErrorf("--token and --lease-id are required (as dlock acquire printed them)")
+	}
+	return nil
+}
+
+const acquireUsage = `Usage: dlock acquire NAME [--ttl 30s] [--wait D] [flags]
+
+Takes a lock and prints its fencing token and lease id. Nothing renews it:
+renew it with dlock renew (same --client-id) before the TTL runs out, and
+release it with dlock release. To run a command under a lock, use dlock lock.
+
+  --ttl D    lease TTL, 1s to 10m (default 30s)
+  --wait D   wait in line up to D, at most 1h (default 0: do not wait)
+`
+
+func runAcquire(args []string) error {
+	fs := newCmdFlags("acquire", acquireUsage)
+	var g globalFlags
+	g.register(fs)
+	ttl := fs.Duration("ttl", 30*time.Second, "lease TTL")
+	wait := fs.Duration("wait", 0, "wait in line up to this long")
+	name, err := parseNamed(fs, &g, args)
+	if err != nil {
+		return err
+	}
+	c, ctx, done, err := g.connect(*wait)
+	if err != nil {
+		return err
+	}
+	defer done()
+	gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: *ttl, Wait: *wait})
+	if err != nil {
+		printHolder(err)
+		return err
+	}
+	if g.json() {
+		return printJSONOut(gr)
+	}
+	fmt.Printf("acquired %s\nfencing_token  %d\nlease_id       %s\nclient_id      %s\nexpires_at     %s\n",
+		gr.Name, gr.FencingToken, gr.LeaseID, gr.ClientID, showTime(gr.ExpiresAt))
+	return nil
+}
+
+// printHolder says who holds the lock when an acquire was refused.
+func printHolder(err error) {
+	var ae *client.APIError
+	if errors.As(err, &ae) && ae.Holder != nil {
+		fmt.Fprintf(os.Stderr, "dlock: held by %s (fencing token %d, expires %s)\n",
+			ae.Holder.ClientID, ae.Holder.FencingToken, showTime(ae.Holder.ExpiresAt))
+	}
+}
+
+const releaseUsage = `Usage: dlock release NAME --token N --lease-id ID [flags]
+
+Gives a lock taken with dlock acquire back; the next in line gets it at
+once. Use the --client-id the lock was acquired with. Exits 4 if that token
+and lease do not hold the lock (it expired or was released).
+`
+
+func runRelease(args []string) error {
+	fs := newCmdFlags("release", releaseUsage)
+	var g globalFlags
+	var h holderFlags
+	g.register(fs)
+	h.register(fs)
+	name, err := parseNamed(fs, &g, args)
+	if err != nil {
+		return err
+	}
+	if err := h.check(); err != nil {
+		return err
+	}
+	c, ctx, done, err := g.connect(0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := c.Release(ctx, name, h.token, h.leaseID); err != nil {
+		return err
+	}
+	if g.json() {
+		return printJSONOut(map[string]any{"name": name, "released": true})
+	}
+	fmt.Printf("released %s\n", name)
+	return nil
+}
+
+const renewUsage = `Usage: dlock renew NAME --token N --lease-id ID [--ttl D] [flags]
+
+Extends the lease of a lock taken with dlock acquire, optionally with a new
+TTL. Use the --client-id the lock was acquired with. Exits 4 if that token
+and lease do not hold the lock.
+`
+
+func runRenew(args []string) error {
+	fs := newCmdFlags("renew", renewUsage)
+	var g globalFlags
+	var h holderFlags
+	g.register(fs)
+	h.register(fs)
+	ttl := fs.Duration("ttl", 0, "new TTL (default: keep it)")
+	name, err := parseNamed(fs, &g, args)
+	if err != nil {
+		return err
+	}
+	if err := h.check(); err != nil {
+		return err
+	}
+	c, ctx, done, err := g.connect(0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	exp, err := c.Renew(ctx, name, h.token, h.leaseID, *ttl)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		return printJSONOut(map[string]any{"name": name, "renewed": true, "expires_at": exp})
+	}
+	fmt.Printf("renewed %s until %s\n", name, showTime(exp))
+	return nil
+}
+
+const statusUsage = `Usage: dlock status NAME [flags]
+
+Shows who holds a lock, with its fencing token and expiry, and how many wait.
+`
+
+func runStatus(args []string) error {
+	fs := newCmdFlags("status", statusUsage)
+	var g globalFlags
+	g.register(fs)
+	name, err := parseNamed(fs, &g, args)
+	if err != nil {
+		return err
+	}
+	c, ctx, done, err := g.connect(0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := c.Status(ctx, name)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		return printJSONOut(st)
+	}
+	if !st.Held {
+		fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
+		return nil
+	}
+	fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
+		st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
+	return nil
+}
+
+const listUsage = `Usage: dlock list [PREFIX] [flags]
+
+Lists the locks that are held or waited for, by name.
+`
+
+func runList(args []string) error {
+	fs := newCmdFlags("list", listUsage)
+	var g globalFlags
+	g.register(fs)
+	pos, rest, err := parseCmd(fs, &g, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return usageErrorf("want at most one prefix")
+	}
+	prefix := ""
+	if len(pos) == 1 {
+		prefix = pos[0]
+	}
+	c, ctx, done, err := g.connect(0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	locks, err := c.List(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		if locks == nil {
+			locks = []client.LockStatus{}
+		}
+		return printJSONOut(map[string]any{"locks": locks})
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tHOLDER\tTOKEN\tEXPIRES\tWAITING")
+	for _, l := range locks {
+		holder, token, exp := "-", "-", "-"
+		if l.Holder != nil {
+			holder, token, exp = l.Holder.ClientID, strconv.FormatUint(l.Holder.FencingToken, 10), showTime(l.Holder.ExpiresAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Name, holder, token, exp, l.Waiters)
+	}
+	return tw.Flush()
+}
+
+const membersUsage = `Usage: dlock members [flags]
+
+Lists the cluster's nodes as one of them sees them, and the leader.
+`
+
+func runMembers(args []string) error {
+	fs := newCmdFlags("members", membersUsage)
+	var g globalFlags
+	g.register(fs)
+	pos, rest, err := parseCmd(fs, &g, args, 0)
+	if err != nil {
+		return err
+	}
+	if len(pos)+len(rest) != 0 {
+		return usageErrorf("members takes no arguments")
+	}
+	c, ctx, done, err := g.connect(0)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ci, err := c.Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	if g.json() {
+		return printJSONOut(ci)
+	}
+	leader := ci.LeaderID
+	if leader == "" {
+		leader = "none (election under way?)"
+	}
+	fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT")
+	for _, m := range ci.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr)
+	}
+	return tw.Flush()
+}

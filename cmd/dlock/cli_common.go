@@ -1,0 +1,235 @@
+package main
+
+// The client commands (lock, acquire, release, renew, status, list,
+// members): flags and output only; the behaviour is package client's.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/dlock/dlock/client"
+)
+
+// Exit codes of the client commands (also in the usage text and docs).
+const (
+	cliExitOK    = 0
+	cliExitError = 1
+	cliExitUsage = 2
+	cliExitHeld  = 3 // lock held by someone else, or the wait timed out
+	cliExitLost  = 4 // lock lost while running the command, or not the holder
+)
+
+const defaultEndpoints = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090"
+
+const clientUsageFooter = `
+Common flags:
+  --endpoints URLS   comma-separated node URLs (env DLOCK_ENDPOINTS; default ` + defaultEndpoints + `)
+  --client-id ID     holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)
+  -o, --output FMT   human (default) or json
+  --timeout D        give up on an unreachable cluster after D (default 30s)
+  -v                 log retries to stderr
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 lock held or wait timed out,
+4 lock lost (lock) or not the holder (release, renew).
+`
+
+// globalFlags are the flags every client command takes.
+type globalFlags struct {
+	endpoints string
+	clientID  string
+	output    string
+	timeout   time.Duration
+	verbose   bool
+}
+
+func (g *globalFlags) register(fs *cmdFlags) {
+	def := os.Getenv("DLOCK_ENDPOINTS")
+	if def == "" {
+		def = defaultEndpoints
+	}
+	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node URLs (env DLOCK_ENDPOINTS)")
+	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)")
+	fs.StringVar(&g.output, "o", "human", "output: human or json")
+	fs.StringVar(&g.output, "output", "human", "output: human or json")
+	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "give up on an unreachable cluster after this long")
+	fs.BoolVar(&g.verbose, "v", false, "log retries to stderr")
+}
+
+func (g *globalFlags) check() error {
+	if g.output != "human" && g.output != "json" {
+		return usageErrorf("-o %q: use human or json", g.output)
+	}
+	if g.timeout <= 0 {
+		return usageErrorf("--timeout must be positive")
+	}
+	return nil
+}
+
+func (g *globalFlags) client() (*client.Client, error) {
+	var eps []string
+	for e := range strings.SplitSeq(g.endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	level := slog.LevelWarn
+	if g.verbose {
+		level = slog.LevelDebug
+	}
+	return client.New(client.Config{Endpoints: eps, ClientID: g.clientID,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
+}
+
+// connect returns a client and the command's deadline (--timeout plus
+// extra, for time spent waiting in line), and a function that ends both.
+func (g *globalFlags) connect(extra time.Duration) (*client.Client, context.Context, func(), error) {
+	c, err := g.client()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout+extra)
+	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
+func (g *globalFlags) json() bool { return g.output == "json" }
+
+// usageError is a mistake on the command line: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	var ue *usageError
+	switch {
+	case err == nil:
+		return cliExitOK
+	case errors.As(err, &ue), errors.Is(err, errUsage):
+		return cliExitUsage
+	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrNotHolder):
+		return cliExitLost
+	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrWaitTimeout):
+		return cliExitHeld
+	}
+	return cliExitError
+}
+
+// cmdFlags is a client command's flag set and its help text.
+type cmdFlags struct {
+	*flag.FlagSet
+	usage string
+}
+
+// newCmdFlags returns a quiet flag set: parse errors are printed once, by
+// runClientCommand, and -h prints usage with the common flags.
+func newCmdFlags(name, usage string) *cmdFlags {
+	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &cmdFlags{fs, usage}
+}
+
+// parseInterspersed parses flags placed anywhere among up to npos positional
+// arguments. What follows "--", or follows the last positional argument
+// expected, is returned as rest, untouched: it is a command and its own
+// flags.
+func parseInterspersed(fs *flag.FlagSet, args []string, npos int) (pos, rest []string, err error) {
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		left := fs.Args()
+		if i := len(args) - len(left); i > 0 && args[i-1] == "--" {
+			return pos, left, nil
+		}
+		if len(left) == 0 {
+			return pos, nil, nil
+		}
+		if len(pos) == npos {
+			return pos, left, nil
+		}
+		pos = append(pos, left[0])
+		args = left[1:]
+	}
+}
+
+// runClientCommand runs a client subcommand and returns its exit code.
+func runClientCommand(name string, args []string) int {
+	var err error
+	switch name {
+	case "lock":
+		err = runLockCommand(args)
+	case "acquire":
+		err = runAcquire(args)
+	case "release":
+		err = runRelease(args)
+	case "renew":
+		err = runRenew(args)
+	case "status":
+		err = runStatus(args)
+	case "list":
+		err = runList(args)
+	case "members":
+		err = runMembers(args)
+	default:
+		err = usageErrorf("unknown command")
+	}
+	var ec *exitCodeError
+	var ue *usageError
+	switch {
+	case errors.As(err, &ec):
+		return ec.code
+	case errors.Is(err, flag.ErrHelp):
+		return cliExitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(os.Stderr, "dlock %s: %v (see dlock %s -h)\n", name, err, name)
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "dlock %s: %v\n", name, err)
+	}
+	return exitCode(err)
+}
+
+// exitCodeError ends a command with a given code, its messages already
+// printed (lock passes its command's exit code through this way).
+type exitCodeError struct{ code int }
+
+func (e *exitCodeError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// parse wraps parseInterspersed for the client commands: flag errors are usage
+// errors, -h prints the usage, and the global flags are checked.
+func parseCmd(fs *cmdFlags, g *globalFlags, args []string, npos int) (pos, rest []string, err error) {
+	pos, rest, err = parseInterspersed(fs.FlagSet, args, npos)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(os.Stdout, fs.usage, clientUsageFooter)
+		return nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, &usageError{err.Error()}
+	}
+	return pos, rest, g.check()
+}
+
+func printJSONOut(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func showTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.RFC3339)
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/dlock/dlock/client"
+)
+
+const lockUsage = `Usage: dlock lock NAME [--ttl 30s] [--wait D | --no-wait] [--grace 10s] [flags] -- CMD [ARGS...]
+
+Runs CMD while holding the lock NAME, waiting in line for it first. CMD gets
+DLOCK_NAME and DLOCK_FENCING_TOKEN in its environment and runs in its own
+process group. dlock renews the lock every TTL/3; if it is lost, dlock sends
+SIGTERM to CMD's whole process group, SIGKILL after the grace period, and
+exits 4. Otherwise it exits with CMD's exit code (128+N if CMD died of signal
+N). SIGINT, SIGTERM and SIGHUP are passed on to CMD's process group; the lock
+is released when CMD exits.
+
+  --ttl D     lease TTL, 1s to 10m (default 30s): how long the lock outlives
+              a dlock that died without releasing it
+  --wait D    give up after waiting D in line (exit 3); default: wait as
+              long as it takes
+  --no-wait   exit 3 at once if the lock is held
+  --grace D   time between SIGTERM and SIGKILL when the lock is lost (10s)
+`
+
+func runLockCommand(args []string) error {
+	fs := newCmdFlags("lock", lockUsage)
+	var g globalFlags
+	g.register(fs)
+	ttl := fs.Duration("ttl", client.DefaultTTL, "lease TTL")
+	wait := fs.Duration("wait", 0, "give up after waiting this long (0: no limit)")
+	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
+	grace := fs.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL delay when the lock is lost")
+	pos, argv, err := parseCmd(fs, &g, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(argv) == 0 {
+		return usageErrorf("want a lock name and a command: dlock lock NAME -- CMD [ARGS...]")
+	}
+	if *wait < 0 || *grace < 0 {
+		return usageErrorf("--wait and --grace must not be negative")
+	}
+	name := pos[0]
+	c, err := g.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	// Catch signals from the start: a Ctrl-C while waiting must withdraw
+	// from the line, not kill dlock and leave the wait behind.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	m := c.NewMutex(name, client.WithTTL(*ttl))
+	l, err := lockOrSignal(m, *wait, *noWait, sigs)
+	if err != nil {
+		var sig *signalled
+		if errors.As(err, &sig) {
+			fmt.Fprintf(os.Stderr, "dlock lock: %v while waiting for %q\n", sig.sig, name)
+			return &exitCodeError{128 + signalNumber(sig.sig)}
+		}
+		printHolder(err)
+		return err
+	}
+	release := func() {
+		timeout := g.timeout
+		if l.Err() != nil {
+			// Lost: the release is only a courtesy in case the cluster
+			// still counts us as holder; do not linger over it.
+			timeout = min(timeout, 2*time.Second)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := m.Unlock(ctx); err != nil && errors.Is(l.Err(), client.ErrReleased) {
+			fmt.Fprintf(os.Stderr, "dlock lock: could not release %q, it expires after its TTL: %v\n", name, err)
+		}
+	}
+	if g.verbose {
+		fmt.Fprintf(os.Stderr, "dlock lock: holding %q with fencing token %d\n", name, l.Token())
+	}
+
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "DLOCK_NAME="+l.Name(), "DLOCK_FENCING_TOKEN="+strconv.FormatUint(l.Token(), 10))
+	ownProcessGroup(cmd)
+	if err := cmd.Start(); err != nil {
+		release()
+		return err
+	}
+	code, lost := supervise(cmd, l, sigs, *grace)
+	release()
+	if lost {
+		fmt.Fprintf(os.Stderr, "dlock lock: lost lock %q: %v\n", name, l.Err())
+		return &exitCodeError{cliExitLost}
+	}
+	return &exitCodeError{code}
+}
+
+type signalled struct{ sig os.Signal }
+
+func (s *signalled) Error() string { return "interrupted by " + s.sig.String() }
+
+// lockOrSignal takes the lock, giving up (and leaving nothing behind) if a
+// signal arrives first.
+func lockOrSignal(m *client.Mutex, wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if wait > 0 {
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	type result struct {
+		l   *client.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if noWait {
+			r.l, r.err = m.TryLock(ctx)
+		} else {
+			r.l, r.err = m.Lock(ctx)
+		}
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		return r.l, r.err
+	case s := <-sigs:
+		cancel()
+		if r := <-done; r.err == nil {
+			uctx, ucancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer ucancel()
+			m.Unlock(uctx)
+		}
+		return nil, &signalled{s}
+	}
+}
+
+// supervise waits for the command to exit, passing signals on to its process
+// group, and stops the group if the lease is lost: SIGTERM, then SIGKILL
+// after grace. It returns the command's exit code and whether the lease was
+// lost.
+func supervise(cmd *exec.Cmd, l *client.Lease, sigs <-chan os.Signal, grace time.Duration) (int, bool) {
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	lostCh := l.Done()
+	lost := false
+	var killAt <-chan time.Time
+	for {
+		select {
+		case <-exited:
+			if lost {
+				// Grandchildren may outlive the command; none may go on
+				// working without the lock.
+				reapGroup(cmd, killAt)
+			}
+			return exitStatus(cmd.ProcessState), lost
+		case <-lostCh:
+			lostCh = nil
+			lost = true
+			signalGroup(cmd, syscall.SIGTERM)
+			killAt = time.After(grace)
+		case s := <-sigs:
+			signalGroup(cmd, s)
+			if killAt == nil {
+				killAt = time.After(grace)
+			}
+		case <-killAt:
+			signalGroup(cmd, syscall.SIGKILL)
+			killAt = nil
+		}
+	}
+}
+
+// reapGroup waits until the command's process group is empty or the grace
+// period ends, then kills what is left.
+func reapGroup(cmd *exec.Cmd, killAt <-chan time.Time) {
+	if killAt == nil {
+		return // the group had its SIGKILL already
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for groupAlive(cmd) {
+		select {
+		case <-killAt:
+			signalGroup(cmd, syscall.SIGKILL)
+			return
+		case <-tick.C:
+		}
+	}
+}

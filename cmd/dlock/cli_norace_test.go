@@ -1,0 +1,6 @@
+//go:build !race
+
+package main
+
+// raceEnabled: the dlock binary under test is built with -race too.
+const raceEnabled = false

@@ -1,0 +1,321 @@
+//go:build unix
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/testcluster"
+)
+
+// cliEnv is a built dlock binary and a cluster for it to talk to.
+type cliEnv struct {
+	bin       string
+	tc        *testcluster.Cluster
+	endpoints string
+}
+
+func newCLIEnv(t *testing.T, bin string) *cliEnv {
+	tc := testcluster.New(t, 3)
+	var eps []string
+	for _, id := range tc.IDs() {
+		eps = append(eps, tc.URL(id))
+	}
+	return &cliEnv{bin: bin, tc: tc, endpoints: strings.Join(eps, ",")}
+}
+
+// command returns `dlock args...` pointed at the cluster.
+func (e *cliEnv) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, e.bin, args...)
+	cmd.Env = append(os.Environ(), "DLOCK_ENDPOINTS="+e.endpoints)
+	return cmd
+}
+
+// run runs dlock to completion and returns its output and exit code.
+func (e *cliEnv) run(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := e.command(ctx, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("dlock %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+}
+
+func buildDlock(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build dlock: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "dlock")
+	args := []string{"build"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "-o", bin, ".")
+	start := time.Now()
+	if out, err := exec.Command(goTool, args...).CombinedOutput(); err != nil {
+		t.Fatalf("go %v: %v\n%s", args, err, out)
+	}
+	t.Logf("built dlock (race=%v) in %s", raceEnabled, time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// TestCLI runs the client commands as a user would, against real clusters.
+func TestCLI(t *testing.T) {
+	bin := buildDlock(t)
+	e := newCLIEnv(t, bin)
+	t.Run("LockSerialisesCommands", func(t *testing.T) { testLockSerialises(t, e) })
+	t.Run("LockEnvAndExitCodes", func(t *testing.T) { testLockExitCodes(t, e) })
+	t.Run("LockForwardsSignals", func(t *testing.T) { testLockSignals(t, e) })
+	t.Run("LowLevelCommands", func(t *testing.T) { testLowLevel(t, e) })
+	// Last: it stops its own cluster.
+	t.Run("LockLostStopsCommand", func(t *testing.T) { testLockLost(t, newCLIEnv(t, bin)) })
+}
+
+// testLockSerialises runs two contending `dlock lock` commands that write
+// to one file: the second starts only after the first ended.
+func testLockSerialises(t *testing.T, e *cliEnv) {
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var cmds []*exec.Cmd
+	for range 2 {
+		cmd := e.command(ctx, "lock", "ci/deploy", "--", "sh", "-c", "echo start $$ $DLOCK_FENCING_TOKEN; sleep 0.3; echo end $$")
+		cmd.Stdout, cmd.Stderr = out, os.Stderr // one shared file offset: lines land in the order written
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("dlock lock: %v", err)
+		}
+	}
+	data, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	bad := func() { t.Fatalf("want start/end of one command, then start/end of the other; got:\n%s", data) }
+	if len(lines) != 4 {
+		bad()
+	}
+	var s1, s2 []string
+	s1, s2 = strings.Fields(lines[0]), strings.Fields(lines[2])
+	if len(s1) != 3 || len(s2) != 3 || s1[0] != "start" || s2[0] != "start" ||
+		lines[1] != "end "+s1[1] || lines[3] != "end "+s2[1] || s1[1] == s2[1] {
+		bad()
+	}
+	if s1[2] == s2[2] || s1[2] == "" {
+		t.Fatalf("both commands ran with fencing token %s", s1[2])
+	}
+}
+
+func testLockExitCodes(t *testing.T, e *cliEnv) {
+	out, _, code := e.run(t, "lock", "cli/env", "--", "sh", "-c", `echo "$DLOCK_NAME $DLOCK_FENCING_TOKEN"; exit 7`)
+	if code != 7 || !strings.HasPrefix(out, "cli/env ") {
+		t.Fatalf("exit %d, output %q; want the command's exit code 7 and DLOCK_NAME in its environment", code, out)
+	}
+	if _, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(out, "cli/env ")), 10, 64); err != nil {
+		t.Fatalf("DLOCK_FENCING_TOKEN in %q: %v", out, err)
+	}
+	if _, _, code := e.run(t, "lock", "cli/env", "--", "sh", "-c", "kill -TERM $$"); code != 128+15 {
+		t.Fatalf("command killed by SIGTERM: exit %d, want 143", code)
+	}
+
+	// Held by someone else: --no-wait and --wait give up with 3.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder := e.command(ctx, "lock", "cli/held", "--", "sh", "-c", "echo holding; sleep 30")
+	stdout, _ := holder.StdoutPipe()
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Signal(syscall.SIGTERM); holder.Wait() }()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "holding\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	if _, errOut, code := e.run(t, "lock", "cli/held", "--no-wait", "--", "true"); code != 3 || !strings.Contains(errOut, "held by") {
+		t.Fatalf("--no-wait on a held lock: exit %d, stderr %q; want 3 and the holder", code, errOut)
+	}
+	if _, _, code := e.run(t, "lock", "cli/held", "--wait", "300ms", "--", "true"); code != 3 {
+		t.Fatalf("--wait 300ms on a held lock: exit %d, want 3", code)
+	}
+	if _, _, code := e.run(t, "lock", "cli/held"); code != 2 {
+		t.Fatalf("lock without a command: exit %d, want 2", code)
+	}
+	if _, _, code := e.run(t, "lock", "cli/held", "--ttl", "100ms", "--", "true"); code != 1 {
+		t.Fatalf("lock with a bad TTL: exit %d, want 1", code)
+	}
+}
+
+// testLockSignals: SIGINT to dlock goes to the command's group; the lock is
+// released when the command exits.
+func testLockSignals(t *testing.T, e *cliEnv) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := e.command(ctx, "lock", "cli/int", "--", "sh", "-c", `trap 'echo got INT; exit 5' INT; echo ready; while :; do sleep 0.1; done`)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(stdout)
+	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("command: %q %v", line, err)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	rest, _ := rd.ReadString(0)
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 5 || rest != "got INT\n" {
+		t.Fatalf("after SIGINT: exit %d, output %q; want the command's trap to run and its code 5", code, rest)
+	}
+	if out, _, _ := e.run(t, "status", "cli/int", "-o", "json"); !strings.Contains(out, `"held": false`) {
+		t.Fatalf("lock still held after the command exited: %s", out)
+	}
+}
+
+func testLowLevel(t *testing.T, e *cliEnv) {
+	out, errOut, code := e.run(t, "acquire", "cli/low", "--ttl", "20s", "--client-id", "script-1", "-o", "json")
+	if code != 0 {
+		t.Fatalf("acquire: exit %d: %s", code, errOut)
+	}
+	var g struct {
+		FencingToken uint64 `json:"fencing_token"`
+		LeaseID      string `json:"lease_id"`
+		ClientID     string `json:"client_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &g); err != nil || g.FencingToken == 0 || len(g.LeaseID) != 32 || g.ClientID != "script-1" {
+		t.Fatalf("acquire -o json: %q (%v)", out, err)
+	}
+	tok := strconv.FormatUint(g.FencingToken, 10)
+	out, _, code = e.run(t, "status", "cli/low")
+	if code != 0 || !strings.Contains(out, "held by script-1") || !strings.Contains(out, tok) {
+		t.Fatalf("status: exit %d: %s", code, out)
+	}
+	if _, errOut, code := e.run(t, "acquire", "cli/low", "--ttl", "20s"); code != 3 || !strings.Contains(errOut, "script-1") {
+		t.Fatalf("acquire of a held lock: exit %d, %s", code, errOut)
+	}
+	if _, _, code := e.run(t, "renew", "cli/low", "--token", tok, "--lease-id", g.LeaseID, "--client-id", "script-1", "--ttl", "30s"); code != 0 {
+		t.Fatalf("renew: exit %d", code)
+	}
+	if _, _, code := e.run(t, "release", "cli/low", "--token", tok, "--lease-id", g.LeaseID); code != 4 {
+		t.Fatalf("release under another client id: exit %d, want 4 (not the holder)", code)
+	}
+	out, _, code = e.run(t, "list", "cli/")
+	if code != 0 || !strings.Contains(out, "cli/low") || !strings.Contains(out, "script-1") {
+		t.Fatalf("list: exit %d: %s", code, out)
+	}
+	if _, _, code := e.run(t, "release", "cli/low", "--token", tok, "--lease-id", g.LeaseID, "--client-id", "script-1"); code != 0 {
+		t.Fatalf("release: exit %d", code)
+	}
+	if _, _, code := e.run(t, "release", "cli/low", "--token", tok, "--lease-id", g.LeaseID, "--client-id", "script-1"); code != 4 {
+		t.Fatalf("second release: exit %d, want 4", code)
+	}
+	if _, _, code := e.run(t, "release", "cli/low"); code != 2 {
+		t.Fatalf("release without --token: exit %d, want 2", code)
+	}
+	out, _, code = e.run(t, "members", "-o", "json")
+	var ci struct {
+		LeaderID string `json:"leader_id"`
+		Members  []struct {
+			ID string `json:"id"`
+		} `json:"members"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &ci) != nil || len(ci.Members) != 3 || ci.LeaderID == "" {
+		t.Fatalf("members -o json: exit %d: %s", code, out)
+	}
+	if out, _, code := e.run(t, "members"); code != 0 || !strings.Contains(out, "leader "+ci.LeaderID) {
+		t.Fatalf("members: exit %d: %s", code, out)
+	}
+}
+
+// testLockLost stops every node while two commands hold locks: each
+// command's whole process group is terminated (one ignores SIGTERM and is
+// killed after the grace period) and dlock exits 4.
+func testLockLost(t *testing.T, e *cliEnv) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	scripts := map[string]string{
+		"cli/lost/term":   `sleep 100 & echo $!; wait`,
+		"cli/lost/ignore": `trap '' TERM; sleep 100 & echo $!; wait`,
+	}
+	type held struct {
+		cmd        *exec.Cmd
+		grandchild int
+		stderr     *bytes.Buffer
+	}
+	var all []held
+	for name, script := range scripts {
+		cmd := e.command(ctx, "lock", name, "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", script)
+		stdout, _ := cmd.StdoutPipe()
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		pid, perr := strconv.Atoi(strings.TrimSpace(line))
+		if err != nil || perr != nil {
+			t.Fatalf("%s: want the grandchild's pid, got %q %v", name, line, err)
+		}
+		all = append(all, held{cmd, pid, &errOut})
+		defer syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, id := range e.tc.Running() {
+		e.tc.Kill(id)
+	}
+	for _, h := range all {
+		err := h.cmd.Wait()
+		if code := h.cmd.ProcessState.ExitCode(); code != cliExitLost || !strings.Contains(h.stderr.String(), "lost lock") {
+			t.Fatalf("dlock lock after its lock was lost: exit %d (%v), stderr %q; want 4", code, err, h.stderr)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for !processGone(h.grandchild) {
+			if time.Now().After(deadline) {
+				t.Fatalf("grandchild %d still runs after the lock was lost", h.grandchild)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// processGone reports whether pid no longer runs (a zombie waiting to be
+// reaped by init counts as gone).
+func processGone(pid int) bool {
+	if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return os.IsNotExist(err)
+	}
+	// The state follows the parenthesised command name.
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
+}
