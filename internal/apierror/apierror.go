@@ -4,6 +4,7 @@
 package apierror
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -118,4 +119,22 @@ func CodeOf(err error) Code {
 		return ""
 	}
 	return From(err).Code
+}
+
+// Public is what a client may see of err, the answer to a request whose
+// context is ctx. A bare context error of a request that was cancelled (the
+// client went away, or the server is stopping) becomes Unavailable; it is no
+// server fault. internal reports a 500-class error: the caller logs err and
+// shows the client only where to find it in the log, since the cause may hold
+// internals a client has no business seeing.
+func Public(ctx context.Context, err error) (e *Error, internal bool) {
+	e, isAPI := errors.AsType[*Error](err)
+	switch {
+	case isAPI:
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		e = &Error{Code: Unavailable, Message: "the request was cancelled before it finished; retry it", Err: err}
+	default:
+		e = From(err)
+	}
+	return e, HTTPStatus(e.Code) == http.StatusInternalServerError
 }

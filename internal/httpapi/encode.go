@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -69,19 +68,9 @@ func reply[T any](a *api, w http.ResponseWriter, r *http.Request, status int, re
 
 // publicError is what a client may see of err, and its HTTP status.
 func (a *api) publicError(r *http.Request, err error) (*apierror.Error, int) {
-	e, isAPI := errors.AsType[*apierror.Error](err)
-	if !isAPI && r.Context().Err() != nil &&
-		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		// The client hung up (or the server is shutting down) and the service
-		// passed the context error through. Nobody may be listening, and it is
-		// no server fault worth an error log line.
-		e = &apierror.Error{Code: apierror.Unavailable, Message: "the request was cancelled before it finished; retry it", Err: err}
-	} else if !isAPI {
-		e = apierror.From(err)
-	}
-
+	e, internal := apierror.Public(r.Context(), err)
 	status := apierror.HTTPStatus(e.Code)
-	if status != http.StatusInternalServerError {
+	if !internal {
 		return e, status
 	}
 	// Internal errors, and codes the table does not know, are logged with

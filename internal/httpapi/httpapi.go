@@ -57,6 +57,8 @@ type Options struct {
 	// would bring back the ServeMux's path cleaning and its 301 redirects, which
 	// must never answer a bad lock name.
 	Metrics http.Handler
+	// Debug, when set, serves /debug/pprof/ (the --enable-pprof flag).
+	Debug http.Handler
 	// WatchHeartbeat is how often an idle event stream sends a comment line so
 	// proxies keep it open (default 15 s).
 	WatchHeartbeat time.Duration
@@ -90,6 +92,7 @@ type api struct {
 	maxBody   int64
 	metrics   http.Handler
 	heartbeat time.Duration
+	debug     http.Handler
 }
 
 // New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
@@ -116,7 +119,7 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 	if opts.WatchHeartbeat <= 0 {
 		opts.WatchHeartbeat = 15 * time.Second
 	}
-	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat}
+	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: opts.Debug}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 
@@ -136,6 +139,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 			a.metrics.ServeHTTP(w, r)
 			return
 		}
+	}
+	if a.debug != nil && strings.HasPrefix(p, "/debug/pprof/") {
+		a.debug.ServeHTTP(w, r)
+		return
 	}
 
 	if rest, ok := cutSegments(p, locksPrefix); ok {

@@ -13,15 +13,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
+	"github.com/dlock/dlock/internal/grpcapi"
 	"github.com/dlock/dlock/internal/httpapi"
 	"github.com/dlock/dlock/internal/metrics"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
+	"github.com/dlock/dlock/internal/wsapi"
 )
 
 // Config is a node's raft settings plus where to serve the client API.
@@ -29,13 +32,18 @@ type Config struct {
 	Raft raftnode.Config
 	// APIAddr is the HTTP listen address; Raft.APIAddr (advertised) defaults to it.
 	APIAddr string
-	// MaxBodyBytes bounds request bodies (default 64 KiB).
+	// GRPCAddr is the gRPC listen address; empty serves no gRPC.
+	GRPCAddr string
+	// MaxBodyBytes bounds request bodies, gRPC and WebSocket messages
+	// (default 64 KiB).
 	MaxBodyBytes int64
 	// Join lists API URLs of existing members; a node given Join (and no
 	// initial cluster) asks them to add it, retrying until it is a member.
 	Join []string
 	// LeaveOnShutdown removes the node from the cluster on graceful shutdown.
 	LeaveOnShutdown bool
+	// EnablePprof serves Go's profiler at /debug/pprof/ on the API port.
+	EnablePprof bool
 	// WatchHistory is how many events each node keeps for watches that resume
 	// from a revision; WatchBuffer how many a watcher may fall behind.
 	WatchHistory, WatchBuffer int
@@ -49,6 +57,9 @@ type Server struct {
 	http    *http.Server
 	ln      net.Listener
 	done    chan struct{}
+	grpc    *grpcapi.Server
+	grpcLn  net.Listener
+	ws      *wsapi.Handler
 	logger  *slog.Logger
 	cfg     Config
 	stop    context.CancelFunc
@@ -64,6 +75,13 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
 	}
+	var grpcLn net.Listener
+	if cfg.GRPCAddr != "" {
+		if grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("listen for gRPC on %s: %w (is the port in use?)", cfg.GRPCAddr, err)
+		}
+	}
 	rc := cfg.Raft
 	if rc.APIAddr == "" {
 		rc.APIAddr = ln.Addr().String()
@@ -77,6 +95,9 @@ func Start(cfg Config) (*Server, error) {
 	node, err := raftnode.Open(rc)
 	if err != nil {
 		ln.Close()
+		if grpcLn != nil {
+			grpcLn.Close()
+		}
 		return nil, err
 	}
 	svc := service.New(node, hub, cfg.Logger)
@@ -84,8 +105,18 @@ func Start(cfg Config) (*Server, error) {
 	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
+	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof)})
+	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes})
 	s.http = &http.Server{
-		Handler:           httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler()}),
+		// The WebSocket endpoint is matched on the exact escaped path, so
+		// httpapi keeps its own routing (no ServeMux path cleaning).
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.EscapedPath() == wsapi.Path {
+				s.ws.ServeHTTP(w, r)
+				return
+			}
+			api.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
@@ -96,6 +127,15 @@ func Start(cfg Config) (*Server, error) {
 			s.logger.Error("API server stopped", "err", err)
 		}
 	}()
+	if grpcLn != nil {
+		s.grpcLn = grpcLn
+		s.grpc = grpcapi.New(svc, s.logger, grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes)})
+		go func() {
+			if err := s.grpc.Serve(grpcLn); err != nil {
+				s.logger.Error("gRPC server stopped", "err", err)
+			}
+		}()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	if len(cfg.Join) > 0 {
@@ -154,6 +194,14 @@ func (s *Server) Joined() <-chan struct{} { return s.joined }
 // APIAddr is the address the API listens on.
 func (s *Server) APIAddr() string { return s.ln.Addr().String() }
 
+// GRPCAddr is the address gRPC listens on, or "" without gRPC.
+func (s *Server) GRPCAddr() string {
+	if s.grpcLn == nil {
+		return ""
+	}
+	return s.grpcLn.Addr().String()
+}
+
 // Shutdown stops accepting requests, lets open ones finish until ctx ends,
 // then stops the node.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -168,11 +216,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.Node.HandOffLeadership()
 	}
 	s.Service.Close()
+	// WebSocket connections are hijacked, so http.Shutdown would not end
+	// them; closing them withdraws their waits while the node still runs.
+	s.ws.Close()
+	gerr := make(chan error, 1)
+	go func() {
+		if s.grpc == nil {
+			gerr <- nil
+			return
+		}
+		gerr <- s.grpc.Shutdown(ctx)
+	}()
 	herr := s.http.Shutdown(ctx)
 	if herr != nil {
 		_ = s.http.Close()
 	}
 	<-s.done
+	herr = errors.Join(herr, <-gerr)
 	nerr := s.Node.Shutdown()
 	return errors.Join(herr, nerr)
 }
@@ -185,6 +245,10 @@ func (s *Server) Kill() {
 	// the requests its dying connections abandon.
 	_ = s.Node.Shutdown()
 	s.Service.Close()
+	if s.grpc != nil {
+		s.grpc.Stop()
+	}
+	s.ws.Close()
 	_ = s.http.Close()
 	<-s.done
 }
@@ -198,3 +262,17 @@ type metricsSource struct {
 func (m metricsSource) Status() raftnode.Status    { return m.node.Status() }
 func (m metricsSource) Read(fn func(*state.State)) { m.node.FSM().Read(fn) }
 func (m metricsSource) Watchers() int              { return m.hub.Watchers() }
+
+// pprofHandler serves net/http/pprof when enabled (nil otherwise).
+func pprofHandler(enabled bool) http.Handler {
+	if !enabled {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}

@@ -239,6 +239,9 @@ func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, err
 	case command.StatusOK:
 		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision}, nil
 	case command.StatusLockHeld:
+		// Callers may describe the holder from local state (an election's
+		// value): on a follower, first apply what the leader answered from.
+		_ = s.fsm.WaitApplied(ctx, resp.Index)
 		h := r.Holder
 		return &grantAnswer{holder: &h, revision: r.Revision},
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)

@@ -82,7 +82,6 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 		c.ids = append(c.ids, id)
 		c.raft[id] = FreePort(t)
 		c.api[id] = FreePort(t)
-		c.grpc[id] = FreePort(t)
 	}
 	for _, id := range c.ids {
 		if opts.Prepare != nil {
@@ -131,6 +130,11 @@ func (c *Cluster) Start(id string) {
 		}
 	}
 	apiAddr, grpcAddr := c.api[id], c.grpc[id]
+	if grpcAddr == "" {
+		// Let the first start pick the port, so no other socket can take it
+		// between choosing and listening; restarts reuse it.
+		grpcAddr = "127.0.0.1:0"
+	}
 	c.mu.Unlock()
 	if c.Tune != nil {
 		c.Tune(&rc)
@@ -150,6 +154,7 @@ func (c *Cluster) Start(id string) {
 	}
 	c.mu.Lock()
 	c.servers[id] = s
+	c.grpc[id] = s.GRPCAddr()
 	c.mu.Unlock()
 }
 
@@ -186,7 +191,6 @@ func (c *Cluster) Join() string {
 	c.ids = append(c.ids, id)
 	c.raft[id] = FreePort(c.t)
 	c.api[id] = FreePort(c.t)
-	c.grpc[id] = FreePort(c.t)
 	c.joiners[id] = true
 	c.mu.Unlock()
 	c.Start(id)

@@ -1,0 +1,197 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// fake answers the calls the tests set and fails the rest.
+type fake struct {
+	Service
+	acquire   func(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error)
+	getLock   func(ctx context.Context, name string, stale bool) (*service.LockView, error)
+	keepAlive func(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
+}
+
+func (f *fake) Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error) {
+	return f.acquire(ctx, req)
+}
+
+func (f *fake) GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error) {
+	return f.getLock(ctx, name, stale)
+}
+
+func (f *fake) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
+	return f.keepAlive(ctx, req)
+}
+
+func serve(t *testing.T, svc Service) *grpc.ClientConn {
+	t.Helper()
+	ln := bufconn.Listen(1 << 20)
+	s := New(svc, nil, Options{})
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	cc, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func detailOf(t *testing.T, err error) (*status.Status, *dlockv1.ErrorDetail) {
+	t.Helper()
+	st := status.Convert(err)
+	for _, d := range st.Details() {
+		if ed, ok := d.(*dlockv1.ErrorDetail); ok {
+			return st, ed
+		}
+	}
+	t.Fatalf("status %v has no ErrorDetail", st)
+	return nil, nil
+}
+
+func TestErrorsMapThroughTheTable(t *testing.T) {
+	var next error
+	f := &fake{getLock: func(context.Context, string, bool) (*service.LockView, error) { return nil, next }}
+	client := dlockv1.NewLockServiceClient(serve(t, f))
+	for _, c := range []apierror.Code{apierror.InvalidArgument, apierror.NotFound, apierror.SessionNotFound, apierror.LockHeld,
+		apierror.WaitTimeout, apierror.NotHolder, apierror.TooLarge, apierror.RateLimited, apierror.NoLeader, apierror.Unavailable,
+		apierror.Compacted, apierror.PermissionDenied, apierror.Unauthenticated, apierror.MethodNotAllowed} {
+		next = apierror.New(c, "what went wrong: %s", c)
+		_, err := client.GetLock(context.Background(), &dlockv1.GetLockRequest{Name: "x"})
+		st, d := detailOf(t, err)
+		if st.Code() != apierror.GRPCCode(c) || d.Code != string(c) || st.Message() != "what went wrong: "+string(c) {
+			t.Errorf("%s: got %v %q detail %+v", c, st.Code(), st.Message(), d)
+		}
+		if retry := st.Code() == codes.Unavailable || st.Code() == codes.ResourceExhausted; retry != (d.RetryAfterMs >= 1000) {
+			t.Errorf("%s: retry_after_ms %d", c, d.RetryAfterMs)
+		}
+	}
+	// Internal errors and plain errors show no cause, only where to look.
+	for _, err := range []error{apierror.Wrap(apierror.Internal, errors.New("secret cause"), "boom"), errors.New("secret cause")} {
+		next = err
+		_, got := client.GetLock(context.Background(), &dlockv1.GetLockRequest{Name: "x"})
+		st, d := detailOf(t, got)
+		if st.Code() != codes.Internal || d.Code != "internal" || strings.Contains(st.Message(), "secret") || !strings.Contains(st.Message(), "request id") {
+			t.Errorf("internal error shown as %v %q %+v", st.Code(), st.Message(), d)
+		}
+	}
+}
+
+func TestLockHeldCarriesTheHolder(t *testing.T) {
+	f := &fake{acquire: func(context.Context, service.AcquireRequest) (*service.AcquireResponse, error) {
+		return &service.AcquireResponse{Holder: &service.Holder{ClientID: "alice", FencingToken: 7, GrantedAt: time.UnixMilli(1000)}},
+			apierror.New(apierror.LockHeld, "held by alice")
+	}}
+	_, err := dlockv1.NewLockServiceClient(serve(t, f)).Acquire(context.Background(), &dlockv1.AcquireRequest{Name: "x", ClientId: "bob", TtlMs: 5000})
+	st, d := detailOf(t, err)
+	if st.Code() != codes.FailedPrecondition || d.Code != "lock_held" || d.Holder.GetClientId() != "alice" || d.Holder.GetFencingToken() != 7 ||
+		d.Holder.GetGrantedAt().AsTime().UnixMilli() != 1000 || d.Holder.ExpiresAt != nil {
+		t.Fatalf("got %v %+v", st, d)
+	}
+}
+
+// A client that cancels a waiting Acquire cancels the service call's context:
+// that is what withdraws the wait.
+func TestCancelledCallCancelsTheServiceContext(t *testing.T) {
+	started, ended := make(chan struct{}), make(chan error, 1)
+	f := &fake{acquire: func(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error) {
+		close(started)
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return nil, ctx.Err()
+	}}
+	client := dlockv1.NewLockServiceClient(serve(t, f))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.Acquire(ctx, &dlockv1.AcquireRequest{Name: "x", ClientId: "c", TtlMs: 5000, WaitTimeoutMs: 60000})
+		errc <- err
+	}()
+	<-started
+	cancel()
+	select {
+	case err := <-ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("service ctx ended with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the service call's context was not cancelled")
+	}
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Fatalf("client got %v", err)
+	}
+}
+
+func TestRequestIDIsEchoed(t *testing.T) {
+	f := &fake{getLock: func(context.Context, string, bool) (*service.LockView, error) {
+		return &service.LockView{Name: "x"}, nil
+	}}
+	client := dlockv1.NewLockServiceClient(serve(t, f))
+	var hdr metadata.MD
+	ctx := metadata.AppendToOutgoingContext(context.Background(), RequestIDKey, "trace-42")
+	if _, err := client.GetLock(ctx, &dlockv1.GetLockRequest{Name: "x"}, grpc.Header(&hdr)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hdr.Get(RequestIDKey); len(got) != 1 || got[0] != "trace-42" {
+		t.Fatalf("x-request-id header %v", got)
+	}
+}
+
+// KeepAliveStream renews at TTL/3, rides out a passing failure, and ends with
+// the session's own error once it is gone.
+func TestKeepAliveStream(t *testing.T) {
+	var calls atomic.Int32
+	f := &fake{keepAlive: func(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
+		switch n := calls.Add(1); {
+		case n == 3:
+			return nil, apierror.New(apierror.NoLeader, "election under way")
+		case n >= 6:
+			return nil, apierror.New(apierror.SessionNotFound, "session not found")
+		}
+		return &service.SessionResponse{TTLms: 300, ExpiresAt: time.Now().Add(300 * time.Millisecond)}, nil
+	}}
+	client := dlockv1.NewSessionServiceClient(serve(t, f))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := client.KeepAliveStream(ctx, &dlockv1.KeepAliveStreamRequest{SessionId: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			if st, d := detailOf(t, err); st.Code() != codes.NotFound || d.Code != "session_not_found" {
+				t.Fatalf("stream ended with %v", err)
+			}
+			break
+		}
+		if r.TtlMs != 300 {
+			t.Fatalf("response %+v", r)
+		}
+		got++
+	}
+	if got != 4 || calls.Load() != 6 {
+		t.Fatalf("%d responses from %d renewals; want 4 from 6", got, calls.Load())
+	}
+}

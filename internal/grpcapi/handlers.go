@@ -1,0 +1,277 @@
+package grpcapi
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/watch"
+)
+
+// Every handler passes its call's ctx to the service: gRPC cancels it when the
+// client cancels or its connection dies, which is how a waiting Acquire or
+// Campaign withdraws its wait (as HTTP does through the request context).
+
+type lockServer struct{ *api }
+
+func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
+	resp, err := s.svc.Acquire(ctx, service.AcquireRequest{Name: req.Name, ClientID: req.ClientId, TTLms: req.TtlMs,
+		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId})
+	if err != nil {
+		// lock_held and wait_timeout come with who holds the lock.
+		var d dlockv1.ErrorDetail
+		if resp != nil {
+			d.Holder = holderPB(resp.Holder)
+		}
+		return nil, s.status(ctx, err, &d)
+	}
+	return reply(s.api, ctx, resp, nil, func(r *service.AcquireResponse) *dlockv1.AcquireResponse {
+		return &dlockv1.AcquireResponse{Acquired: r.Acquired, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision}
+	})
+}
+
+func (s *lockServer) Release(ctx context.Context, req *dlockv1.ReleaseRequest) (*dlockv1.ReleaseResponse, error) {
+	resp, err := s.svc.Release(ctx, service.ReleaseRequest{Name: req.Name, ClientID: req.ClientId, FencingToken: req.FencingToken,
+		LeaseID: req.LeaseId, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.ReleaseResponse) *dlockv1.ReleaseResponse {
+		return &dlockv1.ReleaseResponse{Released: r.Released, Revision: r.Revision}
+	})
+}
+
+func (s *lockServer) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlockv1.RenewResponse, error) {
+	resp, err := s.svc.Renew(ctx, service.RenewRequest{Name: req.Name, ClientID: req.ClientId, FencingToken: req.FencingToken,
+		LeaseID: req.LeaseId, TTLms: req.TtlMs, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, renewPB)
+}
+
+func (s *lockServer) GetLock(ctx context.Context, req *dlockv1.GetLockRequest) (*dlockv1.GetLockResponse, error) {
+	resp, err := s.svc.GetLock(ctx, req.Name, req.Stale)
+	return reply(s.api, ctx, resp, err, func(v *service.LockView) *dlockv1.GetLockResponse {
+		return &dlockv1.GetLockResponse{Lock: lockPB(v)}
+	})
+}
+
+func (s *lockServer) ListLocks(ctx context.Context, req *dlockv1.ListLocksRequest) (*dlockv1.ListLocksResponse, error) {
+	resp, err := s.svc.ListLocks(ctx, service.ListRequest{Prefix: req.Prefix, After: req.After, Limit: int(req.Limit), Stale: req.Stale})
+	return reply(s.api, ctx, resp, err, func(r *service.ListResponse) *dlockv1.ListLocksResponse {
+		out := &dlockv1.ListLocksResponse{More: r.More, Revision: r.Revision}
+		for i := range r.Locks {
+			out.Locks = append(out.Locks, lockPB(&r.Locks[i]))
+		}
+		return out
+	})
+}
+
+type sessionServer struct{ *api }
+
+func (s *sessionServer) CreateSession(ctx context.Context, req *dlockv1.CreateSessionRequest) (*dlockv1.CreateSessionResponse, error) {
+	resp, err := s.svc.CreateSession(ctx, service.CreateSessionRequest{ClientID: req.ClientId, TTLms: req.TtlMs, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.SessionResponse) *dlockv1.CreateSessionResponse {
+		return &dlockv1.CreateSessionResponse{SessionId: r.SessionID, TtlMs: r.TTLms, ExpiresAt: ts(r.ExpiresAt), Revision: r.Revision}
+	})
+}
+
+func (s *sessionServer) KeepAlive(ctx context.Context, req *dlockv1.KeepAliveRequest) (*dlockv1.KeepAliveResponse, error) {
+	resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.SessionResponse) *dlockv1.KeepAliveResponse {
+		return &dlockv1.KeepAliveResponse{SessionId: r.SessionID, TtlMs: r.TTLms, ExpiresAt: ts(r.ExpiresAt), Revision: r.Revision}
+	})
+}
+
+// KeepAliveStream renews a session every TTL/3 while the call is open. A
+// renewal that fails for a passing reason (no leader during an election) is
+// retried soon, for as long as the session may still be alive by the last
+// successful renewal; after that the caller must learn that its locks may be
+// gone.
+func (s *sessionServer) KeepAliveStream(req *dlockv1.KeepAliveStreamRequest, stream grpc.ServerStreamingServer[dlockv1.KeepAliveStreamResponse]) error {
+	ctx := stream.Context()
+	var lastOK time.Time
+	var ttl time.Duration
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return s.status(ctx, ctx.Err(), nil)
+		case <-s.closing:
+			return s.status(ctx, apierror.New(apierror.Unavailable, "this node is shutting down; open the keepalive stream on another node"), nil)
+		case <-timer.C:
+		}
+		resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId})
+		switch {
+		case err == nil:
+			lastOK, ttl = time.Now(), time.Duration(resp.TTLms)*time.Millisecond
+			if err := stream.Send(&dlockv1.KeepAliveStreamResponse{TtlMs: resp.TTLms, ExpiresAt: ts(resp.ExpiresAt), Revision: resp.Revision}); err != nil {
+				return err
+			}
+			timer.Reset(ttl / 3)
+		case transient(err) && ctx.Err() == nil && !lastOK.IsZero() && time.Since(lastOK) < ttl:
+			timer.Reset(min(time.Second, ttl/10))
+		default:
+			return s.status(ctx, err, nil)
+		}
+	}
+}
+
+func transient(err error) bool {
+	c := apierror.CodeOf(err)
+	return c == apierror.Unavailable || c == apierror.NoLeader
+}
+
+func (s *sessionServer) DeleteSession(ctx context.Context, req *dlockv1.DeleteSessionRequest) (*dlockv1.DeleteSessionResponse, error) {
+	resp, err := s.svc.DeleteSession(ctx, service.DeleteSessionRequest{SessionID: req.SessionId, ClientID: req.ClientId, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.DeleteSessionResponse) *dlockv1.DeleteSessionResponse {
+		return &dlockv1.DeleteSessionResponse{Deleted: r.Deleted, Revision: r.Revision}
+	})
+}
+
+type electionServer struct{ *api }
+
+func (s *electionServer) Campaign(ctx context.Context, req *dlockv1.CampaignRequest) (*dlockv1.CampaignResponse, error) {
+	resp, err := s.svc.Campaign(ctx, service.CampaignRequest{Name: req.Name, CandidateID: req.CandidateId, Value: req.Value,
+		TTLms: req.TtlMs, SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId})
+	if err != nil {
+		var d dlockv1.ErrorDetail
+		if resp != nil {
+			d.Current = leaderPB(resp.Current)
+		}
+		return nil, s.status(ctx, err, &d)
+	}
+	return reply(s.api, ctx, resp, nil, func(r *service.CampaignResponse) *dlockv1.CampaignResponse {
+		return &dlockv1.CampaignResponse{Leader: r.Leader, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision}
+	})
+}
+
+func (s *electionServer) GetElection(ctx context.Context, req *dlockv1.GetElectionRequest) (*dlockv1.GetElectionResponse, error) {
+	resp, err := s.svc.GetElection(ctx, req.Name, req.Stale)
+	return reply(s.api, ctx, resp, err, func(v *service.ElectionView) *dlockv1.GetElectionResponse {
+		return &dlockv1.GetElectionResponse{Election: electionPB(v)}
+	})
+}
+
+func (s *electionServer) Proclaim(ctx context.Context, req *dlockv1.ProclaimRequest) (*dlockv1.ProclaimResponse, error) {
+	resp, err := s.svc.Proclaim(ctx, service.ProclaimRequest{Name: req.Name, CandidateID: req.CandidateId, FencingToken: req.FencingToken,
+		LeaseID: req.LeaseId, Value: req.Value, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.ProclaimResponse) *dlockv1.ProclaimResponse {
+		return &dlockv1.ProclaimResponse{Proclaimed: r.Proclaimed, Revision: r.Revision}
+	})
+}
+
+func (s *electionServer) Resign(ctx context.Context, req *dlockv1.ResignRequest) (*dlockv1.ResignResponse, error) {
+	resp, err := s.svc.Resign(ctx, service.ResignRequest{Name: req.Name, CandidateID: req.CandidateId, FencingToken: req.FencingToken,
+		LeaseID: req.LeaseId, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.ResignResponse) *dlockv1.ResignResponse {
+		return &dlockv1.ResignResponse{Resigned: r.Resigned, Revision: r.Revision}
+	})
+}
+
+func (s *electionServer) RenewElection(ctx context.Context, req *dlockv1.RenewElectionRequest) (*dlockv1.RenewElectionResponse, error) {
+	resp, err := s.svc.RenewElection(ctx, service.RenewRequest{Name: req.Name, ClientID: req.CandidateId, FencingToken: req.FencingToken,
+		LeaseID: req.LeaseId, TTLms: req.TtlMs, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.RenewResponse) *dlockv1.RenewElectionResponse {
+		return &dlockv1.RenewElectionResponse{Renewed: r.Renewed, ExpiresAt: ts(r.ExpiresAt), TtlMs: r.TTLms, Revision: r.Revision}
+	})
+}
+
+// Observe sends the current view, then the view after each event, as the
+// HTTP observe stream does.
+func (s *electionServer) Observe(req *dlockv1.ObserveRequest, stream grpc.ServerStreamingServer[dlockv1.ObserveResponse]) error {
+	ctx := stream.Context()
+	view, w, err := s.svc.Observe(ctx, req.Name, req.Stale)
+	if err != nil {
+		return s.status(ctx, err, nil)
+	}
+	defer w.Close()
+	v := *view
+	if err := stream.SendHeader(revisionHeader(v.Revision)); err != nil {
+		return err
+	}
+	if err := stream.Send(&dlockv1.ObserveResponse{Election: electionPB(&v)}); err != nil {
+		return err
+	}
+	return s.pump(ctx, w, func(e watch.Event) error {
+		v = service.NextView(v, e)
+		return stream.Send(&dlockv1.ObserveResponse{Election: electionPB(&v)})
+	})
+}
+
+type watchServer struct{ *api }
+
+func (s *watchServer) Watch(req *dlockv1.WatchRequest, stream grpc.ServerStreamingServer[dlockv1.WatchResponse]) error {
+	ctx := stream.Context()
+	w, err := s.svc.Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: req.FromRevision})
+	if err != nil {
+		return s.status(ctx, err, nil)
+	}
+	defer w.Close()
+	if err := stream.SendHeader(revisionHeader(w.Revision)); err != nil {
+		return err
+	}
+	return s.pump(ctx, w, func(e watch.Event) error {
+		return stream.Send(&dlockv1.WatchResponse{Event: eventPB(service.Event(e))})
+	})
+}
+
+func revisionHeader(rev uint64) metadata.MD {
+	return metadata.Pairs(RevisionKey, strconv.FormatUint(rev, 10))
+}
+
+// pump forwards a watcher's events until the caller leaves or the watcher
+// ends; a watcher cut off (too slow, snapshot restored, node shutting down)
+// ends the call with its reason. A slow client only backs up its own
+// watcher's bounded buffer, never Raft's apply.
+func (a *api) pump(ctx context.Context, w *service.Watcher, send func(watch.Event) error) error {
+	events := w.Events()
+	for {
+		select {
+		case <-ctx.Done():
+			return a.status(ctx, ctx.Err(), nil)
+		case e, ok := <-events:
+			if !ok {
+				if err := w.Err(); err != nil {
+					return a.status(ctx, err, nil)
+				}
+				return nil
+			}
+			if err := send(e); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type clusterServer struct{ *api }
+
+func (s *clusterServer) GetCluster(ctx context.Context, _ *dlockv1.GetClusterRequest) (*dlockv1.GetClusterResponse, error) {
+	resp, err := s.svc.Cluster(ctx)
+	return reply(s.api, ctx, resp, err, func(c *service.ClusterInfo) *dlockv1.GetClusterResponse {
+		return &dlockv1.GetClusterResponse{Cluster: clusterPB(c)}
+	})
+}
+
+func (s *clusterServer) AddMember(ctx context.Context, req *dlockv1.AddMemberRequest) (*dlockv1.AddMemberResponse, error) {
+	resp, err := s.svc.AddMember(ctx, service.MemberRequest{ID: req.Id, RaftAddr: req.RaftAddr})
+	return reply(s.api, ctx, resp, err, func(c *service.ClusterInfo) *dlockv1.AddMemberResponse {
+		return &dlockv1.AddMemberResponse{Cluster: clusterPB(c)}
+	})
+}
+
+func (s *clusterServer) RemoveMember(ctx context.Context, req *dlockv1.RemoveMemberRequest) (*dlockv1.RemoveMemberResponse, error) {
+	resp, err := s.svc.RemoveMember(ctx, req.Id)
+	return reply(s.api, ctx, resp, err, func(c *service.ClusterInfo) *dlockv1.RemoveMemberResponse {
+		return &dlockv1.RemoveMemberResponse{Cluster: clusterPB(c)}
+	})
+}
+
+func (s *clusterServer) TransferLeadership(ctx context.Context, req *dlockv1.TransferLeadershipRequest) (*dlockv1.TransferLeadershipResponse, error) {
+	resp, err := s.svc.TransferLeadership(ctx, service.TransferRequest{ID: req.Id})
+	return reply(s.api, ctx, resp, err, func(c *service.ClusterInfo) *dlockv1.TransferLeadershipResponse {
+		return &dlockv1.TransferLeadershipResponse{Cluster: clusterPB(c)}
+	})
+}

@@ -1,0 +1,313 @@
+// Package wsapi serves dlock's WebSocket API (GET /api/v1/ws): one persistent
+// connection per client carrying JSON messages to acquire (with wait),
+// release, renew and watch, with grants and events pushed when they happen.
+// Like the other protocol packages it decodes, calls the service layer and
+// encodes; it holds no lock semantics.
+//
+// Ownership: each connection has one context, cancelled when the connection
+// ends (client close, network error, too slow a reader, server shutdown).
+// Every goroutine the connection starts — one per blocking acquire, one per
+// watch, the writer, the pinger and the serial worker — watches that context and is waited for
+// before the handler returns, so a closed connection leaves no goroutine and,
+// through the service, no queued wait behind.
+package wsapi
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+)
+
+// Service is what the connection needs from the service layer;
+// *service.Service satisfies it.
+type Service interface {
+	Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error)
+	Release(ctx context.Context, req service.ReleaseRequest) (*service.ReleaseResponse, error)
+	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
+	Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error)
+}
+
+// Path is where the handler is mounted.
+const Path = "/api/v1/ws"
+
+// Defaults of Options.
+const (
+	DefaultMaxMessageBytes = 64 << 10
+	DefaultMaxPending      = 64
+	DefaultMaxWatches      = 16
+)
+
+// Options tunes the handler. The zero value is the documented behaviour.
+type Options struct {
+	// MaxMessageBytes bounds one client message (default 64 KiB, as HTTP
+	// bodies); a larger one closes the connection with status 1009.
+	MaxMessageBytes int64
+	// MaxPending bounds the acquires in flight on one connection (default 64).
+	MaxPending int
+	// MaxWatches bounds the open watches on one connection (default 16).
+	MaxWatches int
+	// OriginPatterns lists other origins whose browser pages may connect
+	// (path.Match patterns on the host). Same-origin pages and non-browser
+	// clients (no Origin header) are always allowed; anything else is
+	// refused, so a foreign web page cannot use a visitor's network position
+	// to take locks.
+	OriginPatterns []string
+	// PingInterval is how often an idle connection is pinged (default 30 s),
+	// so a client that vanished without closing is noticed and its waits are
+	// withdrawn.
+	PingInterval time.Duration
+	// WriteTimeout bounds writing one message (default 10 s); a client that
+	// does not read for that long is disconnected.
+	WriteTimeout time.Duration
+}
+
+// Handler serves WebSocket connections. Close ends them all.
+type Handler struct {
+	svc  Service
+	log  *slog.Logger
+	opts Options
+
+	// ctx is cancelled by Close. The HTTP server cannot end these
+	// connections itself: they are hijacked, so http.Server.Shutdown neither
+	// tracks nor closes them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	conns  sync.WaitGroup
+}
+
+// New returns the handler. A nil logger discards logs.
+func New(svc Service, logger *slog.Logger, opts Options) *Handler {
+	if svc == nil {
+		panic("wsapi: New called with a nil Service")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxMessageBytes <= 0 {
+		opts.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if opts.MaxPending <= 0 {
+		opts.MaxPending = DefaultMaxPending
+	}
+	if opts.MaxWatches <= 0 {
+		opts.MaxWatches = DefaultMaxWatches
+	}
+	if opts.PingInterval <= 0 {
+		opts.PingInterval = 30 * time.Second
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Handler{svc: svc, log: logger, opts: opts, ctx: ctx, cancel: cancel}
+}
+
+// Close closes every connection (status 1001, going away), withdrawing their
+// pending acquires, and waits until their goroutines have exited. New
+// connections are refused from then on.
+func (h *Handler) Close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.cancel()
+	h.conns.Wait()
+}
+
+// ServeHTTP upgrades the request and serves the connection until it ends.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Answer non-WebSocket requests in the API's JSON error shape rather than
+	// the library's plain text.
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		writeHTTPError(w, apierror.New(apierror.MethodNotAllowed, "method %s is not allowed here; open a WebSocket with GET", r.Method))
+		return
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		writeHTTPError(w, apierror.New(apierror.InvalidArgument, "%s is a WebSocket endpoint; connect with a WebSocket client (Upgrade: websocket)", Path))
+		return
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		writeHTTPError(w, apierror.New(apierror.Unavailable, "this node is shutting down; connect to another node"))
+		return
+	}
+	h.conns.Add(1)
+	h.mu.Unlock()
+	defer h.conns.Done()
+
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns})
+	if err != nil {
+		h.log.Debug("websocket upgrade refused", "err", err)
+		return
+	}
+	ws.SetReadLimit(h.opts.MaxMessageBytes)
+	ctx, cancel := context.WithCancel(h.ctx)
+	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, out: make(chan []byte, outQueue),
+		serial: make(chan *message, h.opts.MaxPending), ops: map[string]*op{}}
+	h.log.Debug("websocket connected", "remote", r.RemoteAddr)
+	c.serve()
+	h.log.Debug("websocket closed", "remote", r.RemoteAddr)
+}
+
+// outQueue is how many answers may wait for the writer. When it is full,
+// producers block (each on its own goroutine, bounded by the connection's
+// context) and a watch's own buffer in the event hub fills instead, which
+// cuts that watch off rather than slowing anything else.
+const outQueue = 256
+
+type conn struct {
+	h      *Handler
+	ws     *websocket.Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan []byte
+	// serial queues the ops that run in arrival order (all but acquire).
+	serial chan *message
+	wg     sync.WaitGroup
+
+	mu               sync.Mutex
+	ops              map[string]*op // pending acquires and open watches by message id
+	pending, watches int
+}
+
+// op is a long-running message: a blocking acquire or a watch.
+type op struct {
+	kind   string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *conn) serve() {
+	c.wg.Add(3)
+	go c.writer()
+	go c.supervise()
+	go c.worker()
+	// Reading needs no context of its own: every way a connection ends closes
+	// the socket, which ends Read.
+	for {
+		typ, b, err := c.ws.Read(context.Background())
+		if err != nil {
+			break
+		}
+		if typ != websocket.MessageText {
+			c.send(c.ctx, &answer{Error: errorOf(apierror.New(apierror.InvalidArgument, "send each message as a JSON text message, not binary"))})
+			continue
+		}
+		c.handle(b)
+	}
+	c.cancel()
+	c.wg.Wait()
+	_ = c.ws.CloseNow()
+}
+
+// writer is the connection's only writer, so messages go out whole and in the
+// order they were queued.
+func (c *conn) writer() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case b := <-c.out:
+			ctx, cancel := context.WithTimeout(c.ctx, c.h.opts.WriteTimeout)
+			err := c.ws.Write(ctx, websocket.MessageText, b)
+			cancel()
+			if err != nil {
+				// The library closed the socket; the read loop ends next.
+				c.cancel()
+				return
+			}
+		}
+	}
+}
+
+// supervise pings the client and closes the connection cleanly when the
+// server shuts down.
+func (c *conn) supervise() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.h.opts.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			// The read loop waits on the socket, not on the context: on a
+			// shutdown the socket must be closed here. (Every other way the
+			// context ends has already closed it.)
+			if c.h.ctx.Err() != nil {
+				_ = c.ws.Close(websocket.StatusGoingAway, "dlock node shutting down; reconnect to another node")
+			}
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+			err := c.ws.Ping(ctx)
+			cancel()
+			if err != nil {
+				c.cancel()
+				_ = c.ws.CloseNow()
+				return
+			}
+		}
+	}
+}
+
+// send queues an answer; it gives up when ctx ends (the connection or the
+// op is gone, so nobody is left to tell).
+func (c *conn) send(ctx context.Context, a *answer) bool {
+	b, err := json.Marshal(a)
+	if err != nil {
+		b, _ = json.Marshal(&answer{ID: a.ID, Op: a.Op, Error: errorOf(apierror.Wrap(apierror.Internal, err, "could not encode the answer"))})
+	}
+	select {
+	case c.out <- b:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// errorBody is the API's one error shape.
+type errorBody struct {
+	Code    apierror.Code `json:"code"`
+	Message string        `json:"message"`
+}
+
+func writeHTTPError(w http.ResponseWriter, e *apierror.Error) {
+	b, _ := json.Marshal(struct {
+		Error errorBody `json:"error"`
+	}{errorBody{Code: e.Code, Message: e.Message}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(apierror.HTTPStatus(e.Code))
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// publicError is what a client may see of err.
+func (c *conn) publicError(ctx context.Context, err error) *errorBody {
+	e, internal := apierror.Public(ctx, err)
+	if internal {
+		// The cause may hold internals a client has no business seeing.
+		c.h.log.Error("internal error on a websocket connection", "code", string(e.Code), "error", err.Error())
+		return &errorBody{Code: apierror.Internal, Message: "internal error; see the server log"}
+	}
+	return errorOf(e)
+}
+
+func errorOf(e *apierror.Error) *errorBody {
+	msg := e.Message
+	if msg == "" {
+		msg = strings.ReplaceAll(string(e.Code), "_", " ")
+	}
+	return &errorBody{Code: e.Code, Message: msg}
+}
