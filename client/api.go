@@ -179,30 +179,8 @@ func (c *Client) Status(ctx context.Context, name string) (*LockStatus, error) {
 // List returns the locks whose names start with prefix that are held or
 // waited for, in name order.
 func (c *Client) List(ctx context.Context, prefix string) ([]LockStatus, error) {
-	var all []LockStatus
-	after := ""
-	for {
-		q := url.Values{}
-		if prefix != "" {
-			q.Set("prefix", prefix)
-		}
-		if after != "" {
-			q.Set("after", after)
-		}
-		path := "/locks"
-		if len(q) > 0 {
-			path += "?" + q.Encode()
-		}
-		var out listResponse
-		if _, err := c.do(ctx, call{method: http.MethodGet, path: path, out: &out}); err != nil {
-			return nil, err
-		}
-		all = append(all, out.Locks...)
-		if !out.More || len(out.Locks) == 0 {
-			return all, nil
-		}
-		after = out.Locks[len(out.Locks)-1].Name
-	}
+	locks, _, err := c.list(ctx, prefix, 0)
+	return locks, err
 }
 
 // Cluster returns a node's view of the cluster: members and leader.
@@ -212,4 +190,53 @@ func (c *Client) Cluster(ctx context.Context) (*ClusterInfo, error) {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// AddMember adds the node id, reachable for Raft at raftAddr (its
+// --raft-advertise address), to the cluster: it joins as a non-voter and is
+// promoted once caught up. Adding a member that already exists with the same
+// details does nothing. It returns the cluster as the answering node sees it.
+func (c *Client) AddMember(ctx context.Context, id, raftAddr string) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/members", out: &out, requestID: newRequestID(),
+		body: memberRequest{ID: id, RaftAddr: raftAddr}}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RemoveMember takes the node id out of the cluster. The cluster refuses a
+// removal that would leave fewer reachable voters than a quorum. It returns
+// the cluster as the answering node sees it.
+func (c *Client) RemoveMember(ctx context.Context, id string) (*ClusterInfo, error) {
+	if id == "" {
+		return nil, invalidf("member id is empty")
+	}
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodDelete, path: "/cluster/members/" + url.PathEscape(id), out: &out,
+		requestID: newRequestID()}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// TransferLeadership hands the cluster's Raft leadership to the voter id, or
+// to the most caught-up other voter when id is empty (before taking the
+// leader down for maintenance, say). It returns the cluster as the
+// answering node sees it afterwards.
+func (c *Client) TransferLeadership(ctx context.Context, id string) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/leadership-transfer", out: &out,
+		requestID: newRequestID(), body: memberRequest{ID: id}}); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.leader = "" // find the new leader on the next request
+	c.mu.Unlock()
+	return &out, nil
+}
+
+type memberRequest struct {
+	ID       string `json:"id,omitempty"`
+	RaftAddr string `json:"raft_addr,omitempty"`
 }

@@ -21,6 +21,13 @@
 // stop a process that pauses (GC, SIGSTOP) from acting late, which is what the
 // fencing token (Lease.Token) is for: pass it to the protected resource and
 // let it refuse tokens older than the newest it has seen.
+//
+// An Election (NewElection) picks one leader at a time among candidates
+// waiting in line: Campaign returns a Leadership that renews itself and
+// closes Done under the same bound, and Observe reports every leader and
+// vacancy. Watch streams every change from a revision on (list with
+// ListWithRevision, then watch from its revision + 1), resuming on another
+// node when one fails, without losing or repeating events.
 package client
 
 import (

@@ -49,6 +49,7 @@ const (
 	CodeNoLeader        = "no_leader"
 	CodeUnavailable     = "unavailable"
 	CodeTooLarge        = "too_large"
+	CodeCompacted       = "compacted"
 )
 
 // APIError is an error answer from a dlock node.
@@ -86,6 +87,8 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrUnavailable
 	case CodeInvalidArgument, CodeTooLarge:
 		return target == ErrInvalidArgument
+	case CodeCompacted:
+		return target == ErrCompacted
 	}
 	return false
 }

@@ -153,6 +153,123 @@ func ExampleClient_NewSession() {
 	// holding 0 shards
 }
 
+// A leader-elected singleton: of all the processes running this, one at a
+// time does the scheduling; when it stops or dies, the next in line takes over.
+func ExampleElection_Campaign() {
+	endpoints := exampleCluster()
+	c, err := client.New(client.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store := &fencedStore{}
+
+	e := c.NewElection("reports/scheduler", client.WithTTL(10*time.Second))
+	lead, err := e.Campaign(ctx, "scheduler-1") // waits in line until elected
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lead.Resign(context.Background()) // the next in line takes over at once
+	for round := 1; round <= 3; round++ {
+		select {
+		case <-lead.Done(): // leadership may be lost: stop acting as leader
+			log.Fatal(lead.Err())
+		case <-time.After(10 * time.Millisecond): // the leader's periodic work
+			// The token fences off writes of a leader that paused past its term.
+			if err := store.Write(ctx, lead.Token(), "schedule", fmt.Sprint("round ", round)); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	leader, err := e.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leader:", leader.Value, "wrote", store.data["schedule"])
+	// Output: leader: scheduler-1 wrote round 3
+}
+
+// Observe reports every leader and every vacancy.
+func ExampleElection_Observe() {
+	endpoints := exampleCluster()
+	c, err := client.New(client.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	e := c.NewElection("db/primary")
+	var lead *client.Leadership
+	for view, err := range e.Observe(ctx) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		if view.Leader == nil {
+			fmt.Println("no leader")
+		} else {
+			fmt.Println("leader:", view.Leader.Value)
+		}
+		switch {
+		case lead == nil: // run for it
+			if lead, err = e.Campaign(ctx, "db-1"); err != nil {
+				log.Fatal(err)
+			}
+		case lead.Err() == nil: // step down
+			if err := lead.Resign(ctx); err != nil {
+				log.Fatal(err)
+			}
+		default:
+			return
+		}
+	}
+	// Output:
+	// no leader
+	// leader: db-1
+	// no leader
+}
+
+// List, then watch from the listed revision + 1: every change after the
+// listing, exactly once, also across reconnects to other nodes.
+func ExampleClient_Watch() {
+	endpoints := exampleCluster()
+	c, err := client.New(client.Config{Endpoints: endpoints})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	locks, rev, err := c.ListWithRevision(ctx, "jobs/")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held now:", len(locks))
+	go func() { // someone takes and releases a lock
+		_ = c.WithLock(ctx, "jobs/nightly", func(context.Context, *client.Lease) error { return nil })
+	}()
+	seen := 0
+	for ev, err := range c.Watch(ctx, "jobs/", rev+1) {
+		if errors.Is(err, client.ErrCompacted) {
+			log.Fatal("fell too far behind: list again and watch from there")
+		} else if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(ev.Type, ev.Name)
+		if seen++; seen == 2 {
+			break
+		}
+	}
+	// Output:
+	// held now: 0
+	// acquired jobs/nightly
+	// released jobs/nightly
+}
+
 // The examples share one throwaway cluster, started on first use and
 // stopped by TestMain.
 var (

@@ -52,6 +52,7 @@ func TestAPIErrorIs(t *testing.T) {
 		CodeUnavailable:     {ErrUnavailable},
 		CodeInvalidArgument: {ErrInvalidArgument},
 		CodeTooLarge:        {ErrInvalidArgument},
+		CodeCompacted:       {ErrCompacted},
 	} {
 		e := &APIError{Code: code, HTTPStatus: 409}
 		for _, s := range sentinels {

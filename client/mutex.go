@@ -114,6 +114,11 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // A deadline that ends a wait is ErrWaitTimeout, unless the cluster could
 // not be reached, which is what the caller then needs to know.
 func ctxError(ctx context.Context, name string, wait bool, last error) error {
+	return waitCtxError(ctx, "lock", name, wait, last)
+}
+
+// waitCtxError is ctxError for any kind of wait in line ("lock", "campaign").
+func waitCtxError(ctx context.Context, what, name string, wait bool, last error) error {
 	cause := ctx.Err()
 	err := cause
 	if last != nil {
@@ -124,9 +129,9 @@ func ctxError(ctx context.Context, name string, wait bool, last error) error {
 		}
 	}
 	if wait && errors.Is(cause, context.DeadlineExceeded) && !errors.Is(last, ErrUnavailable) {
-		return fmt.Errorf("lock %q: %w: %w", name, ErrWaitTimeout, err)
+		return fmt.Errorf("%s %q: %w: %w", what, name, ErrWaitTimeout, err)
 	}
-	return fmt.Errorf("lock %q: %w", name, err)
+	return fmt.Errorf("%s %q: %w", what, name, err)
 }
 
 // waitFor is the wait_timeout to ask the server for: the time left before

@@ -219,7 +219,7 @@ func runList(args []string) error {
 		return err
 	}
 	defer done()
-	locks, err := c.List(ctx, prefix)
+	locks, rev, err := c.ListWithRevision(ctx, prefix)
 	if err != nil {
 		return err
 	}
@@ -227,7 +227,8 @@ func runList(args []string) error {
 		if locks == nil {
 			locks = []client.LockStatus{}
 		}
-		return printJSONOut(map[string]any{"locks": locks})
+		// revision: dlock watch --from-revision revision+1 sees every later change.
+		return printJSONOut(map[string]any{"locks": locks, "revision": rev})
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tHOLDER\tTOKEN\tEXPIRES\tWAITING")
@@ -242,11 +243,30 @@ func runList(args []string) error {
 }
 
 const membersUsage = `Usage: dlock members [flags]
+       dlock members add ID RAFT_ADDR [flags]
+       dlock members remove ID [flags]
+       dlock members transfer-leadership [ID] [flags]
 
-Lists the cluster's nodes as one of them sees them, and the leader.
+Without a subcommand, lists the cluster's nodes as one of them sees them, and
+the leader.
+
+  add ID RAFT_ADDR          add node ID, reachable for Raft at RAFT_ADDR (its
+                            --raft-advertise address); it joins as a
+                            non-voter and is promoted once caught up
+  remove ID                 take node ID out of the cluster; refused if the
+                            remaining voters could not form a quorum
+  transfer-leadership [ID]  hand the Raft leadership to node ID, or to the
+                            most caught-up other voter (before maintenance
+                            on the leader, say)
 `
 
 func runMembers(args []string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "add", "remove", "transfer-leadership":
+			return runMembersChange(args[0], args[1:])
+		}
+	}
 	fs := newCmdFlags("members", membersUsage)
 	var g globalFlags
 	g.register(fs)
@@ -255,7 +275,7 @@ func runMembers(args []string) error {
 		return err
 	}
 	if len(pos)+len(rest) != 0 {
-		return usageErrorf("members takes no arguments")
+		return usageErrorf("unknown subcommand %q: use add, remove or transfer-leadership", append(pos, rest...)[0])
 	}
 	c, ctx, done, err := g.connect(0)
 	if err != nil {

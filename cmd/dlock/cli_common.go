@@ -1,7 +1,7 @@
 package main
 
-// The client commands (lock, acquire, release, renew, status, list,
-// members): flags and output only; the behaviour is package client's.
+// The client commands (lock, elect, acquire, release, renew, status, list,
+// watch, members): flags and output only; the behaviour is package client's.
 
 import (
 	"context"
@@ -38,7 +38,7 @@ Common flags:
   -v                 log retries to stderr
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 lock held or wait timed out,
-4 lock lost (lock) or not the holder (release, renew).
+4 lock lost (lock), leadership lost (elect) or not the holder (release, renew).
 `
 
 // globalFlags are the flags every client command takes.
@@ -183,6 +183,10 @@ func runClientCommand(name string, args []string) int {
 		err = runList(args)
 	case "members":
 		err = runMembers(args)
+	case "elect":
+		err = runElect(args)
+	case "watch":
+		err = runWatch(args)
 	default:
 		err = usageErrorf("unknown command")
 	}

@@ -91,18 +91,35 @@ func runLockCommand(args []string) error {
 		fmt.Fprintf(os.Stderr, "dlock lock: holding %q with fencing token %d\n", name, l.Token())
 	}
 
+	env := []string{"DLOCK_NAME=" + l.Name(), "DLOCK_FENCING_TOKEN=" + strconv.FormatUint(l.Token(), 10)}
+	return runHeld(argv, env, l, sigs, *grace, release, func() string {
+		return fmt.Sprintf("dlock lock: lost lock %q: %v", name, l.Err())
+	})
+}
+
+// holding is what a command runs under: a lock's lease (dlock lock) or an
+// election's leadership (dlock elect). Done closes when it may be lost.
+type holding interface {
+	Done() <-chan struct{}
+}
+
+// runHeld runs argv in its own process group while h lasts, passing sigs on
+// to the group; if h is lost first it stops the group (supervise), prints
+// lostMsg and ends with exit 4, else with the command's exit code. release
+// gives h up once the command has ended, however it ended.
+func runHeld(argv, env []string, h holding, sigs <-chan os.Signal, grace time.Duration, release func(), lostMsg func() string) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "DLOCK_NAME="+l.Name(), "DLOCK_FENCING_TOKEN="+strconv.FormatUint(l.Token(), 10))
+	cmd.Env = append(os.Environ(), env...)
 	ownProcessGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		release()
 		return err
 	}
-	code, lost := supervise(cmd, l, sigs, *grace)
+	code, lost := supervise(cmd, h, sigs, grace)
 	release()
 	if lost {
-		fmt.Fprintf(os.Stderr, "dlock lock: lost lock %q: %v\n", name, l.Err())
+		fmt.Fprintln(os.Stderr, lostMsg())
 		return &exitCodeError{cliExitLost}
 	}
 	return &exitCodeError{code}
@@ -115,6 +132,18 @@ func (s *signalled) Error() string { return "interrupted by " + s.sig.String() }
 // lockOrSignal takes the lock, giving up (and leaving nothing behind) if a
 // signal arrives first.
 func lockOrSignal(m *client.Mutex, wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
+	return waitOrSignal(wait, sigs, func(ctx context.Context) (*client.Lease, error) {
+		if noWait {
+			return m.TryLock(ctx)
+		}
+		return m.Lock(ctx)
+	}, func(ctx context.Context, _ *client.Lease) { m.Unlock(ctx) })
+}
+
+// waitOrSignal runs take (a wait in line: Lock, Campaign) for at most wait
+// (0: no limit). If a signal arrives first it cancels take, gives back what
+// take got at that very moment, and fails with *signalled.
+func waitOrSignal[T any](wait time.Duration, sigs <-chan os.Signal, take func(context.Context) (T, error), giveBack func(context.Context, T)) (T, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if wait > 0 {
@@ -122,44 +151,40 @@ func lockOrSignal(m *client.Mutex, wait time.Duration, noWait bool, sigs <-chan 
 		defer cancel()
 	}
 	type result struct {
-		l   *client.Lease
+		v   T
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		if noWait {
-			r.l, r.err = m.TryLock(ctx)
-		} else {
-			r.l, r.err = m.Lock(ctx)
-		}
+		r.v, r.err = take(ctx)
 		done <- r
 	}()
 	select {
 	case r := <-done:
-		return r.l, r.err
+		return r.v, r.err
 	case s := <-sigs:
 		cancel()
 		if r := <-done; r.err == nil {
-			uctx, ucancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer ucancel()
-			m.Unlock(uctx)
+			gctx, gcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer gcancel()
+			giveBack(gctx, r.v)
 		}
-		return nil, &signalled{s}
+		var zero T
+		return zero, &signalled{s}
 	}
 }
 
 // supervise waits for the command to exit, passing signals on to its process
-// group, and stops the group if the lease is lost: SIGTERM, then SIGKILL
-// after grace. It returns the command's exit code and whether the lease was
-// lost.
-func supervise(cmd *exec.Cmd, l *client.Lease, sigs <-chan os.Signal, grace time.Duration) (int, bool) {
+// group, and stops the group if h is lost: SIGTERM, then SIGKILL after
+// grace. It returns the command's exit code and whether h was lost.
+func supervise(cmd *exec.Cmd, h holding, sigs <-chan os.Signal, grace time.Duration) (int, bool) {
 	exited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
 		close(exited)
 	}()
-	lostCh := l.Done()
+	lostCh := h.Done()
 	lost := false
 	var killAt <-chan time.Time
 	for {

@@ -40,7 +40,8 @@ func newCLIEnv(t *testing.T, bin string) *cliEnv {
 // command returns `dlock args...` pointed at the cluster.
 func (e *cliEnv) command(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, e.bin, args...)
-	cmd.Env = append(os.Environ(), "DLOCK_ENDPOINTS="+e.endpoints)
+	// A -race binary otherwise sleeps 1 s at exit.
+	cmd.Env = append(os.Environ(), "DLOCK_ENDPOINTS="+e.endpoints, "GORACE=atexit_sleep_ms=0")
 	return cmd
 }
 
@@ -88,6 +89,9 @@ func TestCLI(t *testing.T) {
 	t.Run("LockEnvAndExitCodes", func(t *testing.T) { testLockExitCodes(t, e) })
 	t.Run("LockForwardsSignals", func(t *testing.T) { testLockSignals(t, e) })
 	t.Run("LowLevelCommands", func(t *testing.T) { testLowLevel(t, e) })
+	t.Run("ElectRunsOnlyWhileLeader", func(t *testing.T) { testElect(t, e) })
+	t.Run("Watch", func(t *testing.T) { testWatchCommand(t, e) })
+	t.Run("MembersChanges", func(t *testing.T) { testMembersChanges(t, e) })
 	// Last: it stops its own cluster.
 	t.Run("LockLostStopsCommand", func(t *testing.T) { testLockLost(t, newCLIEnv(t, bin)) })
 }
@@ -95,6 +99,13 @@ func TestCLI(t *testing.T) {
 // testLockSerialises runs two contending `dlock lock` commands that write
 // to one file: the second starts only after the first ended.
 func testLockSerialises(t *testing.T, e *cliEnv) {
+	runContending(t, e, "lock", "ci/deploy")
+}
+
+// runContending runs two `dlock lock|elect NAME -- CMD` at once, whose
+// commands write to one file, and checks that the second command started
+// only after the first ended.
+func runContending(t *testing.T, e *cliEnv, verb, name string, flags ...string) {
 	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +115,8 @@ func testLockSerialises(t *testing.T, e *cliEnv) {
 	defer cancel()
 	var cmds []*exec.Cmd
 	for range 2 {
-		cmd := e.command(ctx, "lock", "ci/deploy", "--", "sh", "-c", "echo start $$ $DLOCK_FENCING_TOKEN; sleep 0.3; echo end $$")
+		args := append(append([]string{verb, name}, flags...), "--", "sh", "-c", "echo start $$ $DLOCK_FENCING_TOKEN; sleep 0.3; echo end $$")
+		cmd := e.command(ctx, args...)
 		cmd.Stdout, cmd.Stderr = out, os.Stderr // one shared file offset: lines land in the order written
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -113,7 +125,7 @@ func testLockSerialises(t *testing.T, e *cliEnv) {
 	}
 	for _, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
-			t.Fatalf("dlock lock: %v", err)
+			t.Fatalf("dlock %s: %v", verb, err)
 		}
 	}
 	data, err := os.ReadFile(out.Name())
@@ -254,24 +266,27 @@ func testLowLevel(t *testing.T, e *cliEnv) {
 	}
 }
 
-// testLockLost stops every node while two commands hold locks: each
-// command's whole process group is terminated (one ignores SIGTERM and is
-// killed after the grace period) and dlock exits 4.
+// testLockLost stops every node while two commands hold locks and one leads
+// an election: each command's whole process group is terminated (one ignores
+// SIGTERM and is killed after the grace period) and dlock exits 4.
 func testLockLost(t *testing.T, e *cliEnv) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	scripts := map[string]string{
-		"cli/lost/term":   `sleep 100 & echo $!; wait`,
-		"cli/lost/ignore": `trap '' TERM; sleep 100 & echo $!; wait`,
+	scripts := []struct{ verb, name, script string }{
+		{"lock", "cli/lost/term", `sleep 100 & echo $!; wait`},
+		{"lock", "cli/lost/ignore", `trap '' TERM; sleep 100 & echo $!; wait`},
+		{"elect", "cli/lost/elect", `sleep 100 & echo $!; wait`},
 	}
 	type held struct {
 		cmd        *exec.Cmd
 		grandchild int
 		stderr     *bytes.Buffer
+		want       string
 	}
 	var all []held
-	for name, script := range scripts {
-		cmd := e.command(ctx, "lock", name, "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", script)
+	for _, sc := range scripts {
+		name, script := sc.name, sc.script
+		cmd := e.command(ctx, sc.verb, name, "--ttl", "2s", "--grace", "1s", "--", "sh", "-c", script)
 		stdout, _ := cmd.StdoutPipe()
 		var errOut bytes.Buffer
 		cmd.Stderr = &errOut
@@ -283,7 +298,11 @@ func testLockLost(t *testing.T, e *cliEnv) {
 		if err != nil || perr != nil {
 			t.Fatalf("%s: want the grandchild's pid, got %q %v", name, line, err)
 		}
-		all = append(all, held{cmd, pid, &errOut})
+		want := "lost lock"
+		if sc.verb == "elect" {
+			want = "lost leadership"
+		}
+		all = append(all, held{cmd, pid, &errOut, want})
 		defer syscall.Kill(pid, syscall.SIGKILL)
 	}
 	for _, id := range e.tc.Running() {
@@ -291,8 +310,8 @@ func testLockLost(t *testing.T, e *cliEnv) {
 	}
 	for _, h := range all {
 		err := h.cmd.Wait()
-		if code := h.cmd.ProcessState.ExitCode(); code != cliExitLost || !strings.Contains(h.stderr.String(), "lost lock") {
-			t.Fatalf("dlock lock after its lock was lost: exit %d (%v), stderr %q; want 4", code, err, h.stderr)
+		if code := h.cmd.ProcessState.ExitCode(); code != cliExitLost || !strings.Contains(h.stderr.String(), h.want) {
+			t.Fatalf("dlock %v after it was lost: exit %d (%v), stderr %q; want 4 and %q", h.cmd.Args[1:3], code, err, h.stderr, h.want)
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for !processGone(h.grandchild) {

@@ -25,21 +25,27 @@ Usage:
 Client commands (each takes -h):
   dlock lock NAME [--ttl 30s] [--wait D] -- CMD [ARGS...]
                         run CMD while holding the lock NAME
+  dlock elect NAME [--value V] [--ttl 15s] -- CMD [ARGS...]
+                        run CMD only while leader of the election NAME
   dlock acquire NAME [--ttl 30s] [--wait D]
                         take a lock; print its fencing token and lease id
   dlock renew NAME --token N --lease-id ID [--ttl D]
   dlock release NAME --token N --lease-id ID
   dlock status NAME     who holds NAME
   dlock list [PREFIX]   locks held or waited for
+  dlock watch [PREFIX] [--from-revision N]
+                        print changes as they happen
   dlock members         the cluster's nodes and leader
+  dlock members add ID RAFT_ADDR | remove ID | transfer-leadership [ID]
   dlock bench [--workload W] [--workers N] [--target dlock|etcd]   load generator
   Common flags: --endpoints URLS (env DLOCK_ENDPOINTS, default
   http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090),
   --client-id ID (env DLOCK_CLIENT_ID), -o json.
 
 Exit codes: 0 ok, 1 error, 2 usage; client commands also 3 lock held or
-wait timed out, 4 lock lost (lock) or not the holder (release, renew).
-dlock lock otherwise exits with CMD's exit code.
+wait timed out, 4 lock lost (lock), leadership lost (elect) or not the
+holder (release, renew). dlock lock and dlock elect otherwise exit with
+CMD's exit code.
 `
 
 func main() {
@@ -60,6 +66,8 @@ func main() {
 	case "bench":
 		err = runBench(os.Args[2:])
 	case "lock", "acquire", "release", "renew", "status", "list", "members":
+		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
+	case "elect", "watch":
 		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
 	case "version", "--version", "-v":
 		fmt.Println("dlock", version)

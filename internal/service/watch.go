@@ -36,11 +36,11 @@ func watchErr(err error) error {
 	case errors.As(err, &ce):
 		return &apierror.Error{Code: apierror.Compacted, Err: err, Message: ce.Error()}
 	case errors.Is(err, watch.ErrSlow):
-		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received + 1")
+		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received (and skip its events you already have)")
 	case errors.Is(err, watch.ErrReset):
 		return apierror.Wrap(apierror.Compacted, err, "this node restored a snapshot and its event history restarted; list again and watch from the listed revision + 1")
 	case errors.Is(err, watch.ErrClosed):
-		return apierror.Wrap(apierror.Unavailable, err, "this node is shutting down; reconnect to another node with from_revision set to the last revision you received + 1")
+		return apierror.Wrap(apierror.Unavailable, err, "this node is shutting down; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
 	}
 	return apierror.Wrap(apierror.Internal, err, "watch failed")
 }
