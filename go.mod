@@ -8,7 +8,7 @@ require (
 	github.com/hashicorp/go-metrics v0.6.0
 	github.com/hashicorp/raft v1.7.3
 	github.com/hashicorp/raft-boltdb/v2 v2.3.0
-	github.com/hashicorp/raft-wal v0.4.0
+	github.com/hashicorp/raft-wal v0.4.2
 	github.com/prometheus/client_golang v1.24.1
 	go.etcd.io/bbolt v1.3.6
 	google.golang.org/grpc v1.85.0

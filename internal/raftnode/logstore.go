@@ -95,7 +95,7 @@ func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, close
 		if err := os.MkdirAll(walDir, 0o700); err != nil {
 			return nil, nil, fmt.Errorf("create raft wal dir %s: %w (check its permissions)", walDir, err)
 		}
-		// raft-wal v0.4.0's Close does not close its meta bolt DB, leaking
+		// raft-wal (v0.4.0 at least) does not close its meta bolt DB, leaking
 		// the fd and its flock, so a reopen in the same process would block
 		// forever. Owning the meta store lets closeFn close it.
 		meta := &metadb.BoltMetaDB{}

@@ -287,13 +287,13 @@ func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *grant
 // await blocks a queued acquire until it is granted, times out, or its caller
 // goes away. The wait itself is replicated; this only watches for its fate.
 func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r command.Result, index uint64, wait time.Duration) (*grantAnswer, error) {
-	clientID, name := a.clientID, a.key
+	name := a.key
 	w := command.WaitRef{LeaseID: r.LeaseID, Name: name, Seq: r.Seq}
 	sig := s.waiters.add(w.LeaseID)
 	defer s.waiters.remove(w.LeaseID, sig)
 	// A follower may not have applied the entry the leader answered from yet.
 	if err := s.fsm.WaitApplied(ctx, index); err != nil {
-		return s.abandon(clientID, name, w, err)
+		return s.abandon(a, w, err)
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -313,7 +313,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r comm
 		case <-timer.C:
 			// Withdraw the wait through Raft, then answer with what really
 			// happened: a grant that raced with the timeout wins.
-			resp, err := s.node.Apply(ctx, envelope(clientID, "", &command.ExpireWaits{Waits: []command.WaitRef{w}}))
+			resp, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.ExpireWaits{Waits: []command.WaitRef{w}}))
 			if err != nil {
 				return nil, err
 			}
@@ -325,7 +325,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r comm
 			}
 			return s.timedOut(a)
 		case <-ctx.Done():
-			return s.abandon(clientID, name, w, ctx.Err())
+			return s.abandon(a, w, ctx.Err())
 		}
 	}
 }
@@ -338,18 +338,24 @@ func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 		h := li.Holder
 		res.holder = &h
 	}
-	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after wait_timeout_ms; it is still held; wait longer or try again later", a.what, displayName(a.key))
+	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after wait_timeout_ms without getting it; wait longer or try again later", a.what, displayName(a.key))
 }
 
-// abandon withdraws a wait whose caller went away; if the lock was granted to
-// that very wait in the meantime, it is released, so nothing is left behind.
-func (s *Service) abandon(clientID, name string, w command.WaitRef, cause error) (*grantAnswer, error) {
+// abandon withdraws a wait whose caller went away. If the lock was granted to
+// that very wait in the meantime it is released too, so nothing is left
+// behind — but only when the request had no request_id of the client's: a
+// client that sent one may retry it elsewhere and be answered with this grant
+// (the dedup table points the retry at this wait), and releasing it then would
+// take the lock from a holder that was told it has it. Such an unclaimed grant
+// ends when its lease does.
+func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grantAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 	defer cancel()
-	if _, err := s.node.Apply(ctx, envelope(clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: true})); err != nil {
-		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", name, "err", err)
+	release := a.requestID == ""
+	if _, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: release})); err != nil {
+		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", displayName(a.key), "err", err)
 	}
-	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before %q was granted; the wait was withdrawn", displayName(name))
+	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before %q was granted; the wait was withdrawn", displayName(a.key))
 }
 
 // Release gives a lock back and hands it to the next waiter.

@@ -1,0 +1,1063 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// --- configuration ---
+
+func envEnabled() bool { return os.Getenv("DLOCK_CHAOS") == "1" }
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d > 0 {
+			return d
+		}
+	}
+	return def
+}
+
+// ciSeeds are the fixed seeds of the CI run (DLOCK_CHAOS_SEEDS=1,2 overrides).
+var ciSeeds = []uint64{1, 2, 3}
+
+func seedsFromEnv() []uint64 {
+	v := os.Getenv("DLOCK_CHAOS_SEEDS")
+	if v == "" {
+		return ciSeeds
+	}
+	var out []uint64
+	for _, s := range strings.Split(v, ",") {
+		if n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+type runConfig struct {
+	seed     uint64
+	duration time.Duration
+	nodes    int
+	implicit int // implicit-lease clients
+	sessions int // session clients
+	keep     bool
+}
+
+func configFromEnv(seed uint64, d time.Duration) runConfig {
+	return runConfig{
+		seed: seed, duration: d,
+		nodes:    envInt("DLOCK_CHAOS_NODES", 3),
+		implicit: envInt("DLOCK_CHAOS_CLIENTS", 6),
+		sessions: envInt("DLOCK_CHAOS_SESSION_CLIENTS", 2),
+		keep:     os.Getenv("DLOCK_CHAOS_KEEP") == "1",
+	}
+}
+
+// replayCommand is the one command that replays a run's schedule.
+func replayCommand(cfg runConfig) string {
+	return fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit)
+}
+
+func skipUnlessEnabled(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("chaos runs are skipped under -short")
+	}
+	if !envEnabled() {
+		t.Skip("set DLOCK_CHAOS=1 to run the fault-injection suite (see docs/reliability.md)")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("the chaos suite needs Linux (one loopback IP per node in 127.0.0.0/8)")
+	}
+}
+
+// TestChaosCI is the short randomized run of CI: a fixed set of seeds, each
+// for DLOCK_CHAOS_CI_DURATION (default 30 s) of faults.
+func TestChaosCI(t *testing.T) {
+	skipUnlessEnabled(t)
+	d := envDuration("DLOCK_CHAOS_CI_DURATION", 30*time.Second)
+	for _, seed := range seedsFromEnv() {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runChaos(t, configFromEnv(seed, d))
+		})
+	}
+}
+
+// TestChaosSoak is the long run: DLOCK_CHAOS_DURATION (default 30m),
+// DLOCK_CHAOS_SEED (default: drawn and printed). scripts/chaos.sh runs it.
+func TestChaosSoak(t *testing.T) {
+	skipUnlessEnabled(t)
+	if os.Getenv("DLOCK_CHAOS_SOAK") != "1" {
+		t.Skip("set DLOCK_CHAOS_SOAK=1 (scripts/chaos.sh does) for the long soak")
+	}
+	seed := uint64(time.Now().UnixNano() % 1_000_000_000)
+	if v := os.Getenv("DLOCK_CHAOS_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("DLOCK_CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = n
+	}
+	runChaos(t, configFromEnv(seed, envDuration("DLOCK_CHAOS_DURATION", 30*time.Minute)))
+}
+
+// --- the dlock binary ---
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	binDir    string
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dlock-chaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: make a directory for the dlock binary:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// dlockBinary builds cmd/dlock once (without -race: the suite is about
+// timing, and the race detector slows the nodes several-fold).
+//
+// DLOCK_CHAOS_BIN runs a prebuilt binary instead (to try a fix without
+// touching the tree, or to bisect).
+func dlockBinary(t testing.TB) string {
+	t.Helper()
+	if b := os.Getenv("DLOCK_CHAOS_BIN"); b != "" {
+		return b
+	}
+	buildOnce.Do(func() {
+		out := filepath.Join(binDir, "dlock")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		args := []string{"build", "-o", out, "github.com/dlock/dlock/cmd/dlock"}
+		if b, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go %v: %w\n%s", args, err, b)
+			return
+		}
+		binPath = out
+	})
+	if buildErr != nil {
+		t.Fatalf("build dlock: %v", buildErr)
+	}
+	return binPath
+}
+
+// --- the probe: write availability ---
+
+type probeSample struct {
+	at int64
+	ok bool
+}
+
+// probe keeps a session alive every 100 ms through every node at once (1 s
+// timeout) and records whether the write went through somewhere.
+type probe struct {
+	api     *apiClient
+	clk     *clock
+	sid     string
+	mu      sync.Mutex
+	wg      sync.WaitGroup
+	samples []probeSample
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func startProbe(api *apiClient, clk *clock, seed uint64) (*probe, error) {
+	p := &probe{api: api, clk: clk, stop: make(chan struct{}), done: make(chan struct{})}
+	rng := rand.New(rand.NewPCG(seed, 99)) // only for the session create
+	op := &Op{Client: "probe", Kind: kSessCreate, TTL: int64(longTTL), ReqID: "probe-create"}
+	h := newHistory(clk) // the probe's operations stay out of the checked history
+	a := newAPIClient(api.c, h)
+	a.createSession(op, rng, callOpts{attempt: 2 * time.Second, overall: 30 * time.Second})
+	if op.Out != oOK {
+		return nil, fmt.Errorf("probe session: %s %s", op.Out, op.Err)
+	}
+	p.sid = op.Session
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			// The same keepalive to every node at once: the sample succeeds if
+			// any node committed it within 1 s (a client that can reach every
+			// node could write). Ticks do not wait for slow nodes.
+			at := clk.now()
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				oks := make(chan bool, len(api.c.nodes))
+				for node := range api.c.nodes {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+						defer cancel()
+						status, _, err := api.send(ctx, node, "POST", "/api/v1/sessions/"+p.sid+"/keepalive", sessionBody{ClientID: "probe", RequestID: fmt.Sprintf("probe-%d-%d", at, node)})
+						oks <- err == nil && status == 200
+					}()
+				}
+				ok := false
+				for range api.c.nodes {
+					ok = <-oks || ok
+				}
+				p.mu.Lock()
+				p.samples = append(p.samples, probeSample{at: at, ok: ok})
+				p.mu.Unlock()
+			}()
+		}
+	}()
+	return p, nil
+}
+
+func (p *probe) halt() []probeSample {
+	close(p.stop)
+	<-p.done
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := append([]probeSample(nil), p.samples...)
+	sort.Slice(out, func(i, j int) bool { return out[i].at < out[j].at })
+	return out
+}
+
+// outages are the periods with no successful probe write for longer than 500 ms.
+func outages(s []probeSample) [][2]int64 {
+	var out [][2]int64
+	lastOK := int64(-1)
+	for _, x := range s {
+		if !x.ok {
+			continue
+		}
+		if lastOK >= 0 && x.at-lastOK > int64(500*time.Millisecond) {
+			out = append(out, [2]int64{lastOK, x.at})
+		}
+		lastOK = x.at
+	}
+	return out
+}
+
+// --- one run ---
+
+type runReport struct {
+	cfg          runConfig
+	dir          string
+	elapsed      time.Duration
+	ops          []Op
+	writes       []write
+	holds        []hold
+	faults       []faultEvent
+	anomalies    []anomaly
+	notes        []string
+	lin          []linResult
+	fence        fenceStats
+	probes       []probeSample
+	expiryLags   []time.Duration
+	waiterTimes  []time.Duration
+	healToReady  time.Duration
+	maxToken     uint64
+	retries      [4]int64
+	pauses       int64
+	crashes      int64
+	finalHealthy bool
+}
+
+type runner struct {
+	t   *testing.T
+	cfg runConfig
+	rep *runReport
+	clk *clock
+	c   *cluster
+	h   *history
+	api *apiClient
+	mu  sync.Mutex
+	log []string
+}
+
+func (r *runner) logf(format string, args ...any) {
+	s := fmt.Sprintf("%s "+format, append([]any{fmtT(r.clk.now())}, args...)...)
+	r.mu.Lock()
+	r.log = append(r.log, s)
+	r.mu.Unlock()
+	if testing.Verbose() {
+		r.t.Log(s)
+	}
+}
+
+func (r *runner) anomaly(a anomaly) {
+	r.mu.Lock()
+	r.rep.anomalies = append(r.rep.anomalies, a)
+	r.mu.Unlock()
+	r.logf("ANOMALY %s", a.What)
+}
+
+func runChaos(t *testing.T, cfg runConfig) *runReport {
+	bin := dlockBinary(t)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("dlock-chaos-seed%d-", cfg.seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &runReport{cfg: cfg, dir: dir}
+	r := &runner{t: t, cfg: cfg, rep: rep, clk: &clock{start: time.Now()}}
+	t.Logf("chaos run: seed=%d duration=%s nodes=%d clients=%d+%d sessions; artifacts in %s",
+		cfg.seed, cfg.duration, cfg.nodes, cfg.implicit, cfg.sessions, dir)
+	t.Logf("replay: %s", replayCommand(cfg))
+
+	rng := rand.New(rand.NewPCG(cfg.seed, 1))
+	c, err := newCluster(bin, dir, cfg.nodes, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c = c
+	defer c.shutdown()
+	for i := range c.nodes {
+		if err := c.start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
+		t.Fatalf("the cluster did not come up: %v\n%s", err, c.logTails(40))
+	}
+	r.h = newHistory(r.clk)
+	r.api = newAPIClient(c, r.h)
+	pr, err := startProbe(r.api, r.clk, cfg.seed)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.logTails(40))
+	}
+
+	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions)
+	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
+	w.start()
+	nem.start()
+	r.logf("workload and nemesis started")
+
+	time.Sleep(cfg.duration)
+
+	// Heal everything and let the cluster settle.
+	r.logf("stopping the nemesis")
+	nem.halt()
+	for _, e := range c.healAll() {
+		r.anomaly(anomaly{Kind: "harness", What: "heal: " + e.Error()})
+	}
+	healedAt := r.clk.now()
+	took, err := c.waitHealthy(30*time.Second, nil)
+	// The probe's writes would keep the replicas moving during the final
+	// convergence check: it stops once the faults have.
+	rep.probes = pr.halt()
+	rep.healToReady = took
+	if err != nil {
+		r.anomaly(anomaly{Kind: "liveness:no-recovery", What: fmt.Sprintf("30 s after healing every fault: %v", err)})
+	} else {
+		rep.finalHealthy = true
+		r.logf("cluster healthy %s after the final heal", took.Round(time.Millisecond))
+	}
+
+	// Stop the clients: each finishes its current operation (retrying until a
+	// definitive answer), releases its long locks and abandons some others.
+	// The lock table is watched from now on, to time the expiries.
+	fw := r.watchFree()
+	stuck := w.stop(90 * time.Second)
+	stoppedAt := r.clk.now()
+	if len(stuck) > 0 {
+		r.anomaly(anomaly{Kind: "liveness:client-stuck", What: fmt.Sprintf("clients %v did not finish within 90 s of the heal", stuck)})
+	}
+	r.logf("clients stopped")
+
+	if rep.finalHealthy {
+		r.livenessExpiry(stoppedAt, fw)
+		r.livenessWaiters()
+		r.durability()
+	}
+	fw.halt()
+	rep.faults = nem.schedule()
+	rep.pauses, rep.crashes = w.pauses.Load(), w.crashes.Load()
+	rep.retries = [4]int64{r.api.retries503.Load(), r.api.retries5xx.Load(), r.api.retriesNet.Load(), r.api.internal500.Load()}
+	c.shutdown()
+	for _, p := range c.logProblems() {
+		if strings.Contains(p, "panic:") || strings.Contains(p, "fatal error:") || strings.Contains(p, "DATA RACE") {
+			r.anomaly(anomaly{Kind: "crash", What: p})
+		} else {
+			rep.notes = append(rep.notes, p)
+		}
+	}
+
+	// Check the history.
+	rep.ops, rep.writes, rep.holds = r.h.snapshot()
+	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
+	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops)...)
+	fa, fs := checkFence(rep.ops, rep.writes)
+	rep.anomalies = append(rep.anomalies, fa...)
+	rep.fence = fs
+	rep.anomalies = append(rep.anomalies, checkSessions(rep.ops)...)
+	rep.anomalies = append(rep.anomalies, checkConflictHolders(rep.ops)...)
+	rep.anomalies = append(rep.anomalies, checkAPI(rep.ops, healedAt, rep.retries[3])...)
+	perLock := envDuration("DLOCK_CHAOS_LIN_TIMEOUT", 60*time.Second)
+	rep.lin = checkLinearizable(rep.ops, perLock, dir)
+	for _, l := range rep.lin {
+		if l.result == porcupine.Illegal {
+			d := l.detail
+			if l.html != "" {
+				d += "  visualization: " + l.html + "\n"
+			}
+			rep.anomalies = append(rep.anomalies, anomaly{Kind: "safety:not-linearizable",
+				What: fmt.Sprintf("the history of %s (%d operations) is not linearizable against the DESIGN §3 model", l.lock, l.ops), Detail: d})
+		}
+	}
+	rep.elapsed = time.Duration(r.clk.now())
+	if err := dumpJSON(filepath.Join(dir, "history.jsonl"), rep.ops, rep.writes, rep.holds, rep.faults); err != nil {
+		t.Logf("write history: %v", err)
+	}
+	summary := r.summary()
+	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(summary), 0o644)
+	t.Log("\n" + summary)
+	if len(rep.anomalies) > 0 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "chaos run with seed %d found %d anomalies (artifacts kept in %s; replay: %s):\n", cfg.seed, len(rep.anomalies), dir, replayCommand(cfg))
+		for i, a := range rep.anomalies {
+			if i == 25 {
+				fmt.Fprintf(&b, "... and %d more (see %s/report.txt)\n", len(rep.anomalies)-i, dir)
+				break
+			}
+			fmt.Fprintf(&b, "%d. %s\n", i+1, a.String())
+		}
+		b.WriteString("nemesis schedule:\n")
+		for _, f := range rep.faults {
+			fmt.Fprintf(&b, "  %s\n", f.String())
+		}
+		b.WriteString(c.logTails(30))
+		t.Errorf("%s", b.String())
+	} else if !cfg.keep {
+		_ = os.RemoveAll(dir)
+	}
+	return rep
+}
+
+// freeWatcher polls the lock table (every 100 ms, through the leader) and
+// remembers, per lock, when it was last seen held and first seen free after
+// that.
+type freeWatcher struct {
+	mu       sync.Mutex
+	lastHeld map[string]int64
+	freeAt   map[string]int64
+	current  []string // the last answer's held/waited locks, described
+	empty    bool     // the last answer listed nothing
+	polled   int64    // when the last answer came
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func (r *runner) watchFree() *freeWatcher {
+	fw := &freeWatcher{lastHeld: map[string]int64{}, freeAt: map[string]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(fw.done)
+		for {
+			var ans struct {
+				Locks []struct {
+					Name    string      `json:"name"`
+					Held    bool        `json:"held"`
+					Holder  *holderJSON `json:"holder"`
+					Waiters int         `json:"waiters"`
+				} `json:"locks"`
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			code, err := getJSON(ctx, r.c.nodes[r.c.leaderOrZero()].url()+"/api/v1/locks?limit=10000", &ans)
+			cancel()
+			now := r.clk.now()
+			if err == nil && code == 200 {
+				fw.mu.Lock()
+				still := map[string]bool{}
+				fw.current = fw.current[:0]
+				for _, l := range ans.Locks {
+					still[l.Name] = true
+					fw.lastHeld[l.Name] = now
+					delete(fw.freeAt, l.Name)
+					desc := fmt.Sprintf("%s (held=%v waiters=%d", l.Name, l.Held, l.Waiters)
+					if l.Holder != nil {
+						desc += fmt.Sprintf(" holder %s token %d", l.Holder.ClientID, l.Holder.FencingToken)
+					}
+					fw.current = append(fw.current, desc+")")
+				}
+				for name := range fw.lastHeld {
+					if _, ok := fw.freeAt[name]; !ok && !still[name] {
+						fw.freeAt[name] = now
+					}
+				}
+				fw.empty = len(ans.Locks) == 0
+				fw.polled = now
+				fw.mu.Unlock()
+			}
+			select {
+			case <-fw.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return fw
+}
+
+func (fw *freeWatcher) halt() {
+	select {
+	case <-fw.stop:
+	default:
+		close(fw.stop)
+	}
+	<-fw.done
+}
+
+// livenessExpiry: once the clients are gone, every lock whose holder
+// abandoned it is free within its TTL plus 5 s of the holder's bound (the
+// lease's earliest possible end), and nothing is left waiting.
+func (r *runner) livenessExpiry(stoppedAt int64, fw *freeWatcher) {
+	ops := r.h.snapshotOps()
+	lb := computeLeaseBounds(ops)
+	type last struct {
+		op    Op
+		bound int64
+		ttl   int64
+	}
+	lastGrant := map[string]last{}
+	released := map[string]bool{}
+	for _, o := range ops {
+		if o.Kind == kRelease && o.Out == oOK {
+			released[o.Lease] = true
+		}
+	}
+	for _, o := range ops {
+		if o.Kind != kAcquire || o.Out != oOK {
+			continue
+		}
+		b, ttl := lb.implicit[o.OutLease], o.TTL
+		if o.Session != "" {
+			b = lb.session[o.Session]
+			ttl = int64(4 * time.Second)
+		}
+		if prev, ok := lastGrant[o.Lock]; !ok || o.OutToken > prev.op.OutToken {
+			lastGrant[o.Lock] = last{op: o, bound: b, ttl: ttl}
+		}
+	}
+	deadline := time.Now().Add(4*time.Second + 10*time.Second)
+	for {
+		fw.mu.Lock()
+		empty, polled, current := fw.empty, fw.polled, append([]string(nil), fw.current...)
+		fw.mu.Unlock()
+		if empty && polled > stoppedAt {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.anomaly(anomaly{Kind: "liveness:lock-stays-held",
+				What: fmt.Sprintf("14 s after the clients stopped (%s) these locks are still held or waited for: %s", fmtT(stoppedAt), strings.Join(current, ", "))})
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fw.halt()
+	// Elections are not in the lock list: their seats must empty too.
+	checked := map[string]bool{}
+	for _, o := range ops {
+		if !isElection(o.Lock) || o.Kind != kAcquire || checked[o.Lock] {
+			continue
+		}
+		checked[o.Lock] = true
+		var v string
+		for time.Now().Before(deadline) {
+			var err error
+			if v, err = r.readKey(r.c.leaderOrZero(), o.Lock, false); err == nil && strings.HasPrefix(v, "no leader campaigners=0") {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if !strings.HasPrefix(v, "no leader campaigners=0") {
+			r.anomaly(anomaly{Kind: "liveness:lock-stays-held", What: fmt.Sprintf("election %s still has %s 14 s after the clients stopped", realName(o.Lock), v)})
+		}
+	}
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	for name, g := range lastGrant {
+		f, ok := fw.freeAt[name]
+		if !ok || g.bound == 0 {
+			continue
+		}
+		// Only leases that ended by expiry (or a session delete) say
+		// something about expiry, and only if the lock was still held when
+		// the watch began.
+		if released[g.op.OutLease] || g.op.TTL == int64(longTTL) {
+			continue
+		}
+		if _, seenHeld := fw.lastHeld[name]; !seenHeld {
+			continue
+		}
+		lag := time.Duration(f - g.bound)
+		r.rep.expiryLags = append(r.rep.expiryLags, lag)
+		if lag > time.Duration(g.ttl)+5*time.Second {
+			r.anomaly(anomaly{Kind: "liveness:slow-expiry",
+				What: fmt.Sprintf("%s was freed %s after its holder's bound (%s), more than its TTL + 5 s", name, lag.Round(time.Millisecond), fmtT(g.bound))})
+		}
+		if lag < -int64ms(200) {
+			// Freed before the holder's bound: the model checks this
+			// precisely; here it is only noted.
+			r.logf("%s seen free %s before its holder's bound", name, (-lag).Round(time.Millisecond))
+		}
+	}
+}
+
+func int64ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func (h *history) snapshotOps() []Op {
+	ops, _, _ := h.snapshot()
+	return ops
+}
+
+func (c *cluster) leaderOrZero() int {
+	if l := c.leader(); l >= 0 {
+		return l
+	}
+	return 0
+}
+
+// livenessWaiters: live waiters are served — after a lease expires, after a
+// release, and in FIFO order. Their operations join the checked history.
+func (r *runner) livenessWaiters() {
+	rng := rand.New(rand.NewPCG(r.cfg.seed, 77))
+	base := 100
+	opts := callOpts{attempt: 3 * time.Second, overall: 30 * time.Second}
+	mk := func(proc int, client, kind, lock string) *Op {
+		return &Op{Proc: base + proc, Client: client, Kind: kind, Lock: lock, ReqID: fmt.Sprintf("%s-%s-%d", client, kind, r.clk.now())}
+	}
+	acquire := func(proc int, client, lock string, ttl, wait time.Duration) *Op {
+		op := mk(proc, client, kAcquire, lock)
+		op.TTL, op.Wait = int64(ttl), int64(wait)
+		o := opts
+		if wait > 0 {
+			o.attempt = 2 * time.Second
+		}
+		r.api.acquire(op, rng, o)
+		return op
+	}
+	release := func(proc int, g *Op) *Op {
+		op := mk(proc, g.Client, kRelease, g.Lock)
+		op.Token, op.Lease = g.OutToken, g.OutLease
+		r.api.releaseOrRenew(op, rng, opts)
+		return op
+	}
+
+	// 1. Holders that go away (TTL 1, 2, 4 s): their waiters get the locks
+	// once the leases expire — not before the holders' bounds (the model
+	// checks that), and at most 5 s after.
+	var wg1 sync.WaitGroup
+	var mu1 sync.Mutex
+	for k, ttl := range []time.Duration{time.Second, time.Second, 2 * time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		wg1.Add(1)
+		go func() {
+			defer wg1.Done()
+			lock := fmt.Sprintf("live/expire/%d", k)
+			h := acquire(20+2*k, fmt.Sprintf("live-h%d", k), lock, ttl, 0)
+			if h.Out != oOK {
+				r.anomaly(anomaly{Kind: "liveness:waiter", What: lock + ": the holder's acquire failed: " + h.String()})
+				return
+			}
+			w := acquire(21+2*k, fmt.Sprintf("live-w%d", k), lock, 10*time.Second, 20*time.Second)
+			if w.Out != oOK {
+				r.anomaly(anomaly{Kind: "liveness:waiter", What: lock + ": the waiter was not served after the holder went away: " + w.String()})
+				return
+			}
+			served := time.Duration(w.Return - (h.Call + h.TTL))
+			mu1.Lock()
+			r.rep.waiterTimes = append(r.rep.waiterTimes, served)
+			r.rep.expiryLags = append(r.rep.expiryLags, served)
+			mu1.Unlock()
+			if served > 5*time.Second {
+				r.anomaly(anomaly{Kind: "liveness:waiter", What: fmt.Sprintf("%s: the waiter was served only %s after the holder's bound (TTL %s)", lock, served, ttl)})
+			}
+			release(21+2*k, w)
+		}()
+	}
+	wg1.Wait()
+
+	// 2. A holder that releases: its waiter gets the lock at once.
+	h2 := acquire(2, "live-h2", "live/release", longTTL, 0)
+	if h2.Out == oOK {
+		done := make(chan *Op, 1)
+		go func() { done <- acquire(3, "live-w2", "live/release", longTTL, 20*time.Second) }()
+		time.Sleep(500 * time.Millisecond)
+		rel := release(2, h2)
+		w2 := <-done
+		if w2.Out != oOK {
+			r.anomaly(anomaly{Kind: "liveness:waiter", What: "live/release: the waiter was not served after the release: " + w2.String()})
+		} else {
+			served := time.Duration(w2.Return - rel.Return)
+			r.rep.waiterTimes = append(r.rep.waiterTimes, served)
+			if served > 3*time.Second {
+				r.anomaly(anomaly{Kind: "liveness:waiter", What: fmt.Sprintf("live/release: the waiter was served %s after the release was answered", served)})
+			}
+			release(3, w2)
+		}
+	}
+
+	// 3. FIFO: three waiters queued one after the other get the lock in order.
+	h3 := acquire(4, "live-h3", "live/fifo", longTTL, 0)
+	if h3.Out != oOK {
+		return
+	}
+	type res struct {
+		i  int
+		op *Op
+	}
+	got := make(chan res, 3)
+	var fifoWG sync.WaitGroup
+	defer fifoWG.Wait() // the releases finish before the durability checks
+	for i := range 3 {
+		fifoWG.Add(1)
+		go func() {
+			defer fifoWG.Done()
+			op := acquire(5+i, fmt.Sprintf("live-f%d", i), "live/fifo", longTTL, 20*time.Second)
+			got <- res{i, op}
+			if op.Out == oOK {
+				time.Sleep(100 * time.Millisecond)
+				release(5+i, op)
+			}
+		}()
+		// Wait until it is queued before starting the next one.
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			g := mk(9, "live-reader", kGet, "live/fifo")
+			r.api.get(g, rng, opts)
+			var v struct {
+				Waiters int `json:"waiters"`
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, _ = getJSON(ctx, r.c.nodes[r.c.leaderOrZero()].url()+"/api/v1/locks/live/fifo", &v)
+			cancel()
+			if v.Waiters >= i+1 {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	release(4, h3)
+	var order []res
+	for range 3 {
+		select {
+		case x := <-got:
+			order = append(order, x)
+		case <-time.After(30 * time.Second):
+			r.anomaly(anomaly{Kind: "liveness:waiter", What: "live/fifo: a waiter got no answer within 30 s"})
+			return
+		}
+	}
+	sort.Slice(order, func(a, b int) bool { return order[a].op.OutToken < order[b].op.OutToken })
+	for k, x := range order {
+		if x.op.Out != oOK || x.i != k {
+			var desc []string
+			for _, y := range order {
+				desc = append(desc, y.op.String())
+			}
+			r.anomaly(anomaly{Kind: "liveness:fifo", What: "live/fifo: waiters were not served in the order they queued:\n    " + strings.Join(desc, "\n    ")})
+			break
+		}
+	}
+}
+
+// durability: after healing, the replicas converge (same applied index, same
+// last fencing token, same lock table), no acknowledged token is above the
+// cluster's counter, and a new grant gets a token above every one ever
+// acknowledged.
+func (r *runner) durability() {
+	var maxTok uint64
+	for _, o := range r.h.snapshotOps() {
+		if o.Kind == kAcquire && o.Out == oOK {
+			maxTok = max(maxTok, o.OutToken)
+		}
+	}
+	r.rep.maxToken = maxTok
+	var views []clusterView
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		views = views[:0]
+		same := true
+		for i := range r.c.nodes {
+			v, err := r.c.view(i, time.Second)
+			if err != nil {
+				same = false
+				break
+			}
+			if len(views) > 0 && (v.AppliedIndex != views[0].AppliedIndex || v.LastToken != views[0].LastToken || v.Revision != views[0].Revision) {
+				same = false
+			}
+			views = append(views, v)
+		}
+		if same {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.anomaly(anomaly{Kind: "durability:replicas-diverge", What: fmt.Sprintf("15 s after healing the replicas still differ: %+v", views)})
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if views[0].LastToken < maxTok {
+		r.anomaly(anomaly{Kind: "durability:token-lost", What: fmt.Sprintf("the cluster's last fencing token is %d but token %d was acknowledged", views[0].LastToken, maxTok)})
+	}
+	// Every replica's own (stale) view of every lock equals the leader's
+	// linearizable one.
+	var names []string
+	seen := map[string]bool{}
+	for _, o := range r.h.snapshotOps() {
+		if o.Lock != "" && !seen[o.Lock] {
+			seen[o.Lock] = true
+			names = append(names, o.Lock)
+		}
+	}
+	sort.Strings(names)
+	leader := r.c.leaderOrZero()
+	for _, name := range names {
+		ref, err := r.readKey(leader, name, false)
+		if err != nil {
+			continue
+		}
+		for i := range r.c.nodes {
+			// A follower may lag a moment behind the leader: retry for 2 s.
+			var v string
+			for try := 0; try < 20; try++ {
+				if try > 0 {
+					time.Sleep(100 * time.Millisecond)
+				}
+				if v, err = r.readKey(i, name, true); err == nil && v == ref {
+					break
+				}
+			}
+			if v != ref {
+				r.anomaly(anomaly{Kind: "durability:replicas-diverge", What: fmt.Sprintf("%s on %s (stale read): %s; leader's linearizable read: %s", name, r.c.nodes[i].id, v, ref)})
+			}
+		}
+	}
+	// A fresh grant is above everything acknowledged.
+	rng := rand.New(rand.NewPCG(r.cfg.seed, 88))
+	op := &Op{Proc: 120, Client: "final", Kind: kAcquire, Lock: "final/token", TTL: int64(time.Second), ReqID: "final-1"}
+	r.api.acquire(op, rng, callOpts{attempt: 3 * time.Second, overall: 20 * time.Second})
+	if op.Out != oOK {
+		r.anomaly(anomaly{Kind: "liveness:final-acquire", What: "a fresh acquire after healing failed: " + op.String()})
+	} else if op.OutToken <= maxTok {
+		r.anomaly(anomaly{Kind: "safety:token-order", What: fmt.Sprintf("a fresh grant after healing got token %d, not above the highest acknowledged %d", op.OutToken, maxTok)})
+	}
+}
+
+// readKey reads a lock or an election on one node and renders what matters
+// for comparing replicas.
+func (r *runner) readKey(node int, key string, stale bool) (string, error) {
+	url := r.c.nodes[node].url() + lockPath(key, "")
+	if stale {
+		url += "?stale=true"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var v struct {
+		Held        bool        `json:"held"`
+		Holder      *holderJSON `json:"holder"`
+		Waiters     int         `json:"waiters"`
+		Leader      *leaderJSON `json:"leader"`
+		Campaigners int         `json:"campaigners"`
+	}
+	code, err := getJSON(ctx, url, &v)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case isElection(key) && v.Leader != nil:
+		return fmt.Sprintf("leader %s/%d %q campaigners=%d", v.Leader.CandidateID, v.Leader.FencingToken, v.Leader.Value, v.Campaigners), nil
+	case isElection(key):
+		return fmt.Sprintf("no leader campaigners=%d", v.Campaigners), nil
+	case v.Holder != nil:
+		return fmt.Sprintf("held=%v %s/%d waiters=%d", v.Held, v.Holder.ClientID, v.Holder.FencingToken, v.Waiters), nil
+	}
+	return fmt.Sprintf("held=%v waiters=%d", v.Held, v.Waiters), nil
+}
+
+// --- the report ---
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+func (r *runner) summary() string {
+	rep := r.rep
+	var b strings.Builder
+	fmt.Fprintf(&b, "=== dlock chaos report: seed %d, %s of faults, %s in all, %d nodes, %d+%d clients\n",
+		rep.cfg.seed, rep.cfg.duration, rep.elapsed.Round(time.Second), rep.cfg.nodes, rep.cfg.implicit, rep.cfg.sessions)
+	// operations
+	type kk struct{ kind, out string }
+	counts := map[kk]int{}
+	for _, o := range rep.ops {
+		counts[kk{o.Kind, o.Out}]++
+	}
+	var keys []kk
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].kind != keys[j].kind {
+			return keys[i].kind < keys[j].kind
+		}
+		return keys[i].out < keys[j].out
+	})
+	fmt.Fprintf(&b, "operations: %d\n", len(rep.ops))
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %-15s %-18s %d\n", k.kind, k.out, counts[k])
+	}
+	fmt.Fprintf(&b, "retries: %d on 503/429, %d on other 5xx (%d were 500), %d on connection errors/timeouts\n", rep.retries[0], rep.retries[1], rep.retries[3], rep.retries[2])
+	fmt.Fprintf(&b, "holds: %d; fenced writes: %d (accepted %d, rejected %d); GC-pause writes: %d (rejected %d, accepted after a newer grant because its holder had not written yet %d)\n",
+		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
+	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
+	// faults
+	var clusterFaultsN int
+	var recov []time.Duration
+	recovByKind := map[string][]time.Duration{}
+	for _, f := range rep.faults {
+		if f.Kind != fClientPause && f.Kind != fClientCrash {
+			clusterFaultsN++
+			if f.Healthy > 0 {
+				d := time.Duration(f.Healthy - f.Heal)
+				recov = append(recov, d)
+				recovByKind[f.Kind] = append(recovByKind[f.Kind], d)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "faults: %d (%d cluster, %d client); by kind: %s\n", len(rep.faults), clusterFaultsN, len(rep.faults)-clusterFaultsN, strings.Join(countByKind(rep.faults), " "))
+	fmt.Fprintf(&b, "client pauses past the TTL taken while holding: %d; client crashes: %d\n", rep.pauses, rep.crashes)
+	fmt.Fprintf(&b, "recovery (heal → every node ready, one leader): p50 %s, p99 %s, max %s\n",
+		pct(recov, 0.5).Round(time.Millisecond), pct(recov, 0.99).Round(time.Millisecond), pct(recov, 1).Round(time.Millisecond))
+	var kinds []string
+	for k := range recovByKind {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		fmt.Fprintf(&b, "  %-30s n=%-3d p50 %-8s max %s\n", k, len(recovByKind[k]), pct(recovByKind[k], 0.5).Round(time.Millisecond), pct(recovByKind[k], 1).Round(time.Millisecond))
+	}
+	// Per fault: the longest stretch without a successful write between the
+	// fault and the cluster being healthy again.
+	outByKind := map[string][]time.Duration{}
+	for _, f := range rep.faults {
+		if f.Kind == fClientPause || f.Kind == fClientCrash {
+			continue
+		}
+		end := f.Healthy
+		if end == 0 {
+			end = f.Heal + int64(20*time.Second)
+		}
+		last := int64(-1)
+		var worst time.Duration
+		for _, x := range rep.probes {
+			if !x.ok {
+				continue
+			}
+			if x.at > end {
+				if last >= 0 {
+					worst = max(worst, time.Duration(x.at-last))
+				}
+				break
+			}
+			if x.at >= f.Start && last >= 0 {
+				worst = max(worst, time.Duration(x.at-last))
+			}
+			last = x.at
+		}
+		outByKind[f.Kind] = append(outByKind[f.Kind], worst)
+	}
+	b.WriteString("longest write outage per fault (fault start → healthy; the probe ticks every 100 ms):\n")
+	var okinds []string
+	for k := range outByKind {
+		okinds = append(okinds, k)
+	}
+	sort.Strings(okinds)
+	for _, k := range okinds {
+		fmt.Fprintf(&b, "  %-30s n=%-3d p50 %-8s max %s\n", k, len(outByKind[k]), pct(outByKind[k], 0.5).Round(time.Millisecond), pct(outByKind[k], 1).Round(time.Millisecond))
+	}
+	outs := outages(rep.probes)
+	var od []time.Duration
+	var total time.Duration
+	for _, o := range outs {
+		d := time.Duration(o[1] - o[0])
+		od = append(od, d)
+		total += d
+	}
+	okN := 0
+	for _, s := range rep.probes {
+		if s.ok {
+			okN++
+		}
+	}
+	fmt.Fprintf(&b, "write probe: %d of %d keepalives (sent to every node, 1 s timeout) succeeded somewhere; %d gaps > 500 ms without a successful write, total %s, longest %s\n",
+		okN, len(rep.probes), len(outs), total.Round(time.Millisecond), pct(od, 1).Round(time.Millisecond))
+	fmt.Fprintf(&b, "final heal → healthy: %s\n", rep.healToReady.Round(time.Millisecond))
+	fmt.Fprintf(&b, "expiry after the holder left (freed − holder's bound), %d locks: p50 %s, max %s\n", len(rep.expiryLags),
+		pct(rep.expiryLags, 0.5).Round(time.Millisecond), pct(rep.expiryLags, 1).Round(time.Millisecond))
+	if len(rep.waiterTimes) > 0 {
+		fmt.Fprintf(&b, "live waiters served after the lock was free: %v\n", rep.waiterTimes)
+	}
+	// linearizability
+	lin := map[porcupine.CheckResult]int{}
+	var linOps int
+	var slow []string
+	for _, l := range rep.lin {
+		lin[l.result]++
+		linOps += l.ops
+		if l.result == porcupine.Unknown {
+			slow = append(slow, l.lock)
+		}
+	}
+	fmt.Fprintf(&b, "linearizability (porcupine, per lock): %d locks, %d operations: ok %d, illegal %d, timed out %d %v\n",
+		len(rep.lin), linOps, lin[porcupine.Ok], lin[porcupine.Illegal], lin[porcupine.Unknown], slow)
+	fmt.Fprintf(&b, "anomalies: %d\n", len(rep.anomalies))
+	for _, a := range rep.anomalies {
+		fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(a.String(), "\n", "\n  "))
+	}
+	if len(rep.notes) > 0 {
+		fmt.Fprintf(&b, "notes from node logs (not failures): %d\n", len(rep.notes))
+		for _, n := range rep.notes {
+			first, _, _ := strings.Cut(n, "\n")
+			fmt.Fprintf(&b, "  %s\n", first)
+		}
+	}
+	b.WriteString("nemesis schedule:\n")
+	for _, f := range rep.faults {
+		fmt.Fprintf(&b, "  %s\n", f.String())
+	}
+	return b.String()
+}

@@ -1,0 +1,449 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// cnode is one `dlock serve` node.
+type cnode struct {
+	idx       int
+	id        string
+	ip        string
+	apiAddr   string
+	raftAddr  string // where it listens
+	proxyAddr string // what it advertises; the proxy forwards to raftAddr
+	grpcAddr  string
+	dataDir   string
+	logPath   string
+
+	p       *proc
+	paused  bool
+	started bool // first start done (later starts omit --initial-cluster)
+}
+
+func (n *cnode) url() string { return "http://" + n.apiAddr }
+
+// cluster is N dlock processes behind the link proxies.
+type cluster struct {
+	bin   string
+	dir   string
+	nodes []*cnode
+	net   *network
+	init  string
+
+	mu sync.Mutex // serialises process operations
+}
+
+var (
+	flagMu    sync.Mutex
+	flagCache = map[string]string{}
+)
+
+// binHasFlag reports whether `bin serve` knows --name (the tree changes under
+// the suite: newer binaries grow listeners that need their own port).
+func binHasFlag(bin, name string) bool {
+	flagMu.Lock()
+	defer flagMu.Unlock()
+	help, ok := flagCache[bin]
+	if !ok {
+		out, _ := exec.Command(bin, "serve", "-h").CombinedOutput()
+		help = string(out)
+		flagCache[bin] = help
+	}
+	return strings.Contains(help, "-"+name+" ")
+}
+
+func nodeIP(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
+
+// portRange is where free ports are looked for: outside the kernel's
+// ephemeral range, so an outgoing connection can never take a node's port
+// while the node is down between a kill and its restart.
+func portRange() (lo, hi int) {
+	lo, hi = 20000, 32000
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return lo, hi
+	}
+	eLo, err1 := strconv.Atoi(f[0])
+	eHi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return lo, hi
+	}
+	switch {
+	case eLo-10000 >= 2000:
+		return 10000, eLo - 1
+	case 65535-eHi >= 2000:
+		return eHi + 1, 65535
+	}
+	return 20000, 32000
+}
+
+// pickBasePort finds base such that base … base+3 are free on every node IP
+// (API, Raft, proxy, gRPC).
+func pickBasePort(n int, rng *rand.Rand) (int, error) {
+	lo, hi := portRange()
+	for range 200 {
+		base := lo + rng.IntN(hi-lo-4)
+		var lns []net.Listener
+		free := true
+		for i := range n {
+			for off := range 4 {
+				ln, err := net.Listen("tcp", net.JoinHostPort(nodeIP(i), strconv.Itoa(base+off)))
+				if err != nil {
+					free = false
+					break
+				}
+				lns = append(lns, ln)
+			}
+			if !free {
+				break
+			}
+		}
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if free {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("no free port range on %d loopback IPs in [%d, %d)", n, lo, hi)
+}
+
+func newCluster(bin, dir string, n int, rng *rand.Rand) (*cluster, error) {
+	base, err := pickBasePort(n, rng)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{bin: bin, dir: dir}
+	var ips, initial []string
+	for i := range n {
+		ip := nodeIP(i)
+		nd := &cnode{
+			idx:       i,
+			id:        fmt.Sprintf("n%d", i+1),
+			ip:        ip,
+			apiAddr:   net.JoinHostPort(ip, strconv.Itoa(base)),
+			raftAddr:  net.JoinHostPort(ip, strconv.Itoa(base+1)),
+			proxyAddr: net.JoinHostPort(ip, strconv.Itoa(base+2)),
+			grpcAddr:  net.JoinHostPort(ip, strconv.Itoa(base+3)),
+			dataDir:   filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+			logPath:   filepath.Join(dir, fmt.Sprintf("n%d.log", i+1)),
+		}
+		c.nodes = append(c.nodes, nd)
+		ips = append(ips, ip)
+		initial = append(initial, nd.id+"="+nd.proxyAddr)
+	}
+	c.init = strings.Join(initial, ",")
+	c.net = newNetwork(ips)
+	for _, nd := range c.nodes {
+		if err := c.net.listen(nd.idx, nd.proxyAddr, nd.raftAddr); err != nil {
+			c.net.close()
+			return nil, fmt.Errorf("proxy for %s: %w", nd.id, err)
+		}
+	}
+	return c, nil
+}
+
+// start starts (or restarts from its data dir) one node.
+func (c *cluster) start(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.startLocked(i)
+}
+
+func (c *cluster) startLocked(i int) error {
+	nd := c.nodes[i]
+	if nd.p != nil && !nd.p.exited() {
+		return fmt.Errorf("start %s: still running", nd.id)
+	}
+	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
+		"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--raft-advertise", nd.proxyAddr,
+		"--log-level", "info", "--raft-log-level", "info"}
+	if !nd.started {
+		args = append(args, "--initial-cluster", c.init)
+	}
+	if binHasFlag(c.bin, "grpc-addr") {
+		args = append(args, "--grpc-addr", nd.grpcAddr)
+	}
+	if ls := os.Getenv("DLOCK_CHAOS_LOG_STORE"); ls != "" {
+		args = append(args, "--log-store", ls)
+	}
+	p, err := launch(nd.id, nd.logPath, c.bin, args...)
+	if err != nil {
+		return err
+	}
+	nd.p, nd.paused, nd.started = p, false, true
+	return nil
+}
+
+// kill SIGKILLs one node (a stopped one too).
+func (c *cluster) kill(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	if nd.p == nil {
+		return nil
+	}
+	err := nd.p.kill()
+	nd.paused = false
+	return err
+}
+
+func (c *cluster) pause(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	if nd.p == nil || nd.p.exited() {
+		return fmt.Errorf("pause %s: not running", nd.id)
+	}
+	if err := nd.p.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	nd.paused = true
+	return nil
+}
+
+func (c *cluster) resume(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resumeLocked(i)
+}
+
+func (c *cluster) resumeLocked(i int) error {
+	nd := c.nodes[i]
+	if !nd.paused || nd.p == nil || nd.p.exited() {
+		nd.paused = false
+		return nil
+	}
+	nd.paused = false
+	return nd.p.signal(syscall.SIGCONT)
+}
+
+// running reports whether node i's process is alive (paused or not).
+func (c *cluster) running(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	return nd.p != nil && !nd.p.exited()
+}
+
+// unexpectedExits lists nodes whose process exited without being killed by
+// the harness (a crash or a refusal to start).
+func (c *cluster) deadNodes() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, nd := range c.nodes {
+		if nd.p == nil || nd.p.exited() {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// healAll undoes every fault: links healed, paused nodes continued, dead
+// nodes started.
+func (c *cluster) healAll() []error {
+	c.net.healAll()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for i, nd := range c.nodes {
+		if nd.p != nil && !nd.p.exited() {
+			if err := c.resumeLocked(i); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if err := c.startLocked(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// shutdown SIGKILLs every node and stops the proxies.
+func (c *cluster) shutdown() {
+	c.mu.Lock()
+	for _, nd := range c.nodes {
+		if nd.p != nil {
+			_ = nd.p.kill()
+			nd.paused = false
+		}
+	}
+	c.mu.Unlock()
+	c.net.close()
+}
+
+// clusterView is a node's answer to GET /api/v1/cluster.
+type clusterView struct {
+	NodeID       string `json:"node_id"`
+	LeaderID     string `json:"leader_id"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Revision     uint64 `json:"revision"`
+	LastToken    uint64 `json:"last_fencing_token"`
+}
+
+var statusClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+
+func getJSON(ctx context.Context, url string, out any) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := statusClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return resp.StatusCode, err
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// view asks one node for its cluster view (bounded by d).
+func (c *cluster) view(i int, d time.Duration) (clusterView, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var v clusterView
+	code, err := getJSON(ctx, c.nodes[i].url()+"/api/v1/cluster", &v)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("status %d", code)
+	}
+	return v, err
+}
+
+// leader returns the index of the node that a majority of the answering
+// nodes name as leader, or -1.
+func (c *cluster) leader() int {
+	votes := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range c.nodes {
+		if !c.running(i) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := c.view(i, 300*time.Millisecond)
+			if err == nil && v.LeaderID != "" {
+				mu.Lock()
+				votes[v.LeaderID]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	best, bestN := "", 0
+	for id, n := range votes {
+		if n > bestN || (n == bestN && id < best) {
+			best, bestN = id, n
+		}
+	}
+	for i, nd := range c.nodes {
+		if nd.id == best {
+			return i
+		}
+	}
+	return -1
+}
+
+// healthy reports whether every node runs, is ready and names the same
+// leader; the reason if not.
+func (c *cluster) healthy() (bool, string) {
+	leader := ""
+	for i, nd := range c.nodes {
+		if !c.running(i) {
+			return false, nd.id + " is not running"
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		code, err := getJSON(ctx, nd.url()+"/readyz", nil)
+		cancel()
+		if err != nil || code != 200 {
+			return false, fmt.Sprintf("%s not ready (%d %v)", nd.id, code, err)
+		}
+		v, err := c.view(i, 500*time.Millisecond)
+		if err != nil {
+			return false, fmt.Sprintf("%s: %v", nd.id, err)
+		}
+		if v.LeaderID == "" || (leader != "" && v.LeaderID != leader) {
+			return false, fmt.Sprintf("%s names leader %q, others %q", nd.id, v.LeaderID, leader)
+		}
+		leader = v.LeaderID
+	}
+	return true, ""
+}
+
+// waitHealthy polls healthy until it holds or within passes.
+func (c *cluster) waitHealthy(within time.Duration, stop <-chan struct{}) (time.Duration, error) {
+	start := time.Now()
+	deadline := start.Add(within)
+	why := ""
+	for {
+		ok, w := c.healthy()
+		if ok {
+			return time.Since(start), nil
+		}
+		why = w
+		if time.Now().After(deadline) {
+			return time.Since(start), fmt.Errorf("cluster not healthy after %s: %s", within, why)
+		}
+		select {
+		case <-stop:
+			return time.Since(start), fmt.Errorf("stopped while waiting: %s", why)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// logTails returns the last n lines of every node's log.
+func (c *cluster) logTails(n int) string {
+	var b strings.Builder
+	for _, nd := range c.nodes {
+		fmt.Fprintf(&b, "--- tail of %s's log (%s):\n%s\n", nd.id, nd.logPath, logTail(nd.logPath, n))
+	}
+	return b.String()
+}
+
+// logProblems scans node logs for panics, fatal errors and data races.
+func (c *cluster) logProblems() []string {
+	var out []string
+	for _, nd := range c.nodes {
+		b, err := os.ReadFile(nd.logPath)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		for _, needle := range []string{"panic:", "fatal error:", "WARNING: DATA RACE", "level=ERROR"} {
+			if i := strings.Index(s, needle); i >= 0 {
+				end := min(len(s), i+1500)
+				start := max(0, i-300)
+				out = append(out, fmt.Sprintf("%s's log has %q:\n%s", nd.id, needle, s[start:end]))
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,17 @@
+// Package chaos is dlock's fault-injection (Jepsen-style) suite: it runs real
+// `dlock serve` processes on loopback, routes every node-to-node connection
+// through an in-test TCP proxy that can cut any directed link, drives a
+// workload of lock clients that write to fenced registers, injects faults
+// (kill -9, SIGSTOP, partitions, client pauses, whole-cluster restarts) from a
+// printed seed, and checks the recorded history: linearizability (porcupine),
+// mutual exclusion by the clients' conservative lease bounds, fencing-token
+// order, durability of acknowledged operations and liveness after healing.
+//
+// The package has only tests. The long runs are opt-in:
+//
+//	DLOCK_CHAOS=1 go test -race=false -run TestChaosCI -timeout 10m ./test/chaos/
+//	scripts/chaos.sh --duration 30m --seed 42
+//
+// Without DLOCK_CHAOS=1 only the fast unit tests of the checkers and the proxy
+// run. See docs/reliability.md.
+package chaos

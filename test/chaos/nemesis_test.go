@@ -1,0 +1,375 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// faultEvent is one injected fault, as printed in the schedule.
+type faultEvent struct {
+	N       int    `json:"n"`
+	Kind    string `json:"kind"`
+	Target  string `json:"target"`
+	Detail  string `json:"detail,omitempty"`
+	Start   int64  `json:"start"`
+	Heal    int64  `json:"heal"`              // when it was undone (0 for client faults)
+	Healthy int64  `json:"healthy,omitempty"` // when the cluster was healthy again after the heal
+	Err     string `json:"err,omitempty"`
+}
+
+func (f faultEvent) String() string {
+	s := fmt.Sprintf("#%d %s %s %s", f.N, fmtT(f.Start), f.Kind, f.Target)
+	if f.Detail != "" {
+		s += " (" + f.Detail + ")"
+	}
+	if f.Heal > 0 {
+		s += fmt.Sprintf(" healed %s", fmtT(f.Heal))
+		if f.Healthy > 0 {
+			s += fmt.Sprintf(", healthy %s after", time.Duration(f.Healthy-f.Heal).Round(time.Millisecond))
+		} else {
+			s += ", NOT healthy again"
+		}
+	}
+	if f.Err != "" {
+		s += " error: " + f.Err
+	}
+	return s
+}
+
+// Cluster fault kinds.
+const (
+	fKillLeader      = "kill-leader"
+	fKillFollower    = "kill-follower"
+	fKillMajority    = "kill-majority"
+	fRestartAll      = "restart-all"
+	fPauseLeader     = "pause-leader"
+	fPauseFollower   = "pause-follower"
+	fIsolateLeader   = "isolate-leader"
+	fBlackholeLeader = "blackhole-leader"
+	fIsolateFollower = "isolate-follower"
+	fSplitMinority   = "partition-majority-minority"
+	fBridge          = "partition-bridge"
+	fOneWayOut       = "oneway-leader-cannot-send"
+	fOneWayIn        = "oneway-leader-cannot-receive"
+	fClientPause     = "client-pause"
+	fClientCrash     = "client-crash"
+)
+
+var clusterFaults = []struct {
+	kind   string
+	weight int
+}{
+	{fKillLeader, 4}, {fKillFollower, 3}, {fKillMajority, 1}, {fRestartAll, 2},
+	{fPauseLeader, 4}, {fPauseFollower, 2},
+	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
+	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
+}
+
+// nemesis injects faults from its own seeded generator.
+type nemesis struct {
+	c   *cluster
+	w   *workload
+	clk *clock
+	rng *rand.Rand // cluster faults
+	crn *rand.Rand // client faults
+
+	mu     sync.Mutex
+	events []faultEvent
+	logf   func(format string, args ...any)
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	// gap and hold bound the schedule
+	gapLo, gapHi   time.Duration
+	holdLo, holdHi time.Duration
+}
+
+func newNemesis(c *cluster, w *workload, clk *clock, seed uint64, logf func(string, ...any)) *nemesis {
+	return &nemesis{c: c, w: w, clk: clk, logf: logf,
+		rng:   rand.New(rand.NewPCG(seed, 7)),
+		crn:   rand.New(rand.NewPCG(seed, 11)),
+		stop:  make(chan struct{}),
+		gapLo: 500 * time.Millisecond, gapHi: 2500 * time.Millisecond,
+		holdLo: 1 * time.Second, holdHi: 5 * time.Second,
+	}
+}
+
+func (n *nemesis) record(e faultEvent) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e.N = len(n.events) + 1
+	n.events = append(n.events, e)
+	n.logf("fault %s", e.String())
+	return e.N - 1
+}
+
+func (n *nemesis) update(i int, f func(*faultEvent)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	f(&n.events[i])
+}
+
+func (n *nemesis) schedule() []faultEvent {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]faultEvent(nil), n.events...)
+}
+
+func (n *nemesis) sleep(d time.Duration) bool {
+	select {
+	case <-time.After(d):
+		return true
+	case <-n.stop:
+		return false
+	}
+}
+
+func between(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
+}
+
+func (n *nemesis) start() {
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.runCluster() }()
+	go func() { defer n.wg.Done(); n.runClients() }()
+}
+
+// halt stops the schedule; the fault in progress is healed by its loop.
+func (n *nemesis) halt() {
+	close(n.stop)
+	n.wg.Wait()
+}
+
+func (n *nemesis) pickKind() string {
+	total := 0
+	for _, f := range clusterFaults {
+		total += f.weight
+	}
+	x := n.rng.IntN(total)
+	for _, f := range clusterFaults {
+		if x < f.weight {
+			return f.kind
+		}
+		x -= f.weight
+	}
+	return clusterFaults[0].kind
+}
+
+func ids(c *cluster, idx []int) string {
+	var s []string
+	for _, i := range idx {
+		s = append(s, c.nodes[i].id)
+	}
+	return strings.Join(s, ",")
+}
+
+// runCluster injects one cluster fault at a time: wait a gap, inject, hold,
+// heal, wait (bounded) for the cluster to be healthy again.
+func (n *nemesis) runCluster() {
+	N := len(n.c.nodes)
+	for {
+		if !n.sleep(between(n.rng, n.gapLo, n.gapHi)) {
+			return
+		}
+		kind := n.pickKind()
+		hold := between(n.rng, n.holdLo, n.holdHi)
+		// Draw every random choice before looking at the cluster, so a seed
+		// replays the same decisions whatever the leader turns out to be.
+		pickA := n.rng.IntN(1 << 20)
+		pickB := n.rng.IntN(1 << 20)
+		leader := n.c.leader()
+		if leader < 0 {
+			leader = pickA % N
+		}
+		others := make([]int, 0, N-1)
+		for i := range N {
+			if i != leader {
+				others = append(others, i)
+			}
+		}
+		follower := others[pickA%len(others)]
+		ev := faultEvent{Kind: kind, Start: n.clk.now()}
+		var heal func() error
+		var err error
+		switch kind {
+		case fKillLeader, fKillFollower:
+			t := leader
+			if kind == fKillFollower {
+				t = follower
+			}
+			ev.Target = n.c.nodes[t].id
+			err = n.c.kill(t)
+			heal = func() error { return n.c.start(t) }
+		case fKillMajority:
+			victims := n.permute(pickB, N)[:N/2+1]
+			ev.Target = ids(n.c, victims)
+			for _, v := range victims {
+				if e := n.c.kill(v); e != nil {
+					err = e
+				}
+			}
+			heal = func() error {
+				var e error
+				for _, v := range victims {
+					if e2 := n.c.start(v); e2 != nil {
+						e = e2
+					}
+				}
+				return e
+			}
+		case fRestartAll:
+			ev.Target = "all"
+			for i := range N {
+				if e := n.c.kill(i); e != nil {
+					err = e
+				}
+			}
+			hold = between(n.rng, 0, 2*time.Second)
+			heal = func() error {
+				var e error
+				for i := range N {
+					if e2 := n.c.start(i); e2 != nil {
+						e = e2
+					}
+				}
+				return e
+			}
+		case fPauseLeader, fPauseFollower:
+			t := leader
+			if kind == fPauseFollower {
+				t = follower
+			}
+			ev.Target = n.c.nodes[t].id
+			err = n.c.pause(t)
+			heal = func() error { return n.c.resume(t) }
+		case fIsolateLeader, fBlackholeLeader, fIsolateFollower:
+			t, mode := leader, linkRefuse
+			if kind == fIsolateFollower {
+				t = follower
+			}
+			if kind == fBlackholeLeader {
+				mode = linkBlackhole
+			}
+			ev.Target = n.c.nodes[t].id
+			for i := range N {
+				if i != t {
+					n.c.net.cutBoth(t, i, mode)
+				}
+			}
+			heal = func() error { n.c.net.healAll(); return nil }
+		case fSplitMinority:
+			perm := n.permute(pickB, N)
+			k := 1 + pickA%max(1, (N-1)/2) // minority size
+			minority, majority := perm[:k], perm[k:]
+			ev.Target = ids(n.c, minority) + " | " + ids(n.c, majority)
+			for _, a := range minority {
+				for _, b := range majority {
+					n.c.net.cutBoth(a, b, linkRefuse)
+				}
+			}
+			heal = func() error { n.c.net.healAll(); return nil }
+		case fBridge:
+			// Two halves that cannot talk, and one node that talks to both.
+			perm := n.permute(pickB, N)
+			bridge := perm[0]
+			rest := perm[1:]
+			half := len(rest) / 2
+			a, b := rest[:half], rest[half:]
+			ev.Target = fmt.Sprintf("%s | bridge %s | %s", ids(n.c, a), n.c.nodes[bridge].id, ids(n.c, b))
+			for _, x := range a {
+				for _, y := range b {
+					n.c.net.cutBoth(x, y, linkRefuse)
+				}
+			}
+			heal = func() error { n.c.net.healAll(); return nil }
+		case fOneWayOut, fOneWayIn:
+			ev.Target = n.c.nodes[leader].id
+			for _, o := range others {
+				if kind == fOneWayOut {
+					n.c.net.cut(leader, o, linkRefuse)
+				} else {
+					n.c.net.cut(o, leader, linkRefuse)
+				}
+			}
+			heal = func() error { n.c.net.healAll(); return nil }
+		}
+		if d := n.c.net.describe(); d != "none" {
+			ev.Detail = "cuts: " + d
+		}
+		if err != nil {
+			ev.Err = err.Error()
+		}
+		i := n.record(ev)
+		n.sleep(hold) // a stop cuts the hold short; the heal still runs
+		herr := heal()
+		healAt := n.clk.now()
+		_, werr := n.c.waitHealthy(20*time.Second, nil)
+		n.update(i, func(e *faultEvent) {
+			e.Heal = healAt
+			if herr != nil {
+				e.Err = strings.TrimSpace(e.Err + " heal: " + herr.Error())
+			}
+			if werr == nil {
+				e.Healthy = n.clk.now()
+			} else {
+				e.Err = strings.TrimSpace(e.Err + " " + werr.Error())
+			}
+		})
+		select {
+		case <-n.stop:
+			return
+		default:
+		}
+	}
+}
+
+// permute is a permutation of 0..N-1 drawn from x.
+func (n *nemesis) permute(x, N int) []int {
+	r := rand.New(rand.NewPCG(uint64(x), 3))
+	p := r.Perm(N)
+	return p
+}
+
+// runClients pauses clients (longer than their TTL when they hold a lock: the
+// GC-pause story) and crashes and restarts them.
+func (n *nemesis) runClients() {
+	for {
+		if !n.sleep(between(n.crn, 1*time.Second, 4*time.Second)) {
+			return
+		}
+		c := n.w.clients[n.crn.IntN(len(n.w.clients))]
+		kind := fClientPause
+		if n.crn.IntN(100) < 30 {
+			kind = fClientCrash
+		}
+		d := between(n.crn, 300*time.Millisecond, 2*time.Second)
+		ch := c.pauseCh
+		if kind == fClientCrash {
+			ch = c.crashCh
+		}
+		select {
+		case ch <- d:
+			n.record(faultEvent{Kind: kind, Target: c.id, Start: n.clk.now(), Detail: fmt.Sprintf("%s (at least its TTL if it holds a lock)", d.Round(time.Millisecond))})
+		default: // the previous request is still pending
+		}
+	}
+}
+
+// countByKind counts faults per kind, sorted by kind.
+func countByKind(evs []faultEvent) []string {
+	m := map[string]int{}
+	for _, e := range evs {
+		m[e.Kind]++
+	}
+	var out []string
+	for k, v := range m {
+		out = append(out, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(out)
+	return out
+}
