@@ -77,13 +77,13 @@ func (c *Config) Defaults() {
 		c.SnapshotRetain = 2
 	}
 	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = 500 * time.Millisecond
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
 	if c.ElectionTimeout == 0 {
-		c.ElectionTimeout = 500 * time.Millisecond
+		c.ElectionTimeout = DefaultElectionTimeout
 	}
 	if c.LeaderLeaseTimeout == 0 {
-		c.LeaderLeaseTimeout = 250 * time.Millisecond
+		c.LeaderLeaseTimeout = DefaultLeaderLeaseTimeout
 	}
 	if c.ApplyTimeout == 0 {
 		c.ApplyTimeout = 10 * time.Second
@@ -98,6 +98,19 @@ func (c *Config) Defaults() {
 		c.Logger = slog.Default()
 	}
 }
+
+// Raft timing defaults, tuned for a LAN: a follower that hears nothing from
+// the leader for 150-300 ms starts a (pre-)vote, so a dead leader is replaced
+// in well under half a second (docs/benchmarks.md). Timing never affects lock
+// safety — expiry is decided by the leader through committed commands, and a
+// new leader counts each lease's remaining time again from its takeover — it
+// only trades failover speed against spurious elections on a stalled machine;
+// shorter timeouts also extend leases less at each failover.
+const (
+	DefaultHeartbeatTimeout   = 150 * time.Millisecond
+	DefaultElectionTimeout    = 150 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 100 * time.Millisecond
+)
 
 // Node is one running dlock Raft node.
 type Node struct {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -44,15 +45,36 @@ type Cluster struct {
 	mu sync.Mutex
 }
 
+// portsGiven keeps FreePort from handing one port out twice in a process.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[string]bool{}
+)
+
 // FreePort returns a loopback address with a port that was free a moment ago.
+//
+// Ports come from below Linux's ephemeral range (32768 and up): a port taken
+// from that range can be reused by any outgoing connection between now and the
+// node's start (or restart), and the start would then fail to bind.
 func FreePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for try := 0; try < 1000; try++ {
+		addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(22000))
+		if portsGiven[addr] {
+			continue
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsGiven[addr] = true
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatalf("no free port below the ephemeral range")
+	return ""
 }
 
 // Options tunes a test cluster.

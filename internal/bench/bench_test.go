@@ -1,0 +1,220 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/testcluster"
+)
+
+func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol*math.Abs(want) }
+
+func TestHistogramPercentiles(t *testing.T) {
+	h := NewHistogram()
+	// 1..1000 ms, once each: the q-quantile is q*1000 ms.
+	for i := 1; i <= 1000; i++ {
+		h.Record(time.Duration(i) * time.Millisecond)
+	}
+	s := h.Summarize(true)
+	if s.Count != 1000 {
+		t.Fatalf("count = %d, want 1000", s.Count)
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"min", s.Min, 1}, {"p50", s.P50, 500}, {"p90", s.P90, 900}, {"p99", s.P99, 990},
+		{"p99.9", s.P999, 999}, {"max", s.Max, 1000}, {"mean", s.Mean, 500.5},
+	} {
+		// Three significant digits: within 0.1 %, plus rounding to whole µs.
+		if !near(c.got, c.want, 0.0011) {
+			t.Errorf("%s = %v ms, want %v ms (±0.1 %%)", c.name, c.got, c.want)
+		}
+	}
+	if len(s.CDF) != len(CDFQuantiles) {
+		t.Fatalf("CDF has %d points, want %d", len(s.CDF), len(CDFQuantiles))
+	}
+	for i := 1; i < len(s.CDF); i++ {
+		if s.CDF[i][0] <= s.CDF[i-1][0] || s.CDF[i][1] < s.CDF[i-1][1] {
+			t.Fatalf("CDF not monotonic at %d: %v then %v", i, s.CDF[i-1], s.CDF[i])
+		}
+	}
+	if s.CDF[0][1] != s.Min || s.CDF[len(s.CDF)-1][1] != s.Max {
+		t.Errorf("CDF ends %v..%v, want min %v .. max %v", s.CDF[0], s.CDF[len(s.CDF)-1], s.Min, s.Max)
+	}
+}
+
+func TestHistogramClampsAndMerges(t *testing.T) {
+	a, b := NewHistogram(), NewHistogram()
+	a.Record(-time.Millisecond) // an event that beat its answer: recorded at the floor, counted
+	a.Record(500 * time.Nanosecond)
+	b.Record(2 * time.Hour)
+	b.Record(3 * time.Millisecond)
+	a.Merge(b)
+	s := a.Summarize(false)
+	if s.Count != 4 || s.Clamped != 2 {
+		t.Fatalf("count %d clamped %d, want 4 and 2", s.Count, s.Clamped)
+	}
+	if s.Min != 0.001 || !near(s.Max, 3_600_000, 0.001) {
+		t.Fatalf("min %v max %v, want 0.001 ms and one hour", s.Min, s.Max)
+	}
+	if e := NewHistogram().Summarize(true); e.Count != 0 || e.P99 != 0 || e.CDF != nil {
+		t.Fatalf("empty summary = %+v", e)
+	}
+}
+
+func TestRecorderCountsOnlyInsideWindow(t *testing.T) {
+	now := time.Now()
+	r := newRecorder(now.Add(-time.Second), now.Add(9*time.Second))
+	r.record("op", now.Add(-2*time.Second), time.Millisecond) // before the window
+	r.record("op", now, 2*time.Millisecond)
+	r.record("op", now.Add(10*time.Second), time.Millisecond) // after it
+	r.observe("op", now.Add(-3*time.Millisecond))
+	r.fail("op", &apiError{Status: 503, Code: "no_leader"})
+	r.fail("op", context.DeadlineExceeded)
+	var res Result
+	r.fill(&res, false)
+	if got := res.Ops["op"].Count; got != 2 {
+		t.Fatalf("recorded %d ops, want the 2 inside the window", got)
+	}
+	if res.Errors["op: 503 no_leader"] != 1 || res.Errors["op: timeout"] != 1 {
+		t.Fatalf("errors = %v", res.Errors)
+	}
+	want := 2 / r.end.Sub(r.start).Seconds()
+	if !near(res.Ops["op"].PerSec, want, 0.01) {
+		t.Fatalf("per_sec = %v, want %v", res.Ops["op"].PerSec, want)
+	}
+}
+
+func TestPacer(t *testing.T) {
+	p := newPacer(200) // 5 ms apart
+	start := time.Now()
+	for range 21 {
+		if !p.wait(context.Background()) {
+			t.Fatal("wait returned false")
+		}
+	}
+	if took := time.Since(start); took < 95*time.Millisecond {
+		t.Fatalf("21 paced waits at 200/s took %s, want at least 100 ms", took)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if newPacer(0).wait(ctx) {
+		t.Fatal("an unlimited pacer must still stop on a cancelled context")
+	}
+}
+
+func TestScrapeMemory(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Write([]byte("# HELP go_memstats_heap_inuse_bytes x\n# TYPE go_memstats_heap_inuse_bytes gauge\n" +
+			"go_memstats_heap_inuse_bytes 1.048576e+07\nprocess_resident_memory_bytes 52428800\nother 1\n"))
+	}))
+	defer srv.Close()
+	rss, heap, err := scrapeMemory(context.Background(), srv.Client(), srv.URL)
+	if err != nil || rss != 50<<20 || heap != 10<<20 {
+		t.Fatalf("scrape = %v, %v, %v; want 50 MiB, 10 MiB", rss, heap, err)
+	}
+	mem := memoryOf(context.Background(), srv.Client(), "x", map[string]string{"a": srv.URL, "b": srv.URL + "/nope"})
+	if len(mem) != 2 || mem[0].RSSMiB != 50 || mem[0].HeapInUse != 10 || mem[1].Error == "" {
+		t.Fatalf("memoryOf = %+v", mem)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, c := range []Config{
+		{Workload: "nope", Endpoints: []string{"x"}},
+		{Workload: "uncontended"},
+		{Workload: "uncontended", Target: "etcd"},
+		{Workload: "contended", Target: "etcd", EtcdEndpoints: []string{"x"}, TTLPerAcquire: true},
+		{Workload: "uncontended", Target: "etcd", EtcdEndpoints: []string{"x"}, TTL: 1500 * time.Millisecond},
+		{Workload: "failover", Nodes: 2},
+	} {
+		c.defaults()
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+}
+
+// TestWorkloadsInProcess runs every HTTP workload for a moment against a real
+// 3-node cluster (Raft over loopback, fsync'd logs) and checks that each
+// measured something and nothing failed.
+func TestWorkloadsInProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testcluster.New(t, 3)
+	var eps []string
+	for _, id := range c.IDs() {
+		eps = append(eps, c.URL(id))
+	}
+	for _, wl := range []string{"uncontended", "session", "contended", "held", "watch"} {
+		t.Run(wl, func(t *testing.T) {
+			var logs bytes.Buffer
+			cfg := Config{Target: "dlock", Workload: wl, Endpoints: eps[1:], Workers: 4, Duration: 1500 * time.Millisecond,
+				Warmup: 200 * time.Millisecond, Keys: 200, HeldRelease: true, CDF: true, Log: &logs}
+			if wl == "watch" {
+				cfg.Rate = 100
+			}
+			res, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, logs.String())
+			}
+			var text bytes.Buffer
+			if err := res.WriteText(&text); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("\n%s", text.String())
+			if res.Throughput <= 0 || res.ThroughputUnit == "" {
+				t.Fatalf("throughput %v %q, want > 0", res.Throughput, res.ThroughputUnit)
+			}
+			if len(res.Errors) > 0 {
+				t.Fatalf("errors: %v", res.Errors)
+			}
+			for op, o := range res.Ops {
+				if o.Count == 0 || o.P50 <= 0 && !strings.HasPrefix(op, "delivery") || o.Max < o.P99 || o.P99 < o.P50 {
+					t.Errorf("op %s: implausible %+v", op, o.Summary)
+				}
+			}
+			switch wl {
+			case "held":
+				if len(res.Memory) != 9 {
+					t.Errorf("memory readings: %d, want 3 phases x 3 nodes", len(res.Memory))
+				}
+				for _, m := range res.Memory {
+					if m.Error != "" || m.RSSMiB <= 0 || m.HeapInUse <= 0 {
+						t.Errorf("memory %+v", m)
+					}
+				}
+			case "watch":
+				all := res.Ops["delivery (all nodes)"]
+				if all.Count == 0 || all.Count != res.Ops["acquire"].Count {
+					t.Errorf("delivered %d of %d grants", all.Count, res.Ops["acquire"].Count)
+				}
+				if res.Counters["grants with events missing"] != 0 {
+					t.Errorf("counters %v", res.Counters)
+				}
+			}
+			// The JSON form decodes back.
+			var buf bytes.Buffer
+			if err := res.WriteJSON(&buf); err != nil {
+				t.Fatal(err)
+			}
+			var back Result
+			if err := json.Unmarshal(buf.Bytes(), &back); err != nil || back.Throughput != res.Throughput {
+				t.Fatalf("JSON round trip: %v", err)
+			}
+		})
+	}
+}

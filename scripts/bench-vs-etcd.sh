@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# bench-vs-etcd.sh — dlock and etcd side by side on this machine (issue 4).
+#
+# Starts a 3-member etcd (Debian's etcd-server, fsync on: its default) and a
+# 3-node `dlock serve` cluster (raft-wal, fsync on: its default) on 127.0.0.1,
+# runs the same `dlock bench` workloads through each with 1, 8, 64 and 256
+# workers, alternating which system goes first on every row so machine noise
+# hits both, then the held, watch and failover workloads, and writes the
+# tables into docs/benchmarks.md (between the "bench-vs-etcd" markers; the rest
+# of the file is kept) and PNG plots into docs/bench/. Everything it starts is
+# stopped on exit. Budget: well under 15 minutes on a 2-core machine.
+#
+#   scripts/bench-vs-etcd.sh                  # the full run, rewrites the docs
+#   BENCH_DURATION=3s BENCH_WORKERS="8 64" BENCH_DOC=/tmp/b.md BENCH_PNG_DIR=/tmp/png scripts/bench-vs-etcd.sh
+#
+# Knobs (environment): BENCH_DURATION (6s) and BENCH_WARMUP (1s) per run,
+# BENCH_WORKERS ("1 8 64 256"), BENCH_HELD_KEYS (10000), BENCH_FAILOVER_REPEAT
+# (20), BENCH_FAILOVER=0 to skip failover, BENCH_DOC, BENCH_PNG_DIR,
+# BENCH_NOTE (free text printed next to the numbers), BENCH_KEEP=1 to keep the
+# work dir (raw JSON results and server logs).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DUR=${BENCH_DURATION:-6s}
+WARM=${BENCH_WARMUP:-1s}
+WORKERS=${BENCH_WORKERS:-"1 8 64 256"}
+HELD_KEYS=${BENCH_HELD_KEYS:-10000}
+FAILOVER_REPEAT=${BENCH_FAILOVER_REPEAT:-20}
+DOC=${BENCH_DOC:-$ROOT/docs/benchmarks.md}
+PNG_DIR=${BENCH_PNG_DIR:-$ROOT/docs/bench}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-vs-etcd.XXXXXX")
+RES=$WORK/results
+mkdir -p "$RES"
+T_START=$(date +%s)
+
+PIDS=()
+cleanup() {
+	local rc=$?
+	set +e
+	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+	for _ in $(seq 50); do
+		local alive=0
+		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+		[ "$alive" = 0 ] && break
+		sleep 0.2
+	done
+	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+	wait 2>/dev/null
+	if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
+		echo "bench-vs-etcd: work dir kept: $WORK" >&2
+	else
+		rm -rf "$WORK"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { printf '%s [%4ds] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - T_START))" "$*" >&2; }
+
+# --- tools ---------------------------------------------------------------
+apt_install() { # package: install from Debian if its candidate is known
+	local pkg=$1
+	log "installing Debian's $pkg"
+	apt-cache policy "$pkg" >&2 || true
+	if ! apt-cache policy "$pkg" | grep -q 'Candidate: [0-9]'; then
+		apt-get update
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y "$pkg" >&2
+}
+command -v etcd >/dev/null || apt_install etcd-server
+command -v gnuplot >/dev/null || apt_install gnuplot-nox || log "gnuplot is not available: no PNG plots"
+command -v curl >/dev/null || apt_install curl
+command -v jq >/dev/null || apt_install jq
+ETCD_VERSION=$(etcd --version | head -1 | sed 's/^etcd Version: //')
+
+log "building dlock"
+mkdir -p "$WORK/bin"
+(cd "$ROOT" && go build -o "$WORK/bin/dlock" ./cmd/dlock)
+BIN=$WORK/bin/dlock
+
+# --- ports ---------------------------------------------------------------
+# Below the kernel's ephemeral range, so outgoing connections never take them.
+read -r EPH_LO _ </proc/sys/net/ipv4/ip_local_port_range
+PORT_HI=$((EPH_LO > 12000 ? EPH_LO - 200 : 30000))
+port_used() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_base() {
+	local base p ok
+	for _ in $(seq 100); do
+		base=$((10000 + RANDOM % (PORT_HI - 10000)))
+		ok=1
+		for off in 0 1 10 11 20 21 30 31 40 41 50 51; do
+			p=$((base + off))
+			if port_used "$p"; then ok=0; break; fi
+		done
+		[ "$ok" = 1 ] && { echo "$base"; return; }
+	done
+	echo "no free port range" >&2
+	return 1
+}
+BASE=$(pick_base)
+
+# --- etcd: 3 members ------------------------------------------------------
+ETCD_CLUSTER=""
+ETCD_EPS=""
+for i in 0 1 2; do
+	ETCD_CLUSTER+="${ETCD_CLUSTER:+,}e$i=http://127.0.0.1:$((BASE + 10 * i + 1))"
+	ETCD_EPS+="${ETCD_EPS:+,}http://127.0.0.1:$((BASE + 10 * i))"
+done
+log "starting etcd $ETCD_VERSION: $ETCD_EPS"
+for i in 0 1 2; do
+	cp=$((BASE + 10 * i)); pp=$((BASE + 10 * i + 1))
+	etcd --name "e$i" --data-dir "$WORK/etcd/e$i" \
+		--listen-client-urls "http://127.0.0.1:$cp" --advertise-client-urls "http://127.0.0.1:$cp" \
+		--listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+		--initial-cluster "$ETCD_CLUSTER" --initial-cluster-state new --initial-cluster-token "bench-$$" \
+		--logger zap --log-level warn >"$WORK/etcd-e$i.log" 2>&1 &
+	PIDS+=($!)
+done
+
+# --- dlock: 3 `dlock serve` processes -------------------------------------
+DLOCK_CLUSTER=""
+DLOCK_EPS=""
+for i in 0 1 2; do
+	DLOCK_CLUSTER+="${DLOCK_CLUSTER:+,}n$((i + 1))=127.0.0.1:$((BASE + 30 + 10 * i + 1))"
+	DLOCK_EPS+="${DLOCK_EPS:+,}http://127.0.0.1:$((BASE + 30 + 10 * i))"
+done
+log "starting dlock: $DLOCK_EPS"
+for i in 0 1 2; do
+	ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
+	"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock/n$((i + 1))" \
+		--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" --grpc-addr= \
+		--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-n$((i + 1)).log" 2>&1 &
+	PIDS+=($!)
+done
+
+wait_ok() { # url what
+	for _ in $(seq 300); do
+		curl -fsS -m 1 "$1" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	echo "bench-vs-etcd: $2 not ready ($1)" >&2
+	return 1
+}
+for i in 0 1 2; do
+	wait_ok "http://127.0.0.1:$((BASE + 10 * i))/health" "etcd e$i"
+	wait_ok "http://127.0.0.1:$((BASE + 30 + 10 * i))/readyz" "dlock n$((i + 1))"
+done
+log "both clusters ready"
+
+# --- machine --------------------------------------------------------------
+{
+	echo "date=$(date -u +%Y-%m-%dT%H:%MZ)"
+	echo "cpu=$(nproc) vCPU, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+	echo "memory=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+	echo "kernel=$(uname -sr)"
+	echo "disk=$(df -T "$WORK" | awk 'NR==2 {print $1 " " $2}') (the data dirs are on it)"
+	echo "go=$(go version | awk '{print $3}')"
+	echo "etcd=$ETCD_VERSION ($(dpkg-query -W -f='${Package} ${Version}' etcd-server 2>/dev/null || echo 'etcd'))"
+	echo "etcd_client=go.etcd.io/etcd/client/v3 $(cd "$ROOT" && go list -m -f '{{.Version}}' go.etcd.io/etcd/client/v3)"
+	echo "dlock=$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "load_start=$(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "settings=duration $DUR after ${WARM} warm-up per run; workers $WORKERS"
+	echo "note=${BENCH_NOTE:-}"
+} >"$WORK/machine.env"
+
+# --- the side-by-side matrix ----------------------------------------------
+run() { # target row workers [extra flags...]
+	local target=$1 row=$2 w=$3
+	shift 3
+	local wl=$row
+	local extra=()
+	case $row in
+	ttl-per-acquire) wl=uncontended; extra=(--ttl-per-acquire) ;;
+	watch-light) wl=watch ;;
+	esac
+	local out="$RES/$row-$w-$target.json"
+	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" \
+		--workload "$wl" --workers "$w" --duration "$DUR" --warmup "$WARM" --label "$row" "${extra[@]}" "$@" \
+		>"$out" 2>"$out.err"; then
+		log "FAILED: $target $row $w workers: $(tail -3 "$out.err")"
+		rm -f "$out"
+		mv "$out.err" "$RES/$row-$w-$target.failed"
+		return 0
+	fi
+	log "$(printf '%-5s %-16s %3d workers: %s' "$target" "$row" "$w" \
+		"$(jq -r '(.ops.acquire // .ops.renew) as $o | "\(.throughput|floor) \(.throughput_unit)/s, \(if .ops.acquire then "acquire" else "renew" end) p50 \($o.p50_ms) ms p99 \($o.p99_ms) ms"' "$out")")"
+}
+pair() { # row workers index [extra...]: alternate who goes first
+	local row=$1 w=$2 idx=$3
+	shift 3
+	if [ $((idx % 2)) = 0 ]; then
+		run dlock "$row" "$w" "$@"; run etcd "$row" "$w" "$@"
+	else
+		run etcd "$row" "$w" "$@"; run dlock "$row" "$w" "$@"
+	fi
+}
+idx=0
+for row in uncontended ttl-per-acquire session contended; do
+	for w in $WORKERS; do
+		pair "$row" "$w" "$idx"
+		idx=$((idx + 1))
+	done
+done
+# Held locks: memory per node and renewal throughput.
+pair held 64 "$idx" --keys "$HELD_KEYS" --held-ttl 60s; idx=$((idx + 1))
+# Watch delivery: light (100 grants/s) and saturated (64 workers, no cap).
+pair watch-light 8 "$idx" --rate 100; idx=$((idx + 1))
+pair watch 64 "$idx"; idx=$((idx + 1))
+echo "load_end_matrix=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.env"
+
+# --- failover: stop the shared clusters first, each run starts its own ----
+for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+wait 2>/dev/null || true
+PIDS=()
+if [ "${BENCH_FAILOVER:-1}" != 0 ]; then
+	for n in 3 5; do
+		for target in dlock etcd; do
+			log "failover: $target, $n nodes, $FAILOVER_REPEAT kills"
+			out="$RES/failover-$n-$target.json"
+			if ! "$BIN" bench -q -o json --target "$target" --workload failover --nodes "$n" --repeat "$FAILOVER_REPEAT" \
+				--label failover >"$out" 2>"$out.err"; then
+				log "FAILED: failover $target $n: $(tail -3 "$out.err")"
+				rm -f "$out"
+				mv "$out.err" "$RES/failover-$n-$target.failed"
+				continue
+			fi
+			log "$(jq -r '"failover \(.target) \(.config.nodes) nodes: p50 \(.ops.failover.p50_ms) ms p99 \(.ops.failover.p99_ms) ms max \(.ops.failover.max_ms) ms"' "$out")"
+		done
+	done
+fi
+echo "load_end=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.env"
+echo "elapsed=$(($(date +%s) - T_START)) s" >>"$WORK/machine.env"
+
+# --- report ----------------------------------------------------------------
+log "writing $DOC and plots in $PNG_DIR"
+(cd "$ROOT" && go run scripts/plot_bench.go -results "$RES" -machine "$WORK/machine.env" -doc "$DOC" -png "$PNG_DIR")
+log "done in $(($(date +%s) - T_START)) s"
