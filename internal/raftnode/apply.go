@@ -45,6 +45,7 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		defer cancel()
 	}
 	backoff := 5 * time.Millisecond
+	var leaderless leaderWait
 	for {
 		var resp *fsm.Response
 		var err error
@@ -65,6 +66,9 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		default:
 			return nil, err
 		}
+		if err := leaderless.check(n); err != nil {
+			return nil, err
+		}
 		select {
 		case <-ctx.Done():
 			return nil, n.unavailable(ctx.Err())
@@ -74,6 +78,32 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		}
 		backoff = min(backoff*2, 100*time.Millisecond)
 	}
+}
+
+// NoLeaderWait is how long a request waits on a node that knows no leader
+// before it is answered no_leader: several elections' worth, so a request
+// rides out a failover, while a node cut off from the majority answers in
+// seconds instead of holding every request for the whole apply timeout.
+const NoLeaderWait = 2 * time.Second
+
+// leaderWait tracks, for one request, since when no leader was known.
+type leaderWait struct{ since time.Time }
+
+// check answers no_leader once no leader has been known for NoLeaderWait.
+func (w *leaderWait) check(n *Node) error {
+	if addr, _ := n.raft.LeaderWithID(); addr != "" {
+		w.since = time.Time{}
+		return nil
+	}
+	if w.since.IsZero() {
+		w.since = time.Now()
+		return nil
+	}
+	if time.Since(w.since) < NoLeaderWait {
+		return nil
+	}
+	return &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second,
+		Message: "this node has known no leader for a while: it is cut off from the majority, or a quorum of nodes is down; try another node"}
 }
 
 func (n *Node) unavailable(cause error) error {
@@ -276,6 +306,7 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		defer cancel()
 	}
 	backoff := 5 * time.Millisecond
+	var leaderless leaderWait
 	for {
 		var idx uint64
 		var err error
@@ -303,6 +334,9 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 				return n.unavailable(werr)
 			}
 			return nil
+		}
+		if err := leaderless.check(n); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
