@@ -192,6 +192,16 @@ func (c *Client) Cluster(ctx context.Context) (*ClusterInfo, error) {
 	return &out, nil
 }
 
+// ClusterHealth is Cluster plus a probe of every member by the answering node
+// (reachable, applied index, round trip), for operators.
+func (c *Client) ClusterHealth(ctx context.Context) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodGet, path: "/cluster?health=true", out: &out}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // AddMember adds the node id, reachable for Raft at raftAddr (its
 // --raft-advertise address), to the cluster: it joins as a non-voter and is
 // promoted once caught up. Adding a member that already exists with the same

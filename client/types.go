@@ -26,6 +26,10 @@ type Member struct {
 	APIAddr  string `json:"api_addr"`
 	Suffrage string `json:"suffrage"`
 	State    string `json:"state"`
+	// Filled by ClusterHealth only: a probe of the member by the answering node.
+	Reachable     bool    `json:"reachable"`
+	AppliedIndex  uint64  `json:"applied_index"`
+	LastContactMs float64 `json:"last_contact_ms"`
 }
 
 // ClusterInfo is one node's view of the cluster (GET /cluster); it is not a

@@ -282,7 +282,7 @@ func runMembers(args []string) error {
 		return err
 	}
 	defer done()
-	ci, err := c.Cluster(ctx)
+	ci, err := c.ClusterHealth(ctx)
 	if err != nil {
 		return err
 	}
@@ -295,9 +295,13 @@ func runMembers(args []string) error {
 	}
 	fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT")
+	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT")
 	for _, m := range ci.Members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr)
+		contact := "unreachable"
+		if m.Reachable {
+			contact = fmt.Sprintf("%.1fms", m.LastContactMs)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact)
 	}
 	return tw.Flush()
 }

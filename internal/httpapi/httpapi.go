@@ -28,6 +28,7 @@ type Service interface {
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
 	Cluster(ctx context.Context) (*service.ClusterInfo, error)
+	ClusterHealth(ctx context.Context) (*service.ClusterInfo, error)
 	Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error)
 	GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error)
 	Proclaim(ctx context.Context, req service.ProclaimRequest) (*service.ProclaimResponse, error)
@@ -408,11 +409,21 @@ func (a *api) cluster(w http.ResponseWriter, r *http.Request) {
 		a.methodNotAllowed(w, r, allowGet)
 		return
 	}
-	if _, aerr := parseQuery(r); aerr != nil {
+	q, aerr := parseQuery(r, "health")
+	if aerr != nil {
 		a.writeError(w, r, aerr)
 		return
 	}
-	info, err := a.svc.Cluster(r.Context())
+	health, aerr := parseBool(q, "health")
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	call := a.svc.Cluster
+	if health {
+		call = a.svc.ClusterHealth
+	}
+	info, err := call(r.Context())
 	reply(a, w, r, http.StatusOK, info, err)
 }
 

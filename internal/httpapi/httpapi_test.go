@@ -189,6 +189,10 @@ func (f *fakeService) Observe(ctx context.Context, name string, stale bool) (*se
 	return nil, nil, err
 }
 
+func (f *fakeService) ClusterHealth(ctx context.Context) (*service.ClusterInfo, error) {
+	return f.Cluster(ctx)
+}
+
 func (f *fakeService) Healthy() error { return f.healthErr }
 func (f *fakeService) Ready() error   { return f.readyErr }
 

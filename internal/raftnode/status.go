@@ -3,8 +3,10 @@
 package raftnode
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -125,4 +127,56 @@ func (n *Node) Healthy() error {
 		return errors.New("raft is shut down")
 	}
 	return nil
+}
+
+// MemberHealth is what a probe of one member found.
+type MemberHealth struct {
+	Reachable bool
+	// Applied is the member's applied index (0 when unreachable).
+	Applied uint64
+	// LastContact is the probe's round trip, or for this node as a follower
+	// the time since it last heard from the leader.
+	LastContact time.Duration
+}
+
+// ProbeMembers asks every member of the configuration for its applied index,
+// in parallel, each bounded by timeout.
+func (n *Node) ProbeMembers(ctx context.Context, timeout time.Duration) map[string]MemberHealth {
+	out := map[string]MemberHealth{}
+	cfg, err := n.configuration()
+	if err != nil {
+		return out
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, s := range cfg.Servers {
+		id, addr := string(s.ID), string(s.Address)
+		if id == n.cfg.ID {
+			h := MemberHealth{Reachable: true, Applied: n.fsm.AppliedIndex()}
+			if n.raft.State() != raft.Leader {
+				h.LastContact = time.Since(n.raft.LastContact())
+			}
+			mu.Lock()
+			out[id] = h
+			mu.Unlock()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			applied, err := n.remoteApplied(pctx, addr)
+			h := MemberHealth{Reachable: err == nil, Applied: applied}
+			if err == nil {
+				h.LastContact = time.Since(start)
+			}
+			mu.Lock()
+			out[id] = h
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }

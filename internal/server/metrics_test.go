@@ -1,12 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
@@ -45,5 +47,29 @@ func TestMetricsEndpoint(t *testing.T) {
 	// Raft's own timings come through the go-metrics bridge.
 	if !strings.Contains(text, "dlock_raft_") {
 		t.Errorf("no raft metrics")
+	}
+}
+
+func TestClusterHealthProbesMembers(t *testing.T) {
+	c := testcluster.New(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	get := func() service.ClusterInfo {
+		var ci service.ClusterInfo
+		if code, err := c.Do(context.Background(), http.MethodGet, c.URL(leader)+"/api/v1/cluster?health=true", nil, &ci); err != nil || code != 200 {
+			t.Fatalf("cluster?health: %d %v", code, err)
+		}
+		return ci
+	}
+	for _, m := range get().Members {
+		if !m.Reachable || m.AppliedIndex == 0 {
+			t.Fatalf("member %+v not probed", m)
+		}
+	}
+	victim := c.Follower()
+	c.Kill(victim)
+	for _, m := range get().Members {
+		if (m.ID == victim) == m.Reachable {
+			t.Fatalf("member %+v: reachable should be %v", m, m.ID != victim)
+		}
 	}
 }

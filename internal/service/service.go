@@ -28,6 +28,7 @@ type Node interface {
 	Status() raftnode.Status
 	Ready() error
 	Healthy() error
+	ProbeMembers(ctx context.Context, timeout time.Duration) map[string]raftnode.MemberHealth
 	Join(ctx context.Context, id, raftAddr string) error
 	Remove(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, id string) error
@@ -543,12 +544,30 @@ func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (
 }
 
 // Cluster describes the cluster as this node sees it.
-func (s *Service) Cluster(_ context.Context) (*ClusterInfo, error) {
+func (s *Service) Cluster(ctx context.Context) (*ClusterInfo, error) {
+	return s.cluster(ctx, false)
+}
+
+// ClusterHealth is Cluster plus a probe of every member (reachable, applied
+// index, round trip), for operators; it takes up to memberProbeTimeout.
+func (s *Service) ClusterHealth(ctx context.Context) (*ClusterInfo, error) {
+	return s.cluster(ctx, true)
+}
+
+const memberProbeTimeout = 500 * time.Millisecond
+
+func (s *Service) cluster(ctx context.Context, probe bool) (*ClusterInfo, error) {
+	health := map[string]raftnode.MemberHealth{}
+	if probe {
+		health = s.node.ProbeMembers(ctx, memberProbeTimeout)
+	}
 	st := s.node.Status()
 	ci := &ClusterInfo{NodeID: st.ID, LeaderID: st.LeaderID, LeaderAPI: st.LeaderAPI, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, Revision: st.Revision, LastToken: st.LastToken, Members: []Member{}}
 	for _, m := range st.Servers {
-		ci.Members = append(ci.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State})
+		h := health[m.ID]
+		ci.Members = append(ci.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State,
+			Reachable: h.Reachable, AppliedIndex: h.Applied, LastContactMs: float64(h.LastContact.Microseconds()) / 1000})
 	}
 	return ci, nil
 }

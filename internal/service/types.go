@@ -144,6 +144,12 @@ type Member struct {
 	APIAddr  string `json:"api_addr"`
 	Suffrage string `json:"suffrage"`
 	State    string `json:"state"`
+	// Reachable, AppliedIndex and LastContactMs come from a probe of the member
+	// by the answering node (LastContactMs: the probe's round trip, or for the
+	// answering follower itself the time since it heard from the leader).
+	Reachable     bool    `json:"reachable"`
+	AppliedIndex  uint64  `json:"applied_index"`
+	LastContactMs float64 `json:"last_contact_ms"`
 }
 
 // ClusterInfo is the answer of GET /cluster.
