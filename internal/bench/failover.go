@@ -5,18 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock/dlock/internal/loopback"
 )
 
 // procNode is one server process started by the failover workload.
@@ -202,57 +202,6 @@ func (d *dlockSystem) probe(ctx context.Context, n *procNode, name string) error
 
 func (d *dlockSystem) close() {}
 
-// portRange is where ports are picked: outside the kernel's ephemeral range,
-// so an outgoing connection cannot take a node's port while it is down.
-func portRange() (lo, hi int) {
-	lo, hi = 20000, 32000
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return lo, hi
-	}
-	eLo, err1 := strconv.Atoi(f[0])
-	eHi, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
-		return lo, hi
-	}
-	switch {
-	case eLo-10000 >= 2000:
-		return 10000, eLo - 1
-	case 65535-eHi >= 2000:
-		return eHi + 1, 65535
-	}
-	return lo, hi
-}
-
-// pickBasePort finds base such that base+0 .. base+span-1 are free on 127.0.0.1.
-func pickBasePort(span int) (int, error) {
-	lo, hi := portRange()
-	for range 200 {
-		base := lo + rand.IntN(hi-lo-span)
-		free := true
-		var lns []net.Listener
-		for off := range span {
-			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+off)))
-			if err != nil {
-				free = false
-				break
-			}
-			lns = append(lns, ln)
-		}
-		for _, ln := range lns {
-			ln.Close()
-		}
-		if free {
-			return base, nil
-		}
-	}
-	return 0, errors.New("no free loopback port range found")
-}
-
 func runFailover(ctx context.Context, cfg *Config, res *Result) error {
 	bin := cfg.DlockBin
 	if cfg.Target == "etcd" {
@@ -282,7 +231,7 @@ func runFailover(ctx context.Context, cfg *Config, res *Result) error {
 			os.RemoveAll(dir)
 		}
 	}()
-	base, err := pickBasePort(10 * cfg.Nodes)
+	base, err := loopback.FreeBase([]string{"127.0.0.1"}, loopback.Span(10*cfg.Nodes), rand.IntN)
 	if err != nil {
 		return err
 	}

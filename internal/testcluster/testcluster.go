@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/loopback"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
 )
@@ -52,28 +52,24 @@ var (
 )
 
 // FreePort returns a loopback address with a port that was free a moment ago.
-//
-// Ports come from below Linux's ephemeral range (32768 and up): a port taken
-// from that range can be reused by any outgoing connection between now and the
-// node's start (or restart), and the start would then fail to bind.
+// It comes from outside the kernel's ephemeral range (package loopback) and is
+// never handed out twice in one process.
 func FreePort(t testing.TB) string {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	for try := 0; try < 1000; try++ {
-		addr := fmt.Sprintf("127.0.0.1:%d", 10000+rand.IntN(22000))
-		if portsGiven[addr] {
-			continue
-		}
-		ln, err := net.Listen("tcp", addr)
+	for try := 0; try < 100; try++ {
+		base, err := loopback.FreeBase([]string{"127.0.0.1"}, []int{0}, rand.IntN)
 		if err != nil {
-			continue
+			t.Fatalf("free port: %v", err)
 		}
-		ln.Close()
-		portsGiven[addr] = true
-		return addr
+		addr := fmt.Sprintf("127.0.0.1:%d", base)
+		if !portsGiven[addr] {
+			portsGiven[addr] = true
+			return addr
+		}
 	}
-	t.Fatalf("no free port below the ephemeral range")
+	t.Fatalf("no free port")
 	return ""
 }
 

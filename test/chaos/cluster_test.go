@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/dlock/dlock/internal/loopback"
 )
 
 // cnode is one `dlock serve` node.
@@ -68,62 +70,14 @@ func binHasFlag(bin, name string) bool {
 
 func nodeIP(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
 
-// portRange is where free ports are looked for: outside the kernel's
-// ephemeral range, so an outgoing connection can never take a node's port
-// while the node is down between a kill and its restart.
-func portRange() (lo, hi int) {
-	lo, hi = 20000, 32000
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return lo, hi
-	}
-	eLo, err1 := strconv.Atoi(f[0])
-	eHi, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
-		return lo, hi
-	}
-	switch {
-	case eLo-10000 >= 2000:
-		return 10000, eLo - 1
-	case 65535-eHi >= 2000:
-		return eHi + 1, 65535
-	}
-	return 20000, 32000
-}
-
 // pickBasePort finds base such that base … base+3 are free on every node IP
 // (API, Raft, proxy, gRPC).
 func pickBasePort(n int, rng *rand.Rand) (int, error) {
-	lo, hi := portRange()
-	for range 200 {
-		base := lo + rng.IntN(hi-lo-4)
-		var lns []net.Listener
-		free := true
-		for i := range n {
-			for off := range 4 {
-				ln, err := net.Listen("tcp", net.JoinHostPort(nodeIP(i), strconv.Itoa(base+off)))
-				if err != nil {
-					free = false
-					break
-				}
-				lns = append(lns, ln)
-			}
-			if !free {
-				break
-			}
-		}
-		for _, ln := range lns {
-			ln.Close()
-		}
-		if free {
-			return base, nil
-		}
+	ips := make([]string, n)
+	for i := range ips {
+		ips[i] = nodeIP(i)
 	}
-	return 0, fmt.Errorf("no free port range on %d loopback IPs in [%d, %d)", n, lo, hi)
+	return loopback.FreeBase(ips, loopback.Span(4), rng.IntN)
 }
 
 func newCluster(bin, dir string, n int, rng *rand.Rand) (*cluster, error) {

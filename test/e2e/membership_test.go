@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/loopback"
 )
 
 // ---------------------------------------------------------------------------
@@ -566,7 +568,7 @@ func (px *partProxy) close() {
 // listenOn listens on a free port of ip in the e2e port range.
 func listenOn(t *testing.T, ip string) net.Listener {
 	t.Helper()
-	lo, hi := portRange()
+	lo, hi := loopback.PortRange()
 	for range 200 {
 		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(lo+rand.IntN(hi-lo))))
 		if err == nil {

@@ -6,17 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/loopback"
 )
 
 // stopTimeout is how long a process gets to exit after SIGTERM/SIGINT; the
@@ -147,65 +147,6 @@ func checkRaces(t testing.TB, name, path string) {
 		end := min(len(b), i+8000)
 		t.Errorf("%s: the race detector found a data race in dlock:\n%s", name, b[i:end])
 	}
-}
-
-// portRange is where free ports are looked for: below (or above) the kernel's
-// ephemeral range, so that an outgoing connection can never take a node's port
-// while the node is down between a kill and its restart on the same port.
-func portRange() (lo, hi int) {
-	lo, hi = 20000, 32000
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return lo, hi
-	}
-	eLo, err1 := strconv.Atoi(f[0])
-	eHi, err2 := strconv.Atoi(f[1])
-	if err1 != nil || err2 != nil {
-		return lo, hi
-	}
-	switch {
-	case eLo-10000 >= 2000:
-		return 10000, eLo - 1
-	case 65535-eHi >= 2000:
-		return eHi + 1, 65535
-	}
-	return 20000, 32000
-}
-
-// pickBasePort finds a base port such that base+off is free on 127.0.0.1 for
-// every offset (each is listened on, then closed).
-func pickBasePort(t testing.TB, offsets ...int) int {
-	t.Helper()
-	lo, hi := portRange()
-	maxOff := 0
-	for _, off := range offsets {
-		maxOff = max(maxOff, off)
-	}
-	for range 200 {
-		base := lo + rand.IntN(hi-lo-maxOff)
-		var lns []net.Listener
-		free := true
-		for _, off := range offsets {
-			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+off)))
-			if err != nil {
-				free = false
-				break
-			}
-			lns = append(lns, ln)
-		}
-		for _, ln := range lns {
-			ln.Close()
-		}
-		if free {
-			return base
-		}
-	}
-	t.Fatalf("no free loopback port range with offsets %v in [%d, %d)", offsets, lo, hi)
-	return 0
 }
 
 // node is one `dlock serve` process of a cluster, with the flags it is
@@ -451,4 +392,15 @@ func (lr *lineReader) snapshot() []string {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	return append([]string(nil), lr.lines...)
+}
+
+// pickBasePort finds a base port such that base+off is free on 127.0.0.1 for
+// every offset.
+func pickBasePort(t testing.TB, offsets ...int) int {
+	t.Helper()
+	base, err := loopback.FreeBase([]string{"127.0.0.1"}, offsets, rand.IntN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base
 }
