@@ -61,14 +61,14 @@ func TestClusterHealthProbesMembers(t *testing.T) {
 		return ci
 	}
 	for _, m := range get().Members {
-		if !m.Reachable || m.AppliedIndex == 0 {
+		if m.Reachable == nil || !*m.Reachable || m.AppliedIndex == 0 {
 			t.Fatalf("member %+v not probed", m)
 		}
 	}
 	victim := c.Follower()
 	c.Kill(victim)
 	for _, m := range get().Members {
-		if (m.ID == victim) == m.Reachable {
+		if m.Reachable == nil || (m.ID == victim) == *m.Reachable {
 			t.Fatalf("member %+v: reachable should be %v", m, m.ID != victim)
 		}
 	}

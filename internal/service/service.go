@@ -565,9 +565,12 @@ func (s *Service) cluster(ctx context.Context, probe bool) (*ClusterInfo, error)
 	ci := &ClusterInfo{NodeID: st.ID, LeaderID: st.LeaderID, LeaderAPI: st.LeaderAPI, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, Revision: st.Revision, LastToken: st.LastToken, Members: []Member{}}
 	for _, m := range st.Servers {
-		h := health[m.ID]
-		ci.Members = append(ci.Members, Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State,
-			Reachable: h.Reachable, AppliedIndex: h.Applied, LastContactMs: float64(h.LastContact.Microseconds()) / 1000})
+		mem := Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State}
+		if probe {
+			h := health[m.ID]
+			mem.Reachable, mem.AppliedIndex, mem.LastContactMs = &h.Reachable, h.Applied, float64(h.LastContact.Microseconds())/1000
+		}
+		ci.Members = append(ci.Members, mem)
 	}
 	return ci, nil
 }

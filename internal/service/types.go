@@ -147,9 +147,10 @@ type Member struct {
 	// Reachable, AppliedIndex and LastContactMs come from a probe of the member
 	// by the answering node (LastContactMs: the probe's round trip, or for the
 	// answering follower itself the time since it heard from the leader).
-	Reachable     bool    `json:"reachable"`
-	AppliedIndex  uint64  `json:"applied_index"`
-	LastContactMs float64 `json:"last_contact_ms"`
+	// They are present only when probed (GET /cluster?health=true).
+	Reachable     *bool   `json:"reachable,omitempty"`
+	AppliedIndex  uint64  `json:"applied_index,omitempty"`
+	LastContactMs float64 `json:"last_contact_ms,omitempty"`
 }
 
 // ClusterInfo is the answer of GET /cluster.
