@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"testing"
@@ -76,5 +75,4 @@ func TestSnapshotSaveAndRestoreIntoNewCluster(t *testing.T) {
 	if err := raftnode.RestoreSnapshot(dst.DataDir("n1"), "", snap, map[string]string{"n1": "x:1"}); err == nil {
 		t.Fatalf("restore into a used data dir was accepted")
 	}
-	_ = context.Background
 }
