@@ -76,7 +76,7 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 		return nil, sent, fmt.Errorf("dlock: acquire %q: the server answered 2xx without a grant", p.name)
 	}
 	return &Grant{Name: strings.TrimPrefix(p.name, "/"), ClientID: c.id, FencingToken: out.FencingToken,
-		LeaseID: out.LeaseID, ExpiresAt: out.ExpiresAt, Revision: out.Revision}, sent, nil
+		LeaseID: out.LeaseID, ExpiresAt: out.ExpiresAt, Revision: out.Revision, TokenProof: out.TokenProof, LeaseRef: out.LeaseRef}, sent, nil
 }
 
 // withdraw makes sure an acquire whose caller gave up leaves nothing behind.

@@ -232,7 +232,7 @@ func (e *Election) send(ctx context.Context, p campaignParams) (*Grant, time.Tim
 		return nil, sent, fmt.Errorf("dlock: campaign %q: the server answered 2xx without electing", e.name)
 	}
 	return &Grant{Name: e.name, ClientID: e.c.id, FencingToken: out.FencingToken, LeaseID: out.LeaseID,
-		ExpiresAt: out.ExpiresAt, Revision: out.Revision}, sent, nil
+		ExpiresAt: out.ExpiresAt, Revision: out.Revision, TokenProof: out.TokenProof, LeaseRef: out.LeaseRef}, sent, nil
 }
 
 // withdraw makes sure a campaign whose caller gave up leaves nothing
@@ -364,11 +364,13 @@ func sameView(a, b LeaderView) bool {
 // Leadership is one won election. It renews its lease every TTL/3 (or, under
 // a Session, lives as long as the session) until Resign or until it is lost.
 type Leadership struct {
-	e       *Election
-	k       *keeper
-	token   uint64
-	leaseID string
-	session *Session
+	e        *Election
+	k        *keeper
+	token    uint64
+	proof    string
+	leaseRef string
+	leaseID  string
+	session  *Session
 
 	localOnce sync.Once
 	unlock    func()
@@ -380,7 +382,7 @@ type Leadership struct {
 
 func (e *Election) newLeadership(g *Grant, sent time.Time, value string) (*Leadership, error) {
 	c, s := e.c, e.session
-	l := &Leadership{e: e, token: g.FencingToken, leaseID: g.LeaseID, session: s, value: value}
+	l := &Leadership{e: e, token: g.FencingToken, proof: g.TokenProof, leaseRef: g.LeaseRef, leaseID: g.LeaseID, session: s, value: value}
 	what := "leadership of election " + e.name
 	if s != nil {
 		l.k = newKeeper(c, what, s.k.ttl, time.Time{})
@@ -429,6 +431,13 @@ func (l *Leadership) Name() string { return l.e.name }
 // Token is the fencing token of this term: pass it to what the leader
 // writes to, so that it can refuse writes from an older leader.
 func (l *Leadership) Token() uint64 { return l.token }
+
+// TokenProof is the cluster's signature of this term of leadership, for a
+// fenced resource; it signs the election's key "@e/<name>" (docs/fencing.md).
+func (l *Leadership) TokenProof() string { return l.proof }
+
+// LeaseRef is the lease reference the proof binds (see Lease.LeaseRef).
+func (l *Leadership) LeaseRef() string { return l.leaseRef }
 
 // Value is the leader's value: the campaign's, or the last proclaimed.
 func (l *Leadership) Value() string {
@@ -525,6 +534,8 @@ type campaignRequest struct {
 type campaignResponse struct {
 	Leader       bool      `json:"leader"`
 	FencingToken uint64    `json:"fencing_token"`
+	TokenProof   string    `json:"token_proof"`
+	LeaseRef     string    `json:"lease_ref"`
 	ExpiresAt    time.Time `json:"expires_at"`
 	LeaseID      string    `json:"lease_id"`
 	Revision     uint64    `json:"revision"`

@@ -160,11 +160,13 @@ func (k *keeper) follow(parent *keeper) {
 // Lease is one holding of a lock. It renews itself (or, for a lock held under
 // a Session, lives as long as the session) until Unlock or until it is lost.
 type Lease struct {
-	k       *keeper
-	name    string
-	token   uint64
-	leaseID string
-	session *Session
+	k        *keeper
+	name     string
+	token    uint64
+	leaseID  string
+	proof    string
+	leaseRef string
+	session  *Session
 }
 
 // Name is the lock's name.
@@ -173,6 +175,15 @@ func (l *Lease) Name() string { return l.name }
 // Token is the fencing token of this grant: pass it to the resource the lock
 // protects, so it can refuse writes from an older holder.
 func (l *Lease) Token() uint64 { return l.token }
+
+// TokenProof is the cluster's signature of this grant, for a fenced resource
+// (docs/fencing.md). "" if the server predates token proofs.
+func (l *Lease) TokenProof() string { return l.proof }
+
+// LeaseRef is the reference to this grant's lease that the token proof
+// binds. Send it with the token and proof to a fenced resource; never send
+// the lease id, which can release the lock.
+func (l *Lease) LeaseRef() string { return l.leaseRef }
 
 // Done is closed when the lease ends: when it is lost (no renewal answered
 // by ExpiresAt, or the server said it is no longer the holder) and on
@@ -212,7 +223,7 @@ func (l *Lease) release(ctx context.Context) error {
 // newLease starts keeping a granted lock: renewing it, or following its
 // session.
 func (c *Client) newLease(name string, g *Grant, sent time.Time, ttl time.Duration, s *Session) (*Lease, error) {
-	l := &Lease{name: name, token: g.FencingToken, leaseID: g.LeaseID, session: s}
+	l := &Lease{name: name, token: g.FencingToken, leaseID: g.LeaseID, proof: g.TokenProof, leaseRef: g.LeaseRef, session: s}
 	if s != nil {
 		l.k = newKeeper(c, "lock "+name, s.k.ttl, time.Time{})
 	} else {

@@ -59,6 +59,13 @@ type Grant struct {
 	// display; the server decides expiry on its monotonic clock).
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	Revision  uint64    `json:"revision"`
+	// TokenProof is the cluster's signature of this grant. Send it with the
+	// fencing token to a resource that checks tokens with the fence package,
+	// which refuses forged tokens with it (docs/fencing.md).
+	TokenProof string `json:"token_proof,omitempty"`
+	// LeaseRef is a one-way reference to LeaseID that the proof binds: send
+	// it, never the lease id, to a fenced resource.
+	LeaseRef string `json:"lease_ref,omitempty"`
 }
 
 // The request and answer bodies of the HTTP API (docs/api.md). The client
@@ -75,6 +82,8 @@ type acquireRequest struct {
 type acquireResponse struct {
 	Acquired     bool      `json:"acquired"`
 	FencingToken uint64    `json:"fencing_token"`
+	TokenProof   string    `json:"token_proof"`
+	LeaseRef     string    `json:"lease_ref"`
 	ExpiresAt    time.Time `json:"expires_at"`
 	LeaseID      string    `json:"lease_id"`
 	Revision     uint64    `json:"revision"`

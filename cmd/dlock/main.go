@@ -21,6 +21,8 @@ Usage:
   dlock version         print the version
   dlock snapshot save|restore ...   back up a cluster, seed a new one from a backup
   dlock recover --data-dir D --peers id=addr,...   force members after a quorum loss
+  dlock datastore --data-dir D --cluster URL   run the example fenced data store
+  dlock demo            run the fencing demo: 5 nodes, a data store, 3 clients
 
 Client commands (each takes -h):
   dlock lock NAME [--ttl 30s] [--wait D] -- CMD [ARGS...]
@@ -65,6 +67,8 @@ func main() {
 		err = runRecover(os.Args[2:])
 	case "bench":
 		err = runBench(os.Args[2:])
+	case "datastore":
+		err = runDatastore(os.Args[2:])
 	case "lock", "acquire", "release", "renew", "status", "list", "members":
 		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
 	case "elect", "watch":

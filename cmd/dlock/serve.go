@@ -23,6 +23,7 @@ type raftFlags struct {
 	snapshotThreshold uint64
 	snapshotInterval  time.Duration
 	trailingLogs      uint64
+	snapshotRetain    int
 	heartbeat         time.Duration
 	election          time.Duration
 	leaderLease       time.Duration
@@ -38,6 +39,7 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 16384, "take a snapshot after this many new log entries")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether a snapshot is due")
 	fs.Uint64Var(&f.trailingLogs, "trailing-logs", 10240, "log entries kept after a snapshot, so slow followers catch up without one")
+	fs.IntVar(&f.snapshotRetain, "snapshot-retain", 2, "snapshots kept on disk (more helps forensics after a fault)")
 	fs.DurationVar(&f.heartbeat, "heartbeat-timeout", raftnode.DefaultHeartbeatTimeout, "Raft heartbeat timeout (a follower without contact this long starts an election)")
 	fs.DurationVar(&f.election, "election-timeout", raftnode.DefaultElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&f.leaderLease, "leader-lease-timeout", raftnode.DefaultLeaderLeaseTimeout, "a leader without quorum contact this long steps down (must be <= heartbeat timeout)")
@@ -61,6 +63,10 @@ func (f *raftFlags) apply(c *raftnode.Config) error {
 	c.SnapshotThreshold = f.snapshotThreshold
 	c.SnapshotInterval = f.snapshotInterval
 	c.TrailingLogs = f.trailingLogs
+	if f.snapshotRetain < 1 {
+		return fmt.Errorf("--snapshot-retain %d: keep at least 1 snapshot", f.snapshotRetain)
+	}
+	c.SnapshotRetain = f.snapshotRetain
 	c.HeartbeatTimeout = f.heartbeat
 	c.ElectionTimeout = f.election
 	c.LeaderLeaseTimeout = f.leaderLease

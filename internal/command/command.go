@@ -30,6 +30,7 @@ const (
 	TypeExpireWaits    Type = 9
 	TypeCancelWait     Type = 10
 	TypeProclaim       Type = 11
+	TypeSetTokenKey    Type = 12
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
@@ -155,6 +156,17 @@ type Proclaim struct {
 	Value   string
 }
 
+// SetTokenKey installs the cluster's token-signing key: an Ed25519 seed drawn
+// by the leader (the public key and key id are derived from it, so every
+// replica agrees). Without Rotate it only takes effect when the cluster has
+// no key yet (the first leader bootstraps it; a racing second proposal is a
+// no-op); with Rotate it becomes the current key and the old one is kept for
+// verification only.
+type SetTokenKey struct {
+	Seed   [32]byte
+	Rotate bool
+}
+
 // LeaseGen names one lease at one renewal generation.
 type LeaseGen struct {
 	LeaseID LeaseID
@@ -200,6 +212,7 @@ func (*ExpireLeases) Type() Type   { return TypeExpireLeases }
 func (*ExpireWaits) Type() Type    { return TypeExpireWaits }
 func (*CancelWait) Type() Type     { return TypeCancelWait }
 func (*Proclaim) Type() Type       { return TypeProclaim }
+func (*SetTokenKey) Type() Type    { return TypeSetTokenKey }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -257,6 +270,8 @@ func newBody(t Type) Body {
 		return &CancelWait{}
 	case TypeProclaim:
 		return &Proclaim{}
+	case TypeSetTokenKey:
+		return &SetTokenKey{}
 	}
 	return nil
 }
@@ -449,4 +464,10 @@ func (e *Envelope) Idempotent() bool {
 		return true
 	}
 	return false
+}
+
+func (b *SetTokenKey) encode(w *wire.Writer) { w.Fixed(b.Seed[:]); w.Bool(b.Rotate) }
+func (b *SetTokenKey) decode(r *wire.Reader, _ byte) {
+	r.Fixed(b.Seed[:])
+	b.Rotate = r.Bool()
 }

@@ -66,6 +66,9 @@ func roundTripCases() []struct {
 		{"proclaim/empty", &Envelope{Body: &Proclaim{}}},
 		{"proclaim/full", &Envelope{TS: 8, ClientID: "cand", RequestID: "r",
 			Body: &Proclaim{Name: ElectionKey("db/primary"), LeaseID: maxLease, Token: math.MaxUint64, Value: long}}},
+		{"set-token-key/empty", &Envelope{Body: &SetTokenKey{}}},
+		{"set-token-key/full", &Envelope{TS: 9, ClientID: "dlock", RequestID: "k",
+			Body: &SetTokenKey{Seed: [32]byte{1, 2, 3, 31: 0xff}, Rotate: true}}},
 		{"cancel-wait/full", &Envelope{TS: 7, ClientID: "c", RequestID: "r",
 			Body: &CancelWait{Wait: WaitRef{LeaseID: testLease(5), Name: "x/y", Seq: 99}, ReleaseIfGranted: true}}},
 	}
@@ -100,7 +103,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 	want := map[Type]Body{
 		1: &RegisterMember{}, 2: &CreateSession{}, 3: &KeepAlive{}, 4: &DeleteSession{},
 		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
-		11: &Proclaim{},
+		11: &Proclaim{}, 12: &SetTokenKey{},
 	}
 	for n, b := range want {
 		if b.Type() != n {
@@ -262,7 +265,7 @@ func TestEncodeCheckedOutputIsAlwaysDecodable(t *testing.T) {
 }
 
 func TestDecodeRejectsUnknownType(t *testing.T) {
-	for _, typ := range []int{0, 12, 13, 100, 254, 255} {
+	for _, typ := range []int{0, 13, 14, 100, 254, 255} {
 		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
 			b := append([]byte{byte(typ), Version}, body...)
 			e, err := Decode(b)

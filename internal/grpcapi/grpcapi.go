@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
 )
@@ -48,6 +49,8 @@ type Service interface {
 	AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error)
 	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
+	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
+	RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error)
 }
 
 // DefaultMaxMessageBytes matches the HTTP body limit of DESIGN §5 (64 KiB).

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/watch"
@@ -32,7 +33,7 @@ func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (
 		return nil, s.status(ctx, err, &d)
 	}
 	return reply(s.api, ctx, resp, nil, func(r *service.AcquireResponse) *dlockv1.AcquireResponse {
-		return &dlockv1.AcquireResponse{Acquired: r.Acquired, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision}
+		return &dlockv1.AcquireResponse{Acquired: r.Acquired, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision, TokenProof: r.TokenProof, LeaseRef: r.LeaseRef}
 	})
 }
 
@@ -144,7 +145,7 @@ func (s *electionServer) Campaign(ctx context.Context, req *dlockv1.CampaignRequ
 		return nil, s.status(ctx, err, &d)
 	}
 	return reply(s.api, ctx, resp, nil, func(r *service.CampaignResponse) *dlockv1.CampaignResponse {
-		return &dlockv1.CampaignResponse{Leader: r.Leader, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision}
+		return &dlockv1.CampaignResponse{Leader: r.Leader, FencingToken: r.FencingToken, ExpiresAt: ts(r.ExpiresAt), LeaseId: r.LeaseID, Revision: r.Revision, TokenProof: r.TokenProof, LeaseRef: r.LeaseRef}
 	})
 }
 
@@ -274,4 +275,26 @@ func (s *clusterServer) TransferLeadership(ctx context.Context, req *dlockv1.Tra
 	return reply(s.api, ctx, resp, err, func(c *service.ClusterInfo) *dlockv1.TransferLeadershipResponse {
 		return &dlockv1.TransferLeadershipResponse{Cluster: clusterPB(c)}
 	})
+}
+
+func (s *clusterServer) GetTokenKeys(ctx context.Context, _ *dlockv1.GetTokenKeysRequest) (*dlockv1.GetTokenKeysResponse, error) {
+	resp, err := s.svc.TokenKeys(ctx)
+	return reply(s.api, ctx, resp, err, func(d *fence.KeySetDocument) *dlockv1.GetTokenKeysResponse {
+		return &dlockv1.GetTokenKeysResponse{Keys: tokenKeysPB(d)}
+	})
+}
+
+func (s *clusterServer) RotateTokenKey(ctx context.Context, _ *dlockv1.RotateTokenKeyRequest) (*dlockv1.RotateTokenKeyResponse, error) {
+	resp, err := s.svc.RotateTokenKey(ctx)
+	return reply(s.api, ctx, resp, err, func(d *fence.KeySetDocument) *dlockv1.RotateTokenKeyResponse {
+		return &dlockv1.RotateTokenKeyResponse{Keys: tokenKeysPB(d)}
+	})
+}
+
+func tokenKeysPB(d *fence.KeySetDocument) []*dlockv1.TokenKey {
+	out := make([]*dlockv1.TokenKey, 0, len(d.Keys))
+	for _, k := range d.Keys {
+		out = append(out, &dlockv1.TokenKey{Id: k.ID, Algorithm: k.Algorithm, PublicKey: k.PublicKey, Current: k.Current})
+	}
+	return out
 }

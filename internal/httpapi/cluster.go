@@ -45,6 +45,36 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 		w.Header().Set("X-Dlock-Revision", strconv.FormatUint(rev, 10))
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(b)
+	case rest == "/token-key":
+		if !isGet(r) {
+			a.methodNotAllowed(w, r, allowGet)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		doc, err := a.svc.TokenKeys(r.Context())
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		_ = writeJSON(w, http.StatusOK, doc)
+	case rest == "/token-key/rotate":
+		if r.Method != http.MethodPost {
+			a.methodNotAllowed(w, r, allowPost)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		doc, err := a.svc.RotateTokenKey(r.Context())
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		_ = writeJSON(w, http.StatusOK, doc)
 	case rest == "/leadership-transfer":
 		if r.Method != http.MethodPost {
 			a.methodNotAllowed(w, r, allowPost)

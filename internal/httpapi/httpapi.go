@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/service"
@@ -40,6 +41,8 @@ type Service interface {
 	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
 	Snapshot(ctx context.Context) ([]byte, uint64, error)
+	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
+	RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error)
 	Healthy() error
 	Ready() error
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/service"
@@ -165,6 +166,14 @@ func (f *fakeService) RemoveMember(ctx context.Context, id string) (*service.Clu
 
 func (f *fakeService) TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error) {
 	return answer(ctx, f, "TransferLeadership", req, &service.ClusterInfo{NodeID: "n1"})
+}
+
+func (f *fakeService) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
+	return answer(ctx, f, "TokenKeys", nil, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
+}
+
+func (f *fakeService) RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error) {
+	return answer(ctx, f, "RotateTokenKey", nil, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
 }
 
 func (f *fakeService) Snapshot(ctx context.Context) ([]byte, uint64, error) {

@@ -5,6 +5,7 @@ package raftnode
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -350,11 +351,45 @@ func (n *Node) becomeReady(ctx context.Context) {
 				}
 			}
 		})
+		if err := n.ensureTokenKey(); err != nil {
+			n.logger.Warn("installing the token-signing key failed; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
 		n.reaper.Promote()
 		n.ready.Store(true)
 		n.logger.Info("became leader", "term", n.raft.CurrentTerm(), "applied", n.fsm.AppliedIndex())
 		return
 	}
+}
+
+// ensureTokenKey gives a cluster without a token-signing key its first one,
+// before this leader serves any grant, so every grant carries a proof. The
+// seed is drawn here, outside the state machine; a racing proposal from an
+// earlier leader makes this one a no-op (the FSM keeps the first key).
+func (n *Node) ensureTokenKey() error {
+	has := false
+	n.fsm.Read(func(s *state.State) { _, _, has = s.SigningKey() })
+	if has {
+		return nil
+	}
+	body := &command.SetTokenKey{}
+	if _, err := rand.Read(body.Seed[:]); err != nil {
+		return fmt.Errorf("draw a token key: %w", err)
+	}
+	data, err := command.EncodeChecked((&command.Envelope{ClientID: "dlock", Body: body}).Stamped(n.stamp()))
+	if err != nil {
+		return err
+	}
+	if err := n.raft.Apply(data, 5*time.Second).Error(); err != nil {
+		return fmt.Errorf("propose the token key: %w", err)
+	}
+	n.logger.Info("installed the cluster's token-signing key")
+	return nil
 }
 
 // registerSelf records this node's API address in the replicated state once a

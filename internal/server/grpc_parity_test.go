@@ -213,7 +213,7 @@ func (g *grpcTransport) acquire(r service.AcquireRequest) outcome {
 	resp, err := g.locks.Acquire(bg, &dlockv1.AcquireRequest{Name: r.Name, ClientId: r.ClientID, TtlMs: r.TTLms, SessionId: r.SessionID,
 		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID})
 	return grpcOutcome(resp, err, func(p *dlockv1.AcquireResponse) any {
-		return &service.AcquireResponse{Acquired: p.Acquired, FencingToken: p.FencingToken, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
+		return &service.AcquireResponse{Acquired: p.Acquired, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
 	}, func(d *dlockv1.ErrorDetail) any { return &service.AcquireResponse{Holder: holderOf(d.Holder)} })
 }
 
@@ -272,7 +272,7 @@ func (g *grpcTransport) campaign(r service.CampaignRequest) outcome {
 	resp, err := g.elections.Campaign(bg, &dlockv1.CampaignRequest{Name: r.Name, CandidateId: r.CandidateID, Value: r.Value, TtlMs: r.TTLms,
 		SessionId: r.SessionID, WaitTimeoutMs: r.WaitTimeoutMs})
 	return grpcOutcome(resp, err, func(p *dlockv1.CampaignResponse) any {
-		return &service.CampaignResponse{Leader: p.Leader, FencingToken: p.FencingToken, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
+		return &service.CampaignResponse{Leader: p.Leader, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
 	}, func(d *dlockv1.ErrorDetail) any { return &service.CampaignResponse{Current: leaderOf(d.Current)} })
 }
 
@@ -562,7 +562,7 @@ func normalized(o outcome, ns string) string {
 		case map[string]any:
 			for k, val := range x {
 				switch k {
-				case "fencing_token", "lease_id", "session_id", "revision", "expires_at", "granted_at", "since":
+				case "fencing_token", "lease_id", "session_id", "revision", "expires_at", "granted_at", "since", "token_proof", "lease_ref":
 					x[k] = "<set>"
 				default:
 					x[k] = walk(val)

@@ -35,7 +35,7 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 	if g == nil {
 		return nil, err
 	}
-	res := &CampaignResponse{Leader: g.granted, FencingToken: g.token, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
+	res := &CampaignResponse{Leader: g.granted, FencingToken: g.token, TokenProof: g.proof, LeaseRef: g.leaseRef, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
 	if g.holder != nil {
 		var cur ElectionView
 		s.fsm.Read(func(st *state.State) { cur = electionView(st.GetElection(name), st.Revision()) })

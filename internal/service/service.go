@@ -10,8 +10,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
@@ -42,6 +44,7 @@ type Service struct {
 	waiters *waitRegistry
 	logger  *slog.Logger
 	rec     Recorder
+	signer  atomic.Pointer[signer]
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -174,7 +177,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if g == nil {
 		return nil, err
 	}
-	res := &AcquireResponse{Acquired: g.granted, FencingToken: g.token, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
+	res := &AcquireResponse{Acquired: g.granted, FencingToken: g.token, TokenProof: g.proof, LeaseRef: g.leaseRef, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
 	if g.holder != nil {
 		res.Holder = holderView(*g.holder)
 	}
@@ -199,10 +202,22 @@ type grantAnswer struct {
 	leaseID   string
 	revision  uint64
 	holder    *command.Holder
+	proof     string
+	leaseRef  string
 }
 
-// acquire is the one acquire path behind locks and election campaigns.
+// acquire is the one acquire path behind locks and election campaigns. Every
+// grant it answers carries the cluster's proof of it.
 func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, error) {
+	g, err := s.acquireOnce(ctx, a)
+	if err == nil && g != nil && g.granted {
+		g.leaseRef = fence.LeaseRef(g.leaseID)
+		g.proof = s.proof(a.key, g.token, a.clientID, g.leaseRef)
+	}
+	return g, err
+}
+
+func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer, error) {
 	if err := checkID("request_id", a.requestID, false); err != nil {
 		return nil, err
 	}

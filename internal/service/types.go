@@ -25,12 +25,17 @@ type Holder struct {
 // AcquireResponse answers an acquire. When Acquired is false the error returned
 // alongside says why (lock_held or wait_timeout) and Holder says who has it.
 type AcquireResponse struct {
-	Acquired     bool      `json:"acquired"`
-	FencingToken uint64    `json:"fencing_token,omitempty"`
-	ExpiresAt    time.Time `json:"expires_at,omitzero"`
-	LeaseID      string    `json:"lease_id,omitempty"`
-	Revision     uint64    `json:"revision,omitempty"`
-	Holder       *Holder   `json:"holder,omitempty"`
+	Acquired     bool   `json:"acquired"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	// TokenProof is the cluster's signature of this grant (see fence).
+	TokenProof string `json:"token_proof,omitempty"`
+	// LeaseRef is fence.LeaseRef(LeaseID): what a resource gets instead of
+	// the lease id, which must stay with the holder.
+	LeaseRef  string    `json:"lease_ref,omitempty"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	LeaseID   string    `json:"lease_id,omitempty"`
+	Revision  uint64    `json:"revision,omitempty"`
+	Holder    *Holder   `json:"holder,omitempty"`
 }
 
 // ReleaseRequest gives a lock back. The token and lease id prove the caller is
@@ -192,6 +197,8 @@ type ElectionLeader struct {
 type CampaignResponse struct {
 	Leader       bool            `json:"leader"`
 	FencingToken uint64          `json:"fencing_token,omitempty"`
+	TokenProof   string          `json:"token_proof,omitempty"`
+	LeaseRef     string          `json:"lease_ref,omitempty"`
 	ExpiresAt    time.Time       `json:"expires_at,omitzero"`
 	LeaseID      string          `json:"lease_id,omitempty"`
 	Revision     uint64          `json:"revision,omitempty"`

@@ -200,6 +200,15 @@ func dump(s *State) string {
 		mids = append(mids, m)
 	}
 	sort.Strings(mids)
+	for _, k := range s.tokenKeys {
+		b = append(b, "\ntokenkey "...)
+		b = hex.AppendEncode(b, k.ID[:])
+		b = append(b, ' ')
+		b = hex.AppendEncode(b, k.Seed[:])
+		b = append(b, ' ')
+		inum(k.CreatedAt)
+		flag(k.Current)
+	}
 	for _, m := range mids {
 		mm := s.members[m]
 		b = append(b, "\nmember "...)

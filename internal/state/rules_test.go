@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"slices"
 	"sort"
 	"strings"
@@ -1168,5 +1169,56 @@ func TestRecampaignBySameSessionUpdatesValue(t *testing.T) {
 	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "new"}), command.StatusOK)
 	if v := h.s.GetElection("e").Value; v != "new" {
 		t.Fatalf("re-campaign kept value %q, want %q", v, "new")
+	}
+}
+
+func TestTokenKeyBootstrapAndRotation(t *testing.T) {
+	h := newHarness(t)
+	if _, _, ok := h.s.SigningKey(); ok {
+		t.Fatal("a new state has a signing key")
+	}
+	if r := h.do("dlock", &command.SetTokenKey{}); r.Status != command.StatusInvalid {
+		t.Fatalf("empty seed: %+v", r)
+	}
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{1}})
+	_, id1, ok := h.s.SigningKey()
+	if !ok {
+		t.Fatal("no signing key after bootstrap")
+	}
+	// A second bootstrap (another leader raced) changes nothing.
+	rev := h.s.Revision()
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{2}})
+	if _, id, _ := h.s.SigningKey(); id != id1 || h.s.Revision() != rev {
+		t.Fatal("a second bootstrap replaced the key")
+	}
+	// Rotation makes a new current key and keeps the old public key only.
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{3}, Rotate: true})
+	priv, id3, _ := h.s.SigningKey()
+	if id3 == id1 || !bytes.Equal(priv.Seed(), append([]byte{3}, make([]byte, 31)...)) {
+		t.Fatal("rotation did not install the new key")
+	}
+	keys := h.s.TokenKeys()
+	if len(keys) != 2 || keys[0].ID != id1 || keys[0].Current || !keys[1].Current {
+		t.Fatalf("keys after rotation: %+v", keys)
+	}
+	for _, k := range keys {
+		if k.Seed != ([32]byte{}) {
+			t.Fatal("TokenKeys exposes a seed")
+		}
+	}
+	if h.s.tokenKeys[0].Seed != ([32]byte{}) {
+		t.Fatal("the retired key kept its seed")
+	}
+	// Rotating to the current key again is a no-op; old keys are bounded.
+	rev = h.s.Revision()
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{3}, Rotate: true})
+	if h.s.Revision() != rev {
+		t.Fatal("re-installing the current key changed the state")
+	}
+	for i := 10; i < 30; i++ {
+		h.do("dlock", &command.SetTokenKey{Seed: [32]byte{byte(i)}, Rotate: true})
+	}
+	if n := len(h.s.TokenKeys()); n != MaxTokenKeys {
+		t.Fatalf("%d keys kept, want %d", n, MaxTokenKeys)
 	}
 }

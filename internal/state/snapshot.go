@@ -13,9 +13,9 @@ import (
 // snapshotMagic starts every snapshot; the byte after it is the format version.
 var snapshotMagic = []byte("DLSNAP")
 
-// snapshotVersion 2 added lock and waiter values (elections); version 1
-// snapshots are still read.
-const snapshotVersion = 2
+// snapshotVersion 2 added lock and waiter values (elections), version 3 the
+// token-signing keys; older snapshots are still read.
+const snapshotVersion = 3
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -82,6 +82,7 @@ func (s *State) Snapshot() []byte {
 		w.String(e.key.request)
 		command.EncodeResult(w, &e.result)
 	})
+	s.writeTokenKeys(w)
 	return w.Buf
 }
 
@@ -201,6 +202,11 @@ func Restore(b []byte) (*State, error) {
 			return nil, errors.New("restore snapshot: repeated dedup entry")
 		}
 		s.remember(key, command.DecodeResult(r))
+	}
+	if v >= 3 && r.Err() == nil {
+		if err := s.readTokenKeys(r); err != nil {
+			return nil, fmt.Errorf("restore snapshot: %w", err)
+		}
 	}
 	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("restore snapshot: %w", err)

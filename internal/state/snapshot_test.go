@@ -24,6 +24,7 @@ type rawSnap struct {
 	leases    []rawLease
 	locks     []rawLock
 	dedup     []rawDedup
+	keys      []TokenKey
 }
 
 type rawLease struct {
@@ -111,12 +112,22 @@ func (r *rawSnap) encode() []byte {
 		w.String(d.request)
 		command.EncodeResult(w, &d.result)
 	}
+	if r.version >= 3 {
+		w.Uvarint(uint64(len(r.keys)))
+		for _, k := range r.keys {
+			w.Fixed(k.ID[:])
+			w.Fixed(k.Public)
+			w.Fixed(k.Seed[:])
+			w.Varint(k.CreatedAt)
+			w.Bool(k.Current)
+		}
+	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 2, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 3, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.CreatedAt})
@@ -133,6 +144,7 @@ func toRaw(s *State) *rawSnap {
 		e := s.dedupRing[(s.dedupHead+i)%len(s.dedupRing)]
 		r.dedup = append(r.dedup, rawDedup{e.key.client, e.key.request, e.result})
 	}
+	r.keys = append(r.keys, s.tokenKeys...)
 	return r
 }
 
@@ -153,6 +165,8 @@ func sampleState(t testing.TB) *State {
 	h.sacquire("s6", "solo", lid(6), 30_000)
 	h.do("s1", &command.Acquire{Name: command.ElectionKey("db"), LeaseID: lid(1), Session: true, Value: "10.0.0.1:5432"})
 	h.do("c7", &command.Acquire{Name: command.ElectionKey("db"), LeaseID: lid(7), TTLms: 5000, WaitMs: 9000, Value: "10.0.0.7:5432"})
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{1}})
+	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{2}, Rotate: true})
 	return h.s
 }
 
@@ -198,7 +212,9 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 			r.locks[i].queue[j].value = ""
 		}
 	}
+	r.keys = nil
 	want := toRaw(s)
+	want.keys = nil
 	for i := range want.locks {
 		want.locks[i].value = ""
 		for j := range want.locks[i].queue {
@@ -210,7 +226,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 		t.Fatalf("version 1 snapshot refused: %v", err)
 	}
 	if !bytes.Equal(got.Snapshot(), want.encode()) {
-		t.Fatal("version 1 snapshot does not restore to the same state at version 2")
+		t.Fatal("version 1 snapshot does not restore to the same state at the current version")
 	}
 	checkInvariants(t, got)
 }
@@ -230,9 +246,23 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 3":       raw(func(r *rawSnap) { r.version = 3 }),
-		"v2 body as v1": func() []byte {
+		"version 4":       raw(func(r *rawSnap) { r.version = 4 }),
+		"v3 body as v2": func() []byte {
 			b := raw(func(r *rawSnap) {})
+			b[6] = 2
+			return b
+		}(),
+		"token key id mismatch":  raw(func(r *rawSnap) { r.keys[0].ID[0] ^= 1 }),
+		"two current token keys": raw(func(r *rawSnap) { r.keys[0].Current = true; r.keys[0].Seed = [32]byte{1} }),
+		"retired key with seed":  raw(func(r *rawSnap) { r.keys[0].Seed = [32]byte{1} }),
+		"current key wrong seed": raw(func(r *rawSnap) { r.keys[1].Seed = [32]byte{9} }),
+		"too many token keys": raw(func(r *rawSnap) {
+			for len(r.keys) <= MaxTokenKeys {
+				r.keys = append([]TokenKey{r.keys[0]}, r.keys...)
+			}
+		}),
+		"v2 body as v1": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 2 })
 			b[6] = 1
 			return b
 		}(),

@@ -102,6 +102,7 @@ type State struct {
 	locks     *btree.BTreeG[*Lock]
 	leases    map[command.LeaseID]*Lease
 	members   map[string]Member
+	tokenKeys []TokenKey // oldest first; the newest may be current
 
 	dedup      map[dedupKey]int // key -> position in dedupRing
 	dedupRing  []dedupEntry     // insertion order; dedupHead is the oldest
@@ -224,6 +225,8 @@ func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
 		return s.cancelWait(b)
 	case *command.Proclaim:
 		return s.proclaim(e, b)
+	case *command.SetTokenKey:
+		return s.setTokenKey(b)
 	}
 	return invalid("unknown command")
 }

@@ -798,6 +798,9 @@ func (r *runner) durability() {
 		}
 	}
 	r.rep.maxToken = maxTok
+	if d := r.c.checkpointDivergence(); d != "" {
+		r.anomaly(anomaly{Kind: "durability:replicas-diverge", What: "FSM checkpoints differ (first divergence): " + d})
+	}
 	var views []clusterView
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -139,6 +139,9 @@ func (c *cluster) startLocked(i int) error {
 	if ls := os.Getenv("DLOCK_CHAOS_LOG_STORE"); ls != "" {
 		args = append(args, "--log-store", ls)
 	}
+	// Extra serve flags, e.g. to keep every log entry and snapshot for a
+	// replay after a failure (scripts/chaos.sh --forensic).
+	args = append(args, strings.Fields(os.Getenv("DLOCK_CHAOS_SERVE_ARGS"))...)
 	p, err := launch(nd.id, nd.logPath, c.bin, args...)
 	if err != nil {
 		return err
@@ -400,4 +403,55 @@ func (c *cluster) logProblems() []string {
 		}
 	}
 	return out
+}
+
+// checkpointDivergence compares the FSM checkpoints ("fsm checkpoint" lines,
+// every fsm.CheckpointEvery indexes) that the nodes logged, restarts and
+// replays included, and describes the first index at which two of them
+// disagree, or returns "". It pins a divergence to a window of entries long
+// before the final state comparison would notice it.
+func (c *cluster) checkpointDivergence() string {
+	type seen struct{ node, val string }
+	first := map[uint64]seen{}
+	var worst uint64
+	var what string
+	for _, nd := range c.nodes {
+		b, err := os.ReadFile(nd.logPath)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.Contains(line, `msg="fsm checkpoint"`) {
+				continue
+			}
+			var idx uint64
+			var val []string
+			for _, f := range strings.Fields(line) {
+				k, v, ok := strings.Cut(f, "=")
+				if !ok {
+					continue
+				}
+				switch k {
+				case "index":
+					idx, _ = strconv.ParseUint(v, 10, 64)
+				case "revision", "last_token", "digest":
+					val = append(val, f)
+				}
+			}
+			if idx == 0 {
+				continue
+			}
+			v := strings.Join(val, " ")
+			prev, ok := first[idx]
+			if !ok {
+				first[idx] = seen{nd.id, v}
+				continue
+			}
+			if prev.val != v && (worst == 0 || idx < worst) {
+				worst = idx
+				what = fmt.Sprintf("at log index %d %s had %s but %s had %s", idx, prev.node, prev.val, nd.id, v)
+			}
+		}
+	}
+	return what
 }

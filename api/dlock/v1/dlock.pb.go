@@ -275,8 +275,14 @@ type AcquireResponse struct {
 	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// The holder's secret; needed to release and renew.
-	LeaseId       string `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Revision      uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	LeaseId  string `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Revision uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The cluster's Ed25519 signature of this grant, for fenced resources
+	// (docs/fencing.md; verify with the fence package).
+	TokenProof string `protobuf:"bytes,6,opt,name=token_proof,json=tokenProof,proto3" json:"token_proof,omitempty"`
+	// fence.LeaseRef(lease_id): what a fenced resource gets instead of the
+	// lease id (which can release the lock).
+	LeaseRef      string `protobuf:"bytes,7,opt,name=lease_ref,json=leaseRef,proto3" json:"lease_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -344,6 +350,20 @@ func (x *AcquireResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *AcquireResponse) GetTokenProof() string {
+	if x != nil {
+		return x.TokenProof
+	}
+	return ""
+}
+
+func (x *AcquireResponse) GetLeaseRef() string {
+	if x != nil {
+		return x.LeaseRef
+	}
+	return ""
 }
 
 type ReleaseRequest struct {
@@ -1654,11 +1674,14 @@ func (x *CampaignRequest) GetRequestId() string {
 type CampaignResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Always true: a refusal is an error status.
-	Leader        bool                   `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`
-	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	LeaseId       string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Revision      uint64                 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	Leader       bool                   `protobuf:"varint,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	LeaseId      string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Revision     uint64                 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The cluster's signature of this term, over the key "@e/<name>".
+	TokenProof    string `protobuf:"bytes,6,opt,name=token_proof,json=tokenProof,proto3" json:"token_proof,omitempty"`
+	LeaseRef      string `protobuf:"bytes,7,opt,name=lease_ref,json=leaseRef,proto3" json:"lease_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1726,6 +1749,20 @@ func (x *CampaignResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *CampaignResponse) GetTokenProof() string {
+	if x != nil {
+		return x.TokenProof
+	}
+	return ""
+}
+
+func (x *CampaignResponse) GetLeaseRef() string {
+	if x != nil {
+		return x.LeaseRef
+	}
+	return ""
 }
 
 type GetElectionRequest struct {
@@ -2545,6 +2582,238 @@ func (x *WatchResponse) GetEvent() *Event {
 	return nil
 }
 
+type TokenKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 16 hex digits: the first 8 bytes of SHA-256 of the public key.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// "ed25519".
+	Algorithm string `protobuf:"bytes,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	// Standard base64 of the 32-byte public key.
+	PublicKey string `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// Whether new grants are signed with it.
+	Current       bool `protobuf:"varint,4,opt,name=current,proto3" json:"current,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenKey) Reset() {
+	*x = TokenKey{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenKey) ProtoMessage() {}
+
+func (x *TokenKey) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
+func (*TokenKey) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *TokenKey) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TokenKey) GetAlgorithm() string {
+	if x != nil {
+		return x.Algorithm
+	}
+	return ""
+}
+
+func (x *TokenKey) GetPublicKey() string {
+	if x != nil {
+		return x.PublicKey
+	}
+	return ""
+}
+
+func (x *TokenKey) GetCurrent() bool {
+	if x != nil {
+		return x.Current
+	}
+	return false
+}
+
+type GetTokenKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTokenKeysRequest) Reset() {
+	*x = GetTokenKeysRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTokenKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTokenKeysRequest) ProtoMessage() {}
+
+func (x *GetTokenKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTokenKeysRequest.ProtoReflect.Descriptor instead.
+func (*GetTokenKeysRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
+}
+
+type GetTokenKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*TokenKey            `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTokenKeysResponse) Reset() {
+	*x = GetTokenKeysResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTokenKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTokenKeysResponse) ProtoMessage() {}
+
+func (x *GetTokenKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTokenKeysResponse.ProtoReflect.Descriptor instead.
+func (*GetTokenKeysResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *GetTokenKeysResponse) GetKeys() []*TokenKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type RotateTokenKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateTokenKeyRequest) Reset() {
+	*x = RotateTokenKeyRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateTokenKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateTokenKeyRequest) ProtoMessage() {}
+
+func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateTokenKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateTokenKeyRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
+}
+
+type RotateTokenKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*TokenKey            `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateTokenKeyResponse) Reset() {
+	*x = RotateTokenKeyResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateTokenKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateTokenKeyResponse) ProtoMessage() {}
+
+func (x *RotateTokenKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateTokenKeyResponse.ProtoReflect.Descriptor instead.
+func (*RotateTokenKeyResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RotateTokenKeyResponse) GetKeys() []*TokenKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 type Member struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2559,7 +2828,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2571,7 +2840,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2584,7 +2853,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Member) GetId() string {
@@ -2640,7 +2909,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2652,7 +2921,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2665,7 +2934,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Cluster) GetNodeId() string {
@@ -2739,7 +3008,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +3020,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +3033,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
 }
 
 type GetClusterResponse struct {
@@ -2776,7 +3045,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +3057,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +3070,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetClusterResponse) GetCluster() *Cluster {
@@ -2822,7 +3091,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +3103,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +3116,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -2873,7 +3142,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3154,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3167,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AddMemberResponse) GetCluster() *Cluster {
@@ -2917,7 +3186,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3198,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3211,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -2961,7 +3230,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3242,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3255,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RemoveMemberResponse) GetCluster() *Cluster {
@@ -3005,7 +3274,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3286,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3299,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3049,7 +3318,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3330,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3343,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TransferLeadershipResponse) GetCluster() *Cluster {
@@ -3109,14 +3378,17 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12&\n" +
 	"\x0fwait_timeout_ms\x18\x05 \x01(\x03R\rwaitTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\xc4\x01\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\x82\x02\n" +
 	"\x0fAcquireResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
 	"\blease_id\x18\x04 \x01(\tR\aleaseId\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x04R\brevision\"\xa0\x01\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12\x1f\n" +
+	"\vtoken_proof\x18\x06 \x01(\tR\n" +
+	"tokenProof\x12\x1b\n" +
+	"\tlease_ref\x18\a \x01(\tR\bleaseRef\"\xa0\x01\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12#\n" +
@@ -3225,14 +3497,17 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\tR\tsessionId\x12&\n" +
 	"\x0fwait_timeout_ms\x18\x06 \x01(\x03R\rwaitTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"\xc1\x01\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"\xff\x01\n" +
 	"\x10CampaignResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\bR\x06leader\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
 	"\blease_id\x18\x04 \x01(\tR\aleaseId\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x04R\brevision\">\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12\x1f\n" +
+	"\vtoken_proof\x18\x06 \x01(\tR\n" +
+	"tokenProof\x12\x1b\n" +
+	"\tlease_ref\x18\a \x01(\tR\bleaseRef\">\n" +
 	"\x12GetElectionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05stale\x18\x02 \x01(\bR\x05stale\"E\n" +
@@ -3294,7 +3569,19 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x05value\x18\b \x01(\tR\x05value\x12*\n" +
 	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"6\n" +
 	"\rWatchResponse\x12%\n" +
-	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"\x82\x01\n" +
+	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"q\n" +
+	"\bTokenKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\talgorithm\x18\x02 \x01(\tR\talgorithm\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x03 \x01(\tR\tpublicKey\x12\x18\n" +
+	"\acurrent\x18\x04 \x01(\bR\acurrent\"\x15\n" +
+	"\x13GetTokenKeysRequest\">\n" +
+	"\x14GetTokenKeysResponse\x12&\n" +
+	"\x04keys\x18\x01 \x03(\v2\x12.dlock.v1.TokenKeyR\x04keys\"\x17\n" +
+	"\x15RotateTokenKeyRequest\"@\n" +
+	"\x16RotateTokenKeyResponse\x12&\n" +
+	"\x04keys\x18\x01 \x03(\v2\x12.dlock.v1.TokenKeyR\x04keys\"\x82\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
@@ -3346,13 +3633,15 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\rRenewElection\x12\x1e.dlock.v1.RenewElectionRequest\x1a\x1f.dlock.v1.RenewElectionResponse\x12@\n" +
 	"\aObserve\x12\x18.dlock.v1.ObserveRequest\x1a\x19.dlock.v1.ObserveResponse0\x012J\n" +
 	"\fWatchService\x12:\n" +
-	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x17.dlock.v1.WatchResponse0\x012\xcf\x02\n" +
+	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x17.dlock.v1.WatchResponse0\x012\xf3\x03\n" +
 	"\x0eClusterService\x12G\n" +
 	"\n" +
 	"GetCluster\x12\x1b.dlock.v1.GetClusterRequest\x1a\x1c.dlock.v1.GetClusterResponse\x12D\n" +
 	"\tAddMember\x12\x1a.dlock.v1.AddMemberRequest\x1a\x1b.dlock.v1.AddMemberResponse\x12M\n" +
 	"\fRemoveMember\x12\x1d.dlock.v1.RemoveMemberRequest\x1a\x1e.dlock.v1.RemoveMemberResponse\x12_\n" +
-	"\x12TransferLeadership\x12#.dlock.v1.TransferLeadershipRequest\x1a$.dlock.v1.TransferLeadershipResponseB-Z+github.com/dlock/dlock/api/dlock/v1;dlockv1b\x06proto3"
+	"\x12TransferLeadership\x12#.dlock.v1.TransferLeadershipRequest\x1a$.dlock.v1.TransferLeadershipResponse\x12M\n" +
+	"\fGetTokenKeys\x12\x1d.dlock.v1.GetTokenKeysRequest\x1a\x1e.dlock.v1.GetTokenKeysResponse\x12S\n" +
+	"\x0eRotateTokenKey\x12\x1f.dlock.v1.RotateTokenKeyRequest\x1a .dlock.v1.RotateTokenKeyResponseB-Z+github.com/dlock/dlock/api/dlock/v1;dlockv1b\x06proto3"
 
 var (
 	file_dlock_v1_dlock_proto_rawDescOnce sync.Once
@@ -3366,7 +3655,7 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 	return file_dlock_v1_dlock_proto_rawDescData
 }
 
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*ErrorDetail)(nil),                // 0: dlock.v1.ErrorDetail
 	(*Holder)(nil),                     // 1: dlock.v1.Holder
@@ -3406,90 +3695,101 @@ var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*WatchRequest)(nil),               // 35: dlock.v1.WatchRequest
 	(*Event)(nil),                      // 36: dlock.v1.Event
 	(*WatchResponse)(nil),              // 37: dlock.v1.WatchResponse
-	(*Member)(nil),                     // 38: dlock.v1.Member
-	(*Cluster)(nil),                    // 39: dlock.v1.Cluster
-	(*GetClusterRequest)(nil),          // 40: dlock.v1.GetClusterRequest
-	(*GetClusterResponse)(nil),         // 41: dlock.v1.GetClusterResponse
-	(*AddMemberRequest)(nil),           // 42: dlock.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 43: dlock.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 44: dlock.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 45: dlock.v1.RemoveMemberResponse
-	(*TransferLeadershipRequest)(nil),  // 46: dlock.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 47: dlock.v1.TransferLeadershipResponse
-	(*timestamppb.Timestamp)(nil),      // 48: google.protobuf.Timestamp
+	(*TokenKey)(nil),                   // 38: dlock.v1.TokenKey
+	(*GetTokenKeysRequest)(nil),        // 39: dlock.v1.GetTokenKeysRequest
+	(*GetTokenKeysResponse)(nil),       // 40: dlock.v1.GetTokenKeysResponse
+	(*RotateTokenKeyRequest)(nil),      // 41: dlock.v1.RotateTokenKeyRequest
+	(*RotateTokenKeyResponse)(nil),     // 42: dlock.v1.RotateTokenKeyResponse
+	(*Member)(nil),                     // 43: dlock.v1.Member
+	(*Cluster)(nil),                    // 44: dlock.v1.Cluster
+	(*GetClusterRequest)(nil),          // 45: dlock.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),         // 46: dlock.v1.GetClusterResponse
+	(*AddMemberRequest)(nil),           // 47: dlock.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 48: dlock.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 49: dlock.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 50: dlock.v1.RemoveMemberResponse
+	(*TransferLeadershipRequest)(nil),  // 51: dlock.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 52: dlock.v1.TransferLeadershipResponse
+	(*timestamppb.Timestamp)(nil),      // 53: google.protobuf.Timestamp
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	1,  // 0: dlock.v1.ErrorDetail.holder:type_name -> dlock.v1.Holder
 	21, // 1: dlock.v1.ErrorDetail.current:type_name -> dlock.v1.ElectionLeader
-	48, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
-	48, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
-	48, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	48, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
+	53, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: dlock.v1.Lock.holder:type_name -> dlock.v1.Holder
 	9,  // 7: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
 	9,  // 8: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
-	48, // 9: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	48, // 10: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	48, // 11: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
-	48, // 12: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
-	48, // 13: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 9: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 10: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 11: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 12: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
+	53, // 13: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
 	21, // 14: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
-	48, // 15: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 15: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
 	22, // 16: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
-	48, // 17: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 17: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
 	22, // 18: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
-	48, // 19: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
+	53, // 19: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
 	36, // 20: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
-	38, // 21: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
-	39, // 22: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
-	39, // 23: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	39, // 24: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	39, // 25: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
-	2,  // 26: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 27: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
-	6,  // 28: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
-	8,  // 29: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
-	11, // 30: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
-	13, // 31: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
-	15, // 32: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
-	17, // 33: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
-	19, // 34: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
-	23, // 35: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
-	25, // 36: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
-	27, // 37: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
-	29, // 38: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
-	31, // 39: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
-	33, // 40: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
-	35, // 41: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
-	40, // 42: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
-	42, // 43: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
-	44, // 44: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
-	46, // 45: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
-	3,  // 46: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
-	5,  // 47: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
-	7,  // 48: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 49: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
-	12, // 50: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
-	14, // 51: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
-	16, // 52: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
-	18, // 53: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
-	20, // 54: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
-	24, // 55: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
-	26, // 56: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
-	28, // 57: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
-	30, // 58: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
-	32, // 59: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
-	34, // 60: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
-	37, // 61: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
-	41, // 62: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
-	43, // 63: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
-	45, // 64: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
-	47, // 65: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
-	46, // [46:66] is the sub-list for method output_type
-	26, // [26:46] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	38, // 21: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
+	38, // 22: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
+	43, // 23: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
+	44, // 24: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 25: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 26: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 27: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
+	2,  // 28: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 29: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
+	6,  // 30: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
+	8,  // 31: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
+	11, // 32: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
+	13, // 33: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
+	15, // 34: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
+	17, // 35: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
+	19, // 36: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
+	23, // 37: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
+	25, // 38: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
+	27, // 39: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
+	29, // 40: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
+	31, // 41: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
+	33, // 42: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
+	35, // 43: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
+	45, // 44: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
+	47, // 45: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
+	49, // 46: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
+	51, // 47: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
+	39, // 48: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
+	41, // 49: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
+	3,  // 50: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
+	5,  // 51: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
+	7,  // 52: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
+	10, // 53: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
+	12, // 54: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
+	14, // 55: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
+	16, // 56: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
+	18, // 57: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
+	20, // 58: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
+	24, // 59: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
+	26, // 60: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
+	28, // 61: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
+	30, // 62: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
+	32, // 63: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
+	34, // 64: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
+	37, // 65: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
+	46, // 66: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
+	48, // 67: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
+	50, // 68: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
+	52, // 69: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
+	40, // 70: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
+	42, // 71: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
+	50, // [50:72] is the sub-list for method output_type
+	28, // [28:50] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -3503,7 +3803,7 @@ func file_dlock_v1_dlock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -993,6 +993,8 @@ const (
 	ClusterService_AddMember_FullMethodName          = "/dlock.v1.ClusterService/AddMember"
 	ClusterService_RemoveMember_FullMethodName       = "/dlock.v1.ClusterService/RemoveMember"
 	ClusterService_TransferLeadership_FullMethodName = "/dlock.v1.ClusterService/TransferLeadership"
+	ClusterService_GetTokenKeys_FullMethodName       = "/dlock.v1.ClusterService/GetTokenKeys"
+	ClusterService_RotateTokenKey_FullMethodName     = "/dlock.v1.ClusterService/RotateTokenKey"
 )
 
 // ClusterServiceClient is the client API for ClusterService service.
@@ -1012,6 +1014,11 @@ type ClusterServiceClient interface {
 	// TransferLeadership hands leadership to id, or to the best voter when id
 	// is empty.
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
+	// GetTokenKeys lists the public keys that verify token proofs, current
+	// first (the same document as GET /api/v1/cluster/token-key).
+	GetTokenKeys(ctx context.Context, in *GetTokenKeysRequest, opts ...grpc.CallOption) (*GetTokenKeysResponse, error)
+	// RotateTokenKey installs a new signing key; older proofs stay verifiable.
+	RotateTokenKey(ctx context.Context, in *RotateTokenKeyRequest, opts ...grpc.CallOption) (*RotateTokenKeyResponse, error)
 }
 
 type clusterServiceClient struct {
@@ -1062,6 +1069,26 @@ func (c *clusterServiceClient) TransferLeadership(ctx context.Context, in *Trans
 	return out, nil
 }
 
+func (c *clusterServiceClient) GetTokenKeys(ctx context.Context, in *GetTokenKeysRequest, opts ...grpc.CallOption) (*GetTokenKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetTokenKeysResponse)
+	err := c.cc.Invoke(ctx, ClusterService_GetTokenKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterServiceClient) RotateTokenKey(ctx context.Context, in *RotateTokenKeyRequest, opts ...grpc.CallOption) (*RotateTokenKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateTokenKeyResponse)
+	err := c.cc.Invoke(ctx, ClusterService_RotateTokenKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServiceServer is the server API for ClusterService service.
 // All implementations should embed UnimplementedClusterServiceServer
 // for forward compatibility.
@@ -1079,6 +1106,11 @@ type ClusterServiceServer interface {
 	// TransferLeadership hands leadership to id, or to the best voter when id
 	// is empty.
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
+	// GetTokenKeys lists the public keys that verify token proofs, current
+	// first (the same document as GET /api/v1/cluster/token-key).
+	GetTokenKeys(context.Context, *GetTokenKeysRequest) (*GetTokenKeysResponse, error)
+	// RotateTokenKey installs a new signing key; older proofs stay verifiable.
+	RotateTokenKey(context.Context, *RotateTokenKeyRequest) (*RotateTokenKeyResponse, error)
 }
 
 // UnimplementedClusterServiceServer should be embedded to have
@@ -1099,6 +1131,12 @@ func (UnimplementedClusterServiceServer) RemoveMember(context.Context, *RemoveMe
 }
 func (UnimplementedClusterServiceServer) TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferLeadership not implemented")
+}
+func (UnimplementedClusterServiceServer) GetTokenKeys(context.Context, *GetTokenKeysRequest) (*GetTokenKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTokenKeys not implemented")
+}
+func (UnimplementedClusterServiceServer) RotateTokenKey(context.Context, *RotateTokenKeyRequest) (*RotateTokenKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateTokenKey not implemented")
 }
 func (UnimplementedClusterServiceServer) testEmbeddedByValue() {}
 
@@ -1192,6 +1230,42 @@ func _ClusterService_TransferLeadership_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ClusterService_GetTokenKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTokenKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).GetTokenKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_GetTokenKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).GetTokenKeys(ctx, req.(*GetTokenKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ClusterService_RotateTokenKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateTokenKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServiceServer).RotateTokenKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ClusterService_RotateTokenKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServiceServer).RotateTokenKey(ctx, req.(*RotateTokenKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ClusterService_ServiceDesc is the grpc.ServiceDesc for ClusterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1214,6 +1288,14 @@ var ClusterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLeadership",
 			Handler:    _ClusterService_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "GetTokenKeys",
+			Handler:    _ClusterService_GetTokenKeys_Handler,
+		},
+		{
+			MethodName: "RotateTokenKey",
+			Handler:    _ClusterService_RotateTokenKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
