@@ -3,6 +3,7 @@
 #
 #   scripts/chaos.sh [--duration 30m] [--seed S] [--nodes 3] [--clients 6]
 #                    [--log-store wal|bolt] [--bin PATH] [--keep]
+#                    [--pace dense|normal] [--forensic]
 #
 # Runs real `dlock serve` processes behind link proxies, injects faults from
 # the seed for the given duration, then heals, checks the history and prints
@@ -10,6 +11,10 @@
 # A failing run keeps its artifacts (node logs, data dirs, history.jsonl,
 # porcupine visualizations) and prints where they are. Replay a failure with
 # the same --seed (the schedule of decisions is the same; timings differ).
+# --pace dense (the default here) injects about 3,000 faults per 30 minutes,
+# normal (CI's pace) about 1,100. --forensic keeps every Raft log entry and
+# every snapshot on the nodes, so a failure can be replayed entry by entry
+# (docs/reliability.md, "Finding a divergence").
 # Environment variables DLOCK_CHAOS_DURATION / DLOCK_CHAOS_SEED work too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +24,7 @@ if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
 fi
 
 duration=${DLOCK_CHAOS_DURATION:-30m}
+export DLOCK_CHAOS_PACE=${DLOCK_CHAOS_PACE:-dense}
 seed=${DLOCK_CHAOS_SEED:-}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,7 +37,9 @@ while [ $# -gt 0 ]; do
     --log-store) export DLOCK_CHAOS_LOG_STORE=$2; shift 2 ;;
     --bin) export DLOCK_CHAOS_BIN=$2; shift 2 ;;
     --keep) export DLOCK_CHAOS_KEEP=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --pace) export DLOCK_CHAOS_PACE=$2; shift 2 ;;
+    --forensic) export DLOCK_CHAOS_SERVE_ARGS="${DLOCK_CHAOS_SERVE_ARGS:-} --trailing-logs 1000000000 --snapshot-retain 100000"; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +63,6 @@ while [ -n "$rest" ]; do
 done
 timeout=$(( secs + 900 ))s
 
-echo "chaos soak: seed=$seed duration=$duration (go test -timeout $timeout)"
+echo "chaos soak: seed=$seed duration=$duration pace=$DLOCK_CHAOS_PACE${DLOCK_CHAOS_SERVE_ARGS:+ serve-args:$DLOCK_CHAOS_SERVE_ARGS} (go test -timeout $timeout)"
 export DLOCK_CHAOS=1 DLOCK_CHAOS_SOAK=1 DLOCK_CHAOS_SEED="$seed" DLOCK_CHAOS_DURATION="$duration"
 exec go test -race=false -count=1 -v -timeout "$timeout" -run '^TestChaosSoak$' ./test/chaos/

@@ -62,6 +62,7 @@ type runConfig struct {
 	implicit int // implicit-lease clients
 	sessions int // session clients
 	keep     bool
+	dense    bool // shorter gaps and holds: about three times the faults
 }
 
 func configFromEnv(seed uint64, d time.Duration) runConfig {
@@ -71,12 +72,17 @@ func configFromEnv(seed uint64, d time.Duration) runConfig {
 		implicit: envInt("DLOCK_CHAOS_CLIENTS", 6),
 		sessions: envInt("DLOCK_CHAOS_SESSION_CLIENTS", 2),
 		keep:     os.Getenv("DLOCK_CHAOS_KEEP") == "1",
+		dense:    os.Getenv("DLOCK_CHAOS_PACE") == "dense",
 	}
 }
 
 // replayCommand is the one command that replays a run's schedule.
 func replayCommand(cfg runConfig) string {
-	return fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit)
+	pace := "normal"
+	if cfg.dense {
+		pace = "dense"
+	}
+	return fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d --pace %s", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit, pace)
 }
 
 func skipUnlessEnabled(t *testing.T) {
@@ -355,6 +361,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 
 	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions)
 	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
+	if cfg.dense {
+		nem.dense()
+	}
 	w.start()
 	nem.start()
 	r.logf("workload and nemesis started")
@@ -921,8 +930,12 @@ func pct(ds []time.Duration, p float64) time.Duration {
 func (r *runner) summary() string {
 	rep := r.rep
 	var b strings.Builder
-	fmt.Fprintf(&b, "=== dlock chaos report: seed %d, %s of faults, %s in all, %d nodes, %d+%d clients\n",
-		rep.cfg.seed, rep.cfg.duration, rep.elapsed.Round(time.Second), rep.cfg.nodes, rep.cfg.implicit, rep.cfg.sessions)
+	pace := "normal"
+	if rep.cfg.dense {
+		pace = "dense"
+	}
+	fmt.Fprintf(&b, "=== dlock chaos report: seed %d, %s of faults (%s pace), %s in all, %d nodes, %d+%d clients\n",
+		rep.cfg.seed, rep.cfg.duration, pace, rep.elapsed.Round(time.Second), rep.cfg.nodes, rep.cfg.implicit, rep.cfg.sessions)
 	// operations
 	type kk struct{ kind, out string }
 	counts := map[kk]int{}
