@@ -34,6 +34,7 @@ import (
 	"bytes"
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,6 +60,12 @@ type Config struct {
 	// Timeout zero: a wait in line is one long request, and the client bounds
 	// every request itself. Default: a client of its own.
 	HTTPClient *http.Client
+	// TLS is the client side of https endpoints when HTTPClient is not
+	// set: the CAs to trust (RootCAs; nil means the system's) and, for a
+	// cluster that asks for client certificates, this client's
+	// (Certificates). LoadTLSConfig builds one from PEM files. With TLS set,
+	// a bare "host:port" endpoint means https.
+	TLS *tls.Config
 	// Logger receives retries (debug) and lost leases (warn). Default: none.
 	Logger *slog.Logger
 	// ClientID names this holder to the cluster. It must be unique per
@@ -69,6 +76,9 @@ type Config struct {
 	// RequestTimeout bounds one attempt of a request that does not wait in
 	// line. Default 10 s.
 	RequestTimeout time.Duration
+	// Token is the ACL token's secret, sent as "Authorization: Bearer" on
+	// every request; needed when the cluster runs with --acl.
+	Token string
 }
 
 const (
@@ -98,6 +108,7 @@ type Client struct {
 	log        *slog.Logger
 	id         string
 	reqTimeout time.Duration
+	token      string
 	locals     localLocks
 
 	mu        sync.Mutex
@@ -116,10 +127,16 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, invalidf("Config.Endpoints is empty; give the URL of at least one node, e.g. http://127.0.0.1:7070")
 	}
-	c := &Client{hc: cfg.HTTPClient, log: cfg.Logger, id: cfg.ClientID, reqTimeout: cfg.RequestTimeout,
+	c := &Client{hc: cfg.HTTPClient, log: cfg.Logger, id: cfg.ClientID, reqTimeout: cfg.RequestTimeout, token: cfg.Token,
 		notBefore: map[string]time.Time{}, distrust: map[string]time.Time{}, live: map[*keeper]struct{}{}}
+	if cfg.TLS != nil && cfg.HTTPClient != nil {
+		return nil, invalidf("Config.TLS and Config.HTTPClient are both set; set TLSClientConfig on your HTTPClient's transport instead")
+	}
 	seen := map[string]bool{}
 	for _, e := range cfg.Endpoints {
+		if cfg.TLS != nil && !strings.Contains(e, "://") {
+			e = "https://" + strings.TrimSpace(e)
+		}
 		base, err := normalizeEndpoint(e)
 		if err != nil {
 			return nil, err
@@ -130,7 +147,9 @@ func New(cfg Config) (*Client, error) {
 		}
 	}
 	if c.hc == nil {
-		c.hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = cfg.TLS.Clone() // nil stays nil
+		c.hc = &http.Client{Transport: tr}
 		c.ownHC = true
 	}
 	if c.log == nil {
@@ -329,6 +348,9 @@ func (c *Client) attempt(ctx context.Context, base string, r call, body []byte) 
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "dlock-go-client")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	if r.requestID != "" {
 		req.Header.Set("X-Request-Id", r.requestID)
 	}

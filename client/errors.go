@@ -37,6 +37,12 @@ var (
 	// ErrClosed: the Client was closed; leases it kept alive end with
 	// ErrLeaseLost wrapping it.
 	ErrClosed = errors.New("dlock: client closed")
+	// ErrUnauthenticated: the cluster runs with ACLs and the request had no
+	// valid token (Config.Token), or it was revoked.
+	ErrUnauthenticated = errors.New("dlock: no valid ACL token")
+	// ErrPermissionDenied: the token does not allow this on this name or
+	// client_id.
+	ErrPermissionDenied = errors.New("dlock: permission denied")
 )
 
 // Server error codes (docs/api.md).
@@ -50,6 +56,8 @@ const (
 	CodeUnavailable     = "unavailable"
 	CodeTooLarge        = "too_large"
 	CodeCompacted       = "compacted"
+	CodeUnauthenticated = "unauthenticated"
+	CodePermission      = "permission_denied"
 )
 
 // APIError is an error answer from a dlock node.
@@ -89,6 +97,10 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrInvalidArgument
 	case CodeCompacted:
 		return target == ErrCompacted
+	case CodeUnauthenticated:
+		return target == ErrUnauthenticated
+	case CodePermission:
+		return target == ErrPermissionDenied
 	}
 	return false
 }

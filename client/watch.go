@@ -337,6 +337,9 @@ func (c *Client) readStream(ctx context.Context, base string, s *streamSpec) (pr
 	}
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("User-Agent", "dlock-go-client")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	// Bound the wait for the answer, then each silence between lines.
 	idle := time.AfterFunc(c.reqTimeout, func() { cancel(errStreamIdle) })
 	defer idle.Stop()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,10 +13,11 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
 const snapshotUsage = `Usage:
-  dlock snapshot save FILE [--endpoint URL]
+  dlock snapshot save FILE [--endpoint URL] [--cacert F] [--cert F --key F]
       save a consistent copy of the whole state (locks, leases, queues,
       counters) from a running cluster to FILE
   dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,...
@@ -37,11 +39,17 @@ func runSnapshot(args []string) error {
 	case "save":
 		fs := flag.NewFlagSet("dlock snapshot save", flag.ContinueOnError)
 		endpoint := fs.String("endpoint", "http://127.0.0.1:7070", "API URL of any member")
+		var g globalFlags // only its TLS flags
+		g.registerTLS(fs)
 		file, err := parseWithFile(fs, args[1:])
 		if err != nil {
 			return err
 		}
-		return saveSnapshot(*endpoint, file)
+		tlsCfg, err := g.tls()
+		if err != nil {
+			return err
+		}
+		return saveSnapshot(*endpoint, file, tlsCfg)
 	case "restore":
 		fs := flag.NewFlagSet("dlock snapshot restore", flag.ContinueOnError)
 		dataDir := fs.String("data-dir", "", "empty data dir to seed (required)")
@@ -92,8 +100,8 @@ func parseWithFile(fs *flag.FlagSet, args []string) (string, error) {
 	return file, nil
 }
 
-func saveSnapshot(endpoint, file string) error {
-	client := &http.Client{Timeout: 5 * time.Minute}
+func saveSnapshot(endpoint, file string, tlsCfg *tls.Config) error {
+	client := &http.Client{Timeout: 5 * time.Minute, Transport: tlsconfig.HTTPTransport(tlsCfg)}
 	res, err := client.Get(strings.TrimRight(endpoint, "/") + "/api/v1/cluster/snapshot")
 	if err != nil {
 		return fmt.Errorf("fetch snapshot from %s: %w", endpoint, err)

@@ -33,6 +33,12 @@ const clientUsageFooter = `
 Common flags:
   --endpoints URLS   comma-separated node URLs (env DLOCK_ENDPOINTS; default ` + defaultEndpoints + `)
   --client-id ID     holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)
+  --cacert FILE      CA of the nodes' https certificates (env DLOCK_CACERT;
+                     default: system roots); makes the default endpoints https
+  --cert FILE, --key FILE
+                     client certificate and its key, for clusters that ask
+                     for one (env DLOCK_CERT, DLOCK_KEY)
+  --acl-token SECRET ACL token (env DLOCK_TOKEN), for clusters run with --acl
   -o, --output FMT   human (default) or json
   --timeout D        give up on an unreachable cluster after D (default 30s)
   -v                 log retries to stderr
@@ -45,6 +51,10 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 lock held or wait timed out,
 type globalFlags struct {
 	endpoints string
 	clientID  string
+	cacert    string
+	cert      string
+	key       string
+	token     string
 	output    string
 	timeout   time.Duration
 	verbose   bool
@@ -57,6 +67,8 @@ func (g *globalFlags) register(fs *cmdFlags) {
 	}
 	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node URLs (env DLOCK_ENDPOINTS)")
 	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)")
+	g.registerTLS(fs.FlagSet)
+	fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret (env DLOCK_TOKEN); --token is the fencing token of release and renew")
 	fs.StringVar(&g.output, "o", "human", "output: human or json")
 	fs.StringVar(&g.output, "output", "human", "output: human or json")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "give up on an unreachable cluster after this long")
@@ -74,6 +86,10 @@ func (g *globalFlags) check() error {
 }
 
 func (g *globalFlags) client() (*client.Client, error) {
+	tlsCfg, err := g.tls()
+	if err != nil {
+		return nil, err
+	}
 	var eps []string
 	for e := range strings.SplitSeq(g.endpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -84,7 +100,7 @@ func (g *globalFlags) client() (*client.Client, error) {
 	if g.verbose {
 		level = slog.LevelDebug
 	}
-	return client.New(client.Config{Endpoints: eps, ClientID: g.clientID,
+	return client.New(client.Config{Endpoints: eps, ClientID: g.clientID, TLS: tlsCfg, Token: g.token,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
 }
 
@@ -187,6 +203,8 @@ func runClientCommand(name string, args []string) int {
 		err = runElect(args)
 	case "watch":
 		err = runWatch(args)
+	case "acl":
+		err = runACL(args)
 	default:
 		err = usageErrorf("unknown command")
 	}

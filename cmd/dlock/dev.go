@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,14 +14,22 @@ import (
 	"github.com/dlock/dlock/internal/server"
 )
 
-func runDev(args []string) error {
+func runDev(args []string) error { return runDevWith(args, os.Stdout, waitForSignal) }
+
+// runDevWith is runDev printing to out and waiting with wait (tests stop
+// the cluster without a signal).
+func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Context) error, info func(string, ...any)) error) error {
 	fs := flag.NewFlagSet("dlock dev", flag.ContinueOnError)
 	var rf raftFlags
 	nodes := fs.Int("nodes", 3, "number of nodes")
 	host := fs.String("host", "127.0.0.1", "address to bind (loopback by default)")
 	basePort := fs.Int("base-port", 7070, "node i serves HTTP on base+10*i, Raft on base+10*i+1 and gRPC on base+10*i+2")
 	dataDir := fs.String("data-dir", "", "keep data here (default: a temporary directory removed on exit)")
+	withTLS := fs.Bool("tls", false, "TLS on the API and mutual TLS between nodes, with a throwaway CA and certificates made in the data dir")
+	withACL := fs.Bool("acl", false, "require ACL tokens (docs/security.md); a management token is bootstrapped and printed")
 	rf.register(fs)
+	var lf limitFlags
+	lf.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: dlock dev [flags]\n\nRuns a local cluster in one process with throwaway data, for trying dlock.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -45,6 +54,12 @@ func runDev(args []string) error {
 		}
 		defer os.RemoveAll(dir)
 	}
+	var dt *devTLS
+	if *withTLS {
+		if dt, err = newDevTLS(filepath.Join(dir, "tls"), *host); err != nil {
+			return err
+		}
+	}
 	cluster := map[string]string{}
 	for i := 0; i < *nodes; i++ {
 		cluster[fmt.Sprintf("n%d", i+1)] = fmt.Sprintf("%s:%d", *host, *basePort+10*i+1)
@@ -57,14 +72,18 @@ func runDev(args []string) error {
 		}
 		return errors.Join(errs...)
 	}
+	limits, err := lf.limits()
+	if err != nil {
+		return err
+	}
 	for i := 0; i < *nodes; i++ {
 		id := fmt.Sprintf("n%d", i+1)
-		rc := raftnode.Config{ID: id, DataDir: filepath.Join(dir, id), RaftAddr: cluster[id], InitialCluster: cluster, Logger: logger}
+		rc := raftnode.Config{ID: id, DataDir: filepath.Join(dir, id), RaftAddr: cluster[id], InitialCluster: cluster, Logger: logger, PeerTLS: dt.peerConfig()}
 		if err := rf.apply(&rc); err != nil {
 			return err
 		}
-		s, err := server.Start(server.Config{Raft: rc, APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i),
-			GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof})
+		s, err := server.Start(server.Config{Raft: rc, TLS: dt.apiConfig(), APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i),
+			GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, Limits: limits, ACL: *withACL})
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = shutdown(ctx)
@@ -73,18 +92,36 @@ func runDev(args []string) error {
 		}
 		servers = append(servers, s)
 	}
-	first := servers[0].APIAddr()
-	fmt.Printf("dlock dev cluster: %d nodes, data in %s\n", *nodes, dir)
+	fmt.Fprintf(out, "dlock dev cluster: %d nodes, data in %s\n", *nodes, dir)
+	var urls []string
 	for i, s := range servers {
-		fmt.Printf("  n%d  http://%s  (raft %s)  grpc %s\n", i+1, s.APIAddr(), cluster[fmt.Sprintf("n%d", i+1)], s.GRPCAddr())
+		urls = append(urls, dt.scheme()+s.APIAddr())
+		fmt.Fprintf(out, "  n%d  %s  (raft %s)  grpc %s\n", i+1, urls[i], cluster[fmt.Sprintf("n%d", i+1)], s.GRPCAddr())
 	}
-	fmt.Printf(`
+	dt.printFiles(out)
+	curl := "curl -s " + dt.curlFlags()
+	if *withACL {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		tok, err := servers[0].Service.ACLBootstrap(ctx)
+		cancel()
+		if err != nil {
+			_ = shutdown(context.Background())
+			return fmt.Errorf("bootstrap the ACL management token: %w", err)
+		}
+		fmt.Fprintf(out, `
+ACLs are on. The management token (all permissions; shown only now):
+  export DLOCK_TOKEN=%s
+Make a worker token: dlock acl token create --rule billing/=lock,read --client-ids 'worker-*'
+`, tok.SecretID)
+		curl += "-H 'Authorization: Bearer " + tok.SecretID + "' "
+	}
+	fmt.Fprintf(out, `
 Try:
-  curl -s --json '{"client_id":"me","ttl_ms":30000}' http://%[1]s/api/v1/locks/demo/acquire
-  curl -s http://%[1]s/api/v1/locks/demo
-  curl -s http://%[1]s/api/v1/cluster
-
-Press Ctrl-C to stop.
-`, first)
-	return waitForSignal(shutdown, logger.Info)
+  %[2]s--json '{"client_id":"me","ttl_ms":30000}' %[1]s/api/v1/locks/demo/acquire
+  %[2]s%[1]s/api/v1/locks/demo
+  %[2]s%[1]s/api/v1/cluster
+`, urls[0], curl)
+	dt.printCLIEnv(out, urls)
+	fmt.Fprint(out, "\nPress Ctrl-C to stop.\n")
+	return wait(shutdown, logger.Info)
 }

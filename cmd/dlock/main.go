@@ -39,10 +39,12 @@ Client commands (each takes -h):
                         print changes as they happen
   dlock members         the cluster's nodes and leader
   dlock members add ID RAFT_ADDR | remove ID | transfer-leadership [ID]
+  dlock acl bootstrap | token create|list|revoke   manage ACL tokens (--acl clusters)
   dlock bench [--workload W] [--workers N] [--target dlock|etcd]   load generator
   Common flags: --endpoints URLS (env DLOCK_ENDPOINTS, default
   http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090),
-  --client-id ID (env DLOCK_CLIENT_ID), -o json.
+  --client-id ID (env DLOCK_CLIENT_ID), -o json; for TLS clusters --cacert,
+  --cert, --key (env DLOCK_CACERT, DLOCK_CERT, DLOCK_KEY).
 
 Exit codes: 0 ok, 1 error, 2 usage; client commands also 3 lock held or
 wait timed out, 4 lock lost (lock), leadership lost (elect) or not the
@@ -69,9 +71,13 @@ func main() {
 		err = runBench(os.Args[2:])
 	case "datastore":
 		err = runDatastore(os.Args[2:])
+	case "demo":
+		err = runDemo(os.Args[2:])
+	case "demo-writer":
+		err = runDemoWriter(os.Args[2:])
 	case "lock", "acquire", "release", "renew", "status", "list", "members":
 		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
-	case "elect", "watch":
+	case "elect", "watch", "acl":
 		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
 	case "version", "--version", "-v":
 		fmt.Println("dlock", version)

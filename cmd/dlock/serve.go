@@ -108,7 +108,13 @@ func runServe(args []string) error {
 	initial := fs.String("initial-cluster", "", "first start only: every initial member as id=raft-host:port, comma-separated (must include this node)")
 	join := fs.String("join", "", "join an existing cluster through any member's API URL (comma-separated list allowed), instead of --initial-cluster")
 	leave := fs.Bool("leave-on-shutdown", false, "on SIGINT/SIGTERM, remove this node from the cluster before stopping (for scale-down, not restarts)")
+	acl := fs.Bool("acl", false, "require an ACL token on every API call (docs/security.md); bootstrap the first token with dlock acl bootstrap")
+	aclToken := fs.String("acl-token", os.Getenv("DLOCK_ACL_TOKEN"), "this node's ACL token (admin), sent when it --joins an ACL cluster (env DLOCK_ACL_TOKEN)")
+	var tf tlsFlags
+	tf.register(fs)
 	rf.register(fs)
+	var lf limitFlags
+	lf.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -135,7 +141,7 @@ func runServe(args []string) error {
 		for u := range strings.SplitSeq(*join, ",") {
 			if u = strings.TrimSpace(u); u != "" {
 				if !strings.Contains(u, "://") {
-					u = "http://" + u
+					u = tf.joinScheme() + u
 				}
 				joinURLs = append(joinURLs, u)
 			}
@@ -150,8 +156,17 @@ func runServe(args []string) error {
 	if err := rf.apply(&rc); err != nil {
 		return err
 	}
-	srv, err := server.Start(server.Config{Raft: rc, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof,
-		Join: joinURLs, LeaveOnShutdown: *leave})
+	apiTLS, peerTLS, joinTLS, err := tf.load(logger)
+	if err != nil {
+		return err
+	}
+	rc.PeerTLS = peerTLS
+	limits, err := lf.limits()
+	if err != nil {
+		return err
+	}
+	srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof,
+		Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits})
 	if err != nil {
 		return err
 	}

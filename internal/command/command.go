@@ -31,6 +31,8 @@ const (
 	TypeCancelWait     Type = 10
 	TypeProclaim       Type = 11
 	TypeSetTokenKey    Type = 12
+	TypeSetACLToken    Type = 13
+	TypeDeleteACLToken Type = 14
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
@@ -167,6 +169,42 @@ type SetTokenKey struct {
 	Rotate bool
 }
 
+// Permission bits of an ACL rule.
+const (
+	PermRead  uint8 = 1 << iota // read locks and elections, cluster info
+	PermLock                    // acquire, renew, release locks
+	PermElect                   // campaign, proclaim, resign
+	PermWatch                   // watch changes, observe elections
+	PermAdmin                   // membership, snapshots, keys, ACLs
+	PermAll   = PermRead | PermLock | PermElect | PermWatch | PermAdmin
+)
+
+// ACLRule grants permissions on every name that starts with Prefix ("" is
+// every name).
+type ACLRule struct {
+	Prefix string
+	Perms  uint8
+}
+
+// SetACLToken creates or replaces an ACL token. The secret never enters the
+// log: only its SHA-256. With Bootstrap it only applies while the cluster has
+// no token at all (the first management token).
+type SetACLToken struct {
+	AccessorID  [16]byte
+	SecretHash  [32]byte
+	Description string
+	Rules       []ACLRule
+	// ClientIDs are the client_ids (a trailing "*" matches any suffix) the
+	// token may act as; empty means any.
+	ClientIDs []string
+	Bootstrap bool
+}
+
+// DeleteACLToken revokes a token.
+type DeleteACLToken struct {
+	AccessorID [16]byte
+}
+
 // LeaseGen names one lease at one renewal generation.
 type LeaseGen struct {
 	LeaseID LeaseID
@@ -213,6 +251,8 @@ func (*ExpireWaits) Type() Type    { return TypeExpireWaits }
 func (*CancelWait) Type() Type     { return TypeCancelWait }
 func (*Proclaim) Type() Type       { return TypeProclaim }
 func (*SetTokenKey) Type() Type    { return TypeSetTokenKey }
+func (*SetACLToken) Type() Type    { return TypeSetACLToken }
+func (*DeleteACLToken) Type() Type { return TypeDeleteACLToken }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -272,6 +312,10 @@ func newBody(t Type) Body {
 		return &Proclaim{}
 	case TypeSetTokenKey:
 		return &SetTokenKey{}
+	case TypeSetACLToken:
+		return &SetACLToken{}
+	case TypeDeleteACLToken:
+		return &DeleteACLToken{}
 	}
 	return nil
 }
@@ -471,3 +515,40 @@ func (b *SetTokenKey) decode(r *wire.Reader, _ byte) {
 	r.Fixed(b.Seed[:])
 	b.Rotate = r.Bool()
 }
+
+func (b *SetACLToken) encode(w *wire.Writer) {
+	w.Fixed(b.AccessorID[:])
+	w.Fixed(b.SecretHash[:])
+	w.String(b.Description)
+	w.Uvarint(uint64(len(b.Rules)))
+	for _, r := range b.Rules {
+		w.String(r.Prefix)
+		w.Byte(r.Perms)
+	}
+	w.Uvarint(uint64(len(b.ClientIDs)))
+	for _, c := range b.ClientIDs {
+		w.String(c)
+	}
+	w.Bool(b.Bootstrap)
+}
+func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
+	r.Fixed(b.AccessorID[:])
+	r.Fixed(b.SecretHash[:])
+	b.Description = r.String()
+	if n := r.Count(2); n > 0 {
+		b.Rules = make([]ACLRule, n)
+		for i := range b.Rules {
+			b.Rules[i] = ACLRule{Prefix: r.String(), Perms: r.Byte()}
+		}
+	}
+	if n := r.Count(1); n > 0 {
+		b.ClientIDs = make([]string, n)
+		for i := range b.ClientIDs {
+			b.ClientIDs[i] = r.String()
+		}
+	}
+	b.Bootstrap = r.Bool()
+}
+
+func (b *DeleteACLToken) encode(w *wire.Writer)         { w.Fixed(b.AccessorID[:]) }
+func (b *DeleteACLToken) decode(r *wire.Reader, _ byte) { r.Fixed(b.AccessorID[:]) }

@@ -67,6 +67,12 @@ func roundTripCases() []struct {
 		{"proclaim/full", &Envelope{TS: 8, ClientID: "cand", RequestID: "r",
 			Body: &Proclaim{Name: ElectionKey("db/primary"), LeaseID: maxLease, Token: math.MaxUint64, Value: long}}},
 		{"set-token-key/empty", &Envelope{Body: &SetTokenKey{}}},
+		{"set-acl-token/empty", &Envelope{Body: &SetACLToken{}}},
+		{"set-acl-token/full", &Envelope{TS: 10, ClientID: "admin", RequestID: "t",
+			Body: &SetACLToken{AccessorID: [16]byte{1, 15: 2}, SecretHash: [32]byte{3, 31: 4}, Description: long,
+				Rules:     []ACLRule{{Prefix: "billing/", Perms: PermLock | PermRead}, {Prefix: "", Perms: PermAll}},
+				ClientIDs: []string{"worker-*", "cron"}, Bootstrap: true}}},
+		{"delete-acl-token", &Envelope{Body: &DeleteACLToken{AccessorID: [16]byte{9}}}},
 		{"set-token-key/full", &Envelope{TS: 9, ClientID: "dlock", RequestID: "k",
 			Body: &SetTokenKey{Seed: [32]byte{1, 2, 3, 31: 0xff}, Rotate: true}}},
 		{"cancel-wait/full", &Envelope{TS: 7, ClientID: "c", RequestID: "r",
@@ -103,7 +109,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 	want := map[Type]Body{
 		1: &RegisterMember{}, 2: &CreateSession{}, 3: &KeepAlive{}, 4: &DeleteSession{},
 		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
-		11: &Proclaim{}, 12: &SetTokenKey{},
+		11: &Proclaim{}, 12: &SetTokenKey{}, 13: &SetACLToken{}, 14: &DeleteACLToken{},
 	}
 	for n, b := range want {
 		if b.Type() != n {
@@ -265,7 +271,7 @@ func TestEncodeCheckedOutputIsAlwaysDecodable(t *testing.T) {
 }
 
 func TestDecodeRejectsUnknownType(t *testing.T) {
-	for _, typ := range []int{0, 13, 14, 100, 254, 255} {
+	for _, typ := range []int{0, 15, 16, 100, 254, 255} {
 		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
 			b := append([]byte{byte(typ), Version}, body...)
 			e, err := Decode(b)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,6 +76,8 @@ type Options struct {
 	// closing its TCP connection is noticed, so that its waiting acquires are
 	// withdrawn and its streams end instead of lingering.
 	KeepaliveTime time.Duration
+	// Connection limits (limits.go); zero values take their defaults.
+	Limits ConnLimits
 }
 
 // Server is the gRPC server of one node.
@@ -107,15 +110,15 @@ func New(svc Service, logger *slog.Logger, opts Options) *Server {
 		opts.KeepaliveTime = 30 * time.Second
 	}
 	a := &api{svc: svc, log: logger, closing: make(chan struct{})}
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(opts.Limits.serverOptions(),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.KeepaliveTime, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.KeepaliveTime, Timeout: 10 * time.Second, MaxConnectionIdle: opts.Limits.IdleTimeout}),
 		// Clients may ping to keep idle connections (and their long waits)
 		// open through NATs, but not often enough to be a nuisance.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(a.unaryInterceptor),
 		grpc.ChainStreamInterceptor(a.streamInterceptor),
-	)
+	)...)
 	dlockv1.RegisterLockServiceServer(gs, &lockServer{a})
 	dlockv1.RegisterSessionServiceServer(gs, &sessionServer{a})
 	dlockv1.RegisterElectionServiceServer(gs, &electionServer{a})
@@ -169,6 +172,24 @@ func requestID(ctx context.Context) string {
 	return rand.Text()
 }
 
+// bearerToken reads the "authorization: Bearer <secret>" metadata, as the
+// HTTP API reads its header; the service checks it when ACLs are on.
+func bearerToken(ctx context.Context) string {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ""
+	}
+	v := md.Get("authorization")
+	if len(v) != 1 {
+		return ""
+	}
+	scheme, secret, ok := strings.Cut(v[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(secret)
+}
+
 func validRequestID(id string) bool {
 	if id == "" || len(id) > 128 {
 		return false
@@ -187,7 +208,7 @@ func (a *api) tag(ctx context.Context, method string) (context.Context, *callInf
 	id := requestID(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDKey, id))
 	ci := &callInfo{id: id, log: a.log.With(slog.String("request_id", id), slog.String("method", method))}
-	return context.WithValue(ctx, ctxKey{}, ci), ci
+	return service.WithBearer(context.WithValue(ctx, ctxKey{}, ci), bearerToken(ctx)), ci
 }
 
 func info(ctx context.Context, fallback *slog.Logger) *callInfo {
@@ -207,6 +228,7 @@ func (a *api) recovered(ci *callInfo, v any) error {
 func (a *api) unaryInterceptor(ctx context.Context, req any, si *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	ctx, ci := a.tag(ctx, si.FullMethod)
+	ctx = withRemote(ctx)
 	defer func() {
 		if v := recover(); v != nil {
 			resp, err = nil, a.recovered(ci, v)
@@ -227,6 +249,7 @@ func (s *taggedStream) Context() context.Context { return s.ctx }
 func (a *api) streamInterceptor(srv any, ss grpc.ServerStream, si *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 	start := time.Now()
 	ctx, ci := a.tag(ss.Context(), si.FullMethod)
+	ctx = withRemote(ctx)
 	defer func() {
 		if v := recover(); v != nil {
 			err = a.recovered(ci, v)

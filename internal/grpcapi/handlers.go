@@ -120,9 +120,11 @@ func (s *sessionServer) KeepAliveStream(req *dlockv1.KeepAliveStreamRequest, str
 	}
 }
 
+// transient errors are retried by KeepAliveStream. rate_limited is one: a
+// client over its rate limit should not lose its session for it.
 func transient(err error) bool {
 	c := apierror.CodeOf(err)
-	return c == apierror.Unavailable || c == apierror.NoLeader
+	return c == apierror.Unavailable || c == apierror.NoLeader || c == apierror.RateLimited
 }
 
 func (s *sessionServer) DeleteSession(ctx context.Context, req *dlockv1.DeleteSessionRequest) (*dlockv1.DeleteSessionResponse, error) {

@@ -44,7 +44,7 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Dlock-Revision", strconv.FormatUint(rev, 10))
 		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(b)
+		a.writeChunked(w, b)
 	case rest == "/token-key":
 		if !isGet(r) {
 			a.methodNotAllowed(w, r, allowGet)

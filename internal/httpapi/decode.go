@@ -44,6 +44,7 @@ func (a *api) decodeBody(w http.ResponseWriter, r *http.Request, v any, required
 			}
 			return badRequest("could not read the request body: %v", err)
 		}
+		bodyDone(w)
 	}
 	if len(trimJSONSpace(b)) == 0 {
 		if required {

@@ -69,6 +69,7 @@ func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string
 			return
 		}
 		req.Name = name
+		a.holdOpen(w, req.WaitTimeoutMs)
 		resp, err := a.svc.Campaign(r.Context(), req)
 		if isConflict(err) && resp != nil {
 			e := apierror.From(err)

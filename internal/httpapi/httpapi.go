@@ -43,6 +43,10 @@ type Service interface {
 	Snapshot(ctx context.Context) ([]byte, uint64, error)
 	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
 	RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error)
+	ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error)
+	CreateACLToken(ctx context.Context, req service.ACLTokenRequest) (*service.ACLTokenView, error)
+	ListACLTokens(ctx context.Context) (*service.ACLTokenList, error)
+	DeleteACLToken(ctx context.Context, accessorID string) error
 	Healthy() error
 	Ready() error
 }
@@ -66,6 +70,10 @@ type Options struct {
 	// WatchHeartbeat is how often an idle event stream sends a comment line so
 	// proxies keep it open (default 15 s).
 	WatchHeartbeat time.Duration
+	// WriteTimeout is the http.Server's write timeout for plain requests
+	// (default DefaultWriteTimeout); blocking acquires and event streams move
+	// their own deadlines by it (deadlines.go).
+	WriteTimeout time.Duration
 }
 
 // API paths. Fixed segments are matched in their escaped form: only lock names
@@ -97,6 +105,8 @@ type api struct {
 	metrics   http.Handler
 	heartbeat time.Duration
 	debug     http.Handler
+	// writeTimeout: see Options.WriteTimeout.
+	writeTimeout time.Duration
 }
 
 // New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
@@ -107,9 +117,9 @@ type api struct {
 // handler runs, while DESIGN §5 wants such lock names refused with 400. This
 // handler routes on r.URL.EscapedPath() itself and never redirects.
 //
-// A nil logger discards logs. The server's WriteTimeout must be longer than
-// the longest acquire wait the service allows, or blocking acquires are cut
-// off mid-wait.
+// A nil logger discards logs. Blocking acquires and event streams set their
+// own write deadlines (deadlines.go), so the server's WriteTimeout need only
+// fit plain requests; give the same value as Options.WriteTimeout.
 func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 	if svc == nil {
 		panic("httpapi: New called with a nil Service")
@@ -123,13 +133,18 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 	if opts.WatchHeartbeat <= 0 {
 		opts.WatchHeartbeat = 15 * time.Second
 	}
-	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: opts.Debug}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: untimed(opts.Debug),
+		writeTimeout: opts.WriteTimeout}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 
 // route dispatches on the escaped path. It does not use http.ServeMux on
 // purpose; see New.
 func (a *api) route(w http.ResponseWriter, r *http.Request) {
+	r = withBearer(r)
 	p := r.URL.EscapedPath()
 	switch p {
 	case "/healthz":
@@ -186,6 +201,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		a.clusterRoutes(w, r, rest)
 		return
 	}
+	if rest, ok := cutSegments(p, aclPrefix); ok {
+		a.aclRoutes(w, r, rest)
+		return
+	}
 	a.notFound(w, r)
 }
 
@@ -202,7 +221,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster), health at /healthz and /readyz", apiPrefix))
+		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl), health at /healthz and /readyz", apiPrefix))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
@@ -287,6 +306,7 @@ func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
 			return
 		}
 		req.Name = name
+		a.holdOpen(w, req.WaitTimeoutMs)
 		resp, err := a.svc.Acquire(r.Context(), req)
 		if isConflict(err) && resp != nil {
 			a.writeAcquireConflict(w, r, resp, apierror.From(err))

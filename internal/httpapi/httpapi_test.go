@@ -176,6 +176,23 @@ func (f *fakeService) RotateTokenKey(ctx context.Context) (*fence.KeySetDocument
 	return answer(ctx, f, "RotateTokenKey", nil, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
 }
 
+func (f *fakeService) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
+	return answer(ctx, f, "ACLBootstrap", nil, &service.ACLTokenView{})
+}
+
+func (f *fakeService) CreateACLToken(ctx context.Context, req service.ACLTokenRequest) (*service.ACLTokenView, error) {
+	return answer(ctx, f, "CreateACLToken", req, &service.ACLTokenView{})
+}
+
+func (f *fakeService) ListACLTokens(ctx context.Context) (*service.ACLTokenList, error) {
+	return answer(ctx, f, "ListACLTokens", nil, &service.ACLTokenList{})
+}
+
+func (f *fakeService) DeleteACLToken(ctx context.Context, id string) error {
+	_, err := answer(ctx, f, "DeleteACLToken", id, &service.ACLTokenList{})
+	return err
+}
+
 func (f *fakeService) Snapshot(ctx context.Context) ([]byte, uint64, error) {
 	_, err := answer[service.ClusterInfo](ctx, f, "Snapshot", nil, nil)
 	return []byte("DLSNAP"), 23, err

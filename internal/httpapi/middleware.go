@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
 )
 
 // RequestIDHeader carries the request id in both directions.
@@ -72,7 +73,10 @@ func (a *api) middleware(next http.Handler) http.Handler {
 		}
 		w.Header().Set(RequestIDHeader, id)
 		ri := &requestInfo{id: id, log: a.log.With(slog.String("request_id", id))}
-		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ri))
+		r = r.WithContext(service.WithRemote(context.WithValue(r.Context(), ctxKey{}, ri), "http", r.RemoteAddr))
+		if r.Body == nil || r.Body == http.NoBody {
+			bodyDone(w) // nothing to read: see deadlines.go
+		}
 		sw := &statusWriter{ResponseWriter: w}
 
 		defer func() {

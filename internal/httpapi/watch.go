@@ -71,6 +71,7 @@ func (a *api) stream(w http.ResponseWriter, r *http.Request, watcher *service.Wa
 	h.Set("X-Accel-Buffering", "no") // tell nginx-style proxies not to buffer
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	a.streamDeadline(rc)
 	fmt.Fprintf(w, ": dlock watch from revision %d\n\n", rev+1)
 	if view != nil {
 		writeRecord(w, view.Revision, "leader", view)
@@ -84,11 +85,13 @@ func (a *api) stream(w http.ResponseWriter, r *http.Request, watcher *service.Wa
 		case <-r.Context().Done():
 			return
 		case <-hb.C:
+			a.streamDeadline(rc)
 			fmt.Fprint(w, ": heartbeat\n\n")
 			if rc.Flush() != nil {
 				return
 			}
 		case e, ok := <-events:
+			a.streamDeadline(rc)
 			// Drain what is already queued before one flush: fewer syscalls
 			// under bursts, same order.
 			for ok {

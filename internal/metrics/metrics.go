@@ -34,9 +34,10 @@ type Source interface {
 // Metrics holds one node's collectors. It implements fsm.Observer (event
 // counters) and the service's Recorder (request latencies).
 type Metrics struct {
-	reg    *prometheus.Registry
-	ops    *prometheus.HistogramVec
-	events *prometheus.CounterVec
+	reg     *prometheus.Registry
+	ops     *prometheus.HistogramVec
+	events  *prometheus.CounterVec
+	limited *prometheus.CounterVec
 }
 
 // raftSink bridges hashicorp/raft's go-metrics into one process-wide registry;
@@ -79,7 +80,8 @@ func New(logger *slog.Logger) *Metrics {
 		Name: "dlock_events_total",
 		Help: "State changes applied on this node, by event type and kind (lock, election, session).",
 	}, []string{"type", "kind"})
-	m.reg.MustRegister(m.ops, m.events,
+	m.limited = newLimited()
+	m.reg.MustRegister(m.ops, m.events, m.limited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

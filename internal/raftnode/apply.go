@@ -148,11 +148,12 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 		return nil, ctx.Err()
 	}
 	f := n.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	if err := awaitFuture(ctx, f); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
 			return nil, fmt.Errorf("%w: %v", errRetry, err)
-		case errors.Is(err, raft.ErrLeadershipLost):
+		case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+			// Proposed but not known to be committed or dropped.
 			return nil, fmt.Errorf("%w: %v", errUnknown, err)
 		case errors.Is(err, raft.ErrRaftShutdown):
 			return nil, &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second, Err: err}
@@ -346,5 +347,21 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 100*time.Millisecond)
+	}
+}
+
+// awaitFuture waits for a Raft future, but no longer than ctx. A future that
+// was still queued when Raft shut down is never answered (hashicorp/raft
+// #498), and a goroutine blocked on it would hold up Shutdown forever; the
+// waiting goroutine started here ends when the future is answered, or stays
+// parked on a dead Raft until the process exits.
+func awaitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for raft: %w", ctx.Err())
 	}
 }

@@ -257,7 +257,7 @@ func (n *Node) promoteCaughtUp(ctx context.Context) {
 			continue
 		}
 		membershipMu.Lock()
-		err = n.raft.AddVoter(s.ID, s.Address, 0, 10*time.Second).Error()
+		err = awaitFuture(ctx, n.raft.AddVoter(s.ID, s.Address, 0, 10*time.Second))
 		membershipMu.Unlock()
 		if err != nil {
 			n.logger.Warn("promoting caught-up member failed; will retry", "member", s.ID, "err", err)

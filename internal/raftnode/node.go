@@ -6,6 +6,7 @@ package raftnode
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,10 @@ type Config struct {
 	APIAddr string
 	// InitialCluster maps node id to raft address; used only on first start.
 	InitialCluster map[string]string
+	// PeerTLS, when set, puts the raft port (Raft and forwarding) behind
+	// mutual TLS, for accepting and dialling alike; see securePeers. Build
+	// it with tlsconfig.Peer. Nil means plaintext.
+	PeerTLS *tls.Config
 
 	LogStore          LogStoreKind
 	SnapshotThreshold uint64
@@ -192,8 +197,8 @@ func Open(cfg Config) (*Node, error) {
 		ln.Close()
 		return nil, fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
 	}
+	ln, dial := securePeers(ln, sourceDialer(cfg.RaftAddr), cfg.PeerTLS)
 	n.mux = NewMux(ln, adv, n.logger)
-	dial := sourceDialer(cfg.RaftAddr)
 	n.mux.Dialer = dial
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); _ = n.mux.Serve() }()
@@ -257,6 +262,7 @@ func Open(cfg Config) (*Node, error) {
 		IdleConnTimeout:     90 * time.Second,
 	}}
 	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
+	limitForwardServer(n.fwdServer)
 	n.wg.Add(3)
 	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
 	go func() { defer n.wg.Done(); n.followLeadership() }()
@@ -329,7 +335,7 @@ func (n *Node) followLeadership() {
 // then starts the reaper from that state and opens the node for writes.
 func (n *Node) becomeReady(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := n.raft.Barrier(5 * time.Second).Error(); err != nil {
+		if err := awaitFuture(ctx, n.raft.Barrier(5*time.Second)); err != nil {
 			n.logger.Warn("leader barrier failed; retrying", "err", err)
 			select {
 			case <-ctx.Done():
@@ -351,7 +357,7 @@ func (n *Node) becomeReady(ctx context.Context) {
 				}
 			}
 		})
-		if err := n.ensureTokenKey(); err != nil {
+		if err := n.ensureTokenKey(ctx); err != nil {
 			n.logger.Warn("installing the token-signing key failed; retrying", "err", err)
 			select {
 			case <-ctx.Done():
@@ -371,7 +377,7 @@ func (n *Node) becomeReady(ctx context.Context) {
 // before this leader serves any grant, so every grant carries a proof. The
 // seed is drawn here, outside the state machine; a racing proposal from an
 // earlier leader makes this one a no-op (the FSM keeps the first key).
-func (n *Node) ensureTokenKey() error {
+func (n *Node) ensureTokenKey(ctx context.Context) error {
 	has := false
 	n.fsm.Read(func(s *state.State) { _, _, has = s.SigningKey() })
 	if has {
@@ -385,7 +391,7 @@ func (n *Node) ensureTokenKey() error {
 	if err != nil {
 		return err
 	}
-	if err := n.raft.Apply(data, 5*time.Second).Error(); err != nil {
+	if err := awaitFuture(ctx, n.raft.Apply(data, 5*time.Second)); err != nil {
 		return fmt.Errorf("propose the token key: %w", err)
 	}
 	n.logger.Info("installed the cluster's token-signing key")
@@ -484,11 +490,11 @@ func checkLogStoreKind(dir string, kind LogStoreKind) error {
 // sourceDialer dials peers from the host of the raft listen address when that
 // is a specific IP, so a multi-homed node talks to its peers from the address
 // they know it by (and a test proxy can tell nodes apart by source address).
-func sourceDialer(listen string) DialFunc {
+func sourceDialer(listen string) *net.Dialer {
 	d := &net.Dialer{Timeout: 10 * time.Second}
 	host, _, err := net.SplitHostPort(listen)
 	if ip := net.ParseIP(host); err == nil && ip != nil && !ip.IsUnspecified() {
 		d.LocalAddr = &net.TCPAddr{IP: ip}
 	}
-	return d.DialContext
+	return d
 }

@@ -6,19 +6,21 @@ package raftnode
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 )
 
 // Connection type bytes. Every connection to the raft port starts with one of
-// these so a single port (one firewall rule, one TLS config later) can serve
+// these so a single port (one firewall rule, one TLS config) can serve
 // both protocols; this is the scheme Consul and Nomad use on their RPC port.
 const (
 	ConnRaft    byte = 'R' // hashicorp/raft NetworkTransport RPCs
@@ -39,16 +41,17 @@ type DialFunc func(ctx context.Context, network, address string) (net.Conn, erro
 // Mux accepts connections on the node's raft port and routes each one to the
 // Raft stream layer or the forward listener based on its first byte.
 //
-// The listener given to NewMux may be a TLS listener: the type byte is read
-// through the net.Conn it returns, so it would be read after the handshake.
-// Outbound Raft dials go through Dialer, which is the hook for the matching
-// client side.
+// The listener given to NewMux may be a TLS listener (securePeers): the
+// handshake then runs first, under HandshakeTimeout, and the type byte is
+// read through the TLS connection. Outbound Raft dials go through Dialer,
+// the matching client side.
 //
 // The exported fields must be set before Serve is called and before
 // RaftLayer is used; they are not guarded against concurrent change.
 type Mux struct {
 	// HandshakeTimeout bounds how long an accepted connection may take to
-	// send its type byte, so silent or slow clients cannot pin goroutines.
+	// finish its TLS handshake (if any) and send its type byte, so silent or
+	// slow clients cannot pin goroutines.
 	HandshakeTimeout time.Duration
 
 	// HandoffTimeout bounds how long a classified connection waits for its
@@ -74,6 +77,10 @@ type Mux struct {
 
 	mu     sync.Mutex
 	closed bool // guards Serve starting after Close
+
+	// lastTLSWarn (unix nanoseconds) spaces out warnings about failed
+	// handshakes: a misconfigured peer retries many times a second.
+	lastTLSWarn atomic.Int64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -172,8 +179,13 @@ func (m *Mux) route(conn net.Conn) {
 		return
 	}
 	if err != nil {
-		m.logger.Debug("raft port: dropping connection that sent no type byte",
-			"remote", conn.RemoteAddr().String(), "error", err)
+		var herr *handshakeError
+		if errors.As(err, &herr) {
+			m.refusedHandshake(conn, herr)
+		} else {
+			m.logger.Debug("raft port: dropping connection that sent no type byte",
+				"remote", conn.RemoteAddr().String(), "error", err)
+		}
 		_ = conn.Close()
 		return
 	}
@@ -207,8 +219,14 @@ func (m *Mux) route(conn net.Conn) {
 }
 
 func (m *Mux) readType(conn net.Conn) (byte, error) {
-	if err := conn.SetReadDeadline(time.Now().Add(m.HandshakeTimeout)); err != nil {
+	// Both directions: a TLS handshake writes as well as reads.
+	if err := conn.SetDeadline(time.Now().Add(m.HandshakeTimeout)); err != nil {
 		return 0, err
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		if err := tc.Handshake(); err != nil {
+			return 0, &handshakeError{err}
+		}
 	}
 	var b [1]byte
 	// Read exactly one byte straight from conn, never through a buffer, so
@@ -217,10 +235,31 @@ func (m *Mux) readType(conn net.Conn) (byte, error) {
 		return 0, err
 	}
 	// Clear the deadline: the new owner sets its own.
-	if err := conn.SetReadDeadline(time.Time{}); err != nil {
+	if err := conn.SetDeadline(time.Time{}); err != nil {
 		return 0, err
 	}
 	return b[0], nil
+}
+
+// handshakeError is a failed TLS handshake on the raft port.
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "TLS handshake: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+// refusedHandshake reports a peer refused by TLS: at warn level at most once
+// every 10 s (it is a misconfiguration the operator must fix, but the peer
+// retries at Raft's pace), at debug level otherwise.
+func (m *Mux) refusedHandshake(conn net.Conn, err error) {
+	now := time.Now().UnixNano()
+	last := m.lastTLSWarn.Load()
+	if now-last >= int64(10*time.Second) && m.lastTLSWarn.CompareAndSwap(last, now) {
+		m.logger.Warn("raft port: refused a connection whose TLS handshake failed; is the peer a plaintext node, or is its certificate not a node certificate signed by this node's --peer-ca?",
+			"remote", conn.RemoteAddr().String(), "error", err)
+		return
+	}
+	m.logger.Debug("raft port: refused a connection whose TLS handshake failed",
+		"remote", conn.RemoteAddr().String(), "error", err)
 }
 
 // Close stops Serve, closes the listener, makes both sub-listeners' Accept

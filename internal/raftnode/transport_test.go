@@ -26,6 +26,12 @@ func startMux(t *testing.T) *Mux {
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
+	return startMuxOn(t, ln)
+}
+
+// startMuxOn is startMux on a given listener (a TLS one, say).
+func startMuxOn(t *testing.T, ln net.Listener) *Mux {
+	t.Helper()
 	m := NewMux(ln, nil, nil)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- m.Serve() }()

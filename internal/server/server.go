@@ -6,6 +6,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/tlsconfig"
 	"github.com/dlock/dlock/internal/watch"
 	"github.com/dlock/dlock/internal/wsapi"
 )
@@ -44,10 +46,21 @@ type Config struct {
 	LeaveOnShutdown bool
 	// EnablePprof serves Go's profiler at /debug/pprof/ on the API port.
 	EnablePprof bool
+	// TLS, when set, serves the HTTP and gRPC APIs over TLS (build it with
+	// tlsconfig.API); JoinTLS is the client side of Join requests to https
+	// URLs (tlsconfig.JoinClient; nil trusts the system roots). Peer mTLS
+	// is Raft.PeerTLS.
+	TLS, JoinTLS *tls.Config
 	// WatchHistory is how many events each node keeps for watches that resume
 	// from a revision; WatchBuffer how many a watcher may fall behind.
 	WatchHistory, WatchBuffer int
-	Logger                    *slog.Logger
+	// Limits are the abuse limits and listener timeouts (limits.go).
+	Limits Limits
+	// ACL enforces ACL tokens on every API call (docs/security.md);
+	// ACLToken is this node's own token, sent when it joins a cluster.
+	ACL      bool
+	ACLToken string
+	Logger   *slog.Logger
 }
 
 // Server is one running node.
@@ -71,6 +84,7 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
@@ -82,6 +96,7 @@ func Start(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("listen for gRPC on %s: %w (is the port in use?)", cfg.GRPCAddr, err)
 		}
 	}
+	ln, grpcLn = apiTLS(ln, grpcLn, cfg.TLS)
 	rc := cfg.Raft
 	if rc.APIAddr == "" {
 		rc.APIAddr = ln.Addr().String()
@@ -101,12 +116,16 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	svc := service.New(node, hub, cfg.Logger)
+	svc.EnableACL(cfg.ACL)
 	svc.SetRecorder(mtr)
+	svc.SetLimits(cfg.Limits.Service)
 	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
-	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof)})
-	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes})
+	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
+		WriteTimeout: cfg.Limits.WriteTimeout})
+	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes,
+		MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited})
 	s.http = &http.Server{
 		// The WebSocket endpoint is matched on the exact escaped path, so
 		// httpapi keeps its own routing (no ServeMux path cleaning).
@@ -117,10 +136,9 @@ func Start(cfg Config) (*Server, error) {
 			}
 			api.ServeHTTP(w, r)
 		}),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 	}
+	cfg.Limits.applyHTTP(s.http)
 	go func() {
 		defer close(s.done)
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -129,7 +147,7 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if grpcLn != nil {
 		s.grpcLn = grpcLn
-		s.grpc = grpcapi.New(svc, s.logger, grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes)})
+		s.grpc = grpcapi.New(svc, s.logger, grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc()})
 		go func() {
 			if err := s.grpc.Serve(grpcLn); err != nil {
 				s.logger.Error("gRPC server stopped", "err", err)
@@ -155,7 +173,7 @@ func (s *Server) join(ctx context.Context, id, raftAddr string) {
 		raftAddr = s.cfg.Raft.RaftAddr
 	}
 	body, _ := json.Marshal(service.MemberRequest{ID: id, RaftAddr: raftAddr})
-	client := &http.Client{Timeout: 30 * time.Second}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: tlsconfig.HTTPTransport(s.cfg.JoinTLS)}
 	backoff := 200 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		for _, base := range s.cfg.Join {
@@ -165,6 +183,9 @@ func (s *Server) join(ctx context.Context, id, raftAddr string) {
 				continue
 			}
 			req.Header.Set("Content-Type", "application/json")
+			if s.cfg.ACLToken != "" {
+				req.Header.Set("Authorization", "Bearer "+s.cfg.ACLToken)
+			}
 			res, err := client.Do(req)
 			if err == nil {
 				msg, _ := io.ReadAll(io.LimitReader(res.Body, 4096))

@@ -3,11 +3,18 @@ package service
 import (
 	"context"
 
+	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
 )
 
 // AddMember adds a node to the cluster through the leader.
 func (s *Service) AddMember(ctx context.Context, req MemberRequest) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
 	if err := checkID("id", req.ID, true); err != nil {
 		return nil, err
 	}
@@ -22,6 +29,12 @@ func (s *Service) AddMember(ctx context.Context, req MemberRequest) (*ClusterInf
 
 // RemoveMember removes a node through the leader, refusing to lose quorum.
 func (s *Service) RemoveMember(ctx context.Context, id string) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
 	if err := checkID("id", id, true); err != nil {
 		return nil, err
 	}
@@ -33,6 +46,12 @@ func (s *Service) RemoveMember(ctx context.Context, id string) (*ClusterInfo, er
 
 // TransferLeadership hands leadership to another voter.
 func (s *Service) TransferLeadership(ctx context.Context, req TransferRequest) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
 	if err := checkID("id", req.ID, false); err != nil {
 		return nil, err
 	}
@@ -45,6 +64,12 @@ func (s *Service) TransferLeadership(ctx context.Context, req TransferRequest) (
 // Snapshot returns a consistent copy of the whole replicated state, as of a
 // linearizable read, in the snapshot format (for `dlock snapshot save`).
 func (s *Service) Snapshot(ctx context.Context) ([]byte, uint64, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, 0, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, 0, err
+	}
 	if err := s.node.LinearizableRead(ctx); err != nil {
 		return nil, 0, err
 	}

@@ -23,11 +23,17 @@ func electionView(ei state.ElectionInfo, rev uint64) ElectionView {
 // Campaign waits to become the election's leader.
 func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *CampaignResponse, err error) {
 	defer s.observe("campaign", time.Now(), &err)
+	if err = s.admit(ctx, req.CandidateID); err != nil {
+		return nil, err
+	}
 	name, err := normalize(req.Name)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkID("candidate_id", req.CandidateID, true); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
 		return nil, err
 	}
 	g, err := s.acquire(ctx, acquireArgs{key: command.ElectionKey(name), what: "election", clientID: req.CandidateID,
@@ -47,8 +53,14 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 // GetElection returns the election's leader (or none). Linearizable unless stale.
 func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *ElectionView, err error) {
 	defer s.observe("get_election", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
 	n, err := normalize(name)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermRead, n, ""); err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, stale); err != nil {
@@ -85,8 +97,14 @@ func (s *Service) checkProof(p *holderProof, idField string) (string, command.Le
 // Proclaim changes the leader's value.
 func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (_ *ProclaimResponse, err error) {
 	defer s.observe("proclaim", time.Now(), &err)
+	if err = s.admit(ctx, req.CandidateID); err != nil {
+		return nil, err
+	}
 	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
 		return nil, err
 	}
 	if len(req.Value) > command.MaxValueLen {
@@ -106,8 +124,14 @@ func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (_ *Proclai
 // Resign gives up leadership; the next campaigner in line is elected at once.
 func (s *Service) Resign(ctx context.Context, req ResignRequest) (_ *ResignResponse, err error) {
 	defer s.observe("resign", time.Now(), &err)
+	if err = s.admit(ctx, req.CandidateID); err != nil {
+		return nil, err
+	}
 	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
 		return nil, err
 	}
 	resp, err := s.node.Apply(ctx, envelope(req.CandidateID, req.RequestID,
@@ -124,8 +148,14 @@ func (s *Service) Resign(ctx context.Context, req ResignRequest) (_ *ResignRespo
 // RenewElection extends the lease of an election's leader.
 func (s *Service) RenewElection(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
 	defer s.observe("election_renew", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermElect, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	return s.renew(ctx, req, command.ElectionKey(name), id)

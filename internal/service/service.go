@@ -45,6 +45,8 @@ type Service struct {
 	logger  *slog.Logger
 	rec     Recorder
 	signer  atomic.Pointer[signer]
+	aclOn   bool
+	lim     *limiter // nil: no limits (SetLimits)
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -165,11 +167,17 @@ func holderView(h command.Holder) *Holder {
 // Acquire takes a lock, or waits for it in FIFO order when WaitTimeoutMs > 0.
 func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireResponse, err error) {
 	defer s.observe("acquire", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	name, err := normalize(req.Name)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
@@ -246,11 +254,18 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 		}
 		body.TTLms = a.ttlMs
 	}
+	counts, err := s.checkCaps(a, !body.Session)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := s.node.Apply(ctx, envelope(a.clientID, a.requestID, body))
 	if err != nil {
 		return nil, err
 	}
 	r := resp.Result
+	if counts && (r.Status == command.StatusOK || r.Status == command.StatusQueued) {
+		s.leaseCreated(a.clientID)
+	}
 	switch r.Status {
 	case command.StatusOK:
 		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision}, nil
@@ -377,8 +392,14 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 // Release gives a lock back and hands it to the next waiter.
 func (s *Service) Release(ctx context.Context, req ReleaseRequest) (_ *ReleaseResponse, err error) {
 	defer s.observe("release", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Release{Name: name, LeaseID: id, Token: req.FencingToken}))
@@ -394,8 +415,14 @@ func (s *Service) Release(ctx context.Context, req ReleaseRequest) (_ *ReleaseRe
 // Renew extends the lease that holds a lock.
 func (s *Service) Renew(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
 	defer s.observe("renew", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	return s.renew(ctx, req, name, id)
@@ -434,8 +461,14 @@ func lockView(li state.LockInfo, rev uint64) LockView {
 // GetLock returns one lock. Linearizable unless stale.
 func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *LockView, err error) {
 	defer s.observe("get_lock", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
 	n, err := normalize(name)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermRead, n, ""); err != nil {
 		return nil, err
 	}
 	if err := s.read(ctx, stale); err != nil {
@@ -449,9 +482,15 @@ func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *Lock
 // ListLocks lists locks by prefix, a page at a time.
 func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListResponse, err error) {
 	defer s.observe("list_locks", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
 	prefix, err := command.ValidatePrefix(req.Prefix)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
+	}
+	if err := s.authorize(ctx, command.PermRead, prefix, ""); err != nil {
+		return nil, err
 	}
 	after := req.After
 	if after != "" {
@@ -483,13 +522,23 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListRespon
 // CreateSession creates an explicit session.
 func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (_ *SessionResponse, err error) {
 	defer s.observe("session_create", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	if err := checkID("client_id", req.ClientID, true); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, 0, "", req.ClientID); err != nil {
 		return nil, err
 	}
 	if err := checkID("request_id", req.RequestID, false); err != nil {
 		return nil, err
 	}
 	if err := checkTTL(req.TTLms, true); err != nil {
+		return nil, err
+	}
+	counts, err := s.checkSessionCap(req.ClientID, req.RequestID)
+	if err != nil {
 		return nil, err
 	}
 	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms}))
@@ -499,6 +548,9 @@ func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (
 	r := resp.Result
 	if r.Status != command.StatusOK {
 		return nil, statusErr(r, "create session")
+	}
+	if counts {
+		s.leaseCreated(req.ClientID)
 	}
 	return &SessionResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision}, nil
 }
@@ -514,11 +566,17 @@ func (s *Service) sessionID(v string) (command.LeaseID, error) {
 // KeepAlive renews a session.
 func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *SessionResponse, err error) {
 	defer s.observe("session_keepalive", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	id, err := s.sessionID(req.SessionID)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkID("client_id", req.ClientID, false); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, 0, "", req.ClientID); err != nil {
 		return nil, err
 	}
 	if err := checkID("request_id", req.RequestID, false); err != nil {
@@ -538,6 +596,9 @@ func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *Sessi
 // DeleteSession ends a session, releasing its locks and dropping its waits.
 func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (_ *DeleteSessionResponse, err error) {
 	defer s.observe("session_delete", time.Now(), &err)
+	if err = s.admit(ctx, req.ClientID); err != nil {
+		return nil, err
+	}
 	id, err := s.sessionID(req.SessionID)
 	if err != nil {
 		return nil, err
@@ -545,9 +606,13 @@ func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (
 	if err := checkID("client_id", req.ClientID, false); err != nil {
 		return nil, err
 	}
+	if err := s.authorize(ctx, 0, "", req.ClientID); err != nil {
+		return nil, err
+	}
 	if err := checkID("request_id", req.RequestID, false); err != nil {
 		return nil, err
 	}
+	counts := s.countsLeases(req.ClientID, req.RequestID)
 	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.DeleteSession{LeaseID: id}))
 	if err != nil {
 		return nil, err
@@ -555,17 +620,32 @@ func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (
 	if resp.Result.Status != command.StatusOK {
 		return nil, statusErr(resp.Result, "delete session")
 	}
+	if counts {
+		s.leaseDeleted(req.ClientID)
+	}
 	return &DeleteSessionResponse{Deleted: true, Revision: resp.Result.Revision}, nil
 }
 
 // Cluster describes the cluster as this node sees it.
 func (s *Service) Cluster(ctx context.Context) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, 0, "", ""); err != nil {
+		return nil, err
+	}
 	return s.cluster(ctx, false)
 }
 
 // ClusterHealth is Cluster plus a probe of every member (reachable, applied
 // index, round trip), for operators; it takes up to memberProbeTimeout.
 func (s *Service) ClusterHealth(ctx context.Context) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, 0, "", ""); err != nil {
+		return nil, err
+	}
 	return s.cluster(ctx, true)
 }
 

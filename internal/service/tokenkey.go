@@ -50,6 +50,9 @@ func (s *Service) proof(key string, token uint64, clientID, leaseRef string) str
 // one and the retired ones still kept.
 func (s *Service) TokenKeys(ctx context.Context) (_ *fence.KeySetDocument, err error) {
 	defer s.observe("token_keys", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
 	var keys []state.TokenKey
 	s.fsm.Read(func(st *state.State) { keys = st.TokenKeys() })
 	doc := &fence.KeySetDocument{Keys: []fence.KeyInfo{}}
@@ -64,6 +67,12 @@ func (s *Service) TokenKeys(ctx context.Context) (_ *fence.KeySetDocument, err e
 // state.MaxTokenKeys keys.
 func (s *Service) RotateTokenKey(ctx context.Context) (_ *fence.KeySetDocument, err error) {
 	defer s.observe("rotate_token_key", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
 	body := &command.SetTokenKey{Rotate: true}
 	if _, err := rand.Read(body.Seed[:]); err != nil {
 		return nil, fmt.Errorf("draw a token key: %w", err)

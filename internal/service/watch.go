@@ -17,13 +17,21 @@ type Watcher struct {
 	// Revision is the newest revision this node had applied when the watch
 	// started.
 	Revision uint64
+	// release gives back the stream's watcher slot (--max-watchers).
+	release func()
 }
 
 // Events delivers events in revision order; it is closed when the stream ends.
 func (w *Watcher) Events() <-chan watch.Event { return w.sub.Events() }
 
-// Close ends the stream.
-func (w *Watcher) Close() { w.sub.Close() }
+// Close ends the stream. Every watcher must be closed, even one that ended by
+// itself: that frees its slot under the watcher limits.
+func (w *Watcher) Close() {
+	w.sub.Close()
+	if w.release != nil {
+		w.release()
+	}
+}
 
 // Err says why the stream ended, as a client-facing error (nil if closed by Close).
 func (w *Watcher) Err() error { return watchErr(w.sub.Err()) }
@@ -55,16 +63,27 @@ func Event(e watch.Event) WatchEvent {
 // Served from this node's own applied log: followers see the same events in the
 // same order as the leader. A revision older than the kept history is answered
 // with `compacted`.
-func (s *Service) Watch(_ context.Context, req WatchRequest) (*Watcher, error) {
+func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
 	prefix, err := command.ValidatePrefix(req.Prefix)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
 	}
+	if err := s.authorize(ctx, command.PermWatch, prefix, ""); err != nil {
+		return nil, err
+	}
+	release, err := s.watchSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
 	sub, cur, err := s.hub.Subscribe(watch.Filter{Prefix: prefix}, req.FromRevision)
 	if err != nil {
+		release()
 		return nil, watchErr(err)
 	}
-	return &Watcher{sub: sub, Revision: cur}, nil
+	return &Watcher{sub: sub, Revision: cur, release: release}, nil
 }
 
 // Observe follows one election: it returns the current view and a stream of
@@ -72,11 +91,21 @@ func (s *Service) Watch(_ context.Context, req WatchRequest) (*Watcher, error) {
 // view is read and the stream opened at the same revision, so nothing is
 // missed in between.
 func (s *Service) Observe(ctx context.Context, name string, stale bool) (*ElectionView, *Watcher, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, nil, err
+	}
 	n, err := normalize(name)
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := s.authorize(ctx, command.PermWatch, n, ""); err != nil {
+		return nil, nil, err
+	}
 	if err := s.read(ctx, stale); err != nil {
+		return nil, nil, err
+	}
+	release, err := s.watchSlot(ctx)
+	if err != nil {
 		return nil, nil, err
 	}
 	var view ElectionView
@@ -88,9 +117,10 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 		sub, _, err = s.hub.Subscribe(watch.Filter{Kind: "election", Name: n}, 0)
 	})
 	if err != nil {
+		release()
 		return nil, nil, watchErr(err)
 	}
-	return &view, &Watcher{sub: sub, Revision: view.Revision}, nil
+	return &view, &Watcher{sub: sub, Revision: view.Revision, release: release}, nil
 }
 
 // NextView applies one election event to a view.

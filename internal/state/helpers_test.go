@@ -200,6 +200,22 @@ func dump(s *State) string {
 		mids = append(mids, m)
 	}
 	sort.Strings(mids)
+	for _, t := range s.ACLTokens() {
+		b = append(b, "\nacl "...)
+		b = hex.AppendEncode(b, t.AccessorID[:])
+		b = append(b, ' ')
+		b = hex.AppendEncode(b, t.SecretHash[:])
+		b = append(b, ' ')
+		str(t.Description)
+		inum(t.CreatedAt)
+		for _, r := range t.Rules {
+			str(r.Prefix)
+			num(uint64(r.Perms))
+		}
+		for _, c := range t.ClientIDs {
+			str(c)
+		}
+	}
 	for _, k := range s.tokenKeys {
 		b = append(b, "\ntokenkey "...)
 		b = hex.AppendEncode(b, k.ID[:])

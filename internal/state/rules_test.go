@@ -1222,3 +1222,77 @@ func TestTokenKeyBootstrapAndRotation(t *testing.T) {
 		t.Fatalf("%d keys kept, want %d", n, MaxTokenKeys)
 	}
 }
+
+func TestACLTokens(t *testing.T) {
+	h := newHarness(t)
+	root := &command.SetACLToken{AccessorID: [16]byte{1}, SecretHash: [32]byte{1}, Description: "root",
+		Rules: []command.ACLRule{{Prefix: "", Perms: command.PermAll}}, Bootstrap: true}
+	if r := h.do("admin", root); r.Status != command.StatusOK {
+		t.Fatalf("bootstrap: %+v", r)
+	}
+	// A second bootstrap is refused: only the first one wins.
+	again := *root
+	again.AccessorID, again.SecretHash = [16]byte{9}, [32]byte{9}
+	if r := h.do("admin", &again); r.Status != command.StatusInvalid {
+		t.Fatalf("second bootstrap: %+v", r)
+	}
+	worker := &command.SetACLToken{AccessorID: [16]byte{2}, SecretHash: [32]byte{2},
+		Rules: []command.ACLRule{{Prefix: "billing/", Perms: command.PermLock | command.PermRead}}, ClientIDs: []string{"worker-*", "cron"}}
+	if r := h.do("admin", worker); r.Status != command.StatusOK {
+		t.Fatalf("worker token: %+v", r)
+	}
+	tok, ok := h.s.ACLTokenBySecret([32]byte{2})
+	if !ok {
+		t.Fatal("worker token not found by secret")
+	}
+	for _, c := range []struct {
+		perm uint8
+		name string
+		want bool
+	}{
+		{command.PermLock, "billing/job", true},
+		{command.PermRead, "billing/", true},
+		{command.PermLock, "payments/job", false},
+		{command.PermElect, "billing/job", false},
+		{command.PermLock | command.PermRead, "billing/x", true},
+		{command.PermAdmin, "", false},
+	} {
+		if got := tok.Allows(c.perm, c.name); got != c.want {
+			t.Errorf("Allows(%b, %q) = %v", c.perm, c.name, got)
+		}
+	}
+	for id, want := range map[string]bool{"worker-1": true, "worker-": true, "cron": true, "cronx": false, "other": false} {
+		if tok.AllowsClient(id) != want {
+			t.Errorf("AllowsClient(%q) != %v", id, want)
+		}
+	}
+	// Another token may not take an existing secret.
+	thief := &command.SetACLToken{AccessorID: [16]byte{3}, SecretHash: [32]byte{2}, Rules: worker.Rules}
+	if r := h.do("admin", thief); r.Status != command.StatusInvalid {
+		t.Fatalf("secret reuse: %+v", r)
+	}
+	for _, bad := range []*command.SetACLToken{
+		{SecretHash: [32]byte{4}, Rules: worker.Rules},
+		{AccessorID: [16]byte{4}, Rules: worker.Rules},
+		{AccessorID: [16]byte{4}, SecretHash: [32]byte{4}, Rules: []command.ACLRule{{Prefix: "x"}}},
+		{AccessorID: [16]byte{4}, SecretHash: [32]byte{4}, Rules: []command.ACLRule{{Perms: 0x40}}},
+		{AccessorID: [16]byte{4}, SecretHash: [32]byte{4}, ClientIDs: []string{""}},
+	} {
+		if r := h.do("admin", bad); r.Status != command.StatusInvalid {
+			t.Errorf("%+v accepted: %+v", bad, r)
+		}
+	}
+	// Revocation is immediate in the state.
+	if r := h.do("admin", &command.DeleteACLToken{AccessorID: [16]byte{2}}); r.Status != command.StatusOK {
+		t.Fatalf("revoke: %+v", r)
+	}
+	if _, ok := h.s.ACLTokenBySecret([32]byte{2}); ok {
+		t.Fatal("a revoked token still resolves")
+	}
+	if r := h.do("admin", &command.DeleteACLToken{AccessorID: [16]byte{2}}); r.Status == command.StatusOK {
+		t.Fatal("revoking twice succeeded")
+	}
+	if n := len(h.s.ACLTokens()); n != 1 {
+		t.Fatalf("%d tokens left, want 1", n)
+	}
+}

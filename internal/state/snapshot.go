@@ -14,8 +14,9 @@ import (
 var snapshotMagic = []byte("DLSNAP")
 
 // snapshotVersion 2 added lock and waiter values (elections), version 3 the
-// token-signing keys; older snapshots are still read.
-const snapshotVersion = 3
+// token-signing keys, version 4 the ACL tokens; older snapshots are still
+// read.
+const snapshotVersion = 4
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -83,6 +84,7 @@ func (s *State) Snapshot() []byte {
 		command.EncodeResult(w, &e.result)
 	})
 	s.writeTokenKeys(w)
+	s.writeACL(w)
 	return w.Buf
 }
 
@@ -205,6 +207,11 @@ func Restore(b []byte) (*State, error) {
 	}
 	if v >= 3 && r.Err() == nil {
 		if err := s.readTokenKeys(r); err != nil {
+			return nil, fmt.Errorf("restore snapshot: %w", err)
+		}
+	}
+	if v >= 4 && r.Err() == nil {
+		if err := s.readACL(r); err != nil {
 			return nil, fmt.Errorf("restore snapshot: %w", err)
 		}
 	}

@@ -25,6 +25,7 @@ type rawSnap struct {
 	locks     []rawLock
 	dedup     []rawDedup
 	keys      []TokenKey
+	acl       []ACLToken
 }
 
 type rawLease struct {
@@ -122,12 +123,30 @@ func (r *rawSnap) encode() []byte {
 			w.Bool(k.Current)
 		}
 	}
+	if r.version >= 4 {
+		w.Uvarint(uint64(len(r.acl)))
+		for _, t := range r.acl {
+			w.Fixed(t.AccessorID[:])
+			w.Fixed(t.SecretHash[:])
+			w.String(t.Description)
+			w.Varint(t.CreatedAt)
+			w.Uvarint(uint64(len(t.Rules)))
+			for _, rl := range t.Rules {
+				w.String(rl.Prefix)
+				w.Byte(rl.Perms)
+			}
+			w.Uvarint(uint64(len(t.ClientIDs)))
+			for _, c := range t.ClientIDs {
+				w.String(c)
+			}
+		}
+	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 3, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 4, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.CreatedAt})
@@ -145,6 +164,7 @@ func toRaw(s *State) *rawSnap {
 		r.dedup = append(r.dedup, rawDedup{e.key.client, e.key.request, e.result})
 	}
 	r.keys = append(r.keys, s.tokenKeys...)
+	r.acl = s.ACLTokens()
 	return r
 }
 
@@ -167,6 +187,10 @@ func sampleState(t testing.TB) *State {
 	h.do("c7", &command.Acquire{Name: command.ElectionKey("db"), LeaseID: lid(7), TTLms: 5000, WaitMs: 9000, Value: "10.0.0.7:5432"})
 	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{1}})
 	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{2}, Rotate: true})
+	h.do("admin", &command.SetACLToken{AccessorID: [16]byte{2}, SecretHash: [32]byte{2}, Description: "root",
+		Rules: []command.ACLRule{{Prefix: "", Perms: command.PermAll}}, Bootstrap: true})
+	h.do("admin", &command.SetACLToken{AccessorID: [16]byte{1}, SecretHash: [32]byte{1}, Description: "worker",
+		Rules: []command.ACLRule{{Prefix: "billing/", Perms: command.PermLock | command.PermRead}}, ClientIDs: []string{"worker-*"}})
 	return h.s
 }
 
@@ -212,9 +236,9 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 			r.locks[i].queue[j].value = ""
 		}
 	}
-	r.keys = nil
+	r.keys, r.acl = nil, nil
 	want := toRaw(s)
-	want.keys = nil
+	want.keys, want.acl = nil, nil
 	for i := range want.locks {
 		want.locks[i].value = ""
 		for j := range want.locks[i].queue {
@@ -246,9 +270,18 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 4":       raw(func(r *rawSnap) { r.version = 4 }),
-		"v3 body as v2": func() []byte {
+		"version 5":       raw(func(r *rawSnap) { r.version = 5 }),
+		"v4 body as v3": func() []byte {
 			b := raw(func(r *rawSnap) {})
+			b[6] = 3
+			return b
+		}(),
+		"acl tokens out of order": raw(func(r *rawSnap) { r.acl[0], r.acl[1] = r.acl[1], r.acl[0] }),
+		"acl shared secret":       raw(func(r *rawSnap) { r.acl[1].SecretHash = r.acl[0].SecretHash }),
+		"acl rule without perms":  raw(func(r *rawSnap) { r.acl[0].Rules[0].Perms = 0 }),
+		"acl unknown perm":        raw(func(r *rawSnap) { r.acl[0].Rules[0].Perms = 0x80 }),
+		"v3 body as v2": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 3 })
 			b[6] = 2
 			return b
 		}(),

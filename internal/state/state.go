@@ -104,6 +104,9 @@ type State struct {
 	members   map[string]Member
 	tokenKeys []TokenKey // oldest first; the newest may be current
 
+	aclTokens   map[[16]byte]*ACLToken
+	aclBySecret map[[32]byte][16]byte
+
 	dedup      map[dedupKey]int // key -> position in dedupRing
 	dedupRing  []dedupEntry     // insertion order; dedupHead is the oldest
 	dedupHead  int
@@ -122,6 +125,9 @@ func New() *State {
 		leases:  make(map[command.LeaseID]*Lease),
 		members: make(map[string]Member),
 		dedup:   make(map[dedupKey]int),
+
+		aclTokens:   make(map[[16]byte]*ACLToken),
+		aclBySecret: make(map[[32]byte][16]byte),
 	}
 }
 
@@ -227,6 +233,10 @@ func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
 		return s.proclaim(e, b)
 	case *command.SetTokenKey:
 		return s.setTokenKey(b)
+	case *command.SetACLToken:
+		return s.setACLToken(b)
+	case *command.DeleteACLToken:
+		return s.deleteACLToken(b)
 	}
 	return invalid("unknown command")
 }

@@ -80,6 +80,12 @@ type Options struct {
 	// Prepare runs before a node's first start with its data dir and the
 	// cluster's raft addresses (to seed it, e.g. from a snapshot).
 	Prepare func(id, dataDir string, raftAddrs map[string]string)
+	// TLS, when set, serves every API over TLS and puts the raft ports
+	// behind mutual TLS (see NewTLS); URL then gives https URLs and Client
+	// trusts the CA.
+	TLS *TLS
+	// ACL runs every node with --acl (tokens required; docs/security.md).
+	ACL bool
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -89,7 +95,7 @@ func New(t testing.TB, n int) *Cluster { return NewWith(t, n, Options{}) }
 func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, opts: opts, dir: t.TempDir(), raft: map[string]string{}, api: map[string]string{}, grpc: map[string]string{}, servers: map[string]*server.Server{},
-		Client: &http.Client{Timeout: 60 * time.Second}}
+		Client: &http.Client{Timeout: 60 * time.Second, Transport: opts.TLS.transport()}}
 	level := slog.LevelWarn
 	if os.Getenv("DLOCK_TEST_LOG") != "" {
 		level = slog.LevelDebug
@@ -144,7 +150,7 @@ func (c *Cluster) Start(id string) {
 	if c.joiners[id] {
 		rc.InitialCluster = nil
 		for _, other := range c.runningLocked() {
-			join = append(join, "http://"+c.api[other])
+			join = append(join, c.scheme()+c.api[other])
 		}
 	}
 	apiAddr, grpcAddr := c.api[id], c.grpc[id]
@@ -154,14 +160,21 @@ func (c *Cluster) Start(id string) {
 		grpcAddr = "127.0.0.1:0"
 	}
 	c.mu.Unlock()
+	if c.opts.TLS != nil {
+		rc.PeerTLS = c.opts.TLS.Peer(id)
+	}
 	if c.Tune != nil {
 		c.Tune(&rc)
+	}
+	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join, ACL: c.opts.ACL}
+	if c.opts.TLS != nil {
+		cfg.TLS, cfg.JoinTLS = c.opts.TLS.API, c.opts.TLS.Join
 	}
 	var s *server.Server
 	var err error
 	// A just-freed port can linger briefly; retry a few times.
 	for try := 0; try < 50; try++ {
-		s, err = server.Start(server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join})
+		s, err = server.Start(cfg)
 		if err == nil {
 			break
 		}
@@ -274,7 +287,14 @@ func (c *Cluster) runningLocked() []string {
 func (c *Cluster) URL(id string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return "http://" + c.api[id]
+	return c.scheme() + c.api[id]
+}
+
+func (c *Cluster) scheme() string {
+	if c.opts.TLS != nil {
+		return "https://"
+	}
+	return "http://"
 }
 
 // WaitLeader waits until some running node is the ready leader and returns it.

@@ -87,6 +87,7 @@ func (c *conn) handle(b []byte) {
 	select {
 	case c.serial <- m:
 	default:
+		c.h.limited(limitQueue)
 		c.reply(c.ctx, m, nil, apierror.New(apierror.RateLimited,
 			"%d messages are already waiting their turn on this connection (the limit); wait for their answers", cap(c.serial)))
 	}
@@ -223,9 +224,11 @@ func (c *conn) start(m *message) (context.Context, *op, error) {
 	}
 	switch {
 	case m.Op == opAcquire && c.pending >= c.h.opts.MaxPending:
+		c.h.limited(limitAcquires)
 		return nil, nil, apierror.New(apierror.RateLimited, "this connection already has %d acquires in flight (the limit); wait for their answers or open another connection", c.pending)
 	case m.Op == opWatch && c.watches >= c.h.opts.MaxWatches:
-		return nil, nil, apierror.New(apierror.RateLimited, "this connection already has %d open watches (the limit); unwatch one or widen a prefix", c.watches)
+		c.h.limited(limitWatches)
+		return nil, nil, apierror.New(apierror.RateLimited, "this connection already has %d open watches, the most one connection may have (dlock serve --max-watchers-per-conn); unwatch one, widen a prefix, or open another connection", c.watches)
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
 	o := &op{kind: m.Op, cancel: cancel, done: make(chan struct{})}

@@ -68,6 +68,9 @@ type Options struct {
 	// WriteTimeout bounds writing one message (default 10 s); a client that
 	// does not read for that long is disconnected.
 	WriteTimeout time.Duration
+	// Limited, when set, counts each message refused by a per-connection
+	// limit (the metrics).
+	Limited func(limit string)
 }
 
 // Handler serves WebSocket connections. Close ends them all.
@@ -147,13 +150,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	defer h.conns.Done()
 
+	liftDeadlines(w)
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns})
 	if err != nil {
 		h.log.Debug("websocket upgrade refused", "err", err)
 		return
 	}
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
-	ctx, cancel := context.WithCancel(h.ctx)
+	// Every operation on the connection runs with the token it was opened
+	// with (Authorization: Bearer); the service checks it when ACLs are on.
+	ctx, cancel := context.WithCancel(service.WithBearer(h.ctx, bearerOf(r)))
+	ctx = service.WithRemote(ctx, "ws", r.RemoteAddr)
 	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, out: make(chan []byte, outQueue),
 		serial: make(chan *message, h.opts.MaxPending), ops: map[string]*op{}}
 	h.log.Debug("websocket connected", "remote", r.RemoteAddr)
@@ -310,4 +317,12 @@ func errorOf(e *apierror.Error) *errorBody {
 		msg = strings.ReplaceAll(string(e.Code), "_", " ")
 	}
 	return &errorBody{Code: e.Code, Message: msg}
+}
+
+func bearerOf(r *http.Request) string {
+	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(secret)
 }

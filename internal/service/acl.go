@@ -1,0 +1,252 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// ACLs (docs/security.md): with ACLs enabled every call needs a bearer
+// token whose rules grant the permission on the name, and a client_id the
+// token may act as. Tokens live in the replicated state (only the SHA-256 of
+// the secret), so creating or revoking one is a Raft command and every node
+// enforces the same set; the check itself reads this node's applied state.
+
+type bearerKey struct{}
+
+// WithBearer returns a context carrying the caller's token secret (from an
+// Authorization: Bearer header or gRPC metadata); the protocol APIs call it.
+func WithBearer(ctx context.Context, secret string) context.Context {
+	if secret == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, bearerKey{}, secret)
+}
+
+func bearer(ctx context.Context) string {
+	v, _ := ctx.Value(bearerKey{}).(string)
+	return v
+}
+
+// EnableACL turns enforcement on (dlock serve --acl). Call before serving.
+func (s *Service) EnableACL(on bool) { s.aclOn = on }
+
+// ACLEnabled reports whether this node enforces ACLs.
+func (s *Service) ACLEnabled() bool { return s.aclOn }
+
+var permNames = []struct {
+	bit  uint8
+	name string
+}{{command.PermRead, "read"}, {command.PermLock, "lock"}, {command.PermElect, "elect"}, {command.PermWatch, "watch"}, {command.PermAdmin, "admin"}}
+
+func permString(p uint8) string {
+	var out []string
+	for _, n := range permNames {
+		if p&n.bit != 0 {
+			out = append(out, n.name)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// ParsePerms reads permission names ("lock", "read", ...; "all").
+func ParsePerms(names []string) (uint8, error) {
+	var p uint8
+	for _, n := range names {
+		if n == "all" {
+			p |= command.PermAll
+			continue
+		}
+		found := false
+		for _, pn := range permNames {
+			if pn.name == n {
+				p |= pn.bit
+				found = true
+			}
+		}
+		if !found {
+			return 0, fmt.Errorf("unknown permission %q: use read, lock, elect, watch, admin or all", n)
+		}
+	}
+	return p, nil
+}
+
+// authorize checks the caller's token: perm on name (perm 0: any valid
+// token), and clientID ("" skips the check) among the ids it may act as.
+func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID string) error {
+	if !s.aclOn {
+		return nil
+	}
+	secret := bearer(ctx)
+	if secret == "" {
+		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN)")
+	}
+	var tok state.ACLToken
+	var ok bool
+	hash := sha256.Sum256([]byte(secret))
+	s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
+	if !ok {
+		return apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
+	}
+	if perm != 0 && !tok.Allows(perm, name) {
+		s.logger.Warn("acl: permission denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "permission", permString(perm), "name", name)
+		return apierror.New(apierror.PermissionDenied, "this token may not %s %q; ask for a token with a rule granting %q on a prefix of it", permString(perm), name, permString(perm))
+	}
+	if clientID != "" && !tok.AllowsClient(clientID) {
+		s.logger.Warn("acl: client id denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "client_id", clientID)
+		return apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
+	}
+	return nil
+}
+
+// ACLRule is one rule in the API.
+type ACLRule struct {
+	Prefix      string   `json:"prefix"`
+	Permissions []string `json:"permissions"`
+}
+
+// ACLTokenRequest creates a token.
+type ACLTokenRequest struct {
+	Description string    `json:"description,omitempty"`
+	Rules       []ACLRule `json:"rules"`
+	ClientIDs   []string  `json:"client_ids,omitempty"`
+}
+
+// ACLTokenView describes a token; SecretID is only ever returned when the
+// token is created.
+type ACLTokenView struct {
+	AccessorID  string    `json:"accessor_id"`
+	SecretID    string    `json:"secret_id,omitempty"`
+	Description string    `json:"description,omitempty"`
+	Rules       []ACLRule `json:"rules"`
+	ClientIDs   []string  `json:"client_ids,omitempty"`
+	CreatedAt   time.Time `json:"created_at,omitzero"`
+}
+
+// ACLTokenList lists tokens.
+type ACLTokenList struct {
+	Tokens []ACLTokenView `json:"tokens"`
+}
+
+func tokenView(t state.ACLToken) ACLTokenView {
+	v := ACLTokenView{AccessorID: hex.EncodeToString(t.AccessorID[:]), Description: t.Description, ClientIDs: t.ClientIDs, CreatedAt: ms(t.CreatedAt), Rules: []ACLRule{}}
+	for _, r := range t.Rules {
+		var perms []string
+		for _, pn := range permNames {
+			if r.Perms&pn.bit != 0 {
+				perms = append(perms, pn.name)
+			}
+		}
+		v.Rules = append(v.Rules, ACLRule{Prefix: r.Prefix, Permissions: perms})
+	}
+	return v
+}
+
+func randomHex16() (out [16]byte, s string) {
+	if _, err := rand.Read(out[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return out, hex.EncodeToString(out[:])
+}
+
+func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap bool) (*ACLTokenView, error) {
+	body := &command.SetACLToken{Description: req.Description, ClientIDs: req.ClientIDs, Bootstrap: bootstrap}
+	if len(req.Rules) == 0 {
+		return nil, invalid("a token needs at least one rule, e.g. {\"prefix\":\"billing/\",\"permissions\":[\"lock\",\"read\"]}")
+	}
+	for _, r := range req.Rules {
+		p, err := ParsePerms(r.Permissions)
+		if err != nil {
+			return nil, invalid("%v", err)
+		}
+		if p == 0 {
+			return nil, invalid("rule for prefix %q has no permissions", r.Prefix)
+		}
+		body.Rules = append(body.Rules, command.ACLRule{Prefix: strings.TrimPrefix(r.Prefix, "/"), Perms: p})
+	}
+	var secret string
+	body.AccessorID, _ = randomHex16()
+	_, secret = randomHex16()
+	body.SecretHash = sha256.Sum256([]byte(secret))
+	resp, err := s.node.Apply(ctx, envelope("dlock-acl", "", body))
+	if err != nil {
+		return nil, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		if bootstrap {
+			return nil, apierror.New(apierror.PermissionDenied, "ACLs are already bootstrapped: use a management token to create more tokens")
+		}
+		return nil, invalid("%s", resp.Result.Message)
+	}
+	if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
+		return nil, err
+	}
+	v := ACLTokenView{AccessorID: hex.EncodeToString(body.AccessorID[:]), SecretID: secret, Description: req.Description, Rules: req.Rules, ClientIDs: req.ClientIDs}
+	return &v, nil
+}
+
+// ACLBootstrap creates the first management token (all permissions on every
+// name) and returns its secret. It works once: while no token exists.
+func (s *Service) ACLBootstrap(ctx context.Context) (_ *ACLTokenView, err error) {
+	defer s.observe("acl_bootstrap", time.Now(), &err)
+	return s.putToken(ctx, ACLTokenRequest{Description: "bootstrap management token", Rules: []ACLRule{{Prefix: "", Permissions: []string{"all"}}}}, true)
+}
+
+// CreateACLToken creates a token (needs admin).
+func (s *Service) CreateACLToken(ctx context.Context, req ACLTokenRequest) (_ *ACLTokenView, err error) {
+	defer s.observe("acl_token_create", time.Now(), &err)
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
+	if len(req.Description) > state.MaxACLDescription {
+		return nil, invalid("description is over %d bytes", state.MaxACLDescription)
+	}
+	return s.putToken(ctx, req, false)
+}
+
+// ListACLTokens lists tokens without their secrets (needs admin).
+func (s *Service) ListACLTokens(ctx context.Context) (_ *ACLTokenList, err error) {
+	defer s.observe("acl_token_list", time.Now(), &err)
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
+	out := &ACLTokenList{Tokens: []ACLTokenView{}}
+	s.fsm.Read(func(st *state.State) {
+		for _, t := range st.ACLTokens() {
+			out.Tokens = append(out.Tokens, tokenView(t))
+		}
+	})
+	return out, nil
+}
+
+// DeleteACLToken revokes a token (needs admin). It answers once the
+// revocation is applied on this node; the others apply it within
+// milliseconds.
+func (s *Service) DeleteACLToken(ctx context.Context, accessorID string) (err error) {
+	defer s.observe("acl_token_delete", time.Now(), &err)
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return err
+	}
+	var id [16]byte
+	b, derr := hex.DecodeString(accessorID)
+	if derr != nil || len(b) != 16 {
+		return invalid("accessor id must be 32 hex digits (dlock acl token list shows them)")
+	}
+	copy(id[:], b)
+	resp, err := s.node.Apply(ctx, envelope("dlock-acl", "", &command.DeleteACLToken{AccessorID: id}))
+	if err != nil {
+		return err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return apierror.New(apierror.NotFound, "no ACL token with accessor id %s", accessorID)
+	}
+	return s.fsm.WaitApplied(ctx, resp.Index)
+}

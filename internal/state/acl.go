@@ -1,0 +1,215 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/wire"
+)
+
+// ACL limits: the state machine refuses bigger tokens, so a token can never
+// make a snapshot or an entry too large to replicate.
+const (
+	MaxACLTokens      = 10_000
+	MaxACLRules       = 64
+	MaxACLClientIDs   = 64
+	MaxACLDescription = 256
+)
+
+// ACLToken is one access token. Only the SHA-256 of its secret is kept.
+type ACLToken struct {
+	AccessorID  [16]byte
+	SecretHash  [32]byte
+	Description string
+	Rules       []command.ACLRule
+	ClientIDs   []string
+	CreatedAt   int64 // leader ms timestamp of the entry that created it
+}
+
+// Allows reports whether the token grants perm on name.
+func (t *ACLToken) Allows(perm uint8, name string) bool {
+	for _, r := range t.Rules {
+		if r.Perms&perm == perm && strings.HasPrefix(name, r.Prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// AllowsClient reports whether the token may act as clientID.
+func (t *ACLToken) AllowsClient(clientID string) bool {
+	if len(t.ClientIDs) == 0 {
+		return true
+	}
+	for _, p := range t.ClientIDs {
+		if pre, ok := strings.CutSuffix(p, "*"); ok {
+			if strings.HasPrefix(clientID, pre) {
+				return true
+			}
+		} else if p == clientID {
+			return true
+		}
+	}
+	return false
+}
+
+func validACLToken(b *command.SetACLToken) string {
+	switch {
+	case b.AccessorID == [16]byte{}:
+		return "acl token accessor id is empty"
+	case b.SecretHash == [32]byte{}:
+		return "acl token secret hash is empty"
+	case len(b.Description) > MaxACLDescription:
+		return "acl token description too long"
+	case len(b.Rules) > MaxACLRules || len(b.ClientIDs) > MaxACLClientIDs:
+		return "acl token has too many rules or client ids"
+	}
+	for _, r := range b.Rules {
+		if r.Perms == 0 || r.Perms&^command.PermAll != 0 || len(r.Prefix) > command.MaxClientID*2 {
+			return "acl rule has no or unknown permissions, or a too long prefix"
+		}
+	}
+	for _, c := range b.ClientIDs {
+		if c == "" || len(c) > command.MaxClientID {
+			return "acl client id pattern is empty or too long"
+		}
+	}
+	return ""
+}
+
+func (s *State) setACLToken(b *command.SetACLToken) command.Result {
+	if msg := validACLToken(b); msg != "" {
+		return invalid(msg)
+	}
+	if b.Bootstrap && len(s.aclTokens) > 0 {
+		return invalid("ACLs are already bootstrapped")
+	}
+	if other, ok := s.aclBySecret[b.SecretHash]; ok && other != b.AccessorID {
+		return invalid("acl token secret already in use")
+	}
+	old, exists := s.aclTokens[b.AccessorID]
+	if !exists && len(s.aclTokens) >= MaxACLTokens {
+		return invalid("too many acl tokens")
+	}
+	t := &ACLToken{AccessorID: b.AccessorID, SecretHash: b.SecretHash, Description: b.Description,
+		Rules: slices.Clone(b.Rules), ClientIDs: slices.Clone(b.ClientIDs), CreatedAt: s.ts}
+	if exists {
+		t.CreatedAt = old.CreatedAt
+		delete(s.aclBySecret, old.SecretHash)
+	}
+	s.aclTokens[t.AccessorID] = t
+	s.aclBySecret[t.SecretHash] = t.AccessorID
+	s.changed = true
+	return command.Result{Status: command.StatusOK}
+}
+
+func (s *State) deleteACLToken(b *command.DeleteACLToken) command.Result {
+	t, ok := s.aclTokens[b.AccessorID]
+	if !ok {
+		return command.Result{Status: command.StatusNotHolder, Message: "no such acl token"}
+	}
+	delete(s.aclTokens, b.AccessorID)
+	delete(s.aclBySecret, t.SecretHash)
+	s.changed = true
+	return command.Result{Status: command.StatusOK}
+}
+
+// ACLTokenBySecret finds a token by the SHA-256 of its secret.
+func (s *State) ACLTokenBySecret(hash [32]byte) (ACLToken, bool) {
+	id, ok := s.aclBySecret[hash]
+	if !ok {
+		return ACLToken{}, false
+	}
+	return *s.aclTokens[id], true
+}
+
+// ACLTokens lists every token in accessor order.
+func (s *State) ACLTokens() []ACLToken {
+	out := make([]ACLToken, 0, len(s.aclTokens))
+	for _, id := range s.aclIDs() {
+		out = append(out, *s.aclTokens[id])
+	}
+	return out
+}
+
+// ACLBootstrapped reports whether any token exists.
+func (s *State) ACLBootstrapped() bool { return len(s.aclTokens) > 0 }
+
+func (s *State) aclIDs() [][16]byte {
+	ids := make([][16]byte, 0, len(s.aclTokens))
+	for id := range s.aclTokens {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+	return ids
+}
+
+func (s *State) writeACL(w *wire.Writer) {
+	ids := s.aclIDs()
+	w.Uvarint(uint64(len(ids)))
+	for _, id := range ids {
+		t := s.aclTokens[id]
+		w.Fixed(t.AccessorID[:])
+		w.Fixed(t.SecretHash[:])
+		w.String(t.Description)
+		w.Varint(t.CreatedAt)
+		w.Uvarint(uint64(len(t.Rules)))
+		for _, r := range t.Rules {
+			w.String(r.Prefix)
+			w.Byte(r.Perms)
+		}
+		w.Uvarint(uint64(len(t.ClientIDs)))
+		for _, c := range t.ClientIDs {
+			w.String(c)
+		}
+	}
+}
+
+func (s *State) readACL(r *wire.Reader) error {
+	n := r.Count(16 + 32 + 4)
+	if n > MaxACLTokens {
+		return fmt.Errorf("%d acl tokens exceed the limit %d", n, MaxACLTokens)
+	}
+	var prev [16]byte
+	for ; n > 0 && r.Err() == nil; n-- {
+		b := &command.SetACLToken{}
+		r.Fixed(b.AccessorID[:])
+		r.Fixed(b.SecretHash[:])
+		b.Description = r.String()
+		created := r.Varint()
+		if k := r.Count(2); k > 0 {
+			b.Rules = make([]command.ACLRule, k)
+			for i := range b.Rules {
+				b.Rules[i] = command.ACLRule{Prefix: r.String(), Perms: r.Byte()}
+			}
+		}
+		if k := r.Count(1); k > 0 {
+			b.ClientIDs = make([]string, k)
+			for i := range b.ClientIDs {
+				b.ClientIDs[i] = r.String()
+			}
+		}
+		if r.Err() != nil {
+			return nil // reported by the caller
+		}
+		if len(s.aclTokens) > 0 && bytes.Compare(prev[:], b.AccessorID[:]) >= 0 {
+			return errors.New("acl tokens repeated or out of order")
+		}
+		prev = b.AccessorID
+		if msg := validACLToken(b); msg != "" {
+			return errors.New(msg)
+		}
+		if _, dup := s.aclBySecret[b.SecretHash]; dup {
+			return errors.New("two acl tokens share a secret")
+		}
+		t := &ACLToken{AccessorID: b.AccessorID, SecretHash: b.SecretHash, Description: b.Description,
+			Rules: b.Rules, ClientIDs: b.ClientIDs, CreatedAt: created}
+		s.aclTokens[t.AccessorID] = t
+		s.aclBySecret[t.SecretHash] = t.AccessorID
+	}
+	return nil
+}
