@@ -23,6 +23,7 @@ Usage:
   dlock recover --data-dir D --peers id=addr,...   force members after a quorum loss
   dlock datastore --data-dir D --cluster URL   run the example fenced data store
   dlock demo            run the fencing demo: 5 nodes, a data store, 3 clients
+  dlock debug log|replay --data-dir D ...   read a stopped node's log (forensics)
 
 Client commands (each takes -h):
   dlock lock NAME [--ttl 30s] [--wait D] -- CMD [ARGS...]
@@ -71,6 +72,8 @@ func main() {
 		err = runBench(os.Args[2:])
 	case "datastore":
 		err = runDatastore(os.Args[2:])
+	case "debug":
+		err = runDebug(os.Args[2:])
 	case "demo":
 		err = runDemo(os.Args[2:])
 	case "demo-writer":
