@@ -23,6 +23,8 @@ type ACLToken struct {
 	Rules       []ACLRule `json:"rules"`
 	ClientIDs   []string  `json:"client_ids,omitempty"`
 	CreatedAt   time.Time `json:"created_at,omitzero"`
+	ExpiresAt   time.Time `json:"expires_at,omitzero"`
+	CertCNs     []string  `json:"cert_cns,omitempty"`
 }
 
 // NewACLToken is what CreateACLToken asks for. ClientIDs limits the
@@ -32,6 +34,11 @@ type NewACLToken struct {
 	Description string    `json:"description,omitempty"`
 	Rules       []ACLRule `json:"rules"`
 	ClientIDs   []string  `json:"client_ids,omitempty"`
+	// TTLms > 0 makes the token expire that long after it is created.
+	TTLms int64 `json:"ttl_ms,omitempty"`
+	// CertCNs are client-certificate common names that authenticate as the
+	// token over mutual TLS, without its secret.
+	CertCNs []string `json:"cert_cns,omitempty"`
 }
 
 // ACLBootstrap creates the cluster's first management token. It works only

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/dlock/dlock/client"
 )
@@ -12,7 +13,8 @@ const aclUsage = `Usage:
         create the first management token of a cluster run with --acl
         (works once; prints the secret, which is shown only this time)
   dlock acl token create --rule PREFIX=PERM[,PERM...] [--rule ...]
-                         [--client-ids ID,worker-*] [--description TEXT]
+                         [--client-ids ID,worker-*] [--description TEXT] [--ttl D]
+                         [--cert-cns CN,...]
         create a token; PERM is read, lock, elect, watch, admin or all;
         --rule =all grants everything on every name
   dlock acl token list
@@ -54,6 +56,8 @@ func runACL(args []string) error {
 	g.register(fs)
 	var rules ruleFlags
 	var clientIDs, description string
+	var ttl time.Duration
+	var certCNs string
 	npos := 0
 	switch sub {
 	case "bootstrap", "token list":
@@ -61,6 +65,8 @@ func runACL(args []string) error {
 		fs.Var(&rules, "rule", "PREFIX=PERM[,PERM...] (repeatable)")
 		fs.StringVar(&clientIDs, "client-ids", "", "client ids the token may act as (comma-separated; a trailing * matches any suffix); default any")
 		fs.StringVar(&description, "description", "", "what the token is for")
+		fs.DurationVar(&ttl, "ttl", 0, "the token expires this long after it is created (default: never)")
+		fs.StringVar(&certCNs, "cert-cns", "", "client-certificate common names that authenticate as this token over mutual TLS (comma-separated)")
 	case "token revoke":
 		npos = 1
 	default:
@@ -87,7 +93,12 @@ func runACL(args []string) error {
 			if len(rules) == 0 {
 				return usageErrorf("give at least one --rule PREFIX=PERM")
 			}
-			req := client.NewACLToken{Description: description, Rules: rules}
+			req := client.NewACLToken{Description: description, Rules: rules, TTLms: ttl.Milliseconds()}
+			for cn := range strings.SplitSeq(certCNs, ",") {
+				if cn = strings.TrimSpace(cn); cn != "" {
+					req.CertCNs = append(req.CertCNs, cn)
+				}
+			}
 			for id := range strings.SplitSeq(clientIDs, ",") {
 				if id = strings.TrimSpace(id); id != "" {
 					req.ClientIDs = append(req.ClientIDs, id)
@@ -115,6 +126,9 @@ func runACL(args []string) error {
 			var rs []string
 			for _, r := range t.Rules {
 				rs = append(rs, fmt.Sprintf("%q=%s", r.Prefix, strings.Join(r.Permissions, ",")))
+			}
+			if !t.ExpiresAt.IsZero() {
+				t.Description += " (expires " + t.ExpiresAt.Format(time.RFC3339) + ")"
 			}
 			ids := "any client id"
 			if len(t.ClientIDs) > 0 {

@@ -198,6 +198,12 @@ type SetACLToken struct {
 	// token may act as; empty means any.
 	ClientIDs []string
 	Bootstrap bool
+	// TTLms > 0 makes the token expire that long after this entry's
+	// timestamp; 0 never.
+	TTLms int64
+	// CertCNs are client-certificate common names that authenticate as this
+	// token (over mutual TLS, without the secret).
+	CertCNs []string
 }
 
 // DeleteACLToken revokes a token.
@@ -530,6 +536,11 @@ func (b *SetACLToken) encode(w *wire.Writer) {
 		w.String(c)
 	}
 	w.Bool(b.Bootstrap)
+	w.Varint(b.TTLms)
+	w.Uvarint(uint64(len(b.CertCNs)))
+	for _, c := range b.CertCNs {
+		w.String(c)
+	}
 }
 func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
 	r.Fixed(b.AccessorID[:])
@@ -548,6 +559,13 @@ func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
 		}
 	}
 	b.Bootstrap = r.Bool()
+	b.TTLms = r.Varint()
+	if n := r.Count(1); n > 0 {
+		b.CertCNs = make([]string, n)
+		for i := range b.CertCNs {
+			b.CertCNs[i] = r.String()
+		}
+	}
 }
 
 func (b *DeleteACLToken) encode(w *wire.Writer)         { w.Fixed(b.AccessorID[:]) }

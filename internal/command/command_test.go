@@ -71,7 +71,7 @@ func roundTripCases() []struct {
 		{"set-acl-token/full", &Envelope{TS: 10, ClientID: "admin", RequestID: "t",
 			Body: &SetACLToken{AccessorID: [16]byte{1, 15: 2}, SecretHash: [32]byte{3, 31: 4}, Description: long,
 				Rules:     []ACLRule{{Prefix: "billing/", Perms: PermLock | PermRead}, {Prefix: "", Perms: PermAll}},
-				ClientIDs: []string{"worker-*", "cron"}, Bootstrap: true}}},
+				ClientIDs: []string{"worker-*", "cron"}, Bootstrap: true, TTLms: 3_600_000, CertCNs: []string{"worker-1.billing"}}}},
 		{"delete-acl-token", &Envelope{Body: &DeleteACLToken{AccessorID: [16]byte{9}}}},
 		{"set-token-key/full", &Envelope{TS: 9, ClientID: "dlock", RequestID: "k",
 			Body: &SetTokenKey{Seed: [32]byte{1, 2, 3, 31: 0xff}, Rotate: true}}},

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -78,6 +79,10 @@ type Options struct {
 	KeepaliveTime time.Duration
 	// Connection limits (limits.go); zero values take their defaults.
 	Limits ConnLimits
+	// PeerIdentity, if set, names the verified client certificate of the
+	// connection from addr ("" for none). TLS sits on the listener, below
+	// gRPC, so the server tells gRPC what the handshake found.
+	PeerIdentity func(addr string) string
 }
 
 // Server is the gRPC server of one node.
@@ -88,6 +93,7 @@ type Server struct {
 
 type api struct {
 	svc     Service
+	peerID  func(addr string) string
 	log     *slog.Logger
 	closing chan struct{}
 	once    sync.Once
@@ -109,7 +115,7 @@ func New(svc Service, logger *slog.Logger, opts Options) *Server {
 	if opts.KeepaliveTime <= 0 {
 		opts.KeepaliveTime = 30 * time.Second
 	}
-	a := &api{svc: svc, log: logger, closing: make(chan struct{})}
+	a := &api{svc: svc, peerID: opts.PeerIdentity, log: logger, closing: make(chan struct{})}
 	gs := grpc.NewServer(append(opts.Limits.serverOptions(),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.KeepaliveTime, Timeout: 10 * time.Second, MaxConnectionIdle: opts.Limits.IdleTimeout}),
@@ -208,7 +214,13 @@ func (a *api) tag(ctx context.Context, method string) (context.Context, *callInf
 	id := requestID(ctx)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDKey, id))
 	ci := &callInfo{id: id, log: a.log.With(slog.String("request_id", id), slog.String("method", method))}
-	return service.WithBearer(context.WithValue(ctx, ctxKey{}, ci), bearerToken(ctx)), ci
+	out := service.WithBearer(context.WithValue(ctx, ctxKey{}, ci), bearerToken(ctx))
+	if a.peerID != nil {
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			out = service.WithCertIdentity(out, a.peerID(p.Addr.String()))
+		}
+	}
+	return out, ci
 }
 
 func info(ctx context.Context, fallback *slog.Logger) *callInfo {

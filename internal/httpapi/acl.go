@@ -12,9 +12,13 @@ import (
 // aclPrefix is where tokens are managed (docs/security.md).
 const aclPrefix = apiPrefix + "/acl"
 
-// withBearer moves an "Authorization: Bearer <secret>" header into the
-// request context, where the service checks it.
+// withBearer moves an "Authorization: Bearer <secret>" header, and the
+// common name of a verified client certificate, into the request context,
+// where the service checks them.
 func withBearer(r *http.Request) *http.Request {
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		r = r.WithContext(service.WithCertIdentity(r.Context(), r.TLS.VerifiedChains[0][0].Subject.CommonName))
+	}
 	h := r.Header.Get("Authorization")
 	scheme, secret, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {

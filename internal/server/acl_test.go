@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -18,6 +19,7 @@ import (
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
 // aclDo sends one API call with a bearer token ("" for none) and returns the
@@ -155,6 +157,22 @@ func TestACLWhoMayDoWhat(t *testing.T) {
 		}
 	}
 
+	// An expiring token works until its TTL, then is refused everywhere.
+	var brief service.ACLTokenView
+	if code, ec := aclDo(t, c, node, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules: []service.ACLRule{{Prefix: "billing/", Permissions: []string{"read"}}}, TTLms: 1000}, &brief); code != 200 {
+		t.Fatalf("create an expiring token: %d %s", code, ec)
+	}
+	if code, ec := aclDo(t, c, node, brief.SecretID, "GET", "/api/v1/locks/billing/job", nil, nil); code != 200 {
+		t.Fatalf("expiring token before its TTL: %d %s", code, ec)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	for _, id := range c.Running() {
+		if code, ec := aclDo(t, c, id, brief.SecretID, "GET", "/api/v1/locks/billing/job", nil, nil); code != 401 || ec != "unauthenticated" {
+			t.Fatalf("expired token on %s: %d %s", id, code, ec)
+		}
+	}
+
 	// Revocation: refused at once on the node that applied it, and on every
 	// node within moments.
 	if code, ec := aclDo(t, c, node, root.SecretID, "DELETE", "/api/v1/acl/tokens/"+worker.AccessorID, nil, nil); code != 200 {
@@ -192,4 +210,65 @@ func decodeInto(b []byte, v any) error {
 		return nil
 	}
 	return json.Unmarshal(b, v)
+}
+
+// With mutual TLS on the API, a client certificate bound to a token
+// (cert_cns) authenticates without the secret, over HTTPS and gRPC alike,
+// with exactly that token's rights.
+func TestACLClientCertificateIdentity(t *testing.T) {
+	x := testcluster.NewTLS(t, tlsconfig.ClientAuthOptional)
+	c := testcluster.NewWith(t, 3, testcluster.Options{TLS: x, ACL: true})
+	node := c.Follower()
+	var root service.ACLTokenView
+	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/acl/bootstrap", nil, &root); code != 200 {
+		t.Fatalf("bootstrap: %d %s", code, ec)
+	}
+	// The dev client certificate's common name is "dlock dev client".
+	var w service.ACLTokenView
+	if code, ec := aclDo(t, c, node, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules:   []service.ACLRule{{Prefix: "billing/", Permissions: []string{"lock", "read"}}},
+		CertCNs: []string{"dlock dev client"},
+	}, &w); code != 200 {
+		t.Fatalf("create a certificate-bound token: %d %s", code, ec)
+	}
+	// c.Client presents the client certificate: no bearer needed.
+	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/locks/billing/cert/acquire", map[string]any{"client_id": "cert-worker", "ttl_ms": 30000}, nil); code != 200 {
+		t.Fatalf("certificate-authenticated acquire: %d %s", code, ec)
+	}
+	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/locks/payments/cert/acquire", map[string]any{"client_id": "cert-worker", "ttl_ms": 30000}, nil); code != 403 || ec != "permission_denied" {
+		t.Fatalf("certificate outside its prefix: %d %s", code, ec)
+	}
+	// Without the certificate (CA only), the same call is unauthenticated.
+	noCert := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: testcluster.ClientTLS(t, x.Files, false)}}
+	req, _ := http.NewRequest("GET", c.URL(node)+"/api/v1/locks/billing/cert", nil)
+	res, err := noCert.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 401 {
+		t.Fatalf("no certificate, no token: %d", res.StatusCode)
+	}
+	// gRPC sees the same identity.
+	cc, err := grpc.NewClient(c.GRPCAddr(node), grpc.WithTransportCredentials(credentials.NewTLS(x.Client)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	locks := dlockv1.NewLockServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "billing/cert-grpc", ClientId: "cert-worker", TtlMs: 30000}); err != nil {
+		t.Fatalf("gRPC with a bound certificate: %v", err)
+	}
+	if _, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "payments/cert-grpc", ClientId: "cert-worker", TtlMs: 30000}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("gRPC certificate outside its prefix: %v", err)
+	}
+	// Revoking the token revokes the certificate's access.
+	if code, ec := aclDo(t, c, node, root.SecretID, "DELETE", "/api/v1/acl/tokens/"+w.AccessorID, nil, nil); code != 200 {
+		t.Fatalf("revoke: %d %s", code, ec)
+	}
+	if _, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "billing/cert-grpc2", ClientId: "cert-worker", TtlMs: 30000}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("gRPC certificate after revoke: %v", err)
+	}
 }

@@ -147,7 +147,12 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if grpcLn != nil {
 		s.grpcLn = grpcLn
-		s.grpc = grpcapi.New(svc, s.logger, grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc()})
+		gopts := grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc()}
+		if cfg.TLS != nil {
+			pn := &peerNames{Listener: grpcLn}
+			grpcLn, gopts.PeerIdentity = pn, pn.name
+		}
+		s.grpc = grpcapi.New(svc, s.logger, gopts)
 		go func() {
 			if err := s.grpc.Serve(grpcLn); err != nil {
 				s.logger.Error("gRPC server stopped", "err", err)

@@ -31,6 +31,24 @@ func WithBearer(ctx context.Context, secret string) context.Context {
 	return context.WithValue(ctx, bearerKey{}, secret)
 }
 
+type certKey struct{}
+
+// WithCertIdentity returns a context carrying the common name of the
+// caller's client certificate, verified against the API's CA (mutual TLS);
+// the protocol APIs call it. A token bound to that name (cert_cns)
+// authenticates requests that carry no bearer secret.
+func WithCertIdentity(ctx context.Context, cn string) context.Context {
+	if cn == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, certKey{}, cn)
+}
+
+func certIdentity(ctx context.Context) string {
+	v, _ := ctx.Value(certKey{}).(string)
+	return v
+}
+
 func bearer(ctx context.Context) string {
 	v, _ := ctx.Value(bearerKey{}).(string)
 	return v
@@ -85,16 +103,23 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 	if !s.aclOn {
 		return nil
 	}
-	secret := bearer(ctx)
-	if secret == "" {
-		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN)")
+	secret, cn := bearer(ctx), certIdentity(ctx)
+	if secret == "" && cn == "" {
+		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN), or a client certificate bound to a token")
 	}
 	var tok state.ACLToken
 	var ok bool
-	hash := sha256.Sum256([]byte(secret))
-	s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
+	if secret != "" {
+		hash := sha256.Sum256([]byte(secret))
+		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
+	} else {
+		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
+	}
 	if !ok {
 		return apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
+	}
+	if tok.Expired(time.Now().UnixMilli()) {
+		return apierror.New(apierror.Unauthenticated, "the ACL token expired at %s; ask an operator for a new one", ms(tok.ExpiresAt).Format(time.RFC3339))
 	}
 	if perm != 0 && !tok.Allows(perm, name) {
 		s.logger.Warn("acl: permission denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "permission", permString(perm), "name", name)
@@ -118,6 +143,11 @@ type ACLTokenRequest struct {
 	Description string    `json:"description,omitempty"`
 	Rules       []ACLRule `json:"rules"`
 	ClientIDs   []string  `json:"client_ids,omitempty"`
+	// TTLms > 0 makes the token expire that long after it is created.
+	TTLms int64 `json:"ttl_ms,omitempty"`
+	// CertCNs are client-certificate common names that authenticate as
+	// this token over mutual TLS, without the secret.
+	CertCNs []string `json:"cert_cns,omitempty"`
 }
 
 // ACLTokenView describes a token; SecretID is only ever returned when the
@@ -129,6 +159,8 @@ type ACLTokenView struct {
 	Rules       []ACLRule `json:"rules"`
 	ClientIDs   []string  `json:"client_ids,omitempty"`
 	CreatedAt   time.Time `json:"created_at,omitzero"`
+	ExpiresAt   time.Time `json:"expires_at,omitzero"`
+	CertCNs     []string  `json:"cert_cns,omitempty"`
 }
 
 // ACLTokenList lists tokens.
@@ -137,7 +169,10 @@ type ACLTokenList struct {
 }
 
 func tokenView(t state.ACLToken) ACLTokenView {
-	v := ACLTokenView{AccessorID: hex.EncodeToString(t.AccessorID[:]), Description: t.Description, ClientIDs: t.ClientIDs, CreatedAt: ms(t.CreatedAt), Rules: []ACLRule{}}
+	v := ACLTokenView{AccessorID: hex.EncodeToString(t.AccessorID[:]), Description: t.Description, ClientIDs: t.ClientIDs, CreatedAt: ms(t.CreatedAt), Rules: []ACLRule{}, CertCNs: t.CertCNs}
+	if t.ExpiresAt != 0 {
+		v.ExpiresAt = ms(t.ExpiresAt)
+	}
 	for _, r := range t.Rules {
 		var perms []string
 		for _, pn := range permNames {
@@ -158,7 +193,10 @@ func randomHex16() (out [16]byte, s string) {
 }
 
 func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap bool) (*ACLTokenView, error) {
-	body := &command.SetACLToken{Description: req.Description, ClientIDs: req.ClientIDs, Bootstrap: bootstrap}
+	if req.TTLms < 0 {
+		return nil, invalid("ttl_ms must not be negative (0: the token never expires)")
+	}
+	body := &command.SetACLToken{Description: req.Description, ClientIDs: req.ClientIDs, Bootstrap: bootstrap, TTLms: req.TTLms, CertCNs: req.CertCNs}
 	if len(req.Rules) == 0 {
 		return nil, invalid("a token needs at least one rule, e.g. {\"prefix\":\"billing/\",\"permissions\":[\"lock\",\"read\"]}")
 	}
@@ -189,7 +227,7 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 	if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
 		return nil, err
 	}
-	v := ACLTokenView{AccessorID: hex.EncodeToString(body.AccessorID[:]), SecretID: secret, Description: req.Description, Rules: req.Rules, ClientIDs: req.ClientIDs}
+	v := ACLTokenView{AccessorID: hex.EncodeToString(body.AccessorID[:]), SecretID: secret, Description: req.Description, Rules: req.Rules, ClientIDs: req.ClientIDs, CertCNs: req.CertCNs}
 	return &v, nil
 }
 

@@ -28,7 +28,15 @@ type ACLToken struct {
 	Rules       []command.ACLRule
 	ClientIDs   []string
 	CreatedAt   int64 // leader ms timestamp of the entry that created it
+	// ExpiresAt is when the token stops working (leader ms), 0 never. The
+	// check is the API's, against its node's clock: the state only records it.
+	ExpiresAt int64
+	// CertCNs are the client-certificate common names bound to the token.
+	CertCNs []string
 }
+
+// Expired reports whether the token has expired at nowMs.
+func (t *ACLToken) Expired(nowMs int64) bool { return t.ExpiresAt != 0 && nowMs >= t.ExpiresAt }
 
 // Allows reports whether the token grants perm on name.
 func (t *ACLToken) Allows(perm uint8, name string) bool {
@@ -67,6 +75,8 @@ func validACLToken(b *command.SetACLToken) string {
 		return "acl token description too long"
 	case len(b.Rules) > MaxACLRules || len(b.ClientIDs) > MaxACLClientIDs:
 		return "acl token has too many rules or client ids"
+	case b.TTLms < 0:
+		return "acl token ttl is negative"
 	}
 	for _, r := range b.Rules {
 		if r.Perms == 0 || r.Perms&^command.PermAll != 0 || len(r.Prefix) > command.MaxClientID*2 {
@@ -76,6 +86,14 @@ func validACLToken(b *command.SetACLToken) string {
 	for _, c := range b.ClientIDs {
 		if c == "" || len(c) > command.MaxClientID {
 			return "acl client id pattern is empty or too long"
+		}
+	}
+	if len(b.CertCNs) > MaxACLClientIDs {
+		return "acl token has too many certificate names"
+	}
+	for _, c := range b.CertCNs {
+		if c == "" || len(c) > 256 {
+			return "acl certificate name is empty or too long"
 		}
 	}
 	return ""
@@ -91,18 +109,26 @@ func (s *State) setACLToken(b *command.SetACLToken) command.Result {
 	if other, ok := s.aclBySecret[b.SecretHash]; ok && other != b.AccessorID {
 		return invalid("acl token secret already in use")
 	}
+	for _, cn := range b.CertCNs {
+		if other, ok := s.aclByCN[cn]; ok && other != b.AccessorID {
+			return invalid("certificate name " + cn + " is already bound to another acl token")
+		}
+	}
 	old, exists := s.aclTokens[b.AccessorID]
 	if !exists && len(s.aclTokens) >= MaxACLTokens {
 		return invalid("too many acl tokens")
 	}
 	t := &ACLToken{AccessorID: b.AccessorID, SecretHash: b.SecretHash, Description: b.Description,
-		Rules: slices.Clone(b.Rules), ClientIDs: slices.Clone(b.ClientIDs), CreatedAt: s.ts}
+		Rules: slices.Clone(b.Rules), ClientIDs: slices.Clone(b.ClientIDs), CreatedAt: s.ts, CertCNs: slices.Clone(b.CertCNs)}
+	if b.TTLms > 0 {
+		t.ExpiresAt = s.ts + b.TTLms
+	}
 	if exists {
 		t.CreatedAt = old.CreatedAt
-		delete(s.aclBySecret, old.SecretHash)
+		s.unindexACL(old)
 	}
 	s.aclTokens[t.AccessorID] = t
-	s.aclBySecret[t.SecretHash] = t.AccessorID
+	s.indexACL(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
 }
@@ -113,9 +139,33 @@ func (s *State) deleteACLToken(b *command.DeleteACLToken) command.Result {
 		return command.Result{Status: command.StatusNotHolder, Message: "no such acl token"}
 	}
 	delete(s.aclTokens, b.AccessorID)
-	delete(s.aclBySecret, t.SecretHash)
+	s.unindexACL(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
+}
+
+func (s *State) indexACL(t *ACLToken) {
+	s.aclBySecret[t.SecretHash] = t.AccessorID
+	for _, cn := range t.CertCNs {
+		s.aclByCN[cn] = t.AccessorID
+	}
+}
+
+func (s *State) unindexACL(t *ACLToken) {
+	delete(s.aclBySecret, t.SecretHash)
+	for _, cn := range t.CertCNs {
+		delete(s.aclByCN, cn)
+	}
+}
+
+// ACLTokenByCertCN finds the token a client-certificate common name is
+// bound to.
+func (s *State) ACLTokenByCertCN(cn string) (ACLToken, bool) {
+	id, ok := s.aclByCN[cn]
+	if !ok {
+		return ACLToken{}, false
+	}
+	return *s.aclTokens[id], true
 }
 
 // ACLTokenBySecret finds a token by the SHA-256 of its secret.
@@ -157,6 +207,7 @@ func (s *State) writeACL(w *wire.Writer) {
 		w.Fixed(t.SecretHash[:])
 		w.String(t.Description)
 		w.Varint(t.CreatedAt)
+		w.Varint(t.ExpiresAt)
 		w.Uvarint(uint64(len(t.Rules)))
 		for _, r := range t.Rules {
 			w.String(r.Prefix)
@@ -164,6 +215,10 @@ func (s *State) writeACL(w *wire.Writer) {
 		}
 		w.Uvarint(uint64(len(t.ClientIDs)))
 		for _, c := range t.ClientIDs {
+			w.String(c)
+		}
+		w.Uvarint(uint64(len(t.CertCNs)))
+		for _, c := range t.CertCNs {
 			w.String(c)
 		}
 	}
@@ -181,6 +236,7 @@ func (s *State) readACL(r *wire.Reader) error {
 		r.Fixed(b.SecretHash[:])
 		b.Description = r.String()
 		created := r.Varint()
+		expires := r.Varint()
 		if k := r.Count(2); k > 0 {
 			b.Rules = make([]command.ACLRule, k)
 			for i := range b.Rules {
@@ -191,6 +247,12 @@ func (s *State) readACL(r *wire.Reader) error {
 			b.ClientIDs = make([]string, k)
 			for i := range b.ClientIDs {
 				b.ClientIDs[i] = r.String()
+			}
+		}
+		if k := r.Count(1); k > 0 {
+			b.CertCNs = make([]string, k)
+			for i := range b.CertCNs {
+				b.CertCNs[i] = r.String()
 			}
 		}
 		if r.Err() != nil {
@@ -206,10 +268,15 @@ func (s *State) readACL(r *wire.Reader) error {
 		if _, dup := s.aclBySecret[b.SecretHash]; dup {
 			return errors.New("two acl tokens share a secret")
 		}
+		for _, cn := range b.CertCNs {
+			if _, dup := s.aclByCN[cn]; dup {
+				return errors.New("two acl tokens share a certificate name")
+			}
+		}
 		t := &ACLToken{AccessorID: b.AccessorID, SecretHash: b.SecretHash, Description: b.Description,
-			Rules: b.Rules, ClientIDs: b.ClientIDs, CreatedAt: created}
+			Rules: b.Rules, ClientIDs: b.ClientIDs, CreatedAt: created, ExpiresAt: expires, CertCNs: b.CertCNs}
 		s.aclTokens[t.AccessorID] = t
-		s.aclBySecret[t.SecretHash] = t.AccessorID
+		s.indexACL(t)
 	}
 	return nil
 }

@@ -208,12 +208,16 @@ func dump(s *State) string {
 		b = append(b, ' ')
 		str(t.Description)
 		inum(t.CreatedAt)
+		inum(t.ExpiresAt)
 		for _, r := range t.Rules {
 			str(r.Prefix)
 			num(uint64(r.Perms))
 		}
 		for _, c := range t.ClientIDs {
 			str(c)
+		}
+		for _, c := range t.CertCNs {
+			str("cn:" + c)
 		}
 	}
 	for _, k := range s.tokenKeys {

@@ -130,6 +130,7 @@ func (r *rawSnap) encode() []byte {
 			w.Fixed(t.SecretHash[:])
 			w.String(t.Description)
 			w.Varint(t.CreatedAt)
+			w.Varint(t.ExpiresAt)
 			w.Uvarint(uint64(len(t.Rules)))
 			for _, rl := range t.Rules {
 				w.String(rl.Prefix)
@@ -137,6 +138,10 @@ func (r *rawSnap) encode() []byte {
 			}
 			w.Uvarint(uint64(len(t.ClientIDs)))
 			for _, c := range t.ClientIDs {
+				w.String(c)
+			}
+			w.Uvarint(uint64(len(t.CertCNs)))
+			for _, c := range t.CertCNs {
 				w.String(c)
 			}
 		}
@@ -190,7 +195,7 @@ func sampleState(t testing.TB) *State {
 	h.do("admin", &command.SetACLToken{AccessorID: [16]byte{2}, SecretHash: [32]byte{2}, Description: "root",
 		Rules: []command.ACLRule{{Prefix: "", Perms: command.PermAll}}, Bootstrap: true})
 	h.do("admin", &command.SetACLToken{AccessorID: [16]byte{1}, SecretHash: [32]byte{1}, Description: "worker",
-		Rules: []command.ACLRule{{Prefix: "billing/", Perms: command.PermLock | command.PermRead}}, ClientIDs: []string{"worker-*"}})
+		Rules: []command.ACLRule{{Prefix: "billing/", Perms: command.PermLock | command.PermRead}}, ClientIDs: []string{"worker-*"}, TTLms: 60_000, CertCNs: []string{"worker-1.billing"}})
 	return h.s
 }
 

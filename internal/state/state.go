@@ -106,6 +106,7 @@ type State struct {
 
 	aclTokens   map[[16]byte]*ACLToken
 	aclBySecret map[[32]byte][16]byte
+	aclByCN     map[string][16]byte
 
 	dedup      map[dedupKey]int // key -> position in dedupRing
 	dedupRing  []dedupEntry     // insertion order; dedupHead is the oldest
@@ -128,6 +129,7 @@ func New() *State {
 
 		aclTokens:   make(map[[16]byte]*ACLToken),
 		aclBySecret: make(map[[32]byte][16]byte),
+		aclByCN:     make(map[string][16]byte),
 	}
 }
 

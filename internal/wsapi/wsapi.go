@@ -159,7 +159,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
 	// Every operation on the connection runs with the token it was opened
 	// with (Authorization: Bearer); the service checks it when ACLs are on.
-	ctx, cancel := context.WithCancel(service.WithBearer(h.ctx, bearerOf(r)))
+	base := service.WithBearer(h.ctx, bearerOf(r))
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		base = service.WithCertIdentity(base, r.TLS.VerifiedChains[0][0].Subject.CommonName)
+	}
+	ctx, cancel := context.WithCancel(base)
 	ctx = service.WithRemote(ctx, "ws", r.RemoteAddr)
 	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, out: make(chan []byte, outQueue),
 		serial: make(chan *message, h.opts.MaxPending), ops: map[string]*op{}}
