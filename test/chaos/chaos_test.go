@@ -353,6 +353,10 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		t.Fatalf("the cluster did not come up: %v\n%s", err, c.logTails(40))
 	}
 	r.h = newHistory(r.clk)
+	if err := r.h.useFence(filepath.Join(dir, "fenced-registers.db")); err != nil {
+		t.Fatalf("open the fenced registers: %v", err)
+	}
+	defer r.h.closeFence()
 	r.api = newAPIClient(c, r.h)
 	pr, err := startProbe(r.api, r.clk, cfg.seed)
 	if err != nil {

@@ -145,6 +145,11 @@ func checkFence(ops []Op, ws []write) ([]anomaly, fenceStats) {
 	lastWriter := map[string]write{}
 	for _, w := range ws {
 		st.writes++
+		if w.Err != "" {
+			out = append(out, anomaly{Kind: "harness:fence-checker-failed",
+				What: fmt.Sprintf("the fenced register could not decide %s's write to %s with token %d: %s", w.Client, w.Lock, w.Token, w.Err)})
+			continue
+		}
 		if w.Accepted {
 			st.accepted++
 		} else {

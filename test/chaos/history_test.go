@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dlock/dlock/fence"
 )
 
 // clock is the run's monotonic clock: nanoseconds since the run started.
@@ -155,7 +158,8 @@ type write struct {
 	Bound    int64  `json:"bound"` // the writer's lease bound when it decided to write
 	Paused   bool   `json:"paused,omitempty"`
 	Accepted bool   `json:"accepted"`
-	MaxSeen  uint64 `json:"max_seen"` // the register's max token before this write
+	MaxSeen  uint64 `json:"max_seen"`      // the register's max token before this write
+	Err      string `json:"err,omitempty"` // the checker failed (not a stale token)
 }
 
 // hold is one period in which a client believed it held a lock: from the
@@ -184,6 +188,25 @@ type history struct {
 	writes []*write
 	holds  []*hold
 	maxReg map[string]uint64 // the fenced registers: max token seen per lock
+	// fence, when set, decides every fenced write: the fence package's
+	// Checker, the one real resources use (useFence).
+	fence *fence.Checker
+}
+
+// useFence makes the fenced registers a fence.Checker persisted at path.
+func (h *history) useFence(path string) error {
+	c, err := fence.Open(path)
+	if err != nil {
+		return err
+	}
+	h.fence = c
+	return nil
+}
+
+func (h *history) closeFence() {
+	if h.fence != nil {
+		_ = h.fence.Close()
+	}
 }
 
 func newHistory(clk *clock) *history {
@@ -215,7 +238,9 @@ func (h *history) end(op *Op, out string) {
 }
 
 // fencedWrite is the fenced register: it accepts a write only if its token
-// is at least the highest it has seen for that lock. A writer that is not
+// is above the highest it has seen for that lock, or equal and from the same
+// holder (the grant writing again) — fence.Checker's rule, and with useFence
+// fence.Checker itself decides. A writer that is not
 // "paused" checks its bound atomically with the write (a correct client never
 // writes after its bound); late reports such a write that was not made.
 func (h *history) fencedWrite(lock, client string, inc int, token uint64, bound int64, paused bool) (accepted, late bool) {
@@ -227,9 +252,17 @@ func (h *history) fencedWrite(lock, client string, inc int, token uint64, bound 
 	}
 	w := &write{Seq: len(h.writes), Lock: lock, Client: client, Inc: inc, Token: token, At: at, Bound: bound,
 		Paused: paused, MaxSeen: h.maxReg[lock]}
-	if token >= w.MaxSeen {
-		w.Accepted = true
-		h.maxReg[lock] = token
+	if h.fence != nil {
+		err := h.fence.Check(lock, token, fmt.Sprintf("%s#%d", client, inc))
+		w.Accepted = err == nil
+		if err != nil && !errors.Is(err, fence.ErrStaleToken) {
+			w.Err = err.Error()
+		}
+	} else {
+		w.Accepted = token >= w.MaxSeen
+	}
+	if w.Accepted {
+		h.maxReg[lock] = max(h.maxReg[lock], token)
 	}
 	h.writes = append(h.writes, w)
 	return w.Accepted, false
