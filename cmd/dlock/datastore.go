@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/datastore"
 )
@@ -44,6 +45,7 @@ func runDatastore(args []string) error {
 	addr := fs.String("addr", "127.0.0.1:7300", "HTTP listen address")
 	dataDir := fs.String("data-dir", "", "directory for the highest-token file and the records (required)")
 	cluster := fs.String("cluster", "", "a dlock node's API URL, e.g. http://127.0.0.1:7070: the token key set is fetched from it at start and every minute (required unless --insecure-no-proof)")
+	cacert := fs.String("cacert", os.Getenv("DLOCK_CACERT"), "CA file to verify an https --cluster with (env DLOCK_CACERT; default: the system's roots)")
 	insecure := fs.Bool("insecure-no-proof", false, "UNSAFE, for comparison only: accept fencing tokens without checking the cluster's signature")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -87,6 +89,13 @@ func runDatastore(args []string) error {
 		// Interruptible: Ctrl-C while the cluster is still starting must
 		// not wait out the retries.
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		if *cacert != "" {
+			tc, err := client.LoadTLSConfig(*cacert, "", "")
+			if err != nil {
+				return fmt.Errorf("--cacert: %w", err)
+			}
+			keyClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+		}
 		keys, err = fetchKeysAtStart(ctx, clusterURL, logger)
 		stop()
 		if err != nil {
