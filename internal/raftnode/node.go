@@ -228,7 +228,7 @@ func Open(cfg Config) (*Node, error) {
 	// No raft.LogCache in front of the store: the first 30-minute chaos soak
 	// after adding one found fencing tokens reused (docs/reliability.md); it
 	// stays out until that is understood.
-	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.trans)
+	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, serialTransport{n.trans})
 	if err != nil {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
