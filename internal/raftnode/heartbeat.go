@@ -13,7 +13,8 @@ import "github.com/hashicorp/raft"
 // proposals under the NEW term it never won. The new leader's later
 // AppendEntries match those forged entries by (index, term), so they are
 // never truncated: the node applies commands the cluster never committed,
-// and its state forks (docs/reliability.md, "The root cause"). Without the
+// and its state forks (docs/reliability.md, "The root cause"; upstream:
+// hashicorp/raft issue #695, open as of v1.7.3). Without the
 // fast path every heartbeat goes through the main loop, serialised with
 // dispatch, and a term change always ends leadership before anything else
 // is appended.
