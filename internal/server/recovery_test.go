@@ -19,6 +19,13 @@ func TestQuorumLossRecovery(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("acquire: %d", code)
 	}
+	// The grant was committed by a majority, which need not include n1: the
+	// node an operator recovers from must be one that has it (docs/operations.md
+	// says to pick the survivor with the highest applied index), so wait until n1 has applied it.
+	waitFor(t, 10*time.Second, "n1 applied the grant", func() bool {
+		v, err := staleLock(c, "n1", "survives")
+		return err == nil && v.Held
+	})
 	for _, id := range c.IDs() {
 		c.Kill(id)
 	}
