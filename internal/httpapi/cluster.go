@@ -1,16 +1,19 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
 
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/apierror"
 )
 
 const clusterPrefix = apiPrefix + "/cluster"
 
-// clusterRoutes serves /api/v1/cluster, /cluster/members[/{id}] and
+// clusterRoutes serves /api/v1/cluster, /cluster/members[/{id}],
+// /cluster/snapshot, /cluster/token-key[/rotate] and
 // /cluster/leadership-transfer.
 func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string) {
 	switch {
@@ -46,35 +49,9 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 		w.WriteHeader(http.StatusOK)
 		a.writeChunked(w, b)
 	case rest == "/token-key":
-		if !isGet(r) {
-			a.methodNotAllowed(w, r, allowGet)
-			return
-		}
-		if _, aerr := parseQuery(r); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		doc, err := a.svc.TokenKeys(r.Context())
-		if err != nil {
-			a.writeError(w, r, err)
-			return
-		}
-		_ = writeJSON(w, http.StatusOK, doc)
+		a.keyDoc(w, r, isGet(r), allowGet, a.svc.TokenKeys)
 	case rest == "/token-key/rotate":
-		if r.Method != http.MethodPost {
-			a.methodNotAllowed(w, r, allowPost)
-			return
-		}
-		if _, aerr := parseQuery(r); aerr != nil {
-			a.writeError(w, r, aerr)
-			return
-		}
-		doc, err := a.svc.RotateTokenKey(r.Context())
-		if err != nil {
-			a.writeError(w, r, err)
-			return
-		}
-		_ = writeJSON(w, http.StatusOK, doc)
+		a.keyDoc(w, r, r.Method == http.MethodPost, allowPost, a.svc.RotateTokenKey)
 	case rest == "/leadership-transfer":
 		if r.Method != http.MethodPost {
 			a.methodNotAllowed(w, r, allowPost)
@@ -121,4 +98,23 @@ func cutMember(rest string) (string, bool) {
 		}
 	}
 	return id, true
+}
+
+// keyDoc answers the token-key endpoints: no body, no query, the key-set
+// document (fence.KeySetDocument) as JSON.
+func (a *api) keyDoc(w http.ResponseWriter, r *http.Request, methodOK bool, allow string, call func(context.Context) (*fence.KeySetDocument, error)) {
+	if !methodOK {
+		a.methodNotAllowed(w, r, allow)
+		return
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return
+	}
+	doc, err := call(r.Context())
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, doc)
 }
