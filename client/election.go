@@ -168,6 +168,12 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 			sleep(wctx, jitter(backoff))
 			backoff = min(2*backoff, backoffMax)
 			continue
+		case errors.Is(err, ErrLockLost):
+			// As Mutex.Lock: elected by an earlier attempt and lapsed
+			// before we heard of it; campaign again.
+			sleep(wctx, jitter(backoff))
+			backoff = min(2*backoff, backoffMax)
+			continue
 		case s != nil && errors.Is(err, ErrSessionExpired):
 			return nil, sessionEnded(e.name, err)
 		default:

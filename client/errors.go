@@ -14,6 +14,12 @@ var (
 	// ErrWaitTimeout: the wait in line ended (the context's deadline or the
 	// server's wait limit) before the lock was granted.
 	ErrWaitTimeout = errors.New("dlock: timed out waiting for the lock")
+	// ErrLockLost: the acquire was granted (its fencing token was used) but
+	// the grant ended before its answer reached this client — a reply lost
+	// in a failover, retried after the unclaimed lease had lapsed. Mutex.Lock
+	// and Election.Campaign handle it by trying again; the low-level calls
+	// return it.
+	ErrLockLost = errors.New("dlock: the lock was granted but lost before the answer arrived")
 	// ErrNotHolder: a release or renew named a token and lease that do not
 	// hold the lock (it expired, was released, or was never yours).
 	ErrNotHolder = errors.New("dlock: not the holder of the lock")
@@ -50,6 +56,7 @@ const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeLockHeld        = "lock_held"
 	CodeWaitTimeout     = "wait_timeout"
+	CodeLockLost        = "lock_lost"
 	CodeNotHolder       = "not_holder"
 	CodeSessionNotFound = "session_not_found"
 	CodeNoLeader        = "no_leader"
@@ -85,6 +92,8 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrLockHeld
 	case CodeWaitTimeout:
 		return target == ErrWaitTimeout
+	case CodeLockLost:
+		return target == ErrLockLost
 	case CodeNotHolder:
 		return target == ErrNotHolder
 	case CodeSessionNotFound:

@@ -46,6 +46,7 @@ func TestAPIErrorIs(t *testing.T) {
 	for code, sentinels := range map[string][]error{
 		CodeLockHeld:        {ErrLockHeld},
 		CodeWaitTimeout:     {ErrWaitTimeout},
+		CodeLockLost:        {ErrLockLost},
 		CodeNotHolder:       {ErrNotHolder},
 		CodeSessionNotFound: {ErrSessionExpired},
 		CodeNoLeader:        {ErrNoLeader, ErrUnavailable},

@@ -183,6 +183,12 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 			sleep(ctx, jitter(backoff))
 			backoff = min(2*backoff, backoffMax)
 			continue
+		case errors.Is(err, ErrLockLost):
+			// Granted to an earlier attempt and lapsed before we heard of
+			// it (only a retry across a failover can see this): try again.
+			sleep(ctx, jitter(backoff))
+			backoff = min(2*backoff, backoffMax)
+			continue
 		default:
 			return nil, fmt.Errorf("lock %q: %w", name, err)
 		}

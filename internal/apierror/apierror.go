@@ -23,6 +23,7 @@ const (
 	SessionNotFound  Code = "session_not_found"
 	LockHeld         Code = "lock_held"
 	WaitTimeout      Code = "wait_timeout"
+	LockLost         Code = "lock_lost"
 	NotHolder        Code = "not_holder"
 	TooLarge         Code = "too_large"
 	RateLimited      Code = "rate_limited"
@@ -47,6 +48,7 @@ var table = map[Code]mapping{
 	SessionNotFound:  {http.StatusNotFound, codes.NotFound},
 	LockHeld:         {http.StatusConflict, codes.FailedPrecondition},
 	WaitTimeout:      {http.StatusConflict, codes.DeadlineExceeded},
+	LockLost:         {http.StatusConflict, codes.Aborted},
 	NotHolder:        {http.StatusConflict, codes.FailedPrecondition},
 	TooLarge:         {http.StatusRequestEntityTooLarge, codes.InvalidArgument},
 	RateLimited:      {http.StatusTooManyRequests, codes.ResourceExhausted},

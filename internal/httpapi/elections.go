@@ -73,7 +73,7 @@ func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string
 		resp, err := a.svc.Campaign(r.Context(), req)
 		if isConflict(err) && resp != nil {
 			e := apierror.From(err)
-			writeJSON(w, apierror.HTTPStatus(e.Code), campaignConflict{Leader: false, Error: errorBody{Code: e.Code, Message: e.Message}, Current: resp.Current})
+			writeJSON(w, apierror.HTTPStatus(e.Code), campaignConflict{Leader: false, Error: errorBody{Code: e.Code, Message: e.Message}, Current: resp.Current, FencingToken: resp.FencingToken})
 			return
 		}
 		reply(a, w, r, http.StatusOK, resp, err)
@@ -90,9 +90,10 @@ func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string
 }
 
 type campaignConflict struct {
-	Leader  bool                    `json:"leader"`
-	Error   errorBody               `json:"error"`
-	Current *service.ElectionLeader `json:"current,omitempty"`
+	Leader       bool                    `json:"leader"`
+	Error        errorBody               `json:"error"`
+	Current      *service.ElectionLeader `json:"current,omitempty"`
+	FencingToken uint64                  `json:"fencing_token,omitempty"` // lock_lost: the lost grant's
 }
 
 // electionRenew is the renew body with the election's field name for the

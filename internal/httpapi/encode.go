@@ -25,11 +25,13 @@ type errorEnvelope struct {
 }
 
 // acquireConflict is the 409 answer of an acquire that did not get the lock:
-// the error plus who holds it, so the caller can decide whether to wait.
+// the error plus who holds it, so the caller can decide whether to wait. A
+// lock_lost answer carries the token of the grant that was lost instead.
 type acquireConflict struct {
-	Acquired bool            `json:"acquired"`
-	Error    errorBody       `json:"error"`
-	Holder   *service.Holder `json:"holder,omitempty"`
+	Acquired     bool            `json:"acquired"`
+	Error        errorBody       `json:"error"`
+	Holder       *service.Holder `json:"holder,omitempty"`
+	FencingToken uint64          `json:"fencing_token,omitempty"`
 }
 
 // writeJSON marshals before touching the response, so that a value that
@@ -96,9 +98,10 @@ func (a *api) writeError(w http.ResponseWriter, r *http.Request, err error) {
 
 func (a *api) writeAcquireConflict(w http.ResponseWriter, r *http.Request, resp *service.AcquireResponse, e *apierror.Error) {
 	writeJSON(w, apierror.HTTPStatus(e.Code), acquireConflict{
-		Acquired: false,
-		Error:    errorBody{Code: e.Code, Message: message(e)},
-		Holder:   resp.Holder,
+		Acquired:     false,
+		Error:        errorBody{Code: e.Code, Message: message(e)},
+		Holder:       resp.Holder,
+		FencingToken: resp.FencingToken,
 	})
 }
 

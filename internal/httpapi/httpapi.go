@@ -344,10 +344,11 @@ func (a *api) splitAction(w http.ResponseWriter, r *http.Request, rest, kind, pr
 	return name, action, true
 }
 
-// isConflict reports the two acquire outcomes answered with who holds the lock.
+// isConflict reports the acquire outcomes answered with more than the error:
+// who holds the lock, or (lock_lost) the token of the grant that was lost.
 func isConflict(err error) bool {
 	c := apierror.CodeOf(err)
-	return c == apierror.LockHeld || c == apierror.WaitTimeout
+	return c == apierror.LockHeld || c == apierror.WaitTimeout || c == apierror.LockLost
 }
 
 // decodeAndCall decodes the body into a Req, lets fill add what came from the

@@ -258,7 +258,8 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.node.Apply(ctx, envelope(a.clientID, a.requestID, body))
+	env := envelope(a.clientID, a.requestID, body)
+	resp, err := s.node.Apply(ctx, env)
 	if err != nil {
 		return nil, err
 	}
@@ -268,6 +269,12 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	}
 	switch r.Status {
 	case command.StatusOK:
+		if r.Seq != resp.Index {
+			// Not granted by this entry: a retry answered from the dedup
+			// table (or the same lease again). The grant may have ended
+			// since; a dead grant must not be handed out as a live one.
+			return s.replayedGrant(ctx, a, r, resp.Index)
+		}
 		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision}, nil
 	case command.StatusLockHeld:
 		// Callers may describe the holder from local state (an election's
@@ -277,7 +284,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 		return &grantAnswer{holder: &h, revision: r.Revision},
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
-		return s.await(ctx, a, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
+		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
 	}
 	return nil, statusErr(r, a.what)
 }
@@ -292,32 +299,73 @@ type waitOutcome int
 const (
 	stillWaiting waitOutcome = iota
 	wasGranted
+	grantEnded
 	waitGone
 )
 
-// checkWait looks at the local state for the fate of one queued acquire.
-func (s *Service) checkWait(name string, w command.WaitRef) (waitOutcome, *grantAnswer, bool) {
+// liveGrant describes the grant (lease, seq) of key if it still holds; token 0
+// matches any token.
+func liveGrant(st *state.State, key string, lease command.LeaseID, seq, token uint64) *grantAnswer {
+	h := st.LockHolder(key)
+	l, ok := st.Lease(lease)
+	if !ok || h.Holder != lease || h.GrantSeq != seq || (token != 0 && h.Token != token) {
+		return nil
+	}
+	return &grantAnswer{granted: true, token: h.Token, expiresAt: ms(l.ExpiresAt()), leaseID: lease.String(), revision: st.Revision()}
+}
+
+// checkWait looks at the local state for the fate of one queued acquire, sent
+// with requestID: still in line, granted and holding, granted but ended since
+// (the dedup entry of the request records the grant), or gone without a grant.
+func (s *Service) checkWait(name string, w command.WaitRef, clientID, requestID string) (waitOutcome, *grantAnswer, bool) {
 	out, leaseAlive := waitGone, false
 	var res *grantAnswer
 	s.fsm.Read(func(st *state.State) {
-		l, ok := st.Lease(w.LeaseID)
-		leaseAlive = ok
-		h := st.LockHolder(name)
-		if h.Holder == w.LeaseID && h.GrantSeq == w.Seq {
+		_, leaseAlive = st.Lease(w.LeaseID)
+		if res = liveGrant(st, name, w.LeaseID, w.Seq, 0); res != nil {
 			out = wasGranted
-			res = &grantAnswer{granted: true, token: h.Token, expiresAt: ms(l.ExpiresAt()), leaseID: w.LeaseID.String(), revision: st.Revision()}
 			return
 		}
 		if seq, ok := st.WaitSeq(w.LeaseID, name); ok && seq == w.Seq {
 			out = stillWaiting
+			return
+		}
+		if r, ok := st.Lookup(clientID, requestID); ok && r.Status == command.StatusOK && r.LeaseID == w.LeaseID && r.Seq == w.Seq {
+			out, res = grantEnded, &grantAnswer{token: r.Token}
 		}
 	})
 	return out, res, leaseAlive
 }
 
+// replayedGrant answers a grant that was not made by this request's own log
+// entry: still holding, it is the answer; ended, the caller learns that it was
+// granted and lost before it heard of it.
+func (s *Service) replayedGrant(ctx context.Context, a acquireArgs, r command.Result, index uint64) (*grantAnswer, error) {
+	// A follower may not have applied the entry the leader answered from yet.
+	if err := s.fsm.WaitApplied(ctx, index); err != nil {
+		return nil, apierror.Wrap(apierror.Unavailable, err, "waiting for the local state to catch up; retry")
+	}
+	var g *grantAnswer
+	s.fsm.Read(func(st *state.State) { g = liveGrant(st, a.key, r.LeaseID, r.Seq, r.Token) })
+	if g != nil {
+		return g, nil
+	}
+	return s.grantLost(a, r.Token)
+}
+
+// grantLost is the answer to a request whose grant ended before the caller
+// heard of it: its reply was lost, and a retry came after the unclaimed lease
+// lapsed (or the lock was taken over). It was granted — the token was used —
+// so this is not a timeout, and not a grant the caller may act on.
+func (s *Service) grantLost(a acquireArgs, token uint64) (*grantAnswer, error) {
+	return &grantAnswer{token: token}, apierror.New(apierror.LockLost,
+		"%s %q was granted to this request (fencing token %d) but the grant ended before its answer reached you (nobody renewed its lease); acquire again with a new request_id",
+		a.what, displayName(a.key), token)
+}
+
 // await blocks a queued acquire until it is granted, times out, or its caller
 // goes away. The wait itself is replicated; this only watches for its fate.
-func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r command.Result, index uint64, wait time.Duration) (*grantAnswer, error) {
+func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, session bool, r command.Result, index uint64, wait time.Duration) (*grantAnswer, error) {
 	name := a.key
 	w := command.WaitRef{LeaseID: r.LeaseID, Name: name, Seq: r.Seq}
 	sig := s.waiters.add(w.LeaseID)
@@ -329,10 +377,12 @@ func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r comm
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		out, res, alive := s.checkWait(name, w)
+		out, res, alive := s.checkWait(name, w, a.clientID, requestID)
 		switch out {
 		case wasGranted:
 			return res, nil
+		case grantEnded:
+			return s.grantLost(a, res.token)
 		case waitGone:
 			if session && !alive {
 				return nil, apierror.New(apierror.SessionNotFound, "the session ended while waiting for %s %q; create a new session", a.what, displayName(name))
@@ -351,8 +401,11 @@ func (s *Service) await(ctx context.Context, a acquireArgs, session bool, r comm
 			if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
 				return nil, apierror.Wrap(apierror.Unavailable, err, "waiting for the local state to catch up; retry")
 			}
-			if out, res, _ := s.checkWait(name, w); out == wasGranted {
+			switch out, res, _ := s.checkWait(name, w, a.clientID, requestID); out {
+			case wasGranted:
 				return res, nil
+			case grantEnded:
+				return s.grantLost(a, res.token)
 			}
 			return s.timedOut(a)
 		case <-ctx.Done():

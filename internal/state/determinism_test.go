@@ -487,7 +487,14 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	var cuts []cut
 	rng := rand.New(rand.NewPCG(seed, 7))
 	stats := map[command.Status]int{}
-	dedupHits, retries := 0, 0
+	dedupHits, retries, grantedRetries := 0, 0, 0
+	// Every grant so far, by (lease, seq): a retried queued acquire may be
+	// answered with its grant only if that grant happened.
+	type grantRef struct {
+		lease command.LeaseID
+		seq   uint64
+	}
+	grants := map[grantRef]uint64{}
 	prevDump := dump(a)
 	maxLocks, maxLeases, maxQueue := 0, 0, 0
 
@@ -535,10 +542,25 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 			t.Fatalf("step %d: result revision %d ahead of state %d", i, ra.Revision, a.revision)
 		}
 
+		for _, ev := range evA {
+			if ev.Type == EventAcquired {
+				grants[grantRef{ev.LeaseID, ev.Seq}] = ev.Token
+			}
+		}
 		// Dedup: a repeated (client, request_id) returns the first result and
-		// changes nothing.
+		// changes nothing — except that a queued acquire whose wait was
+		// granted since is answered with that grant (same lease, same seq).
 		if isDup {
 			dedupHits++
+			if granted := prevFirst.Status == command.StatusQueued && ra.Status == command.StatusOK &&
+				ra.LeaseID == prevFirst.LeaseID && ra.Seq == prevFirst.Seq && ra.Token != 0; granted {
+				if grants[grantRef{ra.LeaseID, ra.Seq}] != ra.Token {
+					t.Fatalf("step %d: retry answered with grant %+v that never happened", i, ra)
+				}
+				grantedRetries++
+				prevFirst = ra
+				first[key] = ra
+			}
 			if ra != prevFirst {
 				t.Fatalf("step %d: dedup hit returned %+v, first result was %+v", i, ra, prevFirst)
 			}
@@ -609,7 +631,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 
 	// The run must have exercised what it claims to.
 	if model.lastToken < 50 || dedupHits < 10 || retries < 10 || len(cuts) < 5 {
-		t.Fatalf("weak run: %d grants, %d dedup hits, %d retries, %d cuts", model.lastToken, dedupHits, retries, len(cuts))
+		t.Fatalf("weak run: %d grants, %d dedup hits (%d answered with a later grant), %d retries, %d cuts", model.lastToken, dedupHits, grantedRetries, retries, len(cuts))
 	}
 	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
 		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting} {
@@ -633,6 +655,6 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	if maxQueue < 3 || maxLocks < 8 {
 		t.Errorf("weak run: at most %d locks, queues of at most %d", maxLocks, maxQueue)
 	}
-	t.Logf("seed %d: %d steps, %d tokens, %d dedup hits, %d retries, max %d locks %d leases queue %d, %d-byte final snapshot, statuses %v",
-		seed, steps, model.lastToken, dedupHits, retries, maxLocks, maxLeases, maxQueue, len(final), stats)
+	t.Logf("seed %d: %d steps, %d tokens, %d dedup hits (%d answered with a later grant), %d retries, max %d locks %d leases queue %d, %d-byte final snapshot, statuses %v",
+		seed, steps, model.lastToken, dedupHits, grantedRetries, retries, maxLocks, maxLeases, maxQueue, len(final), stats)
 }

@@ -488,6 +488,65 @@ func TestDedupReturnsFirstResult(t *testing.T) {
 	}
 }
 
+// A queued acquire's dedup entry becomes its grant when the wait is granted,
+// so a retry whose first answer was lost learns the truth even after the grant
+// ended; a wait that timed out, was cancelled or was moved to a newer lease of
+// the same client stays "queued" (never granted).
+func TestDedupOfQueuedAcquireFollowsItsGrant(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.acquire("a", "l", lid(1), ttl, 0), command.StatusOK)
+	q2 := h.req("b", "b-1", &command.Acquire{Name: "l", LeaseID: lid(2), TTLms: ttl, WaitMs: 60_000})
+	mustStatus(t, q2, command.StatusQueued)
+	q3 := h.req("c", "c-1", &command.Acquire{Name: "l", LeaseID: lid(3), TTLms: ttl, WaitMs: 60_000})
+	mustStatus(t, q3, command.StatusQueued)
+	q4 := h.req("d", "d-1", &command.Acquire{Name: "l", LeaseID: lid(4), TTLms: ttl, WaitMs: 60_000})
+	mustStatus(t, q4, command.StatusQueued)
+	// d restarts and queues again with a new lease: its first request's wait is gone.
+	q5 := h.req("d", "d-2", &command.Acquire{Name: "l", LeaseID: lid(5), TTLms: ttl, WaitMs: 60_000})
+	mustStatus(t, q5, command.StatusQueued)
+	// c's wait times out.
+	mustStatus(t, h.do("dlock", &command.ExpireWaits{Waits: []command.WaitRef{{LeaseID: lid(3), Name: "l", Seq: q3.Seq}}}), command.StatusOK)
+
+	if r, _ := h.s.Lookup("b", "b-1"); r != q2 {
+		t.Fatalf("before the grant: %+v, want %+v", r, q2)
+	}
+	mustStatus(t, h.release("a", "l", lid(1), 1), command.StatusOK) // hands off to b
+	r, _ := h.s.Lookup("b", "b-1")
+	if r.Status != command.StatusOK || r.LeaseID != lid(2) || r.Token != 2 || r.Seq != q2.Seq || r.TTLms != ttl {
+		t.Fatalf("after the grant: %+v, want ok with lease 2, token 2, seq %d", r, q2.Seq)
+	}
+	// The retry is answered with the grant and changes nothing.
+	before, rev := dump(h.s), h.s.Revision()
+	if got := h.req("b", "b-1", &command.Acquire{Name: "l", LeaseID: lid(9), TTLms: ttl, WaitMs: 60_000}); got != r {
+		t.Fatalf("retry = %+v, want %+v", got, r)
+	}
+	h.checkNoChange(before, rev)
+	// b's grant ends; the entry still says granted.
+	mustStatus(t, h.release("b", "l", lid(2), 2), command.StatusOK) // hands off to d's second wait
+	if got, _ := h.s.Lookup("b", "b-1"); got != r {
+		t.Fatalf("after the grant ended: %+v, want %+v", got, r)
+	}
+	for _, c := range []struct {
+		client, req string
+		want        command.Result
+	}{{"c", "c-1", q3}, {"d", "d-1", q4}} {
+		if got, _ := h.s.Lookup(c.client, c.req); got != c.want {
+			t.Fatalf("%s %s never granted, yet remembered as %+v", c.client, c.req, got)
+		}
+	}
+	if got, _ := h.s.Lookup("d", "d-2"); got.Status != command.StatusOK || got.Token != 3 || got.LeaseID != lid(5) {
+		t.Fatalf("d-2 granted: remembered as %+v", got)
+	}
+	// The rewritten entry survives a snapshot.
+	rs, err := Restore(h.s.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rs.Lookup("b", "b-1"); got != r {
+		t.Fatalf("after restore: %+v, want %+v", got, r)
+	}
+}
+
 func TestDedupTableIsBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow")

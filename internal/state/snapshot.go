@@ -14,9 +14,9 @@ import (
 var snapshotMagic = []byte("DLSNAP")
 
 // snapshotVersion 2 added lock and waiter values (elections), version 3 the
-// token-signing keys, version 4 the ACL tokens; older snapshots are still
-// read.
-const snapshotVersion = 4
+// token-signing keys, version 4 the ACL tokens, version 5 waiters' request
+// ids; older snapshots are still read.
+const snapshotVersion = 5
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -73,6 +73,7 @@ func (s *State) Snapshot() []byte {
 			w.Varint(q.EnqueuedAt)
 			w.Varint(q.Deadline)
 			w.String(q.Value)
+			w.String(q.RequestID)
 		}
 		return true
 	})
@@ -161,6 +162,9 @@ func Restore(b []byte) (*State, error) {
 			wt.Deadline = r.Varint()
 			if v >= 2 {
 				wt.Value = r.String()
+			}
+			if v >= 5 {
+				wt.RequestID = r.String()
 			}
 			lk.Queue = append(lk.Queue, wt)
 			l := s.leases[wt.LeaseID]

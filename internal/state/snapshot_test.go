@@ -43,6 +43,7 @@ type rawWaiter struct {
 	seq           uint64
 	enq, deadline int64
 	value         string
+	requestID     string
 }
 
 type rawLock struct {
@@ -105,6 +106,9 @@ func (r *rawSnap) encode() []byte {
 			if r.version >= 2 {
 				w.String(q.value)
 			}
+			if r.version >= 5 {
+				w.String(q.requestID)
+			}
 		}
 	}
 	w.Uvarint(uint64(len(r.dedup)))
@@ -151,7 +155,7 @@ func (r *rawSnap) encode() []byte {
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 4, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 5, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.CreatedAt})
@@ -159,7 +163,7 @@ func toRaw(s *State) *rawSnap {
 	s.locks.Ascend(func(lk *Lock) bool {
 		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value}
 		for _, q := range lk.Queue {
-			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value})
+			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID})
 		}
 		r.locks = append(r.locks, rl)
 		return true
@@ -239,6 +243,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 		r.locks[i].value = ""
 		for j := range r.locks[i].queue {
 			r.locks[i].queue[j].value = ""
+			r.locks[i].queue[j].requestID = ""
 		}
 	}
 	r.keys, r.acl = nil, nil
@@ -248,6 +253,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 		want.locks[i].value = ""
 		for j := range want.locks[i].queue {
 			want.locks[i].queue[j].value = ""
+			want.locks[i].queue[j].requestID = ""
 		}
 	}
 	got, err := Restore(r.encode())
@@ -275,8 +281,18 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 5":       raw(func(r *rawSnap) { r.version = 5 }),
+		"version 6":       raw(func(r *rawSnap) { r.version = 6 }),
+		"v5 body as v4": func() []byte {
+			b := raw(func(r *rawSnap) {})
+			b[6] = 4
+			return b
+		}(),
 		"v4 body as v3": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 4 })
+			b[6] = 3
+			return b
+		}(),
+		"v4 body as v3 (old)": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 3
 			return b

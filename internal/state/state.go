@@ -57,6 +57,10 @@ type Waiter struct {
 	Deadline int64
 	// Value is an election campaigner's value, set as the lock's on grant.
 	Value string
+	// RequestID is the acquire's request id. When the wait is granted, the
+	// dedup entry of that request is updated to the grant, so a retry of it
+	// learns it was granted even after the grant has ended.
+	RequestID string
 }
 
 // Lock is a named lock. It exists in the table while held or waited for.
@@ -179,6 +183,27 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 		s.remember(key, r)
 	}
 	return r
+}
+
+// rememberGrant turns the dedup entry of a granted wait's request from
+// "queued" into the grant. A retry of that request (its first answer was lost)
+// is then told the truth even once the wait is gone: it was granted, with this
+// token — and if the grant has ended since, the service can say so instead of
+// mistaking it for a timeout.
+func (s *State) rememberGrant(w Waiter, lk *Lock, lease *Lease) {
+	if w.RequestID == "" {
+		return
+	}
+	pos, ok := s.dedup[dedupKey{w.ClientID, w.RequestID}]
+	if !ok {
+		return // forgotten already: the table is bounded
+	}
+	e := &s.dedupRing[pos]
+	if e.result.Status != command.StatusQueued || e.result.LeaseID != lease.ID || e.result.Seq != w.Seq {
+		return
+	}
+	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
+		ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: w.Seq, Revision: e.result.Revision}
 }
 
 // remember stores a result in the bounded FIFO dedup table.
@@ -379,7 +404,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, index, b.WaitMs, b.Value)
+		s.enqueue(lk, lease, index, b.WaitMs, b.Value, e.RequestID)
 		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: index}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
@@ -388,8 +413,8 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 
 // enqueue appends a wait, or, if the same client already waits with another
 // lease (it restarted), moves that place in line to the new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value string) {
-	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value}
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value, RequestID: requestID}
 	lease.Waits[lk.Name] = seq
 	s.changed = true
 	for i := range lk.Queue {
@@ -467,6 +492,7 @@ func (s *State) handOff(lk *Lock) {
 		delete(lease.Waits, lk.Name)
 		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
 		s.grant(lk, lease, w.Seq, w.Value, CauseHandoff)
+		s.rememberGrant(w, lk, lease)
 		return
 	}
 	s.locks.Delete(lk)

@@ -67,6 +67,9 @@ type answer struct {
 	Error  *errorBody          `json:"error,omitempty"`
 	Holder *service.Holder     `json:"holder,omitempty"`
 	Event  *service.WatchEvent `json:"event,omitempty"`
+	// FencingToken is, with a lock_lost error, the token of the grant that
+	// was lost.
+	FencingToken uint64 `json:"fencing_token,omitempty"`
 }
 
 // handle decodes one message and starts it. Acquires run on goroutines of
@@ -272,7 +275,7 @@ func (c *conn) acquire(m *message) {
 		if err != nil {
 			a := &answer{ID: m.ID, Op: m.Op, Error: c.publicError(ctx, err)}
 			if resp != nil {
-				a.Holder = resp.Holder
+				a.Holder, a.FencingToken = resp.Holder, resp.FencingToken
 			}
 			c.send(c.ctx, a)
 			return

@@ -274,6 +274,9 @@ func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
 			out = oWaitTimeout
 		}
 		a.h.end(op, out)
+	case status == 409 && ans.Error != nil && ans.Error.Code == "lock_lost" && ans.FencingToken != 0:
+		op.OutToken = ans.FencingToken
+		a.h.end(op, oLost)
 	case status == 404 && ans.Error != nil && ans.Error.Code == "session_not_found":
 		a.h.end(op, oNoSession)
 	default:

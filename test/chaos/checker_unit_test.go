@@ -85,6 +85,14 @@ func TestModelAcceptsCorrectHistories(t *testing.T) {
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
 			add(acq("a", "L", long, s, s+1, oOK, 2, "la2")).
 			add(rel("a", "L", 1, "la", 2*s, 2*s+1, oNotHolder)).ops,
+		// The soak's seed-20261124 anomaly, as the service now answers it: a
+		// retried wait granted (others see token 590) and lapsed before the
+		// answer, which says so (lock_lost) instead of wait_timeout.
+		"granted then lost before the answer": (&hb{}).
+			add(acq("c4", "L", 15*s/10, 0, s/10, oOK, 580, "l4")).
+			add(Op{Client: "c1", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Wait: s / 2, Call: s, Return: 5 * s, Out: oLost, OutToken: 590}).
+			add(Op{Client: "c4", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Call: 3 * s, Return: 3*s + 1, Out: oHeld, HolderClient: "c1", HolderToken: 590}).
+			add(acq("c1", "L", 15*s/10, 5*s+1, 5*s+2, oOK, 598, "l1")).ops,
 	}
 	for name, ops := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -130,6 +138,15 @@ func TestModelCatchesViolations(t *testing.T) {
 		"lock_held naming the wrong holder": (&hb{}).
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
 			add(Op{Client: "b", Kind: kAcquire, Lock: "L", TTL: long, Call: 2 * s / 10, Return: 3 * s / 10, Out: oHeld, HolderClient: "c", HolderToken: 1}).ops,
+		// What the soak with seed 20261124 caught: a retried wait answered
+		// wait_timeout although it had been granted (others saw token 590).
+		"granted wait answered wait_timeout": (&hb{}).
+			add(acq("c4", "L", 15*s/10, 0, s/10, oOK, 580, "l4")).
+			add(Op{Client: "c1", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Wait: s / 2, Call: s, Return: 5 * s, Out: oWaitTimeout}).
+			add(Op{Client: "c4", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Call: 3 * s, Return: 3*s + 1, Out: oHeld, HolderClient: "c1", HolderToken: 590}).ops,
+		"lost grant while another holds": (&hb{}).
+			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
+			add(Op{Client: "b", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Wait: s / 2, Call: s, Return: 2 * s, Out: oLost, OutToken: 2}).ops,
 	}
 	for name, ops := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -54,6 +54,7 @@ const (
 	oOK          = "ok"
 	oHeld        = "lock_held"
 	oWaitTimeout = "wait_timeout"
+	oLost        = "lock_lost" // granted (OutToken) but ended before the answer: the client never held it
 	oNotHolder   = "not_holder"
 	oNoSession   = "session_not_found"
 	oUnknown     = "unknown" // no definitive answer: the operation may or may not have happened

@@ -221,6 +221,14 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 				return one(s)
 			}
 			return nil
+		case oLost:
+			// Granted with this token, and ended before the answer: the grant
+			// is a step like any other; its lease (unknown to the client, which
+			// never held it) may end from its promise on.
+			if (!p.Held || p.Client == in.Client) && out.Token > p.Last {
+				return one(grant(out.Token, ""))
+			}
+			return nil
 		case oWaitTimeout:
 			if in.Wait && p.Held && p.Client != in.Client {
 				return one(p)
