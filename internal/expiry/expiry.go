@@ -44,39 +44,40 @@ const MaxBatch = 1024
 // applied waits before being proposed again.
 const RetryAfter = time.Second
 
-type itemKind uint8
-
-const (
-	kindLease itemKind = iota
-	kindWait
-)
-
 type waitKey struct {
 	lease command.LeaseID
 	name  string
 }
 
+// item is one deadline: a lease's (name empty) or a wait's. The leader keeps
+// one per held lock, so it is kept small: 64 bytes, half of what a time.Time
+// and a WaitRef beside the lease fields took (docs/benchmarks.md, held locks).
 type item struct {
-	deadline time.Time
-	kind     itemKind
+	deadline time.Duration // since the reaper's epoch, on the monotonic clock
+	gen      uint64        // a lease's renewal generation; a wait's seq
 	lease    command.LeaseID
-	gen      uint64
-	wait     command.WaitRef
-	index    int
+	name     string // a wait's lock name (lock names are never empty)
+	index    int32
+}
+
+func (it *item) isWait() bool { return it.name != "" }
+
+func (it *item) waitRef() command.WaitRef {
+	return command.WaitRef{LeaseID: it.lease, Name: it.name, Seq: it.gen}
 }
 
 type deadlineHeap []*item
 
 func (h deadlineHeap) Len() int           { return len(h) }
-func (h deadlineHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
 func (h deadlineHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].index = int32(i)
+	h[j].index = int32(j)
 }
 func (h *deadlineHeap) Push(x any) {
 	it := x.(*item)
-	it.index = len(*h)
+	it.index = int32(len(*h))
 	*h = append(*h, it)
 }
 func (h *deadlineHeap) Pop() any {
@@ -95,6 +96,9 @@ type Reaper struct {
 	reader   StateReader
 	logger   *slog.Logger
 
+	// epoch is what item deadlines count from.
+	epoch time.Time
+
 	mu     sync.Mutex
 	active bool
 	h      deadlineHeap
@@ -108,7 +112,7 @@ func New(clock Clock, proposer Proposer, reader StateReader, logger *slog.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Reaper{clock: clock, proposer: proposer, reader: reader, logger: logger,
+	return &Reaper{clock: clock, proposer: proposer, reader: reader, logger: logger, epoch: clock.Now(),
 		leases: map[command.LeaseID]*item{}, waits: map[waitKey]*item{}, kick: make(chan struct{}, 1)}
 }
 
@@ -195,7 +199,7 @@ func (r *Reaper) Applied(_ uint64, events []state.Event) {
 			changed = true
 		case state.EventLeaseGone:
 			if it := r.leases[e.LeaseID]; it != nil {
-				heap.Remove(&r.h, it.index)
+				heap.Remove(&r.h, int(it.index))
 				delete(r.leases, e.LeaseID)
 			}
 		case state.EventWaitTimer:
@@ -203,8 +207,8 @@ func (r *Reaper) Applied(_ uint64, events []state.Event) {
 			changed = true
 		case state.EventWaitGone:
 			k := waitKey{e.LeaseID, e.Name}
-			if it := r.waits[k]; it != nil && it.wait.Seq == e.Seq {
-				heap.Remove(&r.h, it.index)
+			if it := r.waits[k]; it != nil && it.gen == e.Seq {
+				heap.Remove(&r.h, int(it.index))
 				delete(r.waits, k)
 			}
 		}
@@ -226,27 +230,32 @@ func (r *Reaper) Restored(s *state.State) {
 	r.rebuildLocked(s)
 }
 
+// at is the deadline remainingMs after now, as an item keeps it.
+func (r *Reaper) at(now time.Time, remainingMs int64) time.Duration {
+	return now.Sub(r.epoch) + time.Duration(remainingMs)*time.Millisecond
+}
+
 func (r *Reaper) setLeaseLocked(now time.Time, id command.LeaseID, gen uint64, remainingMs int64) {
-	d := now.Add(time.Duration(remainingMs) * time.Millisecond)
+	d := r.at(now, remainingMs)
 	if it := r.leases[id]; it != nil {
 		it.gen, it.deadline = gen, d
-		heap.Fix(&r.h, it.index)
+		heap.Fix(&r.h, int(it.index))
 		return
 	}
-	it := &item{deadline: d, kind: kindLease, lease: id, gen: gen}
+	it := &item{deadline: d, lease: id, gen: gen}
 	heap.Push(&r.h, it)
 	r.leases[id] = it
 }
 
 func (r *Reaper) setWaitLocked(now time.Time, w command.WaitRef, remainingMs int64) {
-	d := now.Add(time.Duration(remainingMs) * time.Millisecond)
+	d := r.at(now, remainingMs)
 	k := waitKey{w.LeaseID, w.Name}
 	if it := r.waits[k]; it != nil {
-		it.wait, it.deadline = w, d
-		heap.Fix(&r.h, it.index)
+		it.gen, it.deadline = w.Seq, d
+		heap.Fix(&r.h, int(it.index))
 		return
 	}
-	it := &item{deadline: d, kind: kindWait, wait: w}
+	it := &item{deadline: d, lease: w.LeaseID, name: w.Name, gen: w.Seq}
 	heap.Push(&r.h, it)
 	r.waits[k] = it
 }
@@ -260,18 +269,19 @@ func (r *Reaper) Due(now time.Time) (leases []command.LeaseGen, waits []command.
 	if !r.active {
 		return nil, nil, time.Time{}
 	}
-	for len(r.h) > 0 && !r.h[0].deadline.After(now) && len(leases) < MaxBatch && len(waits) < MaxBatch {
+	at := now.Sub(r.epoch)
+	for len(r.h) > 0 && r.h[0].deadline <= at && len(leases) < MaxBatch && len(waits) < MaxBatch {
 		it := r.h[0]
-		if it.kind == kindLease {
-			leases = append(leases, command.LeaseGen{LeaseID: it.lease, Gen: it.gen})
+		if it.isWait() {
+			waits = append(waits, it.waitRef())
 		} else {
-			waits = append(waits, it.wait)
+			leases = append(leases, command.LeaseGen{LeaseID: it.lease, Gen: it.gen})
 		}
-		it.deadline = now.Add(RetryAfter)
+		it.deadline = at + RetryAfter
 		heap.Fix(&r.h, 0)
 	}
 	if len(r.h) > 0 {
-		next = r.h[0].deadline
+		next = r.epoch.Add(r.h[0].deadline)
 	}
 	return leases, waits, next
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
@@ -185,5 +186,13 @@ func TestRunProposesDueExpiries(t *testing.T) {
 	el, ok := p.got[0].(*command.ExpireLeases)
 	if !ok || len(el.Leases) != 1 || el.Leases[0].LeaseID != lid(1) {
 		t.Fatalf("proposed %+v", p.got[0])
+	}
+}
+
+// The leader keeps one item per held lock: a million of them must stay small
+// (docs/benchmarks.md, held locks). A field added here should be a decision.
+func TestItemStaysSmall(t *testing.T) {
+	if size := unsafe.Sizeof(item{}); size > 64 {
+		t.Fatalf("a deadline item is %d bytes; it was 64", size)
 	}
 }

@@ -249,24 +249,15 @@ func dump(s *State) string {
 		num(l.Gen)
 		inum(l.RenewedAt)
 		inum(l.CreatedAt)
-		locks := make([]string, 0, len(l.Locks))
-		for n := range l.Locks {
-			locks = append(locks, n)
-		}
-		sort.Strings(locks)
 		b = append(b, "locks "...)
-		for _, n := range locks {
+		for _, n := range l.Locks.Sorted() {
 			str(n)
 		}
-		waits := make([]string, 0, len(l.Waits))
-		for n := range l.Waits {
-			waits = append(waits, n)
-		}
-		sort.Strings(waits)
 		b = append(b, "waits "...)
-		for _, n := range waits {
+		for _, n := range l.Waits.Sorted() {
 			str(n)
-			num(l.Waits[n])
+			seq, _ := l.Waits.Get(n)
+			num(seq)
 		}
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
@@ -351,7 +342,7 @@ func checkInvariants(t testing.TB, s *State) {
 		if holder == nil {
 			fail("lock %q held by unknown lease %x", lk.Name, lk.Holder)
 		}
-		if _, ok := holder.Locks[lk.Name]; !ok {
+		if !holder.Locks.Has(lk.Name) {
 			fail("lock %q: holder lease does not list it", lk.Name)
 		}
 		if !holder.Active {
@@ -374,7 +365,7 @@ func checkInvariants(t testing.TB, s *State) {
 			if l == nil {
 				fail("lock %q: waiter with unknown lease %x", lk.Name, w.LeaseID)
 			}
-			if seq, ok := l.Waits[lk.Name]; !ok || seq != w.Seq {
+			if seq, ok := l.Waits.Get(lk.Name); !ok || seq != w.Seq {
 				fail("lock %q: waiter lease does not list the wait (seq %d, listed %d %v)", lk.Name, w.Seq, seq, ok)
 			}
 			if w.ClientID != l.ClientID {
@@ -406,13 +397,14 @@ func checkInvariants(t testing.TB, s *State) {
 		if l.TTLms < command.MinTTLms || l.TTLms > command.MaxTTLms {
 			fail("lease %x ttl %d out of range", id, l.TTLms)
 		}
-		for name := range l.Locks {
+		for _, name := range l.Locks.Sorted() {
 			lk, _ := s.locks.Get(&Lock{Name: name})
 			if lk == nil || lk.Holder != id {
 				fail("lease %x lists lock %q it does not hold", id, name)
 			}
 		}
-		for name, seq := range l.Waits {
+		for _, name := range l.Waits.Sorted() {
+			seq, _ := l.Waits.Get(name)
 			lk, _ := s.locks.Get(&Lock{Name: name})
 			found := false
 			if lk != nil {
@@ -431,11 +423,11 @@ func checkInvariants(t testing.TB, s *State) {
 				fail("session %x not active", id)
 			}
 		} else {
-			if len(l.Locks)+len(l.Waits) != 1 {
-				fail("implicit lease %x holds %d and waits for %d locks", id, len(l.Locks), len(l.Waits))
+			if l.Locks.Len()+l.Waits.Len() != 1 {
+				fail("implicit lease %x holds %d and waits for %d locks", id, l.Locks.Len(), l.Waits.Len())
 			}
-			if l.Active != (len(l.Locks) == 1) {
-				fail("implicit lease %x active=%v but holds %d", id, l.Active, len(l.Locks))
+			if l.Active != (l.Locks.Len() == 1) {
+				fail("implicit lease %x active=%v but holds %d", id, l.Active, l.Locks.Len())
 			}
 		}
 	}

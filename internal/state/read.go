@@ -114,7 +114,7 @@ func (s *State) Lease(id command.LeaseID) (Lease, bool) {
 		return Lease{}, false
 	}
 	c := *l
-	c.Locks, c.Waits = nil, nil
+	c.Locks, c.Waits = NameSet{}, NameSet{}
 	return c, true
 }
 
@@ -124,8 +124,7 @@ func (s *State) WaitSeq(id command.LeaseID, name string) (uint64, bool) {
 	if l == nil {
 		return 0, false
 	}
-	seq, ok := l.Waits[name]
-	return seq, ok
+	return l.Waits.Get(name)
 }
 
 // Counts is a summary for metrics and status pages.

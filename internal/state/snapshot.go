@@ -123,7 +123,7 @@ func Restore(b []byte) (*State, error) {
 	}
 	var prevID command.LeaseID
 	for n := r.Count(24); n > 0 && r.Err() == nil; n-- {
-		l := &Lease{Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
+		l := &Lease{}
 		r.Fixed(l.ID[:])
 		if l.ID.IsZero() || (len(s.leases) > 0 && bytes.Compare(prevID[:], l.ID[:]) >= 0) {
 			return nil, errors.New("restore snapshot: lease ids are zero, repeated or out of order")
@@ -171,10 +171,10 @@ func Restore(b []byte) (*State, error) {
 			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || len(wt.Value) > command.MaxValueLen {
 				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
-			if _, twice := l.Waits[lk.Name]; twice {
+			if l.Waits.Has(lk.Name) {
 				return nil, fmt.Errorf("restore snapshot: a lease waits twice for lock %q", lk.Name)
 			}
-			l.Waits[lk.Name] = wt.Seq
+			l.Waits.Set(lk.Name, wt.Seq)
 		}
 		if len(lk.Value) > command.MaxValueLen {
 			return nil, fmt.Errorf("restore snapshot: lock %q has an oversized value", lk.Name)
@@ -188,7 +188,7 @@ func Restore(b []byte) (*State, error) {
 				return nil, fmt.Errorf("restore snapshot: lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
 			}
 			tokens[lk.Token] = true
-			l.Locks[lk.Name] = struct{}{}
+			l.Locks.Set(lk.Name, 0)
 		} else if r.Err() == nil {
 			// A lock is in the table only while held; a free lock's queue
 			// would have been handed the lock.
@@ -227,8 +227,8 @@ func Restore(b []byte) (*State, error) {
 	}
 	for _, l := range s.leases {
 		// An implicit lease exists for exactly one lock: held or waited for.
-		if !l.Session && len(l.Locks)+len(l.Waits) != 1 {
-			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, len(l.Locks)+len(l.Waits))
+		if !l.Session && l.Locks.Len()+l.Waits.Len() != 1 {
+			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks.Len()+l.Waits.Len())
 		}
 	}
 	return s, nil

@@ -7,7 +7,6 @@
 package state
 
 import (
-	"sort"
 	"strings"
 
 	"github.com/google/btree"
@@ -33,9 +32,10 @@ type Lease struct {
 	// RenewedAt is the leader timestamp of the last grant or renewal.
 	RenewedAt int64
 	CreatedAt int64
-	Locks     map[string]struct{}
-	// Waits maps lock name to the wait's sequence number.
-	Waits map[string]uint64
+	// Locks are the locks the lease holds (numbers unused).
+	Locks NameSet
+	// Waits are the locks it waits for, each with the wait's sequence.
+	Waits NameSet
 }
 
 // ExpiresAt is the display expiry in leader wall-clock milliseconds.
@@ -294,7 +294,7 @@ func (s *State) createSession(e *command.Envelope, b *command.CreateSession) com
 		return invalid("lease id missing or already in use")
 	}
 	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Session: true, Active: true,
-		RenewedAt: s.ts, CreatedAt: s.ts, Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
+		RenewedAt: s.ts, CreatedAt: s.ts}
 	s.leases[l.ID] = l
 	s.touch(l)
 	s.emit(Event{Type: EventSessionCreated, ClientID: l.ClientID})
@@ -366,14 +366,14 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 	}
 	// The same lease already waits for it: idempotent, same place.
 	if lease != nil {
-		if seq, ok := lease.Waits[name]; ok {
+		if seq, ok := lease.Waits.Get(name); ok {
 			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: seq}
 		}
 	}
 
 	newLease := func(active bool) *Lease {
 		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Active: active,
-			RenewedAt: s.ts, CreatedAt: s.ts, Locks: map[string]struct{}{}, Waits: map[string]uint64{}}
+			RenewedAt: s.ts, CreatedAt: s.ts}
 		s.leases[l.ID] = l
 		return l
 	}
@@ -415,14 +415,14 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 // lease (it restarted), moves that place in line to the new lease.
 func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
 	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value, RequestID: requestID}
-	lease.Waits[lk.Name] = seq
+	lease.Waits.Set(lk.Name, seq)
 	s.changed = true
 	for i := range lk.Queue {
 		if lk.Queue[i].ClientID == lease.ClientID {
 			prev := lk.Queue[i]
 			lk.Queue[i] = w
 			if old := s.leases[prev.LeaseID]; old != nil {
-				delete(old.Waits, lk.Name)
+				old.Waits.Delete(lk.Name)
 				s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: prev.LeaseID, Seq: prev.Seq})
 				s.dropIfIdle(old)
 			}
@@ -443,7 +443,7 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	lk.GrantedAt = s.ts
 	lk.GrantSeq = seq
 	lk.Value = value
-	lease.Locks[lk.Name] = struct{}{}
+	lease.Locks.Set(lk.Name, 0)
 	s.changed = true
 	if !lease.Session {
 		// An implicit lease's TTL counts from its grant. A session's does not
@@ -463,7 +463,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 		typ = EventExpired
 	}
 	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, LeaseID: holder.ID})
-	delete(holder.Locks, lk.Name)
+	holder.Locks.Delete(lk.Name)
 	lk.Holder = command.LeaseID{}
 	lk.GrantSeq = 0
 	lk.Value = ""
@@ -473,7 +473,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 
 // dropIfIdle ends an implicit lease that no longer holds or waits for anything.
 func (s *State) dropIfIdle(l *Lease) {
-	if !l.Session && len(l.Locks) == 0 && len(l.Waits) == 0 {
+	if !l.Session && l.Locks.Len() == 0 && l.Waits.Len() == 0 {
 		delete(s.leases, l.ID)
 		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
 	}
@@ -489,7 +489,7 @@ func (s *State) handOff(lk *Lock) {
 		if lease == nil {
 			continue // cannot happen: waits end with their lease
 		}
-		delete(lease.Waits, lk.Name)
+		lease.Waits.Delete(lk.Name)
 		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
 		s.grant(lk, lease, w.Seq, w.Value, CauseHandoff)
 		s.rememberGrant(w, lk, lease)
@@ -571,17 +571,12 @@ func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
 // endLease releases every lock of a lease (handing each on), drops its waits and
 // deletes it. Names are visited in sorted order so every replica does the same.
 func (s *State) endLease(l *Lease, cause string) {
-	for _, name := range sortedKeys(l.Locks) {
+	for _, name := range l.Locks.Sorted() {
 		lk, _ := s.locks.Get(&Lock{Name: name})
 		s.unhold(lk, l, cause)
 		s.handOff(lk)
 	}
-	waits := make([]string, 0, len(l.Waits))
-	for name := range l.Waits {
-		waits = append(waits, name)
-	}
-	sort.Strings(waits)
-	for _, name := range waits {
+	for _, name := range l.Waits.Sorted() {
 		s.removeWait(l, name, cause)
 	}
 	if _, still := s.leases[l.ID]; still {
@@ -600,8 +595,8 @@ func (s *State) endLease(l *Lease, cause string) {
 
 // removeWait takes a lease's wait out of a lock's queue.
 func (s *State) removeWait(l *Lease, name, cause string) {
-	seq := l.Waits[name]
-	delete(l.Waits, name)
+	seq, _ := l.Waits.Get(name)
+	l.Waits.Delete(name)
 	lk, _ := s.locks.Get(&Lock{Name: name})
 	if lk != nil {
 		for i := range lk.Queue {
@@ -624,7 +619,7 @@ func (s *State) waitMatches(w command.WaitRef) (*Lease, bool) {
 	if l == nil {
 		return nil, false
 	}
-	seq, ok := l.Waits[w.Name]
+	seq, ok := l.Waits.Get(w.Name)
 	return l, ok && seq == w.Seq
 }
 
@@ -665,15 +660,6 @@ func (s *State) touch(l *Lease) {
 	if l.Active {
 		s.emit(Event{Type: EventLeaseTimer, LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedAt + l.TTLms - s.ts})
 	}
-}
-
-func sortedKeys(m map[string]struct{}) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // hasPrefix is a name-prefix match.

@@ -1,0 +1,76 @@
+package state
+
+import (
+	"reflect"
+	"testing"
+	"unsafe"
+)
+
+func TestNameSet(t *testing.T) {
+	var n NameSet
+	check := func(step string, want map[string]uint64) {
+		t.Helper()
+		if n.Len() != len(want) {
+			t.Fatalf("%s: Len %d, want %d", step, n.Len(), len(want))
+		}
+		var names []string
+		for name, seq := range want {
+			if got, ok := n.Get(name); !ok || got != seq {
+				t.Fatalf("%s: Get(%q) = %d %v, want %d", step, name, got, ok, seq)
+			}
+			names = append(names, name)
+		}
+		if _, ok := n.Get("absent"); ok || n.Has("absent") {
+			t.Fatalf("%s: found a name never set", step)
+		}
+		sorted := n.Sorted()
+		if len(sorted) != len(names) {
+			t.Fatalf("%s: Sorted %v, want the names of %v", step, sorted, want)
+		}
+		for i := 1; i < len(sorted); i++ {
+			if sorted[i-1] >= sorted[i] {
+				t.Fatalf("%s: Sorted %v not in order", step, sorted)
+			}
+		}
+	}
+	check("empty", map[string]uint64{})
+	n.Delete("x") // deleting from an empty set is a no-op
+	n.Set("b", 2)
+	check("one inline", map[string]uint64{"b": 2})
+	if n.more != nil {
+		t.Fatal("a single name made a map")
+	}
+	n.Set("b", 3)
+	check("renumbered inline", map[string]uint64{"b": 3})
+	n.Delete("zzz")
+	check("delete of another name", map[string]uint64{"b": 3})
+	n.Set("a", 1)
+	check("two: moved to a map", map[string]uint64{"a": 1, "b": 3})
+	n.Set("c", 0)
+	n.Delete("b")
+	check("map after delete", map[string]uint64{"a": 1, "c": 0})
+	n.Delete("a")
+	n.Delete("c")
+	check("map emptied", map[string]uint64{})
+	n.Set("d", 4)
+	check("map reused", map[string]uint64{"d": 4})
+
+	var m NameSet
+	m.Set("only", 9)
+	m.Delete("only")
+	check2 := NameSet{}
+	if !reflect.DeepEqual(m, check2) {
+		t.Fatalf("inline set after its only delete = %+v, want empty", m)
+	}
+}
+
+// A held lock costs one Lease and one Lock; with a million of them every
+// word counts (docs/benchmarks.md). A field added here should be a decision.
+func TestHeldLockStructsStaySmall(t *testing.T) {
+	if size := unsafe.Sizeof(Lease{}); size > 136 {
+		t.Errorf("Lease is %d bytes; it was 136", size)
+	}
+	if size := unsafe.Sizeof(Lock{}); size > 96 {
+		t.Errorf("Lock is %d bytes; it was 96", size)
+	}
+}
