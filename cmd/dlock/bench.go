@@ -14,13 +14,18 @@ import (
 	"github.com/dlock/dlock/internal/bench"
 )
 
-const benchDefaultEndpoints = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090"
+const (
+	benchDefaultEndpoints     = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090"
+	benchDefaultGRPCEndpoints = "127.0.0.1:7072,127.0.0.1:7082,127.0.0.1:7092" // what `dlock dev` serves
+)
 
 // runBench is `dlock bench`: the load generator (internal/bench).
 func runBench(args []string) error {
 	fs := flag.NewFlagSet("dlock bench", flag.ContinueOnError)
 	var cfg bench.Config
 	endpoints := fs.String("endpoints", benchEnvOr("DLOCK_ENDPOINTS", benchDefaultEndpoints), "dlock API URLs, comma-separated; writes go to the leader found through any of them (env DLOCK_ENDPOINTS)")
+	grpcEndpoints := fs.String("grpc-endpoints", benchEnvOr("DLOCK_GRPC_ENDPOINTS", benchDefaultGRPCEndpoints), "dlock gRPC addresses (host:port), comma-separated, one per node: writes go to the one that is the leader (--protocol grpc; env DLOCK_GRPC_ENDPOINTS)")
+	fs.StringVar(&cfg.Protocol, "protocol", "http", "how to call dlock: http (HTTP/1.1 JSON) or grpc (dlock.v1); watch streams and memory scrapes use HTTP either way, failover is http only")
 	etcdEndpoints := fs.String("etcd-endpoints", "http://127.0.0.1:2379", "etcd client URLs, comma-separated (--target etcd)")
 	fs.StringVar(&cfg.Target, "target", "dlock", "system under test: dlock or etcd")
 	fs.StringVar(&cfg.Workload, "workload", "uncontended", "workload: "+strings.Join(bench.Workloads, ", "))
@@ -41,6 +46,7 @@ func runBench(args []string) error {
 	fs.StringVar(&cfg.EtcdBin, "etcd-bin", "etcd", "failover --target etcd: the etcd binary to start")
 	serveFlags := fs.String("serve-flags", "", "failover: extra server flags, space-separated (e.g. \"--heartbeat-timeout 200ms\")")
 	fs.IntVar(&cfg.Conns, "conns", 0, "idle keep-alive connections per host (default workers+16)")
+	fs.IntVar(&cfg.GRPCConns, "grpc-conns", 0, "--protocol grpc: gRPC connections to the leader shared by the workers (default one per 32 workers)")
 	fs.IntVar(&cfg.EtcdClients, "etcd-clients", 0, "etcd clients (gRPC connections) shared by the workers (default one per 32 workers)")
 	fs.BoolVar(&cfg.EtcdAllEndpoints, "etcd-all-endpoints", false, "let the etcd client balance over all endpoints instead of talking to the leader only")
 	fs.StringVar(&cfg.Label, "label", "", "free text copied into the result")
@@ -50,9 +56,14 @@ func runBench(args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: dlock bench [flags]
 
-Drives a dlock cluster (over HTTP/JSON, like a client) or an etcd cluster (v3 API,
-concurrency.Mutex) with N workers for a fixed time and prints throughput and
-latency p50/p90/p99/max per operation (HDR histograms).
+Drives a dlock cluster (over HTTP/JSON or, with --protocol grpc, its gRPC API, like
+a client) or an etcd cluster (v3 API, concurrency.Mutex) with N workers for a fixed
+time and prints throughput and latency p50/p90/p99/max per operation (HDR histograms).
+
+With --protocol grpc, acquires, releases, renewals and sessions go over gRPC to the
+leader's --grpc-endpoints entry (found with GetCluster, so list every node's), on
+--grpc-conns connections; held still reads memory from /metrics and watch still
+watches over SSE (HTTP). failover is http only.
 
 Workloads:
   uncontended  each worker acquires its own lock (ttl) and releases it
@@ -66,6 +77,7 @@ Workloads:
 
 Examples:
   dlock bench --workers 64 --duration 10s
+  dlock bench --protocol grpc --workload session --workers 64
   dlock bench --target etcd --etcd-endpoints http://127.0.0.1:2379 --workload contended --workers 8
   dlock bench --workload failover --nodes 5 --repeat 20 -o json
 
@@ -87,6 +99,7 @@ Flags:
 		return fmt.Errorf("-o %q: use text or json", *output)
 	}
 	cfg.Endpoints = benchSplitList(*endpoints)
+	cfg.GRPCEndpoints = benchSplitList(*grpcEndpoints)
 	cfg.EtcdEndpoints = benchSplitList(*etcdEndpoints)
 	cfg.ServeFlags = strings.Fields(*serveFlags)
 	cfg.CDF = *cdf

@@ -1,7 +1,15 @@
 // Package bench is dlock's load generator (`dlock bench`): it drives a dlock
-// cluster over its plain HTTP/JSON API, exactly like a client would, or an etcd
+// cluster over its plain HTTP/JSON API (dlockClient) or its gRPC API dlock.v1
+// (grpcClient, Config.Protocol "grpc"), exactly like a client would, or an etcd
 // cluster through go.etcd.io/etcd/client/v3 and concurrency.Mutex, with the same
 // workloads, and reports throughput and HDR-histogram latencies per operation.
+//
+// The dlock workloads call a lockAPI, so both protocols run the same code:
+// every call goes to the leader (HTTP: GET /api/v1/cluster leader_api_addr;
+// gRPC: the endpoint whose GetCluster node_id is its leader_id), and refusals
+// become *apiError with the dlock code and its HTTP status either way. Over
+// gRPC, held still reads memory from each node's HTTP /metrics and watch still
+// watches over SSE; failover is HTTP only.
 //
 // Workloads:
 //
@@ -42,8 +50,18 @@ type Config struct {
 	Target   string // "dlock" or "etcd"
 	Workload string
 
+	// Protocol is how the dlock workloads call dlock: "http" (HTTP/1.1
+	// JSON, the default) or "grpc" (dlock.v1). Watch streams and memory
+	// scrapes are HTTP either way; failover is HTTP only.
+	Protocol string
 	// Endpoints are dlock API URLs; the leader is found through any of them.
 	Endpoints []string
+	// GRPCEndpoints are dlock gRPC addresses (host:port), one per node: the
+	// leader's must be among them (--protocol grpc).
+	GRPCEndpoints []string
+	// GRPCConns is how many gRPC connections the workers share (0: one per
+	// 32 workers), all to the leader.
+	GRPCConns int
 	// EtcdEndpoints are etcd client URLs.
 	EtcdEndpoints []string
 	// EtcdAllEndpoints lets the etcd client balance over every endpoint;
@@ -95,6 +113,9 @@ func (c *Config) defaults() {
 	if c.Target == "" {
 		c.Target = "dlock"
 	}
+	if c.Protocol == "" {
+		c.Protocol = "http"
+	}
 	if c.Workers <= 0 {
 		c.Workers = 1
 	}
@@ -128,6 +149,9 @@ func (c *Config) defaults() {
 	if c.EtcdClients <= 0 {
 		c.EtcdClients = (c.Workers + 31) / 32
 	}
+	if c.GRPCConns <= 0 {
+		c.GRPCConns = (c.Workers + 31) / 32
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -140,10 +164,25 @@ func (c *Config) Validate() error {
 	}
 	switch c.Target {
 	case "dlock", "":
-		if len(c.Endpoints) == 0 && c.Workload != "failover" {
-			return errors.New("no dlock endpoints")
+		switch c.Protocol {
+		case "http", "":
+			if len(c.Endpoints) == 0 && c.Workload != "failover" {
+				return errors.New("no dlock endpoints")
+			}
+		case "grpc":
+			if c.Workload == "failover" {
+				return errors.New("--protocol grpc: the failover workload drives dlock over HTTP only; leave --protocol at http")
+			}
+			if len(c.GRPCEndpoints) == 0 {
+				return errors.New("--protocol grpc: no dlock gRPC endpoints (--grpc-endpoints)")
+			}
+		default:
+			return fmt.Errorf("protocol %q: use http or grpc", c.Protocol)
 		}
 	case "etcd":
+		if c.Protocol == "grpc" {
+			return errors.New("--protocol applies to --target dlock (the etcd client always speaks gRPC)")
+		}
 		if len(c.EtcdEndpoints) == 0 && c.Workload != "failover" {
 			return errors.New("no etcd endpoints")
 		}
@@ -174,6 +213,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.Config = map[string]string{
 		"duration": cfg.Duration.String(), "warmup": cfg.Warmup.String(), "ttl": cfg.TTL.String(),
+	}
+	if cfg.Target == "dlock" {
+		res.Config["protocol"] = cfg.Protocol
 	}
 	if cfg.Rate > 0 {
 		res.Config["rate"] = strconv.FormatFloat(cfg.Rate, 'f', -1, 64)

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
@@ -139,12 +145,38 @@ func TestValidate(t *testing.T) {
 		{Workload: "contended", Target: "etcd", EtcdEndpoints: []string{"x"}, TTLPerAcquire: true},
 		{Workload: "uncontended", Target: "etcd", EtcdEndpoints: []string{"x"}, TTL: 1500 * time.Millisecond},
 		{Workload: "failover", Nodes: 2},
+		{Workload: "uncontended", Protocol: "grpc", Endpoints: []string{"x"}},
+		{Workload: "uncontended", Protocol: "quic", Endpoints: []string{"x"}},
+		{Workload: "failover", Protocol: "grpc", GRPCEndpoints: []string{"x"}},
+		{Workload: "uncontended", Target: "etcd", Protocol: "grpc", EtcdEndpoints: []string{"x"}},
 	} {
 		c.defaults()
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
 		}
 	}
+}
+
+// runClean runs cfg, logs its text report and fails the test unless it
+// measured a throughput and counted no errors.
+func runClean(t *testing.T, cfg Config, logs *bytes.Buffer) *Result {
+	t.Helper()
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, logs.String())
+	}
+	var text bytes.Buffer
+	if err := res.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", text.String())
+	if res.Throughput <= 0 || res.ThroughputUnit == "" {
+		t.Fatalf("throughput %v %q, want > 0", res.Throughput, res.ThroughputUnit)
+	}
+	if len(res.Errors) > 0 {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	return res
 }
 
 // TestWorkloadsInProcess runs every HTTP workload for a moment against a real
@@ -167,21 +199,7 @@ func TestWorkloadsInProcess(t *testing.T) {
 			if wl == "watch" {
 				cfg.Rate = 100
 			}
-			res, err := Run(context.Background(), cfg)
-			if err != nil {
-				t.Fatalf("run: %v\n%s", err, logs.String())
-			}
-			var text bytes.Buffer
-			if err := res.WriteText(&text); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("\n%s", text.String())
-			if res.Throughput <= 0 || res.ThroughputUnit == "" {
-				t.Fatalf("throughput %v %q, want > 0", res.Throughput, res.ThroughputUnit)
-			}
-			if len(res.Errors) > 0 {
-				t.Fatalf("errors: %v", res.Errors)
-			}
+			res := runClean(t, cfg, &logs)
 			for op, o := range res.Ops {
 				if o.Count == 0 || o.P50 <= 0 && !strings.HasPrefix(op, "delivery") || o.Max < o.P99 || o.P99 < o.P50 {
 					t.Errorf("op %s: implausible %+v", op, o.Summary)
@@ -214,6 +232,104 @@ func TestWorkloadsInProcess(t *testing.T) {
 			var back Result
 			if err := json.Unmarshal(buf.Bytes(), &back); err != nil || back.Throughput != res.Throughput {
 				t.Fatalf("JSON round trip: %v", err)
+			}
+		})
+	}
+}
+
+// TestGRPCError checks that gRPC statuses become the *apiError the HTTP path
+// would have made: the dlock code from the ErrorDetail, its HTTP status, and
+// retryable only where HTTP's answer would be.
+func TestGRPCError(t *testing.T) {
+	withDetail := func(c codes.Code, code string) error {
+		st, err := status.New(c, "msg "+code).WithDetails(&dlockv1.ErrorDetail{Code: code})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Err()
+	}
+	for _, c := range []struct {
+		err       error
+		status    int
+		code      string
+		retryable bool
+	}{
+		{withDetail(codes.Unavailable, "no_leader"), 503, "no_leader", true},
+		{withDetail(codes.Unavailable, "unavailable"), 503, "unavailable", true},
+		{withDetail(codes.ResourceExhausted, "rate_limited"), 429, "rate_limited", true},
+		{withDetail(codes.FailedPrecondition, "lock_held"), 409, "lock_held", false},
+		{withDetail(codes.FailedPrecondition, "not_holder"), 409, "not_holder", false},
+		{withDetail(codes.DeadlineExceeded, "wait_timeout"), 409, "wait_timeout", false},
+		{withDetail(codes.Aborted, "lock_lost"), 409, "lock_lost", false},
+		{withDetail(codes.NotFound, "session_not_found"), 404, "session_not_found", false},
+		{withDetail(codes.InvalidArgument, "invalid_argument"), 400, "invalid_argument", false},
+		{withDetail(codes.Internal, "internal"), 500, "internal", false},
+		// A code this build does not know goes by its gRPC code.
+		{withDetail(codes.Unavailable, "some_future_code"), 503, "some_future_code", true},
+		// No ErrorDetail: gRPC's own statuses.
+		{status.Error(codes.Unavailable, "connection refused"), 503, "grpc_unavailable", true},
+		{status.Error(codes.Internal, "boom"), 500, "grpc_internal", false},
+	} {
+		got := grpcError(c.err)
+		var ae *apiError
+		if !errors.As(got, &ae) {
+			t.Errorf("%v: got %T %v, want an *apiError", c.err, got, got)
+			continue
+		}
+		if ae.Status != c.status || ae.Code != c.code || retryable(got) != c.retryable {
+			t.Errorf("%v: got status %d code %q retryable %v, want %d %q %v", c.err, ae.Status, ae.Code, retryable(got), c.status, c.code, c.retryable)
+		}
+		if !strings.Contains(ae.Error(), ae.Code) || !strings.HasPrefix(ae.Error(), "gRPC ") {
+			t.Errorf("Error() = %q", ae.Error())
+		}
+	}
+	// The call's own deadline or cancellation stays a transport error:
+	// retryable and counted as a timeout, like an HTTP client timeout.
+	dl := status.FromContextError(context.DeadlineExceeded).Err()
+	if got := grpcError(dl); !retryable(got) || errReason(got) != "timeout" {
+		t.Errorf("client deadline: %v retryable %v reason %q", got, retryable(got), errReason(got))
+	}
+	if grpcError(nil) != nil {
+		t.Error("grpcError(nil) != nil")
+	}
+	plain := errors.New("not a status")
+	if grpcError(plain) != plain {
+		t.Error("a non-status error must pass through")
+	}
+}
+
+// TestWorkloadsGRPC runs the uncontended and session workloads over gRPC
+// against a real 3-node cluster and checks that each measured something,
+// nothing failed and the result says which protocol it used.
+func TestWorkloadsGRPC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	c := testcluster.New(t, 3)
+	var eps []string
+	for _, id := range c.IDs() {
+		eps = append(eps, c.GRPCAddr(id))
+	}
+	for _, wl := range []string{"uncontended", "session"} {
+		t.Run(wl, func(t *testing.T) {
+			var logs bytes.Buffer
+			// Workers > 32 so that two connections are round-robined.
+			cfg := Config{Target: "dlock", Protocol: "grpc", Workload: wl, GRPCEndpoints: eps, Workers: 40,
+				Duration: time.Second, Warmup: 200 * time.Millisecond, Log: &logs}
+			res := runClean(t, cfg, &logs)
+			if res.ThroughputUnit != "cycles" {
+				t.Errorf("throughput unit %q, want cycles", res.ThroughputUnit)
+			}
+			for _, op := range []string{"acquire", "release", "cycle"} {
+				if o := res.Ops[op]; o.Count == 0 || o.P50 <= 0 {
+					t.Errorf("op %s: %+v", op, o.Summary)
+				}
+			}
+			if res.Config["protocol"] != "grpc" || res.Config["grpc_conns"] != "2" || res.Config["leader"] != c.GRPCAddr(c.WaitLeader(5*time.Second)) {
+				t.Errorf("config %v", res.Config)
+			}
+			if !slices.ContainsFunc(res.Notes, func(n string) bool { return strings.Contains(n, "over gRPC") }) {
+				t.Errorf("notes do not name the protocol: %q", res.Notes)
 			}
 		})
 	}

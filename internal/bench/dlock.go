@@ -17,14 +17,18 @@ import (
 	"time"
 )
 
-// apiError is a non-2xx dlock answer.
+// apiError is a non-2xx dlock answer, or a failed gRPC call (grpcError).
 type apiError struct {
-	Status  int
+	Status  int // the HTTP status (over gRPC: the HTTP status of Code)
 	Code    string
 	Message string
+	GRPC    string // over gRPC: the status code's name, e.g. "Unavailable"
 }
 
 func (e *apiError) Error() string {
+	if e.GRPC != "" {
+		return fmt.Sprintf("gRPC %s %s: %s", e.GRPC, e.Code, e.Message)
+	}
 	return fmt.Sprintf("HTTP %d %s: %s", e.Status, e.Code, e.Message)
 }
 
@@ -46,6 +50,28 @@ func retryable(err error) bool {
 	return err != nil
 }
 
+// lockAPI is what the dlock workloads call on a client: *dlockClient speaks
+// HTTP/JSON, *grpcClient gRPC (dlock.v1). Both send every call to the leader,
+// turn refusals into *apiError (so retryable and the error counts work alike)
+// and bound each call the same way (2 minutes, plus a contended acquire's wait
+// on gRPC).
+type lockAPI interface {
+	acquire(ctx context.Context, name string, req acquireReq) (*acquireResp, error)
+	release(ctx context.Context, name string, req holderReq) error
+	renew(ctx context.Context, name string, req holderReq) error
+	createSession(ctx context.Context, clientID string, ttl time.Duration) (string, error)
+	keepAlive(ctx context.Context, id string) error
+	deleteSession(ctx context.Context, id string) error
+	// rediscover looks for the leader again after a failure, at most every
+	// 200 ms.
+	rediscover(ctx context.Context)
+}
+
+var (
+	_ lockAPI = (*dlockClient)(nil)
+	_ lockAPI = (*grpcClient)(nil)
+)
+
 // dlockClient talks to a dlock cluster over HTTP/JSON with keep-alive, sending
 // every write to the leader's API address (found through GET /api/v1/cluster).
 type dlockClient struct {
@@ -54,7 +80,47 @@ type dlockClient struct {
 
 	mu     sync.Mutex
 	leader string // base URL, e.g. http://127.0.0.1:7070
-	found  time.Time
+	search leaderSearch
+}
+
+// leaderSearch is what both clients do around their discover: retry it
+// until a leader is found, and rerun it after failures at most every 200 ms.
+type leaderSearch struct {
+	mu    sync.Mutex
+	found time.Time // the last search
+}
+
+type discoverFunc func(ctx context.Context) (string, *clusterInfo, error)
+
+func (s *leaderSearch) mark() {
+	s.mu.Lock()
+	s.found = time.Now()
+	s.mu.Unlock()
+}
+
+// wait retries discover until it succeeds or within passes.
+func (s *leaderSearch) wait(ctx context.Context, within time.Duration, discover discoverFunc) (string, *clusterInfo, error) {
+	deadline := time.Now().Add(within)
+	for {
+		l, ci, err := discover(ctx)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return l, ci, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// again reruns discover unless a search ran in the last 200 ms.
+func (s *leaderSearch) again(ctx context.Context, discover discoverFunc) {
+	s.mu.Lock()
+	recent := time.Since(s.found) < 200*time.Millisecond
+	if !recent {
+		s.found = time.Now()
+	}
+	s.mu.Unlock()
+	if !recent {
+		_, _, _ = discover(ctx)
+	}
 }
 
 // newHTTPClient returns a keep-alive client with enough idle connections per
@@ -88,18 +154,20 @@ func normalizeURL(s string) string {
 	return s
 }
 
-// clusterInfo is GET /api/v1/cluster.
+// clusterInfo is GET /api/v1/cluster (or gRPC GetCluster, clusterFromPB).
 type clusterInfo struct {
-	NodeID    string `json:"node_id"`
-	LeaderID  string `json:"leader_id"`
-	LeaderAPI string `json:"leader_api_addr"`
-	Term      uint64 `json:"term"`
-	Members   []struct {
-		ID      string `json:"id"`
-		APIAddr string `json:"api_addr"`
-	} `json:"members"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
+	NodeID       string          `json:"node_id"`
+	LeaderID     string          `json:"leader_id"`
+	LeaderAPI    string          `json:"leader_api_addr"`
+	Term         uint64          `json:"term"`
+	Members      []clusterMember `json:"members"`
+	CommitIndex  uint64          `json:"commit_index"`
+	AppliedIndex uint64          `json:"applied_index"`
+}
+
+type clusterMember struct {
+	ID      string `json:"id"`
+	APIAddr string `json:"api_addr"`
 }
 
 func (c *dlockClient) cluster(ctx context.Context, base string) (*clusterInfo, error) {
@@ -127,8 +195,9 @@ func (c *dlockClient) discover(ctx context.Context) (string, *clusterInfo, error
 		}
 		leader := normalizeURL(ci.LeaderAPI)
 		c.mu.Lock()
-		c.leader, c.found = leader, time.Now()
+		c.leader = leader
 		c.mu.Unlock()
+		c.search.mark()
 		return leader, ci, nil
 	}
 	return "", nil, fmt.Errorf("find the dlock leader: %w", errors.Join(errs...))
@@ -136,14 +205,7 @@ func (c *dlockClient) discover(ctx context.Context) (string, *clusterInfo, error
 
 // waitLeader retries discover until it succeeds or within passes.
 func (c *dlockClient) waitLeader(ctx context.Context, within time.Duration) (string, *clusterInfo, error) {
-	deadline := time.Now().Add(within)
-	for {
-		l, ci, err := c.discover(ctx)
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			return l, ci, err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return c.search.wait(ctx, within, c.discover)
 }
 
 // base is the leader URL to send writes to (the first endpoint until found).
@@ -157,17 +219,7 @@ func (c *dlockClient) base() string {
 }
 
 // rediscover looks for the leader again after a failure, at most every 200 ms.
-func (c *dlockClient) rediscover(ctx context.Context) {
-	c.mu.Lock()
-	recent := time.Since(c.found) < 200*time.Millisecond
-	if !recent {
-		c.found = time.Now()
-	}
-	c.mu.Unlock()
-	if !recent {
-		_, _, _ = c.discover(ctx)
-	}
-}
+func (c *dlockClient) rediscover(ctx context.Context) { c.search.again(ctx, c.discover) }
 
 // do sends a JSON request and decodes a 2xx answer into out; any other answer
 // is an *apiError.

@@ -9,15 +9,40 @@ import (
 )
 
 func runDlock(ctx context.Context, cfg *Config, res *Result) error {
-	c := newDlockClient(cfg.Endpoints, cfg.Conns)
-	leader, ci, err := c.waitLeader(ctx, 15*time.Second)
+	var c lockAPI
+	var leader string
+	var ci *clusterInfo
+	var err error
+	switch cfg.Protocol {
+	case "grpc":
+		gc, gerr := newGRPCClient(cfg.GRPCEndpoints, cfg.GRPCConns)
+		if gerr != nil {
+			return gerr
+		}
+		defer gc.close()
+		c = gc
+		leader, ci, err = gc.waitLeader(ctx, 15*time.Second)
+		res.Config["grpc_conns"] = fmt.Sprint(cfg.GRPCConns)
+		res.Notes = append(res.Notes, fmt.Sprintf("requests go over gRPC (dlock.v1, HTTP/2, no TLS) to the leader's gRPC endpoint "+
+			"(the --grpc-endpoints entry whose GetCluster node_id is its leader_id), spread call by call over %d connection(s)", cfg.GRPCConns))
+		switch cfg.Workload {
+		case "held":
+			res.Notes = append(res.Notes, "memory is still read over HTTP, from /metrics at each member's API address (GetCluster)")
+		case "watch":
+			res.Notes = append(res.Notes, "acquires and releases go over gRPC; the watch streams are still SSE (HTTP), one per member's API address (GetCluster)")
+		}
+	default:
+		hc := newDlockClient(cfg.Endpoints, cfg.Conns)
+		c = hc
+		leader, ci, err = hc.waitLeader(ctx, 15*time.Second)
+		res.Notes = append(res.Notes, "requests go to the leader's API address (GET /api/v1/cluster leader_api_addr) over HTTP/1.1 keep-alive")
+	}
 	if err != nil {
 		return err
 	}
 	res.Config["leader"] = leader
-	res.Notes = append(res.Notes, "requests go to the leader's API address (GET /api/v1/cluster leader_api_addr) over HTTP/1.1 keep-alive")
 	id := runID()
-	logf(cfg, "dlock %s: %d workers, leader %s (node %s), run %s", cfg.Workload, cfg.Workers, leader, ci.LeaderID, id)
+	logf(cfg, "dlock %s over %s: %d workers, leader %s (node %s), run %s", cfg.Workload, cfg.Protocol, cfg.Workers, leader, ci.LeaderID, id)
 	switch cfg.Workload {
 	case "uncontended":
 		return dlockUncontended(ctx, cfg, res, c, id)
@@ -35,7 +60,7 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 
 // afterFailure counts err and, for a retryable one, looks for the leader again
 // and backs off briefly. It returns false when the run should stop.
-func afterFailure(ctx, stop context.Context, c *dlockClient, rec *recorder, op string, err error) bool {
+func afterFailure(ctx, stop context.Context, c lockAPI, rec *recorder, op string, err error) bool {
 	rec.fail(op, err)
 	if retryable(err) {
 		c.rediscover(ctx)
@@ -46,7 +71,7 @@ func afterFailure(ctx, stop context.Context, c *dlockClient, rec *recorder, op s
 	return backoff(stop, time.Millisecond)
 }
 
-func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c *dlockClient, id string) error {
+func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
 	rec := window(cfg)
 	pace := newPacer(cfg.Rate)
 	ttl := cfg.TTL.Milliseconds()
@@ -79,7 +104,7 @@ func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c *dlockCli
 	return nil
 }
 
-func dlockSession(ctx context.Context, cfg *Config, res *Result, c *dlockClient, id string) error {
+func dlockSession(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
 	rec := window(cfg)
 	pace := newPacer(cfg.Rate)
 	var setupErr error
@@ -153,7 +178,7 @@ func dlockSession(ctx context.Context, cfg *Config, res *Result, c *dlockClient,
 	return nil
 }
 
-func dlockContended(ctx context.Context, cfg *Config, res *Result, c *dlockClient, id string) error {
+func dlockContended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
 	rec := window(cfg)
 	name := fmt.Sprintf("bench/%s/c", id)
 	ttl, wait := cfg.TTL.Milliseconds(), cfg.WaitTimeout.Milliseconds()
@@ -193,7 +218,7 @@ type heldLock struct {
 	lease string
 }
 
-func dlockHeld(ctx context.Context, cfg *Config, res *Result, c *dlockClient, ci *clusterInfo, id string) error {
+func dlockHeld(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *clusterInfo, id string) error {
 	metrics := map[string]string{}
 	for node, u := range ci.memberURLs() {
 		metrics[node] = u + "/metrics"
@@ -416,7 +441,7 @@ func (d *delivery) outstanding() int {
 	return n
 }
 
-func dlockWatch(ctx context.Context, cfg *Config, res *Result, c *dlockClient, ci *clusterInfo, id string) error {
+func dlockWatch(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *clusterInfo, id string) error {
 	members := ci.memberURLs()
 	if len(members) == 0 {
 		return fmt.Errorf("GET /api/v1/cluster lists no member API addresses")
