@@ -23,7 +23,7 @@ const (
 	cliExitOK    = 0
 	cliExitError = 1
 	cliExitUsage = 2
-	cliExitHeld  = 3 // lock held by someone else, or the wait timed out
+	cliExitHeld  = 3 // not acquired: held by someone else, the wait timed out, or the grant was lost before the answer
 	cliExitLost  = 4 // lock lost while running the command, or not the holder
 )
 
@@ -136,7 +136,7 @@ func exitCode(err error) int {
 		return cliExitUsage
 	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrNotHolder):
 		return cliExitLost
-	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrWaitTimeout):
+	case errors.Is(err, client.ErrLockHeld), errors.Is(err, client.ErrWaitTimeout), errors.Is(err, client.ErrLockLost):
 		return cliExitHeld
 	}
 	return cliExitError
