@@ -149,3 +149,22 @@ func TestLeaseCounts(t *testing.T) {
 		t.Fatalf("b after a new walk: %d, want 1 (the table has one)", n)
 	}
 }
+
+// A walk keeps only the clients at an eighth of the cap or more, so a table
+// with a client id per lease is not copied whole; the others are counted from
+// what this node creates.
+func TestLeaseCountsKeepOnlyClientsNearTheCap(t *testing.T) {
+	st := sessionsState(t, map[string]int{"big": 20, "small": 1})
+	read := func(fn func(*state.State)) { fn(st) }
+	c := newLeaseCounts(newClock().now)
+	if n := c.count(read, "big", 16); n != 20 {
+		t.Fatalf("big: %d, want 20", n)
+	}
+	if _, kept := c.counts["small"]; kept || len(c.counts) != 1 {
+		t.Fatalf("walk kept %v; want only the client near the cap", c.counts)
+	}
+	c.changed("small", 1)
+	if n := c.count(read, "small", 16); n != 1 {
+		t.Fatalf("small: %d, want what this node created since the walk (1)", n)
+	}
+}
