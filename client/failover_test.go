@@ -477,3 +477,52 @@ func TestFailsOverToAnotherEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// A retried acquire can learn that its grant came and went before the
+// answer arrived (409 lock_lost). Lock must not give up, nor reuse the
+// request id (it would be told the same again): it acquires anew.
+func TestLockLostIsTriedAgain(t *testing.T) {
+	var mu sync.Mutex
+	var ids []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/acquire"):
+			var body struct {
+				RequestID string `json:"request_id"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			mu.Lock()
+			ids = append(ids, body.RequestID)
+			n := len(ids)
+			mu.Unlock()
+			if n == 1 {
+				w.WriteHeader(http.StatusConflict)
+				io.WriteString(w, `{"acquired":false,"error":{"code":"lock_lost","message":"granted (token 7), then lost"},"fencing_token":7}`)
+				return
+			}
+			fmt.Fprintf(w, `{"acquired":true,"fencing_token":8,"lease_id":"00112233445566778899aabbccddeeff","expires_at":%q,"revision":9}`,
+				time.Now().Add(30*time.Second).UTC().Format(time.RFC3339Nano))
+		case strings.HasSuffix(r.URL.Path, "/release"):
+			io.WriteString(w, `{"released":true,"revision":10}`)
+		default:
+			noLeader(w)
+		}
+	}))
+	defer srv.Close()
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cl.NewMutex("x", client.WithTTL(30*time.Second))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("Lock after lock_lost: %v", err)
+	}
+	defer m.Unlock(context.Background())
+	mu.Lock()
+	defer mu.Unlock()
+	if l.Token() != 8 || len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("token %d after request ids %q: want token 8 from a second acquire under a new request id", l.Token(), ids)
+	}
+}
