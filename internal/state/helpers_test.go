@@ -248,7 +248,6 @@ func dump(s *State) string {
 		flag(l.Active)
 		num(l.Gen)
 		inum(l.RenewedAt)
-		inum(l.CreatedAt)
 		b = append(b, "locks "...)
 		for _, n := range l.Locks.Sorted() {
 			str(n)

@@ -15,7 +15,7 @@ var snapshotMagic = []byte("DLSNAP")
 
 // snapshotVersion 2 added lock and waiter values (elections), version 3 the
 // token-signing keys, version 4 the ACL tokens, version 5 waiters' request
-// ids; older snapshots are still read.
+// ids and no more lease creation times; older snapshots are still read.
 const snapshotVersion = 5
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
@@ -54,7 +54,6 @@ func (s *State) Snapshot() []byte {
 		w.Bool(l.Active)
 		w.Uvarint(l.Gen)
 		w.Varint(l.RenewedAt)
-		w.Varint(l.CreatedAt)
 	}
 
 	w.Uvarint(uint64(s.locks.Len()))
@@ -135,7 +134,9 @@ func Restore(b []byte) (*State, error) {
 		l.Active = r.Bool()
 		l.Gen = r.Uvarint()
 		l.RenewedAt = r.Varint()
-		l.CreatedAt = r.Varint()
+		if v < 5 {
+			r.Varint() // the lease's creation time, which nothing read: dropped in v5
+		}
 		s.leases[l.ID] = l
 	}
 	prevName := ""

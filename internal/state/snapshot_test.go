@@ -84,7 +84,9 @@ func (r *rawSnap) encode() []byte {
 		w.Bool(l.active)
 		w.Uvarint(l.gen)
 		w.Varint(l.renewed)
-		w.Varint(l.created)
+		if r.version < 5 {
+			w.Varint(l.created)
+		}
 	}
 	w.Uvarint(uint64(len(r.locks)))
 	for _, lk := range r.locks {
@@ -158,7 +160,7 @@ func toRaw(s *State) *rawSnap {
 	r := &rawSnap{magic: "DLSNAP", version: 5, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
-		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.CreatedAt})
+		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1})
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
 		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value}

@@ -31,7 +31,6 @@ type Lease struct {
 	Gen uint64
 	// RenewedAt is the leader timestamp of the last grant or renewal.
 	RenewedAt int64
-	CreatedAt int64
 	// Locks are the locks the lease holds (numbers unused).
 	Locks NameSet
 	// Waits are the locks it waits for, each with the wait's sequence.
@@ -294,7 +293,7 @@ func (s *State) createSession(e *command.Envelope, b *command.CreateSession) com
 		return invalid("lease id missing or already in use")
 	}
 	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Session: true, Active: true,
-		RenewedAt: s.ts, CreatedAt: s.ts}
+		RenewedAt: s.ts}
 	s.leases[l.ID] = l
 	s.touch(l)
 	s.emit(Event{Type: EventSessionCreated, ClientID: l.ClientID})
@@ -373,7 +372,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 
 	newLease := func(active bool) *Lease {
 		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Active: active,
-			RenewedAt: s.ts, CreatedAt: s.ts}
+			RenewedAt: s.ts}
 		s.leases[l.ID] = l
 		return l
 	}
