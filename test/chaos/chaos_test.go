@@ -285,6 +285,7 @@ type runReport struct {
 	notes        []string
 	lin          []linResult
 	fence        fenceStats
+	watch        watchStats
 	probes       []probeSample
 	expiryLags   []time.Duration
 	waiterTimes  []time.Duration
@@ -363,6 +364,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		t.Fatalf("%v\n%s", err, c.logTails(40))
 	}
 
+	watchers := r.startWatchers()
 	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions)
 	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
 	if cfg.dense {
@@ -410,6 +412,21 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		r.durability()
 	}
 	fw.halt()
+	watchersChecked := false
+	if rep.finalHealthy && len(watchers.ws) > 0 {
+		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, final, err := watchers.ws[0].cl.ListWithRevision(lctx, "")
+		cancel()
+		if err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: "final revision for the watchers: " + err.Error()})
+		} else {
+			watchers.halt(final, 30*time.Second)
+			watchersChecked = true
+		}
+	}
+	if !watchersChecked {
+		watchers.halt(0, 0)
+	}
 	rep.faults = nem.schedule()
 	rep.pauses, rep.crashes = w.pauses.Load(), w.crashes.Load()
 	rep.retries = [4]int64{r.api.retries503.Load(), r.api.retries5xx.Load(), r.api.retriesNet.Load(), r.api.internal500.Load()}
@@ -432,6 +449,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	rep.anomalies = append(rep.anomalies, checkSessions(rep.ops)...)
 	rep.anomalies = append(rep.anomalies, checkConflictHolders(rep.ops)...)
 	rep.anomalies = append(rep.anomalies, checkAPI(rep.ops, healedAt, rep.retries[3])...)
+	if watchersChecked {
+		wa, ws := checkWatchers(watchers, rep.ops)
+		rep.anomalies = append(rep.anomalies, wa...)
+		rep.watch = ws
+	}
 	perLock := envDuration("DLOCK_CHAOS_LIN_TIMEOUT", 60*time.Second)
 	rep.lin = checkLinearizable(rep.ops, perLock, dir)
 	for _, l := range rep.lin {
@@ -963,6 +985,7 @@ func (r *runner) summary() string {
 	fmt.Fprintf(&b, "retries: %d on 503/429, %d on other 5xx (%d were 500), %d on connection errors/timeouts\n", rep.retries[0], rep.retries[1], rep.retries[3], rep.retries[2])
 	fmt.Fprintf(&b, "holds: %d; fenced writes: %d (accepted %d, rejected %d); GC-pause writes: %d (rejected %d, accepted after a newer grant because its holder had not written yet %d)\n",
 		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
+	fmt.Fprintf(&b, "watches: %s\n", rep.watch)
 	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
 	// faults
 	var clusterFaultsN int

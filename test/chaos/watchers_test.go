@@ -1,0 +1,314 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dlockclient "github.com/dlock/dlock/client"
+)
+
+// Watchers under faults. One Go-client watch per node (each listing the
+// nodes from a different one first, so the streams start on different
+// nodes) follows every change while the nemesis runs, resuming across node
+// kills, pauses and partitions as the client does (DESIGN §5: a watch from
+// revision R sees every later change exactly once). Afterwards:
+//
+//   - every revision two watchers both covered carries the same events, in
+//     the same order, on both (nodes apply one log; a resumed stream neither
+//     repeats nor skips);
+//   - no watcher skipped a revision another one saw inside a stretch it
+//     covered without a break;
+//   - every acknowledged grant shows up as an acquired/elected event with its
+//     token: at least on every watcher whose last, unbroken stream began
+//     before the grant's call;
+//   - every watcher catches up with the final revision after the heal.
+//
+// A stream the server refuses as compacted (a restarted node keeps events
+// only since its snapshot) is re-listed and resumed from the listed
+// revision: a break, counted, not an anomaly.
+
+// watchSegment is one unbroken stretch of a stream: every event with a
+// revision in [from, to] was delivered.
+type watchSegment struct {
+	from, to   uint64
+	start, end int64 // clock times (end 0: still open)
+}
+
+type streamWatcher struct {
+	id  int
+	cl  *dlockclient.Client
+	clk *clock
+
+	mu       sync.Mutex
+	caughtUp bool                // the open segment reached the final revision at halt
+	events   map[uint64][]string // revision -> events, in order
+	segs     []watchSegment
+	grants   map[string]bool // "name#token" of acquired/elected events
+	breaks   int
+	errs     []string
+}
+
+// watchKey identifies an event for comparison across watchers.
+func watchKey(ev dlockclient.WatchEvent) string {
+	return fmt.Sprintf("%s/%s/%s/%s/%d/%s/%s", ev.Kind, ev.Type, ev.Name, ev.ClientID, ev.FencingToken, ev.Cause, ev.Value)
+}
+
+type watchFleet struct {
+	ws     []*streamWatcher
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startWatchers starts one watcher per node.
+func (r *runner) startWatchers() *watchFleet {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &watchFleet{cancel: cancel}
+	n := len(r.c.nodes)
+	for i := range n {
+		var eps []string
+		for j := range n {
+			eps = append(eps, r.c.nodes[(i+j)%n].url())
+		}
+		cl, err := dlockclient.New(dlockclient.Config{Endpoints: eps, ClientID: fmt.Sprintf("chaos-watch-%d", i)})
+		if err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: "watch client: " + err.Error()})
+			continue
+		}
+		w := &streamWatcher{id: i, cl: cl, clk: r.clk, events: map[uint64][]string{}, grants: map[string]bool{}}
+		f.ws = append(f.ws, w)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			w.run(ctx)
+		}()
+	}
+	return f
+}
+
+func (w *streamWatcher) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, rev, err := w.cl.ListWithRevision(lctx, "")
+		cancel()
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		w.mu.Lock()
+		w.segs = append(w.segs, watchSegment{from: rev + 1, to: rev, start: w.clk.now()})
+		w.mu.Unlock()
+		for ev, err := range w.cl.Watch(ctx, "", rev+1) {
+			if err != nil {
+				w.mu.Lock()
+				w.breaks++
+				var ce *dlockclient.CompactedError
+				if !errors.As(err, &ce) && ctx.Err() == nil {
+					w.errs = append(w.errs, err.Error())
+				}
+				w.mu.Unlock()
+				break
+			}
+			w.add(ev)
+		}
+		w.mu.Lock()
+		w.segs[len(w.segs)-1].end = w.clk.now()
+		w.mu.Unlock()
+	}
+}
+
+func (w *streamWatcher) add(ev dlockclient.WatchEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seg := &w.segs[len(w.segs)-1]
+	if ev.Revision < seg.to {
+		w.errs = append(w.errs, fmt.Sprintf("revision %d after %d: out of order", ev.Revision, seg.to))
+	}
+	seg.to = ev.Revision
+	w.events[ev.Revision] = append(w.events[ev.Revision], watchKey(ev))
+	if ev.Type == "acquired" || ev.Type == "elected" {
+		w.grants[fmt.Sprintf("%s#%d", ev.Name, ev.FencingToken)] = true
+	}
+}
+
+// reached reports whether the watcher's open segment reached rev.
+func (w *streamWatcher) reached(rev uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.segs) > 0 && w.segs[len(w.segs)-1].end == 0 && w.segs[len(w.segs)-1].to >= rev
+}
+
+// halt waits (up to timeout) for every watcher to reach the cluster's final
+// revision, then stops them. A watcher whose open segment got there covers
+// every revision of it up to final.
+func (f *watchFleet) halt(final uint64, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for _, w := range f.ws {
+		for !w.reached(final) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		w.mu.Lock()
+		w.caughtUp = len(w.segs) > 0 && w.segs[len(w.segs)-1].end == 0 && w.segs[len(w.segs)-1].to >= final
+		w.mu.Unlock()
+	}
+	f.cancel()
+	f.wg.Wait()
+	for _, w := range f.ws {
+		w.mu.Lock()
+		if n := len(w.segs); n > 0 && w.caughtUp {
+			w.segs[n-1].to, w.segs[n-1].end = final, 0
+		}
+		w.mu.Unlock()
+		_ = w.cl.Close()
+	}
+}
+
+// covers reports whether every event of revision r reached the watcher in
+// one unbroken stretch. A stretch that broke may have delivered only part
+// of its last revision, so that one does not count.
+func (w *streamWatcher) covers(r uint64) bool {
+	for i, s := range w.segs {
+		last := s.to
+		if !(i == len(w.segs)-1 && w.caughtUp) {
+			last-- // broken: its last revision may be partial
+		}
+		if r >= s.from && r <= last {
+			return true
+		}
+	}
+	return false
+}
+
+// watchStats is what the report says about the watchers.
+type watchStats struct {
+	watchers, events, breaks int
+	revisions                int
+	grantsChecked            int
+}
+
+func (s watchStats) String() string {
+	return fmt.Sprintf("%d watchers, %d events over %d revisions, %d stream breaks (re-listed), %d acknowledged grants checked against the streams",
+		s.watchers, s.events, s.revisions, s.breaks, s.grantsChecked)
+}
+
+// checkWatchers compares the streams with each other and with the
+// acknowledged grants.
+func checkWatchers(f *watchFleet, ops []Op) ([]anomaly, watchStats) {
+	var out []anomaly
+	var st watchStats
+	st.watchers = len(f.ws)
+	all := map[uint64]bool{}
+	for _, w := range f.ws {
+		st.breaks += w.breaks
+		for r, evs := range w.events {
+			all[r] = true
+			st.events += len(evs)
+		}
+		for _, e := range w.errs {
+			out = append(out, anomaly{Kind: "watch:stream-error", What: fmt.Sprintf("watcher %d: %s", w.id, e)})
+		}
+		if !w.caughtUp {
+			out = append(out, anomaly{Kind: "liveness:watch-stuck", What: fmt.Sprintf("watcher %d did not reach the final revision after the heal", w.id)})
+		}
+	}
+	st.revisions = len(all)
+	revs := make([]uint64, 0, len(all))
+	for r := range all {
+		revs = append(revs, r)
+	}
+	sort.Slice(revs, func(i, j int) bool { return revs[i] < revs[j] })
+	for _, r := range revs {
+		for i, a := range f.ws {
+			if !a.covers(r) {
+				continue
+			}
+			for _, b := range f.ws[i+1:] {
+				if !b.covers(r) {
+					continue
+				}
+				ea, eb := a.events[r], b.events[r]
+				if strings.Join(ea, "\n") == strings.Join(eb, "\n") {
+					continue
+				}
+				kind := "watch:streams-differ"
+				if len(ea) == 0 || len(eb) == 0 {
+					kind = "watch:event-missed"
+				}
+				out = append(out, anomaly{Kind: kind,
+					What: fmt.Sprintf("revision %d: watcher %d saw %q, watcher %d saw %q", r, a.id, ea, b.id, eb)})
+			}
+		}
+	}
+	// A grant committed after a watcher's last stream began (its list came
+	// before the grant's call) must be in that stream: it is unbroken to the
+	// final revision.
+	for _, o := range ops {
+		if o.Kind != kAcquire || o.Out != oOK || o.OutToken == 0 {
+			continue
+		}
+		key := fmt.Sprintf("%s#%d", realName(o.Lock), o.OutToken)
+		for _, w := range f.ws {
+			if !w.caughtUp || w.segs[len(w.segs)-1].start > o.Call {
+				continue
+			}
+			st.grantsChecked++
+			if !w.grants[key] {
+				out = append(out, anomaly{Kind: "watch:grant-missed",
+					What: fmt.Sprintf("watcher %d followed the whole of op #%d without a break but never saw its grant (%s token %d)", w.id, o.ID, realName(o.Lock), o.OutToken)})
+			}
+		}
+	}
+	return out, st
+}
+
+// The checker on hand-made streams: it accepts agreeing streams with breaks
+// and catches a differing, a missed and a never-seen grant.
+func TestWatchChecker(t *testing.T) {
+	ev := func(rev uint64, typ, name string, token uint64) dlockclient.WatchEvent {
+		return dlockclient.WatchEvent{Revision: rev, Kind: "lock", Type: typ, Name: name, FencingToken: token}
+	}
+	mk := func(id int, segs []watchSegment, evs ...dlockclient.WatchEvent) *streamWatcher {
+		w := &streamWatcher{id: id, events: map[uint64][]string{}, grants: map[string]bool{}, caughtUp: true}
+		for _, e := range evs {
+			w.segs = segs
+			w.events[e.Revision] = append(w.events[e.Revision], watchKey(e))
+			if e.Type == "acquired" {
+				w.grants[fmt.Sprintf("%s#%d", e.Name, e.FencingToken)] = true
+			}
+		}
+		w.segs = segs
+		return w
+	}
+	grant := Op{ID: 1, Kind: kAcquire, Lock: "a", Out: oOK, OutToken: 7, Call: 50, Return: 60}
+	full := []dlockclient.WatchEvent{ev(1, "acquired", "a", 7), ev(2, "released", "a", 7), ev(2, "acquired", "a", 8), ev(3, "expired", "a", 8)}
+	one := []watchSegment{{from: 1, to: 3, start: 10}}
+	// Watcher 1 broke in the middle of revision 2 and re-listed at 3.
+	broken := []watchSegment{{from: 1, to: 2, start: 10, end: 70}, {from: 3, to: 3, start: 80}}
+	cases := []struct {
+		name string
+		ws   []*streamWatcher
+		want string // anomaly kind, "" for none
+	}{
+		{"agree", []*streamWatcher{mk(0, one, full...), mk(1, one, full...)}, ""},
+		{"partial last revision of a break", []*streamWatcher{mk(0, one, full...), mk(1, broken, full[0], full[1], full[3])}, ""},
+		{"differ", []*streamWatcher{mk(0, one, full...), mk(1, one, full[0], full[1], ev(2, "acquired", "a", 9), full[3])}, "watch:streams-differ"},
+		{"missed", []*streamWatcher{mk(0, one, full...), mk(1, one, full[0], full[3])}, "watch:event-missed"},
+		{"grant never seen", []*streamWatcher{mk(0, one, full[1:]...), mk(1, one, full[1:]...)}, "watch:grant-missed"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, _ := checkWatchers(&watchFleet{ws: c.ws}, []Op{grant})
+			if c.want == "" && len(got) > 0 {
+				t.Fatalf("anomalies on agreeing streams: %v", got)
+			}
+			if c.want != "" && (len(got) == 0 || got[0].Kind != c.want) {
+				t.Fatalf("got %v, want a %s", got, c.want)
+			}
+		})
+	}
+}
