@@ -25,10 +25,12 @@ func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (
 	resp, err := s.svc.Acquire(ctx, service.AcquireRequest{Name: req.Name, ClientID: req.ClientId, TTLms: req.TtlMs,
 		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId})
 	if err != nil {
-		// lock_held and wait_timeout come with who holds the lock.
+		// lock_held and wait_timeout come with who holds the lock, lock_lost
+		// with the token of the grant that was lost.
 		var d dlockv1.ErrorDetail
 		if resp != nil {
 			d.Holder = holderPB(resp.Holder)
+			d.FencingToken = resp.FencingToken
 		}
 		return nil, s.status(ctx, err, &d)
 	}
@@ -143,6 +145,7 @@ func (s *electionServer) Campaign(ctx context.Context, req *dlockv1.CampaignRequ
 		var d dlockv1.ErrorDetail
 		if resp != nil {
 			d.Current = leaderPB(resp.Current)
+			d.FencingToken = resp.FencingToken
 		}
 		return nil, s.status(ctx, err, &d)
 	}

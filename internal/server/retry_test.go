@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -100,6 +104,28 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 		code, ans := retry("retry/now", "now-1", 0)
 		if code != http.StatusConflict || ans.Error.Code != "lock_lost" || ans.FencingToken != r.Token {
 			t.Fatalf("retry of a lapsed grant: %d %+v, want 409 lock_lost with token %d", code, ans, r.Token)
+		}
+	})
+
+	t.Run("immediate grant lapsed, retried over gRPC", func(t *testing.T) {
+		r := proposeLostAcquire(t, c, leader, "retry/grpc", "c1", "grpc-1", 1000, 0)
+		if r.Status != command.StatusOK {
+			t.Fatalf("first attempt: %s, want ok", r.Status)
+		}
+		waitFor(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/grpc").Held })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := dlockv1.NewLockServiceClient(dialGRPC(t, c.GRPCAddr(follower))).Acquire(ctx,
+			&dlockv1.AcquireRequest{Name: "retry/grpc", ClientId: "c1", TtlMs: 1000, RequestId: "grpc-1"})
+		st := status.Convert(err)
+		var d *dlockv1.ErrorDetail
+		for _, x := range st.Details() {
+			if ed, ok := x.(*dlockv1.ErrorDetail); ok {
+				d = ed
+			}
+		}
+		if st.Code() != codes.Aborted || d == nil || d.Code != "lock_lost" || d.FencingToken != r.Token {
+			t.Fatalf("gRPC retry of a lapsed grant: %v %+v, want ABORTED lock_lost with token %d", st, d, r.Token)
 		}
 	})
 

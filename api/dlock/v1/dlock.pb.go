@@ -49,7 +49,11 @@ type ErrorDetail struct {
 	Current *ElectionLeader `protobuf:"bytes,3,opt,name=current,proto3" json:"current,omitempty"`
 	// On no_leader, unavailable and rate_limited: how long to wait before
 	// retrying (at least 1000).
-	RetryAfterMs  int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// On lock_lost from Acquire or Campaign: the fencing token of the grant
+	// that ended before its answer arrived (HTTP's 409 has it as
+	// fencing_token).
+	FencingToken  uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -108,6 +112,13 @@ func (x *ErrorDetail) GetCurrent() *ElectionLeader {
 func (x *ErrorDetail) GetRetryAfterMs() int64 {
 	if x != nil {
 		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *ErrorDetail) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
 	}
 	return 0
 }
@@ -3357,12 +3368,13 @@ var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
-	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x01\n" +
+	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x01\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12(\n" +
 	"\x06holder\x18\x02 \x01(\v2\x10.dlock.v1.HolderR\x06holder\x122\n" +
 	"\acurrent\x18\x03 \x01(\v2\x18.dlock.v1.ElectionLeaderR\acurrent\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\"\xc0\x01\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12#\n" +
+	"\rfencing_token\x18\x05 \x01(\x04R\ffencingToken\"\xc0\x01\n" +
 	"\x06Holder\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
