@@ -61,6 +61,7 @@ type apiClient struct {
 	c    *cluster
 	h    *history
 	http *http.Client
+	grpc *grpcConns // lock calls of grpcClient clients; nil: all HTTP
 
 	// counters of what the retries met
 	retries5xx, retries503, retriesNet, internal500 atomic.Int64
@@ -136,7 +137,19 @@ func (a *apiClient) call(op *Op, rng *rand.Rand, method, path string, body any, 
 		op.Attempts++
 		op.Via = append(op.Via, a.c.nodes[node].id)
 		ctx, cancel := context.WithTimeout(context.Background(), o.attempt)
-		status, b, err := a.send(ctx, node, method, path, body)
+		var status int
+		var b []byte
+		var err error
+		handled := false
+		if a.grpc != nil && grpcClient(op.Client) {
+			status, b, handled, err = a.grpc.send(ctx, node, method, path, body)
+			if handled {
+				op.Via[len(op.Via)-1] += "/grpc"
+			}
+		}
+		if !handled {
+			status, b, err = a.send(ctx, node, method, path, body)
+		}
 		cancel()
 		if err == nil {
 			var ans answer

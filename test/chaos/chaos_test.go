@@ -359,6 +359,14 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 	defer r.h.closeFence()
 	r.api = newAPIClient(c, r.h)
+	if binHasFlag(bin, "grpc-addr") {
+		g, err := newGRPCConns(c)
+		if err != nil {
+			t.Fatalf("gRPC connections: %v", err)
+		}
+		defer g.close()
+		r.api.grpc = g
+	}
 	pr, err := startProbe(r.api, r.clk, cfg.seed)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, c.logTails(40))
@@ -978,7 +986,16 @@ func (r *runner) summary() string {
 		}
 		return keys[i].out < keys[j].out
 	})
-	fmt.Fprintf(&b, "operations: %d\n", len(rep.ops))
+	viaGRPC := 0
+	for _, o := range rep.ops {
+		for _, v := range o.Via {
+			if strings.HasSuffix(v, "/grpc") {
+				viaGRPC++
+				break
+			}
+		}
+	}
+	fmt.Fprintf(&b, "operations: %d (%d of them lock calls over gRPC)\n", len(rep.ops), viaGRPC)
 	for _, k := range keys {
 		fmt.Fprintf(&b, "  %-15s %-18s %d\n", k.kind, k.out, counts[k])
 	}
