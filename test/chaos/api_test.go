@@ -61,7 +61,7 @@ type apiClient struct {
 	c    *cluster
 	h    *history
 	http *http.Client
-	grpc *grpcConns // lock calls of grpcClient clients; nil: all HTTP
+	grpc *grpcConns // lock calls of protocolOf "grpc" clients; nil: HTTP
 
 	// counters of what the retries met
 	retries5xx, retries503, retriesNet, internal500 atomic.Int64
@@ -141,11 +141,14 @@ func (a *apiClient) call(op *Op, rng *rand.Rand, method, path string, body any, 
 		var b []byte
 		var err error
 		handled := false
-		if a.grpc != nil && grpcClient(op.Client) {
+		switch proto := protocolOf(op.Client); {
+		case proto == "grpc" && a.grpc != nil:
 			status, b, handled, err = a.grpc.send(ctx, node, method, path, body)
-			if handled {
-				op.Via[len(op.Via)-1] += "/grpc"
-			}
+		case proto == "ws":
+			status, b, handled, err = wsSend(ctx, a.c.nodes[node].url(), method, path, body)
+		}
+		if handled {
+			op.Via[len(op.Via)-1] += "/" + protocolOf(op.Client)
 		}
 		if !handled {
 			status, b, err = a.send(ctx, node, method, path, body)

@@ -986,16 +986,18 @@ func (r *runner) summary() string {
 		}
 		return keys[i].out < keys[j].out
 	})
-	viaGRPC := 0
+	viaGRPC, viaWS := 0, 0
 	for _, o := range rep.ops {
-		for _, v := range o.Via {
-			if strings.HasSuffix(v, "/grpc") {
+		if len(o.Via) > 0 {
+			switch last := o.Via[len(o.Via)-1]; {
+			case strings.HasSuffix(last, "/grpc"):
 				viaGRPC++
-				break
+			case strings.HasSuffix(last, "/ws"):
+				viaWS++
 			}
 		}
 	}
-	fmt.Fprintf(&b, "operations: %d (%d of them lock calls over gRPC)\n", len(rep.ops), viaGRPC)
+	fmt.Fprintf(&b, "operations: %d (lock calls over gRPC %d, over WebSocket %d, the rest HTTP)\n", len(rep.ops), viaGRPC, viaWS)
 	for _, k := range keys {
 		fmt.Fprintf(&b, "  %-15s %-18s %d\n", k.kind, k.out, counts[k])
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/dlock/dlock/internal/apierror"
 )
 
-// The gRPC side of the workload. Some clients (grpcClient) send their lock
+// The gRPC side of the workload. Some clients (protocolOf) send their lock
 // acquires, releases and renewals over gRPC (dlock.v1 LockService) instead of
 // HTTP, through the same retry loop: each call is made as the gRPC request
 // and its answer turned back into the HTTP status and JSON the suite reads,
@@ -26,10 +26,16 @@ import (
 // same request id lands in the dedup table, and the answers must be the same
 // linearizable history. Sessions, elections and reads stay on HTTP.
 
-// grpcClient reports whether a client's lock calls go over gRPC: every
-// second per-lock client.
-func grpcClient(id string) bool {
-	return id == "c1" || id == "c3" || id == "c5"
+// protocolOf says how a client sends its lock calls: c1 and c3 over gRPC,
+// c5 over the WebSocket API, everyone else (and every other call) over HTTP.
+func protocolOf(id string) string {
+	switch id {
+	case "c1", "c3":
+		return "grpc"
+	case "c5":
+		return "ws"
+	}
+	return "http"
 }
 
 // grpcConns keeps one connection per node; they reconnect by themselves
