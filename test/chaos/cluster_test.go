@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -34,6 +35,10 @@ type cnode struct {
 	p       *proc
 	paused  bool
 	started bool // first start done (later starts omit --initial-cluster)
+	// rejoins: the node was removed from the cluster and its data wiped; it
+	// starts with --join through the other nodes (idempotent once it is a
+	// member again) instead of --initial-cluster.
+	rejoins bool
 }
 
 func (n *cnode) url() string { return "http://" + n.apiAddr }
@@ -130,7 +135,16 @@ func (c *cluster) startLocked(i int) error {
 	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
 		"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--raft-advertise", nd.proxyAddr,
 		"--log-level", "info", "--raft-log-level", "info"}
-	if !nd.started {
+	switch {
+	case nd.rejoins:
+		var urls []string
+		for _, o := range c.nodes {
+			if o != nd {
+				urls = append(urls, o.url())
+			}
+		}
+		args = append(args, "--join", strings.Join(urls, ","))
+	case !nd.started:
 		args = append(args, "--initial-cluster", c.init)
 	}
 	if binHasFlag(c.bin, "grpc-addr") {
@@ -148,6 +162,67 @@ func (c *cluster) startLocked(i int) error {
 	}
 	nd.p, nd.paused, nd.started = p, false, true
 	return nil
+}
+
+// removeMember takes node i out of the cluster's configuration through node
+// via (any node forwards to the leader).
+func (c *cluster) removeMember(via, i int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, c.nodes[via].url()+"/api/v1/cluster/members/"+c.nodes[i].id, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := statusClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", c.nodes[i].id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return fmt.Errorf("remove %s: %d %s", c.nodes[i].id, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+// wipe kills node i and deletes its data dir: it comes back as a new
+// member through --join.
+func (c *cluster) wipe(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	nd := c.nodes[i]
+	if nd.p != nil {
+		if err := nd.p.kill(); err != nil {
+			return err
+		}
+	}
+	nd.paused, nd.rejoins = false, true
+	return os.RemoveAll(nd.dataDir)
+}
+
+// voters reports whether the leader's view lists every node as a voter.
+func (c *cluster) voters(leader int) (bool, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var v struct {
+		Members []struct {
+			ID       string `json:"id"`
+			Suffrage string `json:"suffrage"`
+		} `json:"members"`
+	}
+	if _, err := getJSON(ctx, c.nodes[leader].url()+"/api/v1/cluster", &v); err != nil {
+		return false, err.Error()
+	}
+	voters := 0
+	for _, m := range v.Members {
+		if m.Suffrage == "voter" {
+			voters++
+		}
+	}
+	if voters != len(c.nodes) {
+		return false, fmt.Sprintf("%d of %d nodes are voters: %+v", voters, len(c.nodes), v.Members)
+	}
+	return true, ""
 }
 
 // kill SIGKILLs one node (a stopped one too).
@@ -350,6 +425,12 @@ func (c *cluster) healthy() (bool, string) {
 			return false, fmt.Sprintf("%s names leader %q, others %q", nd.id, v.LeaderID, leader)
 		}
 		leader = v.LeaderID
+	}
+	// A replaced node must be back as a voter, not left a non-voter.
+	for i, nd := range c.nodes {
+		if nd.id == leader {
+			return c.voters(i)
+		}
 	}
 	return true, ""
 }

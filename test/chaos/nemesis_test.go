@@ -55,6 +55,7 @@ const (
 	fBridge          = "partition-bridge"
 	fOneWayOut       = "oneway-leader-cannot-send"
 	fOneWayIn        = "oneway-leader-cannot-receive"
+	fReplace         = "replace-follower"
 	fClientPause     = "client-pause"
 	fClientCrash     = "client-crash"
 )
@@ -67,6 +68,7 @@ var clusterFaults = []struct {
 	{fPauseLeader, 4}, {fPauseFollower, 2},
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
 	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
+	{fReplace, 1},
 }
 
 // nemesis injects faults from its own seeded generator.
@@ -299,6 +301,21 @@ func (n *nemesis) runCluster() {
 				}
 			}
 			heal = func() error { n.c.net.healAll(); return nil }
+		case fReplace:
+			// Membership change under load: remove a follower, wipe its data
+			// and let it join again as a new member (non-voter, then voter
+			// once caught up) when the fault heals.
+			ev.Target = n.c.nodes[follower].id
+			err = n.c.removeMember(leader, follower)
+			if err == nil {
+				err = n.c.wipe(follower)
+			}
+			heal = func() error {
+				if n.c.running(follower) {
+					return nil // the removal failed: nothing to undo
+				}
+				return n.c.start(follower)
+			}
 		case fOneWayOut, fOneWayIn:
 			ev.Target = n.c.nodes[leader].id
 			for _, o := range others {
