@@ -185,6 +185,30 @@ func (c *cluster) removeMember(via, i int) error {
 	return nil
 }
 
+// transferLeadership asks, through node via, for leadership to move to node
+// to (the leader finishes its in-flight work and steps down; to must win the
+// election it starts).
+func (c *cluster) transferLeadership(via, to int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body := strings.NewReader(`{"id":"` + c.nodes[to].id + `"}`)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.nodes[via].url()+"/api/v1/cluster/leadership-transfer", body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := statusClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("transfer leadership to %s: %w", c.nodes[to].id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
+		return fmt.Errorf("transfer leadership to %s: %d %s", c.nodes[to].id, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
 // wipe kills node i and deletes its data dir: it comes back as a new
 // member through --join.
 func (c *cluster) wipe(i int) error {

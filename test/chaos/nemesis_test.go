@@ -56,6 +56,7 @@ const (
 	fOneWayOut       = "oneway-leader-cannot-send"
 	fOneWayIn        = "oneway-leader-cannot-receive"
 	fReplace         = "replace-follower"
+	fTransfer        = "transfer-leadership"
 	fClientPause     = "client-pause"
 	fClientCrash     = "client-crash"
 )
@@ -68,7 +69,7 @@ var clusterFaults = []struct {
 	{fPauseLeader, 4}, {fPauseFollower, 2},
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
 	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
-	{fReplace, 1},
+	{fReplace, 1}, {fTransfer, 1},
 }
 
 // nemesis injects faults from its own seeded generator.
@@ -316,6 +317,12 @@ func (n *nemesis) runCluster() {
 				}
 				return n.c.start(follower)
 			}
+		case fTransfer:
+			// A planned leader change under load (as before maintenance).
+			ev.Target = n.c.nodes[leader].id + " -> " + n.c.nodes[follower].id
+			err = n.c.transferLeadership(follower, follower)
+			hold = 0
+			heal = func() error { return nil }
 		case fOneWayOut, fOneWayIn:
 			ev.Target = n.c.nodes[leader].id
 			for _, o := range others {
