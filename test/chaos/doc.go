@@ -1,11 +1,14 @@
 // Package chaos is dlock's fault-injection (Jepsen-style) suite: it runs real
 // `dlock serve` processes on loopback, routes every node-to-node connection
 // through an in-test TCP proxy that can cut any directed link, drives a
-// workload of lock clients that write to fenced registers, injects faults
-// (kill -9, SIGSTOP, partitions, client pauses, whole-cluster restarts) from a
-// printed seed, and checks the recorded history: linearizability (porcupine),
-// mutual exclusion by the clients' conservative lease bounds, fencing-token
-// order, durability of acknowledged operations and liveness after healing.
+// workload of lock clients (over HTTP, gRPC and WebSocket) that write to
+// fenced registers while watchers follow every change, injects faults (kill
+// -9, SIGSTOP, partitions, client pauses, whole-cluster restarts, follower
+// replacement, leadership transfer) from a printed seed, and checks the
+// recorded history: linearizability (porcupine), mutual exclusion by the
+// clients' conservative lease bounds, fencing-token order, durability of
+// acknowledged operations, agreeing watch streams and liveness after
+// healing.
 //
 // The package has only tests. The long runs are opt-in:
 //
