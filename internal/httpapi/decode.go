@@ -85,18 +85,154 @@ func decodeJSON(b []byte, v any) *apierror.Error {
 	if !utf8.Valid(b) {
 		return badRequest("request body is not valid UTF-8")
 	}
-	if aerr := checkKeys(b, fieldsOf(v)); aerr != nil {
-		return aerr
+	fields := fieldsOf(v)
+	// The exact-key pass costs more than the decoding itself when done with
+	// json.Decoder tokens (docs/benchmarks.md): the common body takes a
+	// scan without allocations, and anything it is unsure of — or any body
+	// that then fails to decode — goes through checkKeys, so every answer
+	// stays what checkKeys says.
+	fast := keysPlain(b, fields)
+	if !fast {
+		if aerr := checkKeys(b, fields); aerr != nil {
+			return aerr
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if fast {
+			if aerr := checkKeys(b, fields); aerr != nil {
+				return aerr
+			}
+		}
 		return jsonError(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("request body has data after the JSON object; send exactly one object")
 	}
 	return nil
+}
+
+// keysPlain reports, without allocating, that b is one JSON object whose
+// top-level keys are all in fields, each once, spelt without escapes, with
+// nothing after it. Values are only skipped, not checked: the decoder does
+// that. false means "not sure", never "bad".
+func keysPlain(b []byte, fields []string) bool {
+	if len(fields) > 64 {
+		return false
+	}
+	var seen uint64
+	i := skipSpace(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return skipSpace(b, i+1) == len(b)
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		start := i + 1
+		end := start
+		for end < len(b) && b[end] != '"' {
+			if b[end] == '\\' || b[end] < 0x20 {
+				return false
+			}
+			end++
+		}
+		if end >= len(b) {
+			return false
+		}
+		known := false
+		for k, f := range fields {
+			if string(b[start:end]) == f {
+				if seen&(1<<k) != 0 {
+					return false
+				}
+				seen |= 1 << k
+				known = true
+				break
+			}
+		}
+		if !known {
+			return false
+		}
+		i = skipSpace(b, end+1)
+		if i >= len(b) || b[i] != ':' {
+			return false
+		}
+		var ok bool
+		if i, ok = skipJSONValue(b, skipSpace(b, i+1)); !ok {
+			return false
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return false
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case '}':
+			return skipSpace(b, i+1) == len(b)
+		default:
+			return false
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipJSONValue returns the index just after the value starting at i: a
+// string, an object or array (strings inside them included), or a number or
+// literal up to the next delimiter.
+func skipJSONValue(b []byte, i int) (int, bool) {
+	depth := 0
+	for i < len(b) {
+		switch c := b[i]; c {
+		case '"':
+			i++
+			for i < len(b) && b[i] != '"' {
+				if b[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			if i >= len(b) {
+				return 0, false
+			}
+			i++
+		case '{', '[':
+			depth++
+			i++
+		case '}', ']':
+			if depth == 0 {
+				return i, i > 0
+			}
+			depth--
+			i++
+		case ',':
+			if depth == 0 {
+				return i, true
+			}
+			i++
+		default:
+			i++
+		}
+		if depth == 0 && i < len(b) {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return i, true
+			}
+		}
+	}
+	return i, depth == 0
 }
 
 // checkKeys verifies that b is one JSON object whose top-level keys are all in
