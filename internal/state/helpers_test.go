@@ -249,13 +249,13 @@ func dump(s *State) string {
 		num(l.Gen)
 		inum(l.RenewedAt)
 		b = append(b, "locks "...)
-		for _, n := range l.Locks.Sorted() {
+		for _, n := range l.Locks().Sorted() {
 			str(n)
 		}
 		b = append(b, "waits "...)
-		for _, n := range l.Waits.Sorted() {
+		for _, n := range l.Waits().Sorted() {
 			str(n)
-			seq, _ := l.Waits.Get(n)
+			seq, _ := l.Waits().Get(n)
 			num(seq)
 		}
 	}
@@ -341,7 +341,7 @@ func checkInvariants(t testing.TB, s *State) {
 		if holder == nil {
 			fail("lock %q held by unknown lease %x", lk.Name, lk.Holder)
 		}
-		if !holder.Locks.Has(lk.Name) {
+		if !holder.Locks().Has(lk.Name) {
 			fail("lock %q: holder lease does not list it", lk.Name)
 		}
 		if !holder.Active {
@@ -364,7 +364,7 @@ func checkInvariants(t testing.TB, s *State) {
 			if l == nil {
 				fail("lock %q: waiter with unknown lease %x", lk.Name, w.LeaseID)
 			}
-			if seq, ok := l.Waits.Get(lk.Name); !ok || seq != w.Seq {
+			if seq, ok := l.Waits().Get(lk.Name); !ok || seq != w.Seq {
 				fail("lock %q: waiter lease does not list the wait (seq %d, listed %d %v)", lk.Name, w.Seq, seq, ok)
 			}
 			if w.ClientID != l.ClientID {
@@ -396,14 +396,14 @@ func checkInvariants(t testing.TB, s *State) {
 		if l.TTLms < command.MinTTLms || l.TTLms > command.MaxTTLms {
 			fail("lease %x ttl %d out of range", id, l.TTLms)
 		}
-		for _, name := range l.Locks.Sorted() {
+		for _, name := range l.Locks().Sorted() {
 			lk, _ := s.locks.Get(&Lock{Name: name})
 			if lk == nil || lk.Holder != id {
 				fail("lease %x lists lock %q it does not hold", id, name)
 			}
 		}
-		for _, name := range l.Waits.Sorted() {
-			seq, _ := l.Waits.Get(name)
+		for _, name := range l.Waits().Sorted() {
+			seq, _ := l.Waits().Get(name)
 			lk, _ := s.locks.Get(&Lock{Name: name})
 			found := false
 			if lk != nil {
@@ -422,11 +422,11 @@ func checkInvariants(t testing.TB, s *State) {
 				fail("session %x not active", id)
 			}
 		} else {
-			if l.Locks.Len()+l.Waits.Len() != 1 {
-				fail("implicit lease %x holds %d and waits for %d locks", id, l.Locks.Len(), l.Waits.Len())
+			if l.Locks().Len()+l.Waits().Len() != 1 {
+				fail("implicit lease %x holds %d and waits for %d locks", id, l.Locks().Len(), l.Waits().Len())
 			}
-			if l.Active != (l.Locks.Len() == 1) {
-				fail("implicit lease %x active=%v but holds %d", id, l.Active, l.Locks.Len())
+			if l.Active != (l.Locks().Len() == 1) {
+				fail("implicit lease %x active=%v but holds %d", id, l.Active, l.Locks().Len())
 			}
 		}
 	}

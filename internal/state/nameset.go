@@ -82,3 +82,71 @@ func (n *NameSet) Sorted() []string {
 	sort.Strings(out)
 	return out
 }
+
+// LeaseNames is one kind of a lease's names: the locks it holds (number 0 in
+// the set) or the ones it waits for (the wait's sequence, never 0).
+type LeaseNames struct {
+	set  *NameSet
+	held bool
+}
+
+func (v LeaseNames) kind(seq uint64) bool { return (seq == 0) == v.held }
+
+// Get returns a name's number if the name is of this kind.
+func (v LeaseNames) Get(name string) (uint64, bool) {
+	seq, ok := v.set.Get(name)
+	if !ok || !v.kind(seq) {
+		return 0, false
+	}
+	return seq, true
+}
+
+// Has reports whether the name is of this kind.
+func (v LeaseNames) Has(name string) bool {
+	_, ok := v.Get(name)
+	return ok
+}
+
+// Set adds a name of this kind (a held lock's number is always 0).
+func (v LeaseNames) Set(name string, seq uint64) {
+	if v.held {
+		seq = 0
+	}
+	v.set.Set(name, seq)
+}
+
+// Delete removes a name if it is of this kind.
+func (v LeaseNames) Delete(name string) {
+	if v.Has(name) {
+		v.set.Delete(name)
+	}
+}
+
+// Sorted returns the names of this kind in order.
+func (v LeaseNames) Sorted() []string {
+	all := v.set.Sorted()
+	out := all[:0]
+	for _, name := range all {
+		if v.Has(name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// Len is the number of names of this kind.
+func (v LeaseNames) Len() int {
+	if v.set.more == nil {
+		if v.set.name != "" && v.kind(v.set.seq) {
+			return 1
+		}
+		return 0
+	}
+	n := 0
+	for _, seq := range v.set.more {
+		if v.kind(seq) {
+			n++
+		}
+	}
+	return n
+}

@@ -114,7 +114,7 @@ func (s *State) Lease(id command.LeaseID) (Lease, bool) {
 		return Lease{}, false
 	}
 	c := *l
-	c.Locks, c.Waits = NameSet{}, NameSet{}
+	c.names = NameSet{}
 	return c, true
 }
 
@@ -124,7 +124,7 @@ func (s *State) WaitSeq(id command.LeaseID, name string) (uint64, bool) {
 	if l == nil {
 		return 0, false
 	}
-	return l.Waits.Get(name)
+	return l.Waits().Get(name)
 }
 
 // Counts is a summary for metrics and status pages.

@@ -1121,7 +1121,7 @@ func TestReads(t *testing.T) {
 		t.Fatal("WaitSeq on the wrong lock")
 	}
 	l, ok := h.s.Lease(lid(1))
-	if !ok || l.Locks.Len() != 0 || l.Waits.Len() != 0 || l.ClientID != "ca/1" {
+	if !ok || l.Locks().Len() != 0 || l.Waits().Len() != 0 || l.ClientID != "ca/1" {
 		t.Fatalf("Lease copy %+v", l)
 	}
 }

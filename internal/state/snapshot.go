@@ -169,13 +169,13 @@ func Restore(b []byte) (*State, error) {
 			}
 			lk.Queue = append(lk.Queue, wt)
 			l := s.leases[wt.LeaseID]
-			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || len(wt.Value) > command.MaxValueLen {
+			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen {
 				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
-			if l.Waits.Has(lk.Name) {
+			if l.Waits().Has(lk.Name) {
 				return nil, fmt.Errorf("restore snapshot: a lease waits twice for lock %q", lk.Name)
 			}
-			l.Waits.Set(lk.Name, wt.Seq)
+			l.Waits().Set(lk.Name, wt.Seq)
 		}
 		if len(lk.Value) > command.MaxValueLen {
 			return nil, fmt.Errorf("restore snapshot: lock %q has an oversized value", lk.Name)
@@ -189,7 +189,7 @@ func Restore(b []byte) (*State, error) {
 				return nil, fmt.Errorf("restore snapshot: lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
 			}
 			tokens[lk.Token] = true
-			l.Locks.Set(lk.Name, 0)
+			l.Locks().Set(lk.Name, 0)
 		} else if r.Err() == nil {
 			// A lock is in the table only while held; a free lock's queue
 			// would have been handed the lock.
@@ -228,8 +228,8 @@ func Restore(b []byte) (*State, error) {
 	}
 	for _, l := range s.leases {
 		// An implicit lease exists for exactly one lock: held or waited for.
-		if !l.Session && l.Locks.Len()+l.Waits.Len() != 1 {
-			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks.Len()+l.Waits.Len())
+		if !l.Session && l.Locks().Len()+l.Waits().Len() != 1 {
+			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks().Len()+l.Waits().Len())
 		}
 	}
 	return s, nil

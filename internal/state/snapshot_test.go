@@ -336,6 +336,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 			lk.queue = append(lk.queue, rawWaiter{lease: lid(999), client: "x", seq: 1})
 		}),
 		"holder unknown": raw(func(r *rawSnap) { lockAt(r, "jobs/a").holder = lid(999) }),
+		"waiter seq 0":   raw(func(r *rawSnap) { lockAt(r, "jobs/a").queue[0].seq = 0 }),
 		"bad bool":       badBool(raw(func(r *rawSnap) { r.leases[0].client = "MARK" }), sampleState(t).leases[lid(1)].TTLms),
 		"huge lease count": func() []byte {
 			w := &wire.Writer{}

@@ -31,11 +31,17 @@ type Lease struct {
 	Gen uint64
 	// RenewedAt is the leader timestamp of the last grant or renewal.
 	RenewedAt int64
-	// Locks are the locks the lease holds (numbers unused).
-	Locks NameSet
-	// Waits are the locks it waits for, each with the wait's sequence.
-	Waits NameSet
+	// names are the locks the lease holds (number 0) and waits for (the
+	// wait's sequence, never 0): a lease never holds and waits for one lock,
+	// so one set serves both (Locks, Waits).
+	names NameSet
 }
+
+// Locks are the locks the lease holds.
+func (l *Lease) Locks() LeaseNames { return LeaseNames{set: &l.names, held: true} }
+
+// Waits are the locks the lease waits for, each with the wait's sequence.
+func (l *Lease) Waits() LeaseNames { return LeaseNames{set: &l.names} }
 
 // ExpiresAt is the display expiry in leader wall-clock milliseconds.
 func (l *Lease) ExpiresAt() int64 {
@@ -365,7 +371,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 	}
 	// The same lease already waits for it: idempotent, same place.
 	if lease != nil {
-		if seq, ok := lease.Waits.Get(name); ok {
+		if seq, ok := lease.Waits().Get(name); ok {
 			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: seq}
 		}
 	}
@@ -414,14 +420,14 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 // lease (it restarted), moves that place in line to the new lease.
 func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
 	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value, RequestID: requestID}
-	lease.Waits.Set(lk.Name, seq)
+	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	for i := range lk.Queue {
 		if lk.Queue[i].ClientID == lease.ClientID {
 			prev := lk.Queue[i]
 			lk.Queue[i] = w
 			if old := s.leases[prev.LeaseID]; old != nil {
-				old.Waits.Delete(lk.Name)
+				old.Waits().Delete(lk.Name)
 				s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: prev.LeaseID, Seq: prev.Seq})
 				s.dropIfIdle(old)
 			}
@@ -442,7 +448,7 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	lk.GrantedAt = s.ts
 	lk.GrantSeq = seq
 	lk.Value = value
-	lease.Locks.Set(lk.Name, 0)
+	lease.Locks().Set(lk.Name, 0)
 	s.changed = true
 	if !lease.Session {
 		// An implicit lease's TTL counts from its grant. A session's does not
@@ -462,7 +468,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 		typ = EventExpired
 	}
 	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, LeaseID: holder.ID})
-	holder.Locks.Delete(lk.Name)
+	holder.Locks().Delete(lk.Name)
 	lk.Holder = command.LeaseID{}
 	lk.GrantSeq = 0
 	lk.Value = ""
@@ -472,7 +478,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 
 // dropIfIdle ends an implicit lease that no longer holds or waits for anything.
 func (s *State) dropIfIdle(l *Lease) {
-	if !l.Session && l.Locks.Len() == 0 && l.Waits.Len() == 0 {
+	if !l.Session && l.Locks().Len() == 0 && l.Waits().Len() == 0 {
 		delete(s.leases, l.ID)
 		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
 	}
@@ -488,7 +494,7 @@ func (s *State) handOff(lk *Lock) {
 		if lease == nil {
 			continue // cannot happen: waits end with their lease
 		}
-		lease.Waits.Delete(lk.Name)
+		lease.Waits().Delete(lk.Name)
 		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
 		s.grant(lk, lease, w.Seq, w.Value, CauseHandoff)
 		s.rememberGrant(w, lk, lease)
@@ -570,12 +576,12 @@ func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
 // endLease releases every lock of a lease (handing each on), drops its waits and
 // deletes it. Names are visited in sorted order so every replica does the same.
 func (s *State) endLease(l *Lease, cause string) {
-	for _, name := range l.Locks.Sorted() {
+	for _, name := range l.Locks().Sorted() {
 		lk, _ := s.locks.Get(&Lock{Name: name})
 		s.unhold(lk, l, cause)
 		s.handOff(lk)
 	}
-	for _, name := range l.Waits.Sorted() {
+	for _, name := range l.Waits().Sorted() {
 		s.removeWait(l, name, cause)
 	}
 	if _, still := s.leases[l.ID]; still {
@@ -594,8 +600,8 @@ func (s *State) endLease(l *Lease, cause string) {
 
 // removeWait takes a lease's wait out of a lock's queue.
 func (s *State) removeWait(l *Lease, name, cause string) {
-	seq, _ := l.Waits.Get(name)
-	l.Waits.Delete(name)
+	seq, _ := l.Waits().Get(name)
+	l.Waits().Delete(name)
 	lk, _ := s.locks.Get(&Lock{Name: name})
 	if lk != nil {
 		for i := range lk.Queue {
@@ -618,7 +624,7 @@ func (s *State) waitMatches(w command.WaitRef) (*Lease, bool) {
 	if l == nil {
 		return nil, false
 	}
-	seq, ok := l.Waits.Get(w.Name)
+	seq, ok := l.Waits().Get(w.Name)
 	return l, ok && seq == w.Seq
 }
 
