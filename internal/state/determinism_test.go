@@ -108,7 +108,7 @@ func (g *gen) heldLocks() []*Lock {
 func (g *gen) waits() []command.WaitRef {
 	var out []command.WaitRef
 	g.s.locks.Ascend(func(lk *Lock) bool {
-		for _, w := range lk.Queue {
+		for _, w := range lk.Queue() {
 			out = append(out, command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq})
 		}
 		return true
@@ -375,8 +375,8 @@ func (g *gen) body(e *command.Envelope) command.Body {
 func queues(s *State) map[string][]Waiter {
 	m := map[string][]Waiter{}
 	s.locks.Ascend(func(lk *Lock) bool {
-		if len(lk.Queue) > 0 {
-			m[lk.Name] = slices.Clone(lk.Queue)
+		if len(lk.Queue()) > 0 {
+			m[lk.Name] = slices.Clone(lk.Queue())
 		}
 		return true
 	})
@@ -593,7 +593,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 
 		records = append(records, stepRecord{ra, evA})
 		maxLocks, maxLeases = max(maxLocks, a.locks.Len()), max(maxLeases, len(a.leases))
-		a.locks.Ascend(func(lk *Lock) bool { maxQueue = max(maxQueue, len(lk.Queue)); return true })
+		a.locks.Ascend(func(lk *Lock) bool { maxQueue = max(maxQueue, len(lk.Queue())); return true })
 		if rng.IntN(steps/15+1) == 0 || i == steps/2 {
 			cuts = append(cuts, cut{at: i + 1, snap: sa, dump: fullDump(a)})
 		}

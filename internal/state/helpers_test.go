@@ -266,9 +266,9 @@ func dump(s *State) string {
 		num(lk.Token)
 		inum(lk.GrantedAt)
 		num(lk.GrantSeq)
-		str(lk.Value)
+		str(lk.Value())
 		b = append(b, "queue "...)
-		for _, w := range lk.Queue {
+		for _, w := range lk.Queue() {
 			id(w.LeaseID)
 			str(w.ClientID)
 			num(w.Seq)
@@ -329,13 +329,13 @@ func checkInvariants(t testing.TB, s *State) {
 		if !command.ValidKey(lk.Name) {
 			fail("lock %q has a non-canonical name", lk.Name)
 		}
-		if len(lk.Value) > command.MaxValueLen {
-			fail("lock %q value of %d bytes", lk.Name, len(lk.Value))
+		if len(lk.Value()) > command.MaxValueLen {
+			fail("lock %q value of %d bytes", lk.Name, len(lk.Value()))
 		}
 		// A lock is in the table only while held; a free lock has no queue
 		// (the head is granted in the same step).
 		if !lk.Held() {
-			fail("lock %q is in the table but free (queue %d)", lk.Name, len(lk.Queue))
+			fail("lock %q is in the table but free (queue %d)", lk.Name, len(lk.Queue()))
 		}
 		holder := s.leases[lk.Holder]
 		if holder == nil {
@@ -359,7 +359,7 @@ func checkInvariants(t testing.TB, s *State) {
 		}
 		leases := map[command.LeaseID]bool{}
 		clients := map[string]bool{}
-		for _, w := range lk.Queue {
+		for _, w := range lk.Queue() {
 			l := s.leases[w.LeaseID]
 			if l == nil {
 				fail("lock %q: waiter with unknown lease %x", lk.Name, w.LeaseID)
@@ -407,7 +407,7 @@ func checkInvariants(t testing.TB, s *State) {
 			lk, _ := s.locks.Get(&Lock{Name: name})
 			found := false
 			if lk != nil {
-				for _, w := range lk.Queue {
+				for _, w := range lk.Queue() {
 					if w.LeaseID == id && w.Seq == seq {
 						found = true
 					}

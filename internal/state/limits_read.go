@@ -28,8 +28,8 @@ func (s *State) ClientQueued(name, clientID string) bool {
 	if lk == nil {
 		return false
 	}
-	for i := range lk.Queue {
-		if lk.Queue[i].ClientID == clientID {
+	for i := range lk.Queue() {
+		if lk.Queue()[i].ClientID == clientID {
 			return true
 		}
 	}

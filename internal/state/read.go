@@ -27,7 +27,7 @@ func (s *State) GetLock(name string) LockInfo {
 }
 
 func (s *State) info(lk *Lock) LockInfo {
-	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue)}
+	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue())}
 	if lk.Held() {
 		li.Holder = holderOf(lk, s.leases[lk.Holder])
 	}
@@ -82,10 +82,10 @@ func (s *State) GetElection(name string) ElectionInfo {
 	if lk == nil {
 		return ei
 	}
-	ei.Campaigners = len(lk.Queue)
+	ei.Campaigners = len(lk.Queue())
 	if lk.Held() {
 		l := s.leases[lk.Holder]
-		ei.HasLeader, ei.CandidateID, ei.Value, ei.Token, ei.Since, ei.ExpiresAt = true, l.ClientID, lk.Value, lk.Token, lk.GrantedAt, l.ExpiresAt()
+		ei.HasLeader, ei.CandidateID, ei.Value, ei.Token, ei.Since, ei.ExpiresAt = true, l.ClientID, lk.Value(), lk.Token, lk.GrantedAt, l.ExpiresAt()
 	}
 	return ei
 }
@@ -140,7 +140,7 @@ func (s *State) Counts() Counts {
 		if lk.Held() {
 			c.Held++
 		}
-		c.Waiters += len(lk.Queue)
+		c.Waiters += len(lk.Queue())
 		return true
 	})
 	for _, l := range s.leases {
@@ -177,7 +177,7 @@ func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
 	}
 	var waits []WaitTimer
 	s.locks.Ascend(func(lk *Lock) bool {
-		for _, w := range lk.Queue {
+		for _, w := range lk.Queue() {
 			waits = append(waits, WaitTimer{Wait: command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq}, RemainingMs: w.Deadline - s.ts})
 		}
 		return true

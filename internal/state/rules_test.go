@@ -134,7 +134,7 @@ func TestWaitersQueueInFIFOOrder(t *testing.T) {
 	}
 	lk, _ := h.s.locks.Get(&Lock{Name: "a"})
 	var order []string
-	for _, w := range lk.Queue {
+	for _, w := range lk.Queue() {
 		order = append(order, w.ClientID)
 	}
 	if !slices.Equal(order, []string{"c2", "c3", "c4"}) {
@@ -404,11 +404,11 @@ func TestSameClientRequeueKeepsPlace(t *testing.T) {
 		t.Fatal("replaced wait's lease survived")
 	}
 	lk, _ := h.s.locks.Get(&Lock{Name: "a"})
-	if len(lk.Queue) != 2 || lk.Queue[0].LeaseID != lid(4) || lk.Queue[1].LeaseID != lid(3) {
-		t.Fatalf("queue %+v", lk.Queue)
+	if len(lk.Queue()) != 2 || lk.Queue()[0].LeaseID != lid(4) || lk.Queue()[1].LeaseID != lid(3) {
+		t.Fatalf("queue %+v", lk.Queue())
 	}
-	if lk.Queue[0].Deadline != h.ts+20_000 || lk.Queue[0].Seq != r1b.Seq {
-		t.Fatalf("replaced waiter %+v", lk.Queue[0])
+	if lk.Queue()[0].Deadline != h.ts+20_000 || lk.Queue()[0].Seq != r1b.Seq {
+		t.Fatalf("replaced waiter %+v", lk.Queue()[0])
 	}
 	// The old wait is gone for good: expiring or cancelling it does nothing.
 	before, rev := dump(h.s), h.s.Revision()

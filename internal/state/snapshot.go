@@ -63,9 +63,9 @@ func (s *State) Snapshot() []byte {
 		w.Uvarint(lk.Token)
 		w.Varint(lk.GrantedAt)
 		w.Uvarint(lk.GrantSeq)
-		w.String(lk.Value)
-		w.Uvarint(uint64(len(lk.Queue)))
-		for _, q := range lk.Queue {
+		w.String(lk.Value())
+		w.Uvarint(uint64(len(lk.Queue())))
+		for _, q := range lk.Queue() {
 			w.Fixed(q.LeaseID[:])
 			w.String(q.ClientID)
 			w.Uvarint(q.Seq)
@@ -152,7 +152,7 @@ func Restore(b []byte) (*State, error) {
 		lk.GrantedAt = r.Varint()
 		lk.GrantSeq = r.Uvarint()
 		if v >= 2 {
-			lk.Value = r.String()
+			lk.setValue(r.String())
 		}
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
 			var wt Waiter
@@ -167,7 +167,7 @@ func Restore(b []byte) (*State, error) {
 			if v >= 5 {
 				wt.RequestID = r.String()
 			}
-			lk.Queue = append(lk.Queue, wt)
+			lk.setQueue(append(lk.Queue(), wt))
 			l := s.leases[wt.LeaseID]
 			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen {
 				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
@@ -177,7 +177,7 @@ func Restore(b []byte) (*State, error) {
 			}
 			l.Waits().Set(lk.Name, wt.Seq)
 		}
-		if len(lk.Value) > command.MaxValueLen {
+		if len(lk.Value()) > command.MaxValueLen {
 			return nil, fmt.Errorf("restore snapshot: lock %q has an oversized value", lk.Name)
 		}
 		if lk.Held() {

@@ -163,8 +163,8 @@ func toRaw(s *State) *rawSnap {
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1})
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
-		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value}
-		for _, q := range lk.Queue {
+		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value()}
+		for _, q := range lk.Queue() {
 			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID})
 		}
 		r.locks = append(r.locks, rl)
