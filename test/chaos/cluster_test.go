@@ -167,44 +167,35 @@ func (c *cluster) startLocked(i int) error {
 // removeMember takes node i out of the cluster's configuration through node
 // via (any node forwards to the leader).
 func (c *cluster) removeMember(via, i int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, c.nodes[via].url()+"/api/v1/cluster/members/"+c.nodes[i].id, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := statusClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("remove %s: %w", c.nodes[i].id, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
-		return fmt.Errorf("remove %s: %d %s", c.nodes[i].id, resp.StatusCode, strings.TrimSpace(string(b)))
-	}
-	return nil
+	return c.admin(via, http.MethodDelete, "/api/v1/cluster/members/"+c.nodes[i].id, "", "remove "+c.nodes[i].id)
 }
 
 // transferLeadership asks, through node via, for leadership to move to node
 // to (the leader finishes its in-flight work and steps down; to must win the
 // election it starts).
 func (c *cluster) transferLeadership(via, to int) error {
+	return c.admin(via, http.MethodPost, "/api/v1/cluster/leadership-transfer", `{"id":"`+c.nodes[to].id+`"}`, "transfer leadership to "+c.nodes[to].id)
+}
+
+// admin sends one membership request to node via and wants a 200.
+func (c *cluster) admin(via int, method, path, body, what string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	body := strings.NewReader(`{"id":"` + c.nodes[to].id + `"}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.nodes[via].url()+"/api/v1/cluster/leadership-transfer", body)
+	req, err := http.NewRequestWithContext(ctx, method, c.nodes[via].url()+path, strings.NewReader(body))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := statusClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("transfer leadership to %s: %w", c.nodes[to].id, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
-		return fmt.Errorf("transfer leadership to %s: %d %s", c.nodes[to].id, resp.StatusCode, strings.TrimSpace(string(b)))
+		return fmt.Errorf("%s: %d %s", what, resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	return nil
 }

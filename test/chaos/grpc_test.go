@@ -68,15 +68,10 @@ func (g *grpcConns) close() {
 // send makes one attempt of a lock call over gRPC. handled is false for a
 // call it does not carry (the caller then uses HTTP).
 func (g *grpcConns) send(ctx context.Context, node int, method, path string, body any) (code int, answer []byte, handled bool, err error) {
-	rest, ok := strings.CutPrefix(path, "/api/v1/locks/")
-	if !ok || method != "POST" {
+	name, action, ok := lockCall(method, path)
+	if !ok {
 		return 0, nil, false, nil
 	}
-	i := strings.LastIndexByte(rest, '/')
-	if i < 0 {
-		return 0, nil, false, nil
-	}
-	name, action := rest[:i], rest[i+1:]
 	lc := g.locks[node]
 	var out any
 	var callErr error
@@ -147,6 +142,17 @@ func (g *grpcConns) send(ctx context.Context, node int, method, path string, bod
 	}
 	data, err := json.Marshal(ans)
 	return apierror.HTTPStatus(apierror.Code(d.Code)), data, true, err
+}
+
+// lockCall splits a POST /api/v1/locks/{name}/{action} the gRPC and
+// WebSocket clients carry; ok is false for any other call.
+func lockCall(method, path string) (name, action string, ok bool) {
+	rest, found := strings.CutPrefix(path, "/api/v1/locks/")
+	i := strings.LastIndexByte(rest, '/')
+	if !found || method != "POST" || i < 0 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
 }
 
 func jsonString(s string) string {

@@ -21,15 +21,10 @@ import (
 // wsSend makes one attempt of a lock call over a WebSocket to node. handled
 // is false for a call it does not carry.
 func wsSend(ctx context.Context, url string, method, path string, body any) (code int, answer []byte, handled bool, err error) {
-	rest, ok := strings.CutPrefix(path, "/api/v1/locks/")
-	if !ok || method != "POST" {
+	name, action, ok := lockCall(method, path)
+	if !ok {
 		return 0, nil, false, nil
 	}
-	i := strings.LastIndexByte(rest, '/')
-	if i < 0 {
-		return 0, nil, false, nil
-	}
-	name, action := rest[:i], rest[i+1:]
 	msg := map[string]any{"id": "1", "op": action, "name": name}
 	switch b := body.(type) {
 	case acquireBody:
