@@ -31,16 +31,18 @@ type signer struct {
 // proof signs a grant, or returns "" while the cluster has no key yet (only
 // in the moment between a new cluster's first election and its key entry).
 func (s *Service) proof(key string, token uint64, clientID, leaseRef string) string {
-	var seedKey ed25519.PrivateKey
+	var seed [32]byte
 	var id [8]byte
 	var ok bool
-	s.fsm.Read(func(st *state.State) { seedKey, id, ok = st.SigningKey() })
+	s.fsm.Read(func(st *state.State) { seed, id, ok = st.SigningKey() })
 	if !ok {
 		return ""
 	}
 	cur := s.signer.Load()
 	if cur == nil || cur.id != id {
-		cur = &signer{id: id, priv: seedKey}
+		// Derived once per key: NewKeyFromSeed costs a scalar
+		// multiplication, as much as the signature itself.
+		cur = &signer{id: id, priv: ed25519.NewKeyFromSeed(seed[:])}
 		s.signer.Store(cur)
 	}
 	return fence.SignProof(cur.priv, key, token, clientID, leaseRef)

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"bytes"
 	"slices"
 	"sort"
 	"strings"
@@ -1252,8 +1251,8 @@ func TestTokenKeyBootstrapAndRotation(t *testing.T) {
 	}
 	// Rotation makes a new current key and keeps the old public key only.
 	h.do("dlock", &command.SetTokenKey{Seed: [32]byte{3}, Rotate: true})
-	priv, id3, _ := h.s.SigningKey()
-	if id3 == id1 || !bytes.Equal(priv.Seed(), append([]byte{3}, make([]byte, 31)...)) {
+	seed, id3, _ := h.s.SigningKey()
+	if id3 == id1 || seed != ([32]byte{3}) {
 		t.Fatal("rotation did not install the new key")
 	}
 	keys := h.s.TokenKeys()

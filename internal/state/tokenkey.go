@@ -71,13 +71,16 @@ func (s *State) TokenKeys() []TokenKey {
 	return out
 }
 
-// SigningKey returns the current signing key, if the cluster has one.
-func (s *State) SigningKey() (ed25519.PrivateKey, [8]byte, bool) {
+// SigningKey returns the seed and id of the current signing key, if the
+// cluster has one. It returns the seed, not the derived key: deriving costs a
+// scalar multiplication, which callers pay once per key (by id), not once per
+// grant.
+func (s *State) SigningKey() (seed [32]byte, id [8]byte, ok bool) {
 	if n := len(s.tokenKeys); n > 0 && s.tokenKeys[n-1].Current {
 		k := s.tokenKeys[n-1]
-		return ed25519.NewKeyFromSeed(k.Seed[:]), k.ID, true
+		return k.Seed, k.ID, true
 	}
-	return nil, [8]byte{}, false
+	return seed, id, false
 }
 
 func (s *State) writeTokenKeys(w *wire.Writer) {
