@@ -15,7 +15,8 @@
 #
 # Knobs (environment): BENCH_DURATION (6s) and BENCH_WARMUP (1s) per run,
 # BENCH_WORKERS ("1 8 64 256"), BENCH_HELD_KEYS (10000), BENCH_FAILOVER_REPEAT
-# (20), BENCH_FAILOVER=0 to skip failover, BENCH_DOC, BENCH_PNG_DIR,
+# (20), BENCH_FAILOVER=0 to skip failover, BENCH_DLOCK_PROTOCOL (http; grpc
+# sends dlock's lock calls over its gRPC API, as etcd's client does), BENCH_DOC, BENCH_PNG_DIR,
 # BENCH_NOTE (free text printed next to the numbers), BENCH_KEEP=1 to keep the
 # work dir (raw JSON results and server logs).
 set -euo pipefail
@@ -26,6 +27,8 @@ WARM=${BENCH_WARMUP:-1s}
 WORKERS=${BENCH_WORKERS:-"1 8 64 256"}
 HELD_KEYS=${BENCH_HELD_KEYS:-10000}
 FAILOVER_REPEAT=${BENCH_FAILOVER_REPEAT:-20}
+PROTOCOL=${BENCH_DLOCK_PROTOCOL:-http}
+case $PROTOCOL in http | grpc) ;; *) echo "BENCH_DLOCK_PROTOCOL: use http or grpc, not $PROTOCOL" >&2; exit 2 ;; esac
 DOC=${BENCH_DOC:-$ROOT/docs/benchmarks.md}
 PNG_DIR=${BENCH_PNG_DIR:-$ROOT/docs/bench}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-vs-etcd.XXXXXX")
@@ -89,7 +92,7 @@ pick_base() {
 	for _ in $(seq 100); do
 		base=$((10000 + RANDOM % (PORT_HI - 10000)))
 		ok=1
-		for off in 0 1 10 11 20 21 30 31 40 41 50 51; do
+		for off in 0 1 10 11 20 21 30 31 32 40 41 42 50 51 52; do
 			p=$((base + off))
 			if port_used "$p"; then ok=0; break; fi
 		done
@@ -121,15 +124,21 @@ done
 # --- dlock: 3 `dlock serve` processes -------------------------------------
 DLOCK_CLUSTER=""
 DLOCK_EPS=""
+DLOCK_GRPC_EPS=""
 for i in 0 1 2; do
 	DLOCK_CLUSTER+="${DLOCK_CLUSTER:+,}n$((i + 1))=127.0.0.1:$((BASE + 30 + 10 * i + 1))"
 	DLOCK_EPS+="${DLOCK_EPS:+,}http://127.0.0.1:$((BASE + 30 + 10 * i))"
+	DLOCK_GRPC_EPS+="${DLOCK_GRPC_EPS:+,}127.0.0.1:$((BASE + 30 + 10 * i + 2))"
 done
+# How dlock bench calls dlock (failover always drives HTTP).
+DLOCK_PROTO_FLAGS=()
+[ "$PROTOCOL" = grpc ] && DLOCK_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$DLOCK_GRPC_EPS")
 log "starting dlock: $DLOCK_EPS"
 for i in 0 1 2; do
 	ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
 	"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock/n$((i + 1))" \
-		--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" --grpc-addr= \
+		--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
+		--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
 		--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-n$((i + 1)).log" 2>&1 &
 	PIDS+=($!)
 done
@@ -152,7 +161,9 @@ log "both clusters ready"
 # pays for new processes (heap growth, connections, Raft's switch to pipelined
 # replication, the first WAL pages) and always lands on the 1-worker row.
 for target in dlock etcd; do
-	"$BIN" bench -q -o json --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" \
+	proto=()
+	[ "$target" = dlock ] && proto=("${DLOCK_PROTO_FLAGS[@]}")
+	"$BIN" bench -q -o json --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
 		--workload uncontended --workers 8 --duration 2s --warmup 0s >/dev/null 2>&1 ||
 		log "warm-up of $target failed (the matrix will show it)"
 done
@@ -171,6 +182,7 @@ log "both clusters warmed up"
 	echo "dlock=$(cd "$ROOT" && git describe --always --dirty 2>/dev/null || echo unknown)"
 	echo "load_start=$(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "settings=duration $DUR after ${WARM} warm-up per run; workers $WORKERS"
+	echo "dlock_protocol=$PROTOCOL"
 	echo "note=${BENCH_NOTE:-}"
 } >"$WORK/machine.env"
 
@@ -185,7 +197,9 @@ run() { # target row workers [extra flags...]
 	watch-light) wl=watch ;;
 	esac
 	local out="$RES/$row-$w-$target.json"
-	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" \
+	local proto=()
+	[ "$target" = dlock ] && [ "$row" != held ] && [ "$row" != watch ] && [ "$row" != watch-light ] && proto=("${DLOCK_PROTO_FLAGS[@]}")
+	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
 		--workload "$wl" --workers "$w" --duration "$DUR" --warmup "$WARM" --label "$row" "${extra[@]}" "$@" \
 		>"$out" 2>"$out.err"; then
 		log "FAILED: $target $row $w workers: $(tail -3 "$out.err")"

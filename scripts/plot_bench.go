@@ -227,14 +227,23 @@ func yes(ok bool) string {
 	return "**does not hold**"
 }
 
+// dlockProtocol says how the lock calls reached dlock in this run.
+func dlockProtocol(p string) string {
+	if p == "grpc" {
+		return "dlock's lock, session and contended calls go over its gRPC API (dlock.v1) to the leader, " +
+			"held and watch over HTTP/1.1 keep-alive JSON"
+	}
+	return "dlock's client talks HTTP/1.1 keep-alive JSON to the leader"
+}
+
 func (d *data) markdown(pngRel string, plots map[string]string) string {
 	var b strings.Builder
 	m := d.machine
 	fmt.Fprintf(&b, "## Benchmarks vs etcd\n\n")
 	fmt.Fprintf(&b, "Produced by `scripts/bench-vs-etcd.sh` (about %s here): a 3-member etcd and a 3-node dlock, both on 127.0.0.1 with fsync on, "+
 		"driven by `dlock bench` with the same workloads, alternating which system goes first on every row. "+
-		"dlock's client talks HTTP/1.1 keep-alive JSON to the leader; etcd's is go.etcd.io/etcd/client/v3 (gRPC) talking to the etcd leader. "+
-		"The load generator runs on the same 2 cores as the servers, for both systems.\n\n", orDash(m["elapsed"]))
+		"%s; etcd's is go.etcd.io/etcd/client/v3 (gRPC) talking to the etcd leader. "+
+		"The load generator runs on the same 2 cores as the servers, for both systems.\n\n", orDash(m["elapsed"]), dlockProtocol(m["dlock_protocol"]))
 	b.WriteString("```\n")
 	for _, k := range d.order {
 		if k == "note" {
