@@ -24,8 +24,15 @@ const maxRequestIDLen = 128
 type ctxKey struct{}
 
 type requestInfo struct {
-	id  string
-	log *slog.Logger
+	id   string
+	base *slog.Logger
+}
+
+// logger tags base with the request id. It is built only when a line is
+// written: most requests log nothing, and slog's With formats its attributes
+// eagerly.
+func (ri *requestInfo) logger() *slog.Logger {
+	return ri.base.With(slog.String("request_id", ri.id))
 }
 
 // RequestID returns the id of the HTTP request that ctx belongs to, or "" if
@@ -41,7 +48,7 @@ func RequestID(ctx context.Context) string {
 // request id, or fallback outside a request.
 func requestLogger(ctx context.Context, fallback *slog.Logger) *slog.Logger {
 	if ri, ok := ctx.Value(ctxKey{}).(*requestInfo); ok {
-		return ri.log
+		return ri.logger()
 	}
 	return fallback
 }
@@ -72,7 +79,7 @@ func (a *api) middleware(next http.Handler) http.Handler {
 			id = rand.Text()
 		}
 		w.Header().Set(RequestIDHeader, id)
-		ri := &requestInfo{id: id, log: a.log.With(slog.String("request_id", id))}
+		ri := &requestInfo{id: id, base: a.log}
 		r = r.WithContext(service.WithRemote(context.WithValue(r.Context(), ctxKey{}, ri), "http", r.RemoteAddr))
 		if r.Body == nil || r.Body == http.NoBody {
 			bodyDone(w) // nothing to read: see deadlines.go
@@ -84,14 +91,14 @@ func (a *api) middleware(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v) // net/http's own way to abort a response quietly
 				}
-				ri.log.LogAttrs(r.Context(), slog.LevelError, "panic serving request",
+				ri.logger().LogAttrs(r.Context(), slog.LevelError, "panic serving request",
 					slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(debug.Stack())))
 				if !sw.wroteHeader {
 					a.writeError(sw, r, apierror.Wrap(apierror.Internal, fmt.Errorf("panic: %v", v), ""))
 				}
 			}
-			if ri.log.Enabled(r.Context(), slog.LevelDebug) {
-				ri.log.LogAttrs(r.Context(), slog.LevelDebug, "http request",
+			if ri.base.Enabled(r.Context(), slog.LevelDebug) {
+				ri.logger().LogAttrs(r.Context(), slog.LevelDebug, "http request",
 					slog.String("method", r.Method),
 					slog.String("path", logPath(r.URL.EscapedPath())),
 					slog.Int("status", sw.statusCode()),
