@@ -37,17 +37,26 @@ type acquireConflict struct {
 // writeJSON marshals before touching the response, so that a value that
 // cannot be encoded (a time.Time past year 9999, say) can still be answered
 // with a clean 500 instead of a half-written 200.
+var (
+	jsonContentType = []string{"application/json"}
+	noStore         = []string{"no-store"}
+	noSniff         = []string{"nosniff"}
+)
+
 func writeJSON(w http.ResponseWriter, status int, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
+	// Shared value slices under canonical keys instead of Header.Set, which
+	// allocates a slice per header on every answer (net/http copies them
+	// when the header is written and never changes them).
+	h["Content-Type"] = jsonContentType
 	// Answers carry live lock state and secrets (lease and session ids):
 	// nothing in between may cache them.
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
+	h["Cache-Control"] = noStore
+	h["X-Content-Type-Options"] = noSniff
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
 	return nil

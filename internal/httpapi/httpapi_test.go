@@ -536,6 +536,9 @@ func TestRoutes(t *testing.T) {
 			if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
 				t.Errorf("Cache-Control %q", cc)
 			}
+			if xc := rec.Header().Get("X-Content-Type-Options"); xc != "nosniff" {
+				t.Errorf("X-Content-Type-Options %q", xc)
+			}
 			jsonEqual(t, rec.Body.String(), tt.wantBody)
 			calls := f.recorded()
 			if tt.wantMethod == "" {
