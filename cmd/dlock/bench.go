@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -53,6 +54,7 @@ func runBench(args []string) error {
 	cdf := fs.Bool("cdf", false, "add latency CDF points to the JSON output")
 	output := fs.String("o", "text", "output: text or json")
 	quiet := fs.Bool("q", false, "no progress lines on stderr")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the load generator itself to this file (go tool pprof)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: dlock bench [flags]
 
@@ -105,6 +107,19 @@ Flags:
 	cfg.CDF = *cdf
 	if !*quiet {
 		cfg.Log = os.Stderr
+	}
+	if *cpuProfile != "" {
+		// The load generator shares the machine's cores with the servers in
+		// our benchmarks, so its own cost is worth seeing.
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpu-profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
