@@ -34,15 +34,16 @@ type acquireConflict struct {
 	FencingToken uint64          `json:"fencing_token,omitempty"`
 }
 
-// writeJSON marshals before touching the response, so that a value that
-// cannot be encoded (a time.Time past year 9999, say) can still be answered
-// with a clean 500 instead of a half-written 200.
+// The fixed headers of every JSON answer, shared (see writeJSON).
 var (
 	jsonContentType = []string{"application/json"}
 	noStore         = []string{"no-store"}
 	noSniff         = []string{"nosniff"}
 )
 
+// writeJSON marshals before touching the response, so that a value that
+// cannot be encoded (a time.Time past year 9999, say) can still be answered
+// with a clean 500 instead of a half-written 200.
 func writeJSON(w http.ResponseWriter, status int, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
