@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	gometrics "github.com/hashicorp/go-metrics"
-	gmprom "github.com/hashicorp/go-metrics/prometheus"
+	gometrics "github.com/hashicorp/go-metrics/compat"
+	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,7 +41,10 @@ type Metrics struct {
 }
 
 // raftSink bridges hashicorp/raft's go-metrics into one process-wide registry;
-// go-metrics has a single global sink per process.
+// go-metrics has a single global sink per process. Raft emits through
+// go-metrics/compat, which forwards to armon/go-metrics unless the binary is
+// built with the hashicorpmetrics tag; installing the sink through the same
+// compat package puts it where Raft writes under either build.
 var (
 	raftOnce sync.Once
 	raftReg  = prometheus.NewRegistry()
