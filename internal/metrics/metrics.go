@@ -1,8 +1,8 @@
 // Package metrics exposes one node's Prometheus metrics at /metrics: request
 // latencies by operation and outcome, state-machine events, the lock table's
 // size, watchers, and Raft's state, indexes, leader changes and forwarding —
-// plus hashicorp/raft's own timings (commit, snapshot, restore) bridged from
-// go-metrics.
+// plus hashicorp/raft's own timings (commit, log writes, replication,
+// snapshots) bridged from go-metrics.
 package metrics
 
 import (
@@ -13,7 +13,6 @@ import (
 	"time"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
-	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,29 +39,23 @@ type Metrics struct {
 	limited *prometheus.CounterVec
 }
 
-// raftSink bridges hashicorp/raft's go-metrics into one process-wide registry;
-// go-metrics has a single global sink per process. Raft emits through
-// go-metrics/compat, which forwards to armon/go-metrics unless the binary is
-// built with the hashicorpmetrics tag; installing the sink through the same
-// compat package puts it where Raft writes under either build.
+// raftReg holds the histograms fed by hashicorp/raft's go-metrics (raftSink),
+// process-wide because go-metrics has a single global sink per process. Raft
+// emits through go-metrics/compat, which forwards to armon/go-metrics unless
+// the binary is built with the hashicorpmetrics tag; installing the sink
+// through the same compat package puts it where Raft writes under either build.
 var (
 	raftOnce sync.Once
 	raftReg  = prometheus.NewRegistry()
 )
 
-func bridgeRaftMetrics(logger *slog.Logger) {
+func bridgeRaftMetrics() {
 	raftOnce.Do(func() {
-		sink, err := gmprom.NewPrometheusSinkFrom(gmprom.PrometheusOpts{Registerer: raftReg, Expiration: time.Minute})
-		if err != nil {
-			logger.Warn("raft metrics unavailable", "err", err)
-			return
-		}
 		cfg := gometrics.DefaultConfig("dlock")
 		cfg.EnableHostname = false
 		cfg.EnableRuntimeMetrics = false
-		if _, err := gometrics.NewGlobal(cfg, sink); err != nil {
-			logger.Warn("raft metrics unavailable", "err", err)
-		}
+		// NewGlobal fails only for sinks that cannot start; this one cannot.
+		_, _ = gometrics.NewGlobal(cfg, newRaftSink(raftReg))
 	})
 }
 
@@ -72,7 +65,7 @@ func New(logger *slog.Logger) *Metrics {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	bridgeRaftMetrics(logger)
+	bridgeRaftMetrics()
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.ops = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "dlock_request_duration_seconds",
