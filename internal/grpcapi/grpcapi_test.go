@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,18 +158,29 @@ func TestRequestIDIsEchoed(t *testing.T) {
 	}
 }
 
-// KeepAliveStream renews at TTL/3, rides out a passing failure, and ends with
-// the session's own error once it is gone.
+// KeepAliveStream renews at TTL/3, rides out a passing failure (retrying it
+// sooner than a renewal), and ends with the session's own error once it is
+// gone.
 func TestKeepAliveStream(t *testing.T) {
-	var calls atomic.Int32
+	// Long enough that scheduling noise on a busy machine (hundreds of ms under
+	// -race) stays well inside the bounds below.
+	const ttl = 1800 * time.Millisecond
+	var (
+		calls atomic.Int32
+		mu    sync.Mutex
+		at    []time.Time // when each KeepAlive reached the service
+	)
 	f := &fake{keepAlive: func(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
 		switch n := calls.Add(1); {
 		case n == 3:
 			return nil, apierror.New(apierror.NoLeader, "election under way")
 		case n >= 6:
 			return nil, apierror.New(apierror.SessionNotFound, "session not found")
 		}
-		return &service.SessionResponse{TTLms: 300, ExpiresAt: time.Now().Add(300 * time.Millisecond)}, nil
+		return &service.SessionResponse{TTLms: ttl.Milliseconds(), ExpiresAt: time.Now().Add(ttl)}, nil
 	}}
 	client := dlockv1.NewSessionServiceClient(serve(t, f))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -186,12 +198,29 @@ func TestKeepAliveStream(t *testing.T) {
 			}
 			break
 		}
-		if r.TtlMs != 300 {
+		if r.TtlMs != ttl.Milliseconds() {
 			t.Fatalf("response %+v", r)
 		}
 		got++
 	}
 	if got != 4 || calls.Load() != 6 {
 		t.Fatalf("%d responses from %d renewals; want 4 from 6", got, calls.Load())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// After a successful renewal the next comes TTL/3 later: not sooner (load
+	// on the leader), not much later (margin before expiry). Call 3 failed,
+	// so call 4 is the quick retry.
+	for i := 1; i < len(at); i++ {
+		gap := at[i].Sub(at[i-1])
+		if i == 3 {
+			if gap >= ttl/4 {
+				t.Errorf("retry after a passing failure came %v later; want well under TTL/3 (%v)", gap, ttl/3)
+			}
+			continue
+		}
+		if gap < ttl/3-ttl/15 || gap >= ttl/2 {
+			t.Errorf("renewal %d came %v after renewal %d; want about TTL/3 = %v", i+1, gap, i, ttl/3)
+		}
 	}
 }

@@ -285,7 +285,9 @@ func (n *Node) forwardHandler() http.Handler {
 
 // readIndexLocal confirms this node still leads (a heartbeat round to a quorum)
 // and returns its applied index: every write acknowledged before the call was
-// applied here before it was acknowledged.
+// applied here before it was acknowledged. It is the FSM's index, not Raft's:
+// Raft counts its no-op and barrier entries, which never reach the FSM, so
+// waiting for Raft's index would block until the next write.
 func (n *Node) readIndexLocal() (uint64, error) {
 	if !n.ready.Load() {
 		return 0, errRetry

@@ -209,7 +209,8 @@ func TestMuxSilentConnTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	expectClosedByPeer(t, conn, 5*time.Second)
+	// Well inside the default timeout (5 s): the configured one must be used.
+	expectClosedByPeer(t, conn, 2*time.Second)
 }
 
 func TestMuxHandoffTimeoutWhenNobodyAccepts(t *testing.T) {
@@ -228,7 +229,8 @@ func TestMuxHandoffTimeoutWhenNobodyAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	expectClosedByPeer(t, conn, 5*time.Second)
+	// Well inside the default timeout (5 s): the configured one must be used.
+	expectClosedByPeer(t, conn, 2*time.Second)
 }
 
 func TestMuxSubListenerCloseIsIndependent(t *testing.T) {
@@ -345,9 +347,26 @@ func TestMuxCloseStopsEverything(t *testing.T) {
 }
 
 func TestDialForwardHonoursContext(t *testing.T) {
+	// A port that accepts connections, so only the context can make the dial
+	// fail (a refused port would fail whatever DialForward did with ctx).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if c, err := DialForward(context.Background(), ln.Addr().String()); err != nil {
+		t.Fatalf("DialForward to a listening port: %v", err)
+	} else {
+		c.Close()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := DialForward(ctx, "127.0.0.1:1"); err == nil {
+	c, err := DialForward(ctx, ln.Addr().String())
+	if err == nil {
+		c.Close()
 		t.Fatal("DialForward with a cancelled context succeeded")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("DialForward with a cancelled context: %v, want context.Canceled", err)
 	}
 }

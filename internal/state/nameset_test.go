@@ -2,6 +2,8 @@ package state
 
 import (
 	"reflect"
+	"slices"
+	"sort"
 	"testing"
 	"unsafe"
 )
@@ -23,14 +25,9 @@ func TestNameSet(t *testing.T) {
 		if _, ok := n.Get("absent"); ok || n.Has("absent") {
 			t.Fatalf("%s: found a name never set", step)
 		}
-		sorted := n.Sorted()
-		if len(sorted) != len(names) {
-			t.Fatalf("%s: Sorted %v, want the names of %v", step, sorted, want)
-		}
-		for i := 1; i < len(sorted); i++ {
-			if sorted[i-1] >= sorted[i] {
-				t.Fatalf("%s: Sorted %v not in order", step, sorted)
-			}
+		sort.Strings(names)
+		if sorted := n.Sorted(); !slices.Equal(sorted, names) {
+			t.Fatalf("%s: Sorted %v, want %v (the names of %v in order)", step, sorted, names, want)
 		}
 	}
 	check("empty", map[string]uint64{})

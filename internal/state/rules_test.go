@@ -1223,11 +1223,24 @@ func TestRecampaignBySameSessionUpdatesValue(t *testing.T) {
 	h := newHarness(t)
 	key := command.ElectionKey("e")
 	mustStatus(t, h.session("c", lid(1), ttl), command.StatusOK)
-	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "old"}), command.StatusOK)
-	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "new"}), command.StatusOK)
+	first := h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "old"})
+	mustStatus(t, first, command.StatusOK)
+	r := h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "new"})
+	mustStatus(t, r, command.StatusOK)
 	if v := h.s.GetElection("e").Value; v != "new" {
 		t.Fatalf("re-campaign kept value %q, want %q", v, "new")
 	}
+	if r.Token != first.Token || h.s.LastToken() != first.Token {
+		t.Fatalf("re-campaign token %d (last %d), want the first grant's %d", r.Token, h.s.LastToken(), first.Token)
+	}
+	// Watchers learn the new value as they would from a proclaim.
+	wantTypes(t, h.ev, EventProclaimed, EventLeaseTimer)
+	if e := findEvent(t, h.ev, EventProclaimed); e.Name != key || e.Value != "new" || e.ClientID != "c" || e.Token != first.Token {
+		t.Fatalf("proclaimed %+v", e)
+	}
+	// The same value again only refreshes the lease.
+	mustStatus(t, h.do("c", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "new"}), command.StatusOK)
+	wantTypes(t, h.ev, EventLeaseTimer)
 }
 
 func TestTokenKeyBootstrapAndRotation(t *testing.T) {

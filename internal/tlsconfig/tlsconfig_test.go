@@ -1,7 +1,10 @@
 package tlsconfig
 
 import (
+	"crypto"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,11 +33,54 @@ func TestGenerateDevFiles(t *testing.T) {
 			t.Errorf("%s has mode %v, want 0600", p, st.Mode().Perm())
 		}
 	}
-	entries, _ := os.ReadDir(f.Dir)
+	// The CA key must not be anywhere in the dir, under any file name: look
+	// at every private key written and compare it with the CA's public key.
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caBlock, _ := pem.Decode(caPEM)
+	if caBlock == nil {
+		t.Fatalf("%s holds no PEM block", f.CA)
+	}
+	caCert, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPub, ok := caCert.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	if !ok {
+		t.Fatalf("CA public key %T", caCert.PublicKey)
+	}
+	entries, err := os.ReadDir(f.Dir)
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("ReadDir(%s): %d entries, %v", f.Dir, len(entries), err)
+	}
+	keys := 0
 	for _, e := range entries {
 		if strings.Contains(e.Name(), "ca-key") {
 			t.Errorf("the CA key was written (%s); it must be thrown away", e.Name())
 		}
+		data, err := os.ReadFile(filepath.Join(f.Dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b, rest := pem.Decode(data); b != nil; b, rest = pem.Decode(rest) {
+			if !strings.Contains(b.Type, "PRIVATE KEY") {
+				continue
+			}
+			keys++
+			k, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+			if err != nil {
+				t.Errorf("%s: unreadable private key: %v", e.Name(), err)
+				continue
+			}
+			if s, ok := k.(crypto.Signer); !ok || caPub.Equal(s.Public()) {
+				t.Errorf("%s holds the CA key (or an unknown key); it must be thrown away", e.Name())
+			}
+		}
+	}
+	if keys != 2 {
+		t.Errorf("%d private keys in %s, want 2 (node and client)", keys, f.Dir)
 	}
 	cert, err := tls.LoadX509KeyPair(f.NodeCert, f.NodeKey)
 	if err != nil {
@@ -49,7 +95,7 @@ func TestGenerateDevFiles(t *testing.T) {
 			t.Errorf("node certificate: %v", err)
 		}
 	}
-	if leaf.NotAfter.After(time.Now().Add(time.Hour + time.Minute)) {
+	if leaf.NotAfter.After(time.Now().Add(time.Hour+time.Minute)) || leaf.NotAfter.Before(time.Now().Add(time.Hour-time.Minute)) {
 		t.Errorf("node certificate valid until %s, want about an hour", leaf.NotAfter)
 	}
 }

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/dlock/dlock/internal/command"
@@ -14,13 +15,15 @@ func ev(rev uint64, typ state.EventType, name string) state.Event {
 
 func TestBacklogLiveAndFilter(t *testing.T) {
 	h := NewHub(100, 10)
-	h.Applied(1, []state.Event{ev(1, state.EventAcquired, "a/x"), ev(1, state.EventLeaseTimer, "")})
+	// Internal events (timers, lease and wait bookkeeping) carry lease ids and
+	// are never shown to watchers; some name a lock the filter matches.
+	h.Applied(1, []state.Event{ev(1, state.EventAcquired, "a/x"), ev(1, state.EventLeaseTimer, ""), ev(1, state.EventWaitTimer, "a/x")})
 	h.Applied(2, []state.Event{ev(2, state.EventAcquired, "b/y")})
 	sub, cur, err := h.Subscribe(Filter{Prefix: "a/"}, 1)
 	if err != nil || cur != 2 {
 		t.Fatalf("subscribe: %v %d", err, cur)
 	}
-	h.Applied(3, []state.Event{ev(3, state.EventReleased, "a/x"), ev(3, state.EventAcquired, command.ElectionKey("a/e"))})
+	h.Applied(3, []state.Event{ev(3, state.EventReleased, "a/x"), ev(3, state.EventWaitGone, "a/x"), ev(3, state.EventLeaseGone, ""), ev(3, state.EventAcquired, command.ElectionKey("a/e"))})
 	var got []Event
 	for len(got) < 3 {
 		got = append(got, <-sub.Events())
@@ -28,11 +31,22 @@ func TestBacklogLiveAndFilter(t *testing.T) {
 	if got[0].Revision != 1 || got[1].Type != "released" || got[2].Kind != "election" || got[2].Type != "elected" || got[2].Name != "a/e" {
 		t.Fatalf("events: %+v", got)
 	}
-	// Internal events never reach watchers.
+	// Internal events never reach watchers, not even an unfiltered one.
 	select {
 	case e := <-sub.Events():
 		t.Fatalf("extra event %+v", e)
 	default:
+	}
+	all, _, err := h.Subscribe(Filter{}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for len(all.Events()) > 0 {
+		types = append(types, (<-all.Events()).Type)
+	}
+	if want := []string{"acquired", "acquired", "released", "elected"}; !slices.Equal(types, want) {
+		t.Fatalf("unfiltered backlog types %v, want %v (internal events must not be shown)", types, want)
 	}
 }
 

@@ -79,8 +79,24 @@ func (r *Reader) Uvarint() uint64 {
 		r.fail(fmt.Errorf("wire: bad uvarint: %w", ErrShort))
 		return 0
 	}
+	if !r.minimal(n) {
+		return 0
+	}
 	r.buf = r.buf[n:]
 	return v
+}
+
+// minimal refuses a varint of n bytes that is longer than it needs to be
+// (0x80 0x00 for 0): the writer never produces one, and accepting it would
+// let two different byte strings decode to the same command, so that
+// re-encoding a decoded entry would not give back its bytes. Only the single
+// byte 0x00 may end in a zero byte.
+func (r *Reader) minimal(n int) bool {
+	if n > 1 && r.buf[n-1] == 0 {
+		r.fail(fmt.Errorf("wire: varint of %d bytes is not in its shortest form", n))
+		return false
+	}
+	return true
 }
 
 // Varint reads a signed varint.
@@ -91,6 +107,9 @@ func (r *Reader) Varint() int64 {
 	v, n := binary.Varint(r.buf)
 	if n <= 0 {
 		r.fail(fmt.Errorf("wire: bad varint: %w", ErrShort))
+		return 0
+	}
+	if !r.minimal(n) {
 		return 0
 	}
 	r.buf = r.buf[n:]

@@ -311,9 +311,17 @@ func TestPlainHTTPGetsJSONErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var ge struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	gerr := json.NewDecoder(res.Body).Decode(&ge)
 	res.Body.Close()
 	if res.StatusCode != http.StatusBadRequest || res.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("plain GET: %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	// The body is what carries the promise: the API's JSON error shape.
+	if gerr != nil || ge.Error.Code != "invalid_argument" || !strings.Contains(ge.Error.Message, "WebSocket") {
+		t.Fatalf("plain GET body: %+v (%v)", ge, gerr)
 	}
 	res, err = http.Post(httpURL, "application/json", strings.NewReader("{}"))
 	if err != nil {
