@@ -26,8 +26,9 @@ func TestElection(t *testing.T) {
 	t.Run("ObserveSurvivesNodeKill", func(t *testing.T) { testObserveNodeKill(t, c) })
 }
 
-// pausable is an HTTP transport that, while paused, holds every new request
-// until its context ends: a process that stopped talking to the cluster.
+// pausable is an HTTP transport that, while paused, holds every new request,
+// and every answer that arrives, until its context ends: a process that
+// stopped talking to the cluster, which hears nothing from it either.
 type pausable struct {
 	base   http.RoundTripper
 	paused atomic.Bool
@@ -38,7 +39,13 @@ func (p *pausable) RoundTrip(r *http.Request) (*http.Response, error) {
 		<-r.Context().Done()
 		return nil, r.Context().Err()
 	}
-	return p.base.RoundTrip(r)
+	res, err := p.base.RoundTrip(r)
+	if err == nil && p.paused.Load() {
+		res.Body.Close()
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return res, err
 }
 
 func newPausable() *pausable {

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 	"strings"
@@ -57,13 +58,20 @@ func TestTLSCluster(t *testing.T) {
 	}
 
 	// Without the CA, or without a client certificate, nothing gets through.
+	// The client that lacks the CA has a client certificate the cluster
+	// accepts, so only its own check of the nodes' certificates can stop it.
 	noCert, err := client.LoadTLSConfig(f.CA, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	noCA, err := client.LoadTLSConfig("", f.ClientCert, f.ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, tcfg := range map[string]client.Config{
-		"system roots":          {Endpoints: eps, RequestTimeout: time.Second},
-		"no client certificate": {Endpoints: eps, TLS: noCert, RequestTimeout: time.Second},
+		"system roots":                           {Endpoints: eps, RequestTimeout: time.Second},
+		"system roots with a client certificate": {Endpoints: eps, TLS: noCA, RequestTimeout: time.Second},
+		"no client certificate":                  {Endpoints: eps, TLS: noCert, RequestTimeout: time.Second},
 	} {
 		bad, err := client.New(tcfg)
 		if err != nil {
@@ -75,6 +83,11 @@ func TestTLSCluster(t *testing.T) {
 		bad.Close()
 		if err == nil {
 			t.Errorf("%s: Status succeeded, want a TLS failure", name)
+			continue
+		}
+		var verr *tls.CertificateVerificationError
+		if wantVerify := tcfg.TLS != noCert; wantVerify != errors.As(err, &verr) {
+			t.Errorf("%s: Status = %v; want a failed check of the node's certificate: %v", name, err, wantVerify)
 		}
 	}
 }

@@ -262,8 +262,8 @@ func TestWatchCompacted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var ce *client.CompactedError
 	for ev, err := range cl.Watch(ctx, "", rev+1) {
-		var ce *client.CompactedError
 		if !errors.Is(err, client.ErrCompacted) || !errors.As(err, &ce) {
 			t.Fatalf("watch from a compacted revision: %+v, %v; want ErrCompacted", ev, err)
 		}
@@ -272,6 +272,9 @@ func TestWatchCompacted(t *testing.T) {
 		}
 		t.Logf("%v", err)
 		break
+	}
+	if ce == nil {
+		t.Fatal("watch from a compacted revision ended without an error")
 	}
 
 	// List again and watch from there.
@@ -282,11 +285,16 @@ func TestWatchCompacted(t *testing.T) {
 	if _, err := m.TryLock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	gotEvent := false
 	for ev, err := range cl.Watch(ctx, "c/", rev+1) {
 		if err != nil || ev.Type != "acquired" || ev.Name != "c/x" || ev.Revision != rev+1 {
 			t.Fatalf("watch after listing again: %+v, %v", ev, err)
 		}
+		gotEvent = true
 		break
+	}
+	if !gotEvent {
+		t.Fatal("watch after listing again ended without an event")
 	}
 }
 
@@ -400,10 +408,15 @@ func TestWatchFromNowResumesWhereItStarted(t *testing.T) {
 			<-r.Context().Done()
 		},
 	)
+	got := false
 	for ev, err := range cl.Watch(ctxTimeout(t, 10*time.Second), "", 0) {
-		if err != nil || ev.Revision != 11 {
+		if err != nil || ev.Revision != 11 || ev.Name != "x" {
 			t.Fatalf("got %+v, %v", ev, err)
 		}
+		got = true
 		break
+	}
+	if !got {
+		t.Fatal("the watch ended without resuming: no event")
 	}
 }

@@ -102,7 +102,9 @@ func TestACLWhoMayDoWhat(t *testing.T) {
 	}{
 		{"lock outside its prefix", w, "POST", "/api/v1/locks/payments/job/acquire", map[string]any{"client_id": "worker-1", "ttl_ms": 30000}, 403, "permission_denied"},
 		{"act as a client id it may not", w, "POST", "/api/v1/locks/billing/other/acquire", map[string]any{"client_id": "mallory", "ttl_ms": 30000}, 403, "permission_denied"},
-		{"release another client's lock", w, "POST", "/api/v1/locks/billing/job/release", map[string]any{"client_id": "worker-2", "fencing_token": held.FencingToken, "lease_id": "00000000000000000000000000000001"}, 409, "not_holder"},
+		// With worker-1's real token and lease: the token lets worker-2 act, and
+		// only the lock's own check can refuse it.
+		{"release another client's lock", w, "POST", "/api/v1/locks/billing/job/release", map[string]any{"client_id": "worker-2", "fencing_token": held.FencingToken, "lease_id": held.LeaseID}, 409, "not_holder"},
 		{"read its prefix", w, "GET", "/api/v1/locks/billing/job", nil, 200, ""},
 		{"read elsewhere", w, "GET", "/api/v1/locks/payments/job", nil, 403, "permission_denied"},
 		{"list its prefix", w, "GET", "/api/v1/locks?prefix=billing/", nil, 200, ""},

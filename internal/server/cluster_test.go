@@ -82,7 +82,10 @@ func TestMutualExclusionUnderConcurrentAcquirers(t *testing.T) {
 	var mu sync.Mutex
 	var tokens []uint64
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	// Room for every error a worker can report (one per round, plus the one
+	// it stops on): a full channel would block the worker, and wg.Wait with
+	// it, so a broken lock would hang the test instead of failing it.
+	errs := make(chan error, workers*(rounds+1))
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {

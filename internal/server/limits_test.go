@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -331,20 +332,29 @@ func TestWatcherLimits(t *testing.T) {
 	}
 	obs := n.do("GET", "/elections/e?observe=true", nil)
 	obs.mustLimit(t, "observe over the node's limit", "--max-watchers")
+	// "--max-watchers" is also a prefix of the per-connection flag: the
+	// node's limit must be named, not the connection's.
+	if strings.Contains(obs.msg, "--max-watchers-per-conn") {
+		t.Fatalf("observe over the node's limit names the per-connection limit: %q", obs.msg)
+	}
 
 	firstCancel()
+	polledRefusals := 0
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		res, _ := n.sse(ctx, "?prefix=w/")
 		if res.StatusCode == 200 {
 			break
 		}
+		polledRefusals++
 		if time.Now().After(deadline) {
 			t.Fatalf("a closed stream did not free its slot: %d", res.StatusCode)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	m := n.metrics()
-	for _, want := range []string{`dlock_limited_requests_total{limit="watchers_per_conn"} 1`, `dlock_limited_requests_total{limit="watchers"}`} {
+	for _, want := range []string{"dlock_limited_requests_total{limit=\"watchers_per_conn\"} 1\n",
+		// The refused SSE watch, the refused observe, and the poll's refusals.
+		fmt.Sprintf("dlock_limited_requests_total{limit=\"watchers\"} %d\n", 2+polledRefusals)} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
 		}
@@ -399,14 +409,19 @@ func closedByServer(t *testing.T, addr, head, tail string, guard time.Duration) 
 // A client that sends its headers or body a byte at a time is cut off at
 // the read timeouts, on the HTTP API and in the gRPC handshake.
 func TestSlowClientsAreCut(t *testing.T) {
-	n := startLimited(t, server.Limits{ReadHeaderTimeout: 500 * time.Millisecond, ReadTimeout: time.Second})
+	// The two timeouts are far apart, and each guard below lies between
+	// them: net/http falls back to ReadTimeout when ReadHeaderTimeout is
+	// unset, so a guard above ReadTimeout would not tell whether the
+	// configured ReadHeaderTimeout is the one that cut the headers.
+	n := startLimited(t, server.Limits{ReadHeaderTimeout: 500 * time.Millisecond, ReadTimeout: 5 * time.Second})
 	// Each trickle below would take 10 s; the guard is well short of that.
 	slowHeaders := strings.Repeat("X-Slow: a\r\n", 10)
-	closedByServer(t, n.s.APIAddr(), "GET /healthz HTTP/1.1\r\nHost: dlock\r\n", slowHeaders, 5*time.Second)
+	closedByServer(t, n.s.APIAddr(), "GET /healthz HTTP/1.1\r\nHost: dlock\r\n", slowHeaders, 3*time.Second)
 
+	// Above ReadTimeout, well below the default (30 s).
 	got := closedByServer(t, n.s.APIAddr(),
 		"POST /api/v1/sessions HTTP/1.1\r\nHost: dlock\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
-		strings.Repeat(" ", 100), 5*time.Second)
+		strings.Repeat(" ", 100), 9*time.Second)
 	if !strings.HasPrefix(got, "HTTP/1.1 400") || !strings.Contains(got, "could not read the request body") {
 		t.Fatalf("slow body: the server answered %q, want a 400 saying the body could not be read", got)
 	}

@@ -130,14 +130,23 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 	})
 
 	t.Run("wait that timed out", func(t *testing.T) {
-		hold("retry/timeout")
+		a := hold("retry/timeout")
 		if r := proposeLostAcquire(t, c, leader, "retry/timeout", "c1", "timeout-1", 1000, 300); r.Status != command.StatusQueued {
 			t.Fatalf("first attempt: %s, want queued", r.Status)
 		}
 		waitFor(t, 10*time.Second, "c1's wait to time out", func() bool { return getLock(t, c, leader, "retry/timeout").Waiters == 0 })
+		// Free the lock first: a retry that acted again instead of learning
+		// the first attempt's fate would now be granted, where one that
+		// waited again behind a would time out just the same.
+		if code := release(t, c, leader, "retry/timeout", "a", a); code != 200 {
+			t.Fatalf("release a: %d", code)
+		}
 		code, ans := retry("retry/timeout", "timeout-1", 300)
 		if code != http.StatusConflict || ans.Error.Code != "wait_timeout" {
 			t.Fatalf("retry of a wait that timed out: %d %+v, want 409 wait_timeout", code, ans)
+		}
+		if v := getLock(t, c, leader, "retry/timeout"); v.Held || v.Waiters != 0 {
+			t.Fatalf("the retry of a timed-out wait acted again: %+v", v)
 		}
 	})
 }

@@ -73,6 +73,11 @@ func TestModelAcceptsCorrectHistories(t *testing.T) {
 			add(acq("a", "L", 2*s, 0, s/10, oOK, 1, "la")).
 			add(acq("b", "L", 2*s, 2*s+s/10, 2*s+2*s/10, oOK, 2, "lb")).
 			add(ren("a", "L", 1, "la", 3*s, 3*s+s/10, oNotHolder)).ops,
+		"expiry after the bound beside a slow renewal": (&hb{}).
+			add(acq("a", "L", 2*s, 0, s/10, oOK, 1, "la")).
+			add(ren("a", "L", 1, "la", 3*s/10, 3*s, oNotHolder)).
+			add(Op{Client: "reader", Kind: kGet, Lock: "L", Call: 4 * s / 10, Out: oUnknown}).
+			add(acq("b", "L", 2*s, 19*s/10, 21*s/10, oOK, 2, "lb")).ops,
 		"waiter granted on release (hand-off)": (&hb{}).
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
 			add(Op{Client: "b", Kind: kAcquire, Lock: "L", TTL: long, Wait: 5 * s, Call: 2 * s / 10, Return: 9 * s / 10, Out: oOK, OutToken: 2, OutLease: "lb"}).
@@ -147,6 +152,18 @@ func TestModelCatchesViolations(t *testing.T) {
 		"lost grant while another holds": (&hb{}).
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
 			add(Op{Client: "b", Kind: kAcquire, Lock: "L", TTL: 15 * s / 10, Wait: s / 2, Call: s, Return: 2 * s, Out: oLost, OutToken: 2}).ops,
+		// A lease may end at its bound, not at the return of whatever
+		// operation on the lock happens to be slow: b's grant, answered long
+		// before a's bound, must come after an expiry that cannot have
+		// happened yet, however late the other operations return.
+		"expired early beside a slow renewal": (&hb{}).
+			add(acq("a", "L", 2*s, 0, s/10, oOK, 1, "la")).
+			add(ren("a", "L", 1, "la", 3*s/10, 3*s, oNotHolder)).
+			add(acq("b", "L", 2*s, 5*s/10, 11*s/10, oOK, 2, "lb")).ops,
+		"expired early beside an unanswered read": (&hb{}).
+			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
+			add(Op{Client: "reader", Kind: kGet, Lock: "L", Call: 2 * s / 10, Out: oUnknown}).
+			add(acq("b", "L", long, s, s+s/10, oOK, 2, "lb")).ops,
 	}
 	for name, ops := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -78,6 +78,10 @@ type mState struct {
 	FreeAfter int64  // the lease may end at or after this time
 	Last      uint64 // highest token granted on this lock so far
 	Value     string // elections: the leader's value
+	// Floor is the earliest time the operations still to linearize can
+	// take effect: an expiry at FreeAfter moves it there, and an operation
+	// that returned before it cannot come after that expiry.
+	Floor int64
 }
 
 func (s mState) String() string {
@@ -156,13 +160,24 @@ func (m *lockModel) freeAfterGrant(in mIn, lease string) int64 {
 
 func (m *lockModel) step(st any, input any, output any) []any {
 	s, in, out := st.(mState), input.(mIn), output.(mOut)
+	if in.Return < s.Floor {
+		// It returned before an expiry already taken: it took effect
+		// before that expiry, not after.
+		return nil
+	}
 	pres := []mState{s}
 	if s.Held && in.Return >= s.FreeAfter {
-		pres = append(pres, mState{Last: s.Last}) // the lease ended just before
+		// The lease ended just before, at FreeAfter or later: so does
+		// every operation linearized from here on.
+		pres = append(pres, mState{Last: s.Last, Floor: max(s.Floor, s.FreeAfter)})
 	}
 	var next []any
 	for _, p := range pres {
-		next = append(next, m.apply(p, in, out)...)
+		for _, n := range m.apply(p, in, out) {
+			ns := n.(mState)
+			ns.Floor = p.Floor
+			next = append(next, ns)
+		}
 	}
 	return next
 }

@@ -289,9 +289,12 @@ func TestDevCommand(t *testing.T) {
 		t.Fatalf("dlock dev exited with %v after SIGINT, want exit status 0", p.waitErr)
 	}
 	t.Logf("dlock dev exited 0, %s after SIGINT", took.Round(time.Millisecond))
-	if dataDir != "" {
-		if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
-			t.Errorf("dlock dev left its temporary data dir %s behind (stat: %v)", dataDir, err)
-		}
+	// The banner names the data dir; without it the clean-up below could
+	// not be checked at all.
+	if dataDir == "" {
+		t.Fatalf("dlock dev did not say where its data is (no \"data in DIR\" line):\n%s", strings.Join(out.snapshot(), "\n"))
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Errorf("dlock dev left its temporary data dir %s behind (stat: %v)", dataDir, err)
 	}
 }
