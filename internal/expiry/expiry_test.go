@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -196,5 +197,123 @@ func TestRunProposesDueExpiries(t *testing.T) {
 func TestItemStaysSmall(t *testing.T) {
 	if size := unsafe.Sizeof(item{}); size > 64 {
 		t.Fatalf("a deadline item is %d bytes; it was 64", size)
+	}
+}
+
+// A wait is tracked by lease and lock, and its sequence says which wait it is:
+// an ended wait's deadline is dropped, a new wait for the same lease and lock
+// takes over the slot with its own sequence and deadline, and the end of an
+// older wait (another sequence) never drops the newer one's deadline.
+func TestWaitSequenceOnEndAndRequeue(t *testing.T) {
+	timer := func(lease byte, name string, seq uint64, ms int64) state.Event {
+		return state.Event{Type: state.EventWaitTimer, LeaseID: lid(lease), Name: name, Seq: seq, RemainingMs: ms}
+	}
+	gone := func(lease byte, name string, seq uint64) state.Event {
+		return state.Event{Type: state.EventWaitGone, LeaseID: lid(lease), Name: name, Seq: seq}
+	}
+	ref := func(lease byte, name string, seq uint64) command.WaitRef {
+		return command.WaitRef{LeaseID: lid(lease), Name: name, Seq: seq}
+	}
+	cases := []struct {
+		name string
+		// Each entry is one Applied call, all at the same instant.
+		entries [][]state.Event
+		// want is due dueMs after that instant and nothing is due a millisecond
+		// earlier; with no want, nothing is ever due and nothing stays tracked.
+		dueMs int64
+		want  []command.WaitRef
+	}{
+		{name: "ended wait is dropped",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {gone(2, "x", 5)}}},
+		{name: "ended in the entry that queued it",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000), gone(2, "x", 5)}}},
+		{name: "queued again after it ended",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {gone(2, "x", 5)}, {timer(2, "x", 9, 5_000)}},
+			dueMs:   5_000, want: []command.WaitRef{ref(2, "x", 9)}},
+		{name: "new sequence replaces the old deadline",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {timer(2, "x", 9, 5_000)}},
+			dueMs:   5_000, want: []command.WaitRef{ref(2, "x", 9)}},
+		{name: "new sequence with a shorter deadline",
+			entries: [][]state.Event{{timer(2, "x", 5, 5_000)}, {timer(2, "x", 9, 2_000)}},
+			dueMs:   2_000, want: []command.WaitRef{ref(2, "x", 9)}},
+		{name: "old wait's end after the new wait keeps the new deadline",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {timer(2, "x", 9, 5_000)}, {gone(2, "x", 5)}},
+			dueMs:   5_000, want: []command.WaitRef{ref(2, "x", 9)}},
+		{name: "old wait's end in the same entry keeps the new deadline",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000), timer(2, "x", 9, 5_000), gone(2, "x", 5)}},
+			dueMs:   5_000, want: []command.WaitRef{ref(2, "x", 9)}},
+		{name: "new wait ends after replacing the old",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {timer(2, "x", 9, 5_000)}, {gone(2, "x", 9)}}},
+		{name: "another lease's end on the same lock",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000), timer(3, "x", 6, 3_000)}, {gone(3, "x", 6)}},
+			dueMs:   2_000, want: []command.WaitRef{ref(2, "x", 5)}},
+		{name: "the same lease's end on another lock",
+			entries: [][]state.Event{{timer(2, "x", 5, 2_000)}, {timer(2, "y", 6, 3_000)}, {gone(2, "y", 6)}},
+			dueMs:   2_000, want: []command.WaitRef{ref(2, "x", 5)}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clock, _, r := setup(t)
+			r.Promote()
+			for _, e := range c.entries {
+				r.Applied(0, e)
+			}
+			now := clock.Now()
+			if len(c.want) == 0 {
+				if l, w, _ := r.Due(now.Add(time.Hour)); len(l)+len(w) != 0 || r.Len() != 0 {
+					t.Fatalf("an ended wait is still tracked: due %v %v, %d deadlines", l, w, r.Len())
+				}
+				return
+			}
+			if l, w, _ := r.Due(now.Add(time.Duration(c.dueMs-1) * time.Millisecond)); len(l)+len(w) != 0 {
+				t.Fatalf("due before %d ms: %v %v", c.dueMs, l, w)
+			}
+			if l, w, _ := r.Due(now.Add(time.Duration(c.dueMs) * time.Millisecond)); len(l) != 0 || !slices.Equal(w, c.want) {
+				t.Fatalf("due at %d ms: %v %+v, want %+v", c.dueMs, l, w, c.want)
+			}
+			if r.Len() != len(c.want) {
+				t.Fatalf("%d deadlines tracked, want %d", r.Len(), len(c.want))
+			}
+		})
+	}
+}
+
+// The same through the state machine: a session's wait is cancelled and queued
+// again (a new sequence); the first wait's deadline expires nothing, and the
+// reaper proposes the second one, at its own deadline.
+func TestRequeuedWaitKeepsItsOwnDeadline(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	h.apply(0, &command.Envelope{ClientID: "b", Body: &command.CreateSession{LeaseID: lid(9), TTLms: 60_000}})
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 60_000}})
+	q1 := h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "x", LeaseID: lid(9), Session: true, WaitMs: 2_000}})
+	if q1.Status != command.StatusQueued {
+		t.Fatalf("first wait: %+v", q1)
+	}
+	first := command.WaitRef{LeaseID: lid(9), Name: "x", Seq: q1.Seq}
+	if res := h.apply(0, &command.Envelope{ClientID: "b", Body: &command.CancelWait{Wait: first}}); res.Status != command.StatusOK {
+		t.Fatalf("cancel: %+v", res)
+	}
+	clock.Advance(time.Second)
+	q2 := h.apply(1_000, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "x", LeaseID: lid(9), Session: true, WaitMs: 5_000}})
+	if q2.Status != command.StatusQueued || q2.Seq == q1.Seq {
+		t.Fatalf("second wait: %+v (first seq %d)", q2, q1.Seq)
+	}
+	if _, w, _ := r.Due(clock.Now().Add(4_999 * time.Millisecond)); len(w) != 0 {
+		t.Fatalf("due before the second wait's deadline: %+v", w)
+	}
+	_, w, _ := r.Due(clock.Now().Add(5 * time.Second))
+	second := command.WaitRef{LeaseID: lid(9), Name: "x", Seq: q2.Seq}
+	if len(w) != 1 || w[0] != second {
+		t.Fatalf("due at the second wait's deadline: %+v, want %+v", w, second)
+	}
+	h.apply(0, &command.Envelope{Body: &command.ExpireWaits{Waits: w}})
+	if n := h.st.GetLock("x").Waiters; n != 0 {
+		t.Fatalf("the second wait did not expire: %d waiters", n)
+	}
+	// Two leases remain (the holder's and the session), no wait.
+	if r.Len() != 2 {
+		t.Fatalf("%d deadlines tracked, want the 2 leases'", r.Len())
 	}
 }

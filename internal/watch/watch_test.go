@@ -2,6 +2,7 @@ package watch
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -87,5 +88,119 @@ func TestCompactionAndRestore(t *testing.T) {
 	}
 	if _, _, err := h.Subscribe(Filter{}, 1); err != nil {
 		t.Fatalf("after restore to revision 0, revision 1 is the future: %v", err)
+	}
+}
+
+// Filter.Kind picks one kind and Filter.Name one exact name (not a prefix),
+// alone or with each other and with Prefix, the same way for the backlog and
+// for live events.
+func TestFilterKindAndName(t *testing.T) {
+	el := command.ElectionKey
+	// Revisions 1-5 and 6-10 are two halves; the split mode subscribes between them.
+	entries := [][]state.Event{
+		{ev(1, state.EventAcquired, "a")},
+		{ev(2, state.EventAcquired, "ab")},
+		{ev(3, state.EventAcquired, "a/x")},
+		{ev(4, state.EventAcquired, el("a")), ev(4, state.EventWaitTimer, "a"), ev(4, state.EventWaitTimer, el("a"))},
+		{ev(5, state.EventAcquired, el("ab")), ev(5, state.EventSessionCreated, "")},
+		{ev(6, state.EventProclaimed, el("a")), ev(6, state.EventQueued, "ab")},
+		{ev(7, state.EventReleased, "a"), ev(7, state.EventAcquired, "a"), ev(7, state.EventWaitGone, "a")},
+		{ev(8, state.EventReleased, el("a")), ev(8, state.EventAcquired, el("a"))},
+		{ev(9, state.EventExpired, el("a/x")), ev(9, state.EventSessionExpired, "")},
+		{ev(10, state.EventDequeued, "ab"), ev(10, state.EventLeaseGone, "")},
+	}
+	all := []string{
+		"1 acquired lock a", "2 acquired lock ab", "3 acquired lock a/x",
+		"4 elected election a", "5 elected election ab", "5 session_created session ",
+		"6 proclaimed election a", "6 queued lock ab", "7 released lock a", "7 acquired lock a",
+		"8 resigned election a", "8 elected election a", "9 expired election a/x",
+		"9 session_expired session ", "10 dequeued lock ab",
+	}
+	cases := []struct {
+		f    Filter
+		want []string
+	}{
+		{Filter{}, all},
+		{Filter{Kind: "lock"}, []string{"1 acquired lock a", "2 acquired lock ab", "3 acquired lock a/x", "6 queued lock ab", "7 released lock a", "7 acquired lock a", "10 dequeued lock ab"}},
+		{Filter{Kind: "election"}, []string{"4 elected election a", "5 elected election ab", "6 proclaimed election a", "8 resigned election a", "8 elected election a", "9 expired election a/x"}},
+		{Filter{Kind: "session"}, []string{"5 session_created session ", "9 session_expired session "}},
+		{Filter{Kind: "nope"}, nil},
+		// A name alone matches that exact name of every kind, never a longer one.
+		{Filter{Name: "a"}, []string{"1 acquired lock a", "4 elected election a", "6 proclaimed election a", "7 released lock a", "7 acquired lock a", "8 resigned election a", "8 elected election a"}},
+		{Filter{Name: "ab"}, []string{"2 acquired lock ab", "5 elected election ab", "6 queued lock ab", "10 dequeued lock ab"}},
+		{Filter{Name: "a/"}, nil},
+		// Watchers see election names, never the lock-table key.
+		{Filter{Name: el("a")}, nil},
+		{Filter{Kind: "lock", Name: "a"}, []string{"1 acquired lock a", "7 released lock a", "7 acquired lock a"}},
+		{Filter{Kind: "lock", Name: "a/x"}, []string{"3 acquired lock a/x"}},
+		// What Observe asks for: one election, not one that shares its prefix.
+		{Filter{Kind: "election", Name: "a"}, []string{"4 elected election a", "6 proclaimed election a", "8 resigned election a", "8 elected election a"}},
+		{Filter{Kind: "election", Name: "ab"}, []string{"5 elected election ab"}},
+		{Filter{Kind: "election", Name: "a/x"}, []string{"9 expired election a/x"}},
+		{Filter{Kind: "session", Name: "a"}, nil},
+		// With a prefix, both must hold.
+		{Filter{Prefix: "a/", Kind: "lock"}, []string{"3 acquired lock a/x"}},
+		{Filter{Prefix: "a/", Kind: "election"}, []string{"9 expired election a/x"}},
+		{Filter{Prefix: "a", Name: "ab"}, []string{"2 acquired lock ab", "5 elected election ab", "6 queued lock ab", "10 dequeued lock ab"}},
+		{Filter{Prefix: "a/", Name: "a"}, nil},
+		{Filter{Prefix: "b", Kind: "lock"}, nil},
+	}
+	apply := func(h *Hub, es [][]state.Event) {
+		for _, e := range es {
+			h.Applied(e[0].Revision, e)
+		}
+	}
+	drain := func(sub *Subscription) []string {
+		var got []string
+		for {
+			select {
+			case e := <-sub.Events():
+				got = append(got, fmt.Sprintf("%d %s %s %s", e.Revision, e.Type, e.Kind, e.Name))
+			default:
+				return got
+			}
+		}
+	}
+	modes := []struct {
+		name string
+		run  func(t *testing.T, f Filter) []string
+	}{
+		{"backlog", func(t *testing.T, f Filter) []string {
+			h := NewHub(100, 100)
+			apply(h, entries)
+			sub, _, err := h.Subscribe(f, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return drain(sub)
+		}},
+		{"live", func(t *testing.T, f Filter) []string {
+			h := NewHub(100, 100)
+			sub, _, err := h.Subscribe(f, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			apply(h, entries)
+			return drain(sub)
+		}},
+		{"backlog then live", func(t *testing.T, f Filter) []string {
+			h := NewHub(100, 100)
+			apply(h, entries[:5])
+			sub, _, err := h.Subscribe(f, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			apply(h, entries[5:])
+			return drain(sub)
+		}},
+	}
+	for _, c := range cases {
+		for _, m := range modes {
+			t.Run(fmt.Sprintf("%+v/%s", c.f, m.name), func(t *testing.T) {
+				if got := m.run(t, c.f); !slices.Equal(got, c.want) {
+					t.Fatalf("filter %+v, %s: got\n%q\nwant\n%q", c.f, m.name, got, c.want)
+				}
+			})
+		}
 	}
 }

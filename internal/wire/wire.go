@@ -75,8 +75,7 @@ func (r *Reader) Uvarint() uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(r.buf)
-	if n <= 0 {
-		r.fail(fmt.Errorf("wire: bad uvarint: %w", ErrShort))
+	if !r.varintRead(n) {
 		return 0
 	}
 	if !r.minimal(n) {
@@ -84,6 +83,20 @@ func (r *Reader) Uvarint() uint64 {
 	}
 	r.buf = r.buf[n:]
 	return v
+}
+
+// varintRead checks the n that encoding/binary returned for a varint: 0 when
+// the input ends inside it, negative when it overflows 64 bits.
+func (r *Reader) varintRead(n int) bool {
+	switch {
+	case n == 0:
+		r.fail(fmt.Errorf("wire: varint cut off: %w", ErrShort))
+		return false
+	case n < 0:
+		r.fail(errors.New("wire: varint overflows 64 bits"))
+		return false
+	}
+	return true
 }
 
 // minimal refuses a varint of n bytes that is longer than it needs to be
@@ -105,8 +118,7 @@ func (r *Reader) Varint() int64 {
 		return 0
 	}
 	v, n := binary.Varint(r.buf)
-	if n <= 0 {
-		r.fail(fmt.Errorf("wire: bad varint: %w", ErrShort))
+	if !r.varintRead(n) {
 		return 0
 	}
 	if !r.minimal(n) {
