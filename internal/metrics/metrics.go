@@ -7,7 +7,6 @@ package metrics
 
 import (
 	"errors"
-	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -61,10 +60,7 @@ func bridgeRaftMetrics() {
 
 // New makes the collectors; Attach adds the ones that read the node. The split
 // lets the event counter observe the FSM from before Raft starts.
-func New(logger *slog.Logger) *Metrics {
-	if logger == nil {
-		logger = slog.Default()
-	}
+func New() *Metrics {
 	bridgeRaftMetrics()
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.ops = prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -105,7 +105,7 @@ func Start(cfg Config) (*Server, error) {
 		rc.Logger = cfg.Logger
 	}
 	hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
-	mtr := metrics.New(cfg.Logger)
+	mtr := metrics.New()
 	rc.Observers = append(rc.Observers, hub, mtr)
 	node, err := raftnode.Open(rc)
 	if err != nil {
