@@ -29,21 +29,22 @@ func newRaftSink(reg prometheus.Registerer) *raftSink {
 	h := func(name, help string) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: raftBuckets})
 	}
+	hv := func(name, help, label string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: raftBuckets}, []string{label})
+	}
 	s := &raftSink{
 		commit: h("dlock_raft_commit_seconds",
 			"Leader: time from writing a batch of entries to the log until a majority has it (Raft commitTime)."),
 		dispatch: h("dlock_raft_leader_log_write_seconds",
 			"Leader: time to write and fsync a batch of new entries to its own log before replicating them (Raft leader.dispatchLog)."),
-		replicate: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dlock_raft_replication_seconds",
-			Help:    "Leader: round trip of one AppendEntries call to a follower, its fsync included (Raft replication.appendEntries.rpc).",
-			Buckets: raftBuckets}, []string{"peer_id"}),
+		replicate: hv("dlock_raft_replication_seconds",
+			"Leader: round trip of one AppendEntries call to a follower, its fsync included (Raft replication.appendEntries.rpc).", "peer_id"),
 		storeLogs: h("dlock_raft_follower_log_write_seconds",
 			"Follower: time to write and fsync the entries of one AppendEntries call (Raft rpc.appendEntries.storeLogs)."),
 		applyBatch: h("dlock_raft_fsm_apply_batch_seconds",
 			"Time to apply one batch of committed entries to the state machine (Raft fsm.applyBatch)."),
-		snapshot: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "dlock_raft_snapshot_seconds",
-			Help:    "Snapshot phases: fsm_snapshot (capture), create (whole), persist (write out), restore (install).",
-			Buckets: raftBuckets}, []string{"phase"}),
+		snapshot: hv("dlock_raft_snapshot_seconds",
+			"Snapshot phases: fsm_snapshot (capture), create (whole), persist (write out), restore (install).", "phase"),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dlock_raft_transitions_total",
 			Help: "Raft role changes and their causes: state_candidate, state_follower, state_leader, heartbeat_timeout, leader_lease_timeout."},
 			[]string{"kind"}),

@@ -114,13 +114,6 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-type tri int
-
-const (
-	no tri = iota
-	yes
-)
-
 // Every malformed input sets the sticky error, never panics, and from then on
 // every read returns a zero value and consumes nothing.
 func TestMalformed(t *testing.T) {
@@ -132,44 +125,44 @@ func TestMalformed(t *testing.T) {
 		read func(r *Reader)
 		// short: whether the error must be ErrShort (truncated input) or must
 		// not be (bad but complete input).
-		short tri
+		short bool
 	}{
-		{"empty uvarint", nil, func(r *Reader) { r.Uvarint() }, yes},
-		{"truncated uvarint", []byte{0x80}, func(r *Reader) { r.Uvarint() }, yes},
-		{"truncated long uvarint", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, func(r *Reader) { r.Uvarint() }, yes},
-		{"empty varint", nil, func(r *Reader) { r.Varint() }, yes},
-		{"truncated varint", []byte{0xff, 0x80}, func(r *Reader) { r.Varint() }, yes},
-		{"uvarint overflows 64 bits", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, func(r *Reader) { r.Uvarint() }, no},
-		{"uvarint of 11 bytes", []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, func(r *Reader) { r.Uvarint() }, no},
-		{"varint overflows 64 bits", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, func(r *Reader) { r.Varint() }, no},
-		{"overlong uvarint 0", []byte{0x80, 0x00}, func(r *Reader) { r.Uvarint() }, no},
-		{"overlong uvarint 1", []byte{0x81, 0x00}, func(r *Reader) { r.Uvarint() }, no},
-		{"overlong uvarint of 3 bytes", []byte{0xff, 0x80, 0x00}, func(r *Reader) { r.Uvarint() }, no},
-		{"overlong uvarint of 10 bytes", []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}, func(r *Reader) { r.Uvarint() }, no},
-		{"overlong varint 0", []byte{0x80, 0x00}, func(r *Reader) { r.Varint() }, no},
-		{"overlong varint -1", []byte{0x81, 0x00}, func(r *Reader) { r.Varint() }, no},
+		{"empty uvarint", nil, func(r *Reader) { r.Uvarint() }, true},
+		{"truncated uvarint", []byte{0x80}, func(r *Reader) { r.Uvarint() }, true},
+		{"truncated long uvarint", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, func(r *Reader) { r.Uvarint() }, true},
+		{"empty varint", nil, func(r *Reader) { r.Varint() }, true},
+		{"truncated varint", []byte{0xff, 0x80}, func(r *Reader) { r.Varint() }, true},
+		{"uvarint overflows 64 bits", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, func(r *Reader) { r.Uvarint() }, false},
+		{"uvarint of 11 bytes", []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, func(r *Reader) { r.Uvarint() }, false},
+		{"varint overflows 64 bits", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02}, func(r *Reader) { r.Varint() }, false},
+		{"overlong uvarint 0", []byte{0x80, 0x00}, func(r *Reader) { r.Uvarint() }, false},
+		{"overlong uvarint 1", []byte{0x81, 0x00}, func(r *Reader) { r.Uvarint() }, false},
+		{"overlong uvarint of 3 bytes", []byte{0xff, 0x80, 0x00}, func(r *Reader) { r.Uvarint() }, false},
+		{"overlong uvarint of 10 bytes", []byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}, func(r *Reader) { r.Uvarint() }, false},
+		{"overlong varint 0", []byte{0x80, 0x00}, func(r *Reader) { r.Varint() }, false},
+		{"overlong varint -1", []byte{0x81, 0x00}, func(r *Reader) { r.Varint() }, false},
 		{"overlong varint after a good one", []byte{0x02, 0x83, 0x80, 0x00}, func(r *Reader) {
 			if v := r.Varint(); v != 1 {
 				panic("first varint misread")
 			}
 			r.Varint()
-		}, no},
-		{"overlong string length", []byte{0x80, 0x00}, func(r *Reader) { _ = r.String() }, no},
-		{"overlong count", []byte{0x80, 0x00, 0x00}, func(r *Reader) { r.Count(1) }, no},
-		{"string length past the input", []byte{0x03, 'a', 'b'}, func(r *Reader) { _ = r.String() }, yes},
-		{"string length truncated", []byte{0x80}, func(r *Reader) { _ = r.String() }, yes},
-		{"string length huge", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 'a'}, func(r *Reader) { _ = r.String() }, yes},
-		{"string longer than MaxString", overMax, func(r *Reader) { _ = r.String() }, yes},
-		{"bool 2", []byte{0x02}, func(r *Reader) { r.Bool() }, no},
-		{"bool 0xff", []byte{0xff}, func(r *Reader) { r.Bool() }, no},
-		{"bool missing", nil, func(r *Reader) { r.Bool() }, yes},
-		{"byte missing", nil, func(r *Reader) { r.Byte() }, yes},
-		{"fixed short", []byte{1, 2, 3}, func(r *Reader) { r.Fixed(make([]byte, 4)) }, yes},
-		{"count exceeds input", []byte{0x04, 0, 0, 0}, func(r *Reader) { r.Count(1) }, yes},
-		{"count exceeds input by element size", []byte{0x02, 0, 0, 0}, func(r *Reader) { r.Count(2) }, yes},
-		{"count huge", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, func(r *Reader) { r.Count(0) }, yes},
-		{"count huge with a negative element size", []byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0}, func(r *Reader) { r.Count(-5) }, yes},
-		{"count truncated", []byte{0x80}, func(r *Reader) { r.Count(1) }, yes},
+		}, false},
+		{"overlong string length", []byte{0x80, 0x00}, func(r *Reader) { _ = r.String() }, false},
+		{"overlong count", []byte{0x80, 0x00, 0x00}, func(r *Reader) { r.Count(1) }, false},
+		{"string length past the input", []byte{0x03, 'a', 'b'}, func(r *Reader) { _ = r.String() }, true},
+		{"string length truncated", []byte{0x80}, func(r *Reader) { _ = r.String() }, true},
+		{"string length huge", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 'a'}, func(r *Reader) { _ = r.String() }, true},
+		{"string longer than MaxString", overMax, func(r *Reader) { _ = r.String() }, true},
+		{"bool 2", []byte{0x02}, func(r *Reader) { r.Bool() }, false},
+		{"bool 0xff", []byte{0xff}, func(r *Reader) { r.Bool() }, false},
+		{"bool missing", nil, func(r *Reader) { r.Bool() }, true},
+		{"byte missing", nil, func(r *Reader) { r.Byte() }, true},
+		{"fixed short", []byte{1, 2, 3}, func(r *Reader) { r.Fixed(make([]byte, 4)) }, true},
+		{"count exceeds input", []byte{0x04, 0, 0, 0}, func(r *Reader) { r.Count(1) }, true},
+		{"count exceeds input by element size", []byte{0x02, 0, 0, 0}, func(r *Reader) { r.Count(2) }, true},
+		{"count huge", []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, func(r *Reader) { r.Count(0) }, true},
+		{"count huge with a negative element size", []byte{0xff, 0xff, 0xff, 0xff, 0x0f, 0}, func(r *Reader) { r.Count(-5) }, true},
+		{"count truncated", []byte{0x80}, func(r *Reader) { r.Count(1) }, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -184,8 +177,8 @@ func TestMalformed(t *testing.T) {
 			if err == nil {
 				t.Fatalf("no error for % x", c.in[:min(len(c.in), 16)])
 			}
-			if (c.short == yes) != errors.Is(err, ErrShort) {
-				t.Fatalf("errors.Is(%v, ErrShort) = %v, want %v", err, c.short != yes, c.short == yes)
+			if c.short != errors.Is(err, ErrShort) {
+				t.Fatalf("errors.Is(%v, ErrShort) = %v, want %v", err, !c.short, c.short)
 			}
 			// The error sticks: later reads yield zero values, the same error, and
 			// leave nothing to read.
