@@ -140,6 +140,11 @@ func TestFenceUnknownTokenChecker(t *testing.T) {
 		{name: "token granted on another lock",
 			w:    write{Lock: "L", Client: "b", Token: 2, At: s, Bound: 5 * s, Accepted: true},
 			want: []string{"safety:fence-unknown-token"}},
+		// A rejected write with a made-up token is no safety problem (the
+		// register refused it), but the harness never writes one.
+		{name: "rejected write with a token never granted",
+			w:    write{Lock: "L", Client: "a", Token: 7, At: s, Bound: 5 * s, MaxSeen: 9, Paused: true},
+			want: []string{"harness:write-with-unknown-token"}},
 		// Correct: the token its grant gave.
 		{name: "token of the writer's grant",
 			w: write{Lock: "L", Client: "a", Token: 1, At: s, Bound: 5 * s, Accepted: true}},
@@ -150,7 +155,13 @@ func TestFenceUnknownTokenChecker(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			a, st := checkFence(ops, []write{c.w})
 			wantKinds(t, a, c.want...)
-			if st.writes != 1 || st.accepted != 1 || st.acceptedUnknownToken != len(c.want) {
+			safety := 0
+			for _, k := range c.want {
+				if strings.HasPrefix(k, "safety:") {
+					safety++
+				}
+			}
+			if st.writes != 1 || st.accepted+st.rejected != 1 || (st.accepted == 1) != c.w.Accepted || st.acceptedUnknownToken != safety {
 				t.Fatalf("fence stats %+v", st)
 			}
 		})

@@ -156,9 +156,17 @@ func checkFence(ops []Op, ws []write) ([]anomaly, fenceStats) {
 			st.rejected++
 		}
 		if g, ok := owner[w.Token]; !ok || g.Client != w.Client || g.Lock != w.Lock {
-			st.acceptedUnknownToken++
-			out = append(out, anomaly{Kind: "safety:fence-unknown-token",
-				What: fmt.Sprintf("%s wrote to %s's register with token %d, which no acknowledged grant gave it", w.Client, w.Lock, w.Token)})
+			if w.Accepted {
+				st.acceptedUnknownToken++
+				out = append(out, anomaly{Kind: "safety:fence-unknown-token",
+					What: fmt.Sprintf("%s's register accepted %s's write with token %d, which no acknowledged grant gave it", w.Lock, w.Client, w.Token)})
+			} else {
+				// The register did its job, but a client of the harness only
+				// writes with its own acknowledged grant's token, so the
+				// history and the writes disagree.
+				out = append(out, anomaly{Kind: "harness:write-with-unknown-token",
+					What: fmt.Sprintf("%s wrote to %s's register with token %d, which no acknowledged grant gave it (the register rejected it)", w.Client, w.Lock, w.Token)})
+			}
 		}
 		if w.Paused {
 			st.pausedWrites++
