@@ -76,6 +76,22 @@ type holderProof struct {
 	token                              uint64
 }
 
+// admitHolder is how every call by a lock's or an election's holder starts:
+// admission (rate limits), the fields that prove the holding, and the ACL.
+func (s *Service) admitHolder(ctx context.Context, p holderProof, idField string, perm uint8) (string, command.LeaseID, error) {
+	if err := s.admit(ctx, p.clientID); err != nil {
+		return "", command.LeaseID{}, err
+	}
+	name, id, err := s.checkProof(&p, idField)
+	if err != nil {
+		return "", command.LeaseID{}, err
+	}
+	if err := s.authorize(ctx, perm, name, p.clientID); err != nil {
+		return "", command.LeaseID{}, err
+	}
+	return name, id, nil
+}
+
 func (s *Service) checkProof(p *holderProof, idField string) (string, command.LeaseID, error) {
 	name, err := normalize(p.name)
 	if err != nil {
@@ -97,65 +113,41 @@ func (s *Service) checkProof(p *holderProof, idField string) (string, command.Le
 // Proclaim changes the leader's value.
 func (s *Service) Proclaim(ctx context.Context, req ProclaimRequest) (_ *ProclaimResponse, err error) {
 	defer s.observe("proclaim", time.Now(), &err)
-	if err = s.admit(ctx, req.CandidateID); err != nil {
-		return nil, err
-	}
-	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	name, id, err := s.admitHolder(ctx, holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id", command.PermElect)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
 		return nil, err
 	}
 	if len(req.Value) > command.MaxValueLen {
 		return nil, invalid("value is %d bytes; the limit is %d", len(req.Value), command.MaxValueLen)
 	}
-	resp, err := s.node.Apply(ctx, envelope(req.CandidateID, req.RequestID,
-		&command.Proclaim{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken, Value: req.Value}))
+	r, err := s.applyOK(ctx, envelope(req.CandidateID, req.RequestID,
+		&command.Proclaim{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken, Value: req.Value}), "proclaim")
 	if err != nil {
 		return nil, err
 	}
-	if resp.Result.Status != command.StatusOK {
-		return nil, statusErr(resp.Result, "proclaim")
-	}
-	return &ProclaimResponse{Proclaimed: true, Revision: resp.Result.Revision}, nil
+	return &ProclaimResponse{Proclaimed: true, Revision: r.Revision}, nil
 }
 
 // Resign gives up leadership; the next campaigner in line is elected at once.
 func (s *Service) Resign(ctx context.Context, req ResignRequest) (_ *ResignResponse, err error) {
 	defer s.observe("resign", time.Now(), &err)
-	if err = s.admit(ctx, req.CandidateID); err != nil {
-		return nil, err
-	}
-	name, id, err := s.checkProof(&holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	name, id, err := s.admitHolder(ctx, holderProof{req.Name, req.CandidateID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id", command.PermElect)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
-		return nil, err
-	}
-	resp, err := s.node.Apply(ctx, envelope(req.CandidateID, req.RequestID,
-		&command.Release{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken}))
+	r, err := s.applyOK(ctx, envelope(req.CandidateID, req.RequestID,
+		&command.Release{Name: command.ElectionKey(name), LeaseID: id, Token: req.FencingToken}), "resign")
 	if err != nil {
 		return nil, err
 	}
-	if resp.Result.Status != command.StatusOK {
-		return nil, statusErr(resp.Result, "resign")
-	}
-	return &ResignResponse{Resigned: true, Revision: resp.Result.Revision}, nil
+	return &ResignResponse{Resigned: true, Revision: r.Revision}, nil
 }
 
 // RenewElection extends the lease of an election's leader.
 func (s *Service) RenewElection(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
 	defer s.observe("election_renew", time.Now(), &err)
-	if err = s.admit(ctx, req.ClientID); err != nil {
-		return nil, err
-	}
-	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id")
+	name, id, err := s.admitHolder(ctx, holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "candidate_id", command.PermElect)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, command.PermElect, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	return s.renew(ctx, req, command.ElectionKey(name), id)

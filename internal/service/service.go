@@ -148,6 +148,19 @@ func envelope(clientID, requestID string, body command.Body) *command.Envelope {
 	return &command.Envelope{ClientID: clientID, RequestID: requestID, Body: body}
 }
 
+// applyOK commits one command and turns the state machine's refusal into its
+// API error.
+func (s *Service) applyOK(ctx context.Context, e *command.Envelope, what string) (command.Result, error) {
+	resp, err := s.node.Apply(ctx, e)
+	if err != nil {
+		return command.Result{}, err
+	}
+	if resp.Result.Status != command.StatusOK {
+		return command.Result{}, statusErr(resp.Result, what)
+	}
+	return resp.Result, nil
+}
+
 func statusErr(r command.Result, what string) error {
 	switch r.Status {
 	case command.StatusNotHolder:
@@ -445,37 +458,22 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 // Release gives a lock back and hands it to the next waiter.
 func (s *Service) Release(ctx context.Context, req ReleaseRequest) (_ *ReleaseResponse, err error) {
 	defer s.observe("release", time.Now(), &err)
-	if err = s.admit(ctx, req.ClientID); err != nil {
-		return nil, err
-	}
-	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
+	name, id, err := s.admitHolder(ctx, holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id", command.PermLock)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
-		return nil, err
-	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Release{Name: name, LeaseID: id, Token: req.FencingToken}))
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.Release{Name: name, LeaseID: id, Token: req.FencingToken}), "release")
 	if err != nil {
 		return nil, err
 	}
-	if resp.Result.Status != command.StatusOK {
-		return nil, statusErr(resp.Result, "release")
-	}
-	return &ReleaseResponse{Released: true, Revision: resp.Result.Revision}, nil
+	return &ReleaseResponse{Released: true, Revision: r.Revision}, nil
 }
 
 // Renew extends the lease that holds a lock.
 func (s *Service) Renew(ctx context.Context, req RenewRequest) (_ *RenewResponse, err error) {
 	defer s.observe("renew", time.Now(), &err)
-	if err = s.admit(ctx, req.ClientID); err != nil {
-		return nil, err
-	}
-	name, id, err := s.checkProof(&holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id")
+	name, id, err := s.admitHolder(ctx, holderProof{req.Name, req.ClientID, req.LeaseID, req.RequestID, req.FencingToken}, "client_id", command.PermLock)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
 	return s.renew(ctx, req, name, id)
@@ -485,13 +483,9 @@ func (s *Service) renew(ctx context.Context, req RenewRequest, key string, id co
 	if err := checkTTL(req.TTLms, false); err != nil {
 		return nil, err
 	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: key, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}))
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: key, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}), "renew")
 	if err != nil {
 		return nil, err
-	}
-	r := resp.Result
-	if r.Status != command.StatusOK {
-		return nil, statusErr(r, "renew")
 	}
 	return &RenewResponse{Renewed: true, ExpiresAt: ms(r.ExpiresAt), TTLms: r.TTLms, Revision: r.Revision}, nil
 }
@@ -594,13 +588,9 @@ func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms}))
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms}), "create session")
 	if err != nil {
 		return nil, err
-	}
-	r := resp.Result
-	if r.Status != command.StatusOK {
-		return nil, statusErr(r, "create session")
 	}
 	if counts {
 		s.leaseCreated(req.ClientID)
@@ -616,32 +606,38 @@ func (s *Service) sessionID(v string) (command.LeaseID, error) {
 	return id, nil
 }
 
+// admitSessionCall is how a call on an existing session starts: admission,
+// the session id and the ids of the caller and request, and the ACL.
+func (s *Service) admitSessionCall(ctx context.Context, clientID, sessionID, requestID string) (command.LeaseID, error) {
+	if err := s.admit(ctx, clientID); err != nil {
+		return command.LeaseID{}, err
+	}
+	id, err := s.sessionID(sessionID)
+	if err != nil {
+		return id, err
+	}
+	if err := checkID("client_id", clientID, false); err != nil {
+		return command.LeaseID{}, err
+	}
+	if err := s.authorize(ctx, 0, "", clientID); err != nil {
+		return command.LeaseID{}, err
+	}
+	if err := checkID("request_id", requestID, false); err != nil {
+		return command.LeaseID{}, err
+	}
+	return id, nil
+}
+
 // KeepAlive renews a session.
 func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *SessionResponse, err error) {
 	defer s.observe("session_keepalive", time.Now(), &err)
-	if err = s.admit(ctx, req.ClientID); err != nil {
-		return nil, err
-	}
-	id, err := s.sessionID(req.SessionID)
+	id, err := s.admitSessionCall(ctx, req.ClientID, req.SessionID, req.RequestID)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkID("client_id", req.ClientID, false); err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, 0, "", req.ClientID); err != nil {
-		return nil, err
-	}
-	if err := checkID("request_id", req.RequestID, false); err != nil {
-		return nil, err
-	}
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.KeepAlive{LeaseID: id}))
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.KeepAlive{LeaseID: id}), "keepalive")
 	if err != nil {
 		return nil, err
-	}
-	r := resp.Result
-	if r.Status != command.StatusOK {
-		return nil, statusErr(r, "keepalive")
 	}
 	return &SessionResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision}, nil
 }
@@ -649,34 +645,19 @@ func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *Sessi
 // DeleteSession ends a session, releasing its locks and dropping its waits.
 func (s *Service) DeleteSession(ctx context.Context, req DeleteSessionRequest) (_ *DeleteSessionResponse, err error) {
 	defer s.observe("session_delete", time.Now(), &err)
-	if err = s.admit(ctx, req.ClientID); err != nil {
-		return nil, err
-	}
-	id, err := s.sessionID(req.SessionID)
+	id, err := s.admitSessionCall(ctx, req.ClientID, req.SessionID, req.RequestID)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkID("client_id", req.ClientID, false); err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, 0, "", req.ClientID); err != nil {
-		return nil, err
-	}
-	if err := checkID("request_id", req.RequestID, false); err != nil {
 		return nil, err
 	}
 	counts := s.countsLeases(req.ClientID, req.RequestID)
-	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.DeleteSession{LeaseID: id}))
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.DeleteSession{LeaseID: id}), "delete session")
 	if err != nil {
 		return nil, err
-	}
-	if resp.Result.Status != command.StatusOK {
-		return nil, statusErr(resp.Result, "delete session")
 	}
 	if counts {
 		s.leaseDeleted(req.ClientID)
 	}
-	return &DeleteSessionResponse{Deleted: true, Revision: resp.Result.Revision}, nil
+	return &DeleteSessionResponse{Deleted: true, Revision: r.Revision}, nil
 }
 
 // Cluster describes the cluster as this node sees it.
