@@ -53,17 +53,8 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 // GetElection returns the election's leader (or none). Linearizable unless stale.
 func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *ElectionView, err error) {
 	defer s.observe("get_election", time.Now(), &err)
-	if err = s.admit(ctx, ""); err != nil {
-		return nil, err
-	}
-	n, err := normalize(name)
+	n, err := s.admitRead(ctx, name, stale)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.authorize(ctx, command.PermRead, n, ""); err != nil {
-		return nil, err
-	}
-	if err := s.read(ctx, stale); err != nil {
 		return nil, err
 	}
 	var v ElectionView

@@ -505,20 +505,30 @@ func lockView(li state.LockInfo, rev uint64) LockView {
 	return v
 }
 
-// GetLock returns one lock. Linearizable unless stale.
-func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *LockView, err error) {
-	defer s.observe("get_lock", time.Now(), &err)
-	if err = s.admit(ctx, ""); err != nil {
-		return nil, err
+// admitRead is how a read of one lock or election starts: admission, the
+// name, the ACL, and (unless stale) the linearizable read barrier.
+func (s *Service) admitRead(ctx context.Context, name string, stale bool) (string, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return "", err
 	}
 	n, err := normalize(name)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := s.authorize(ctx, command.PermRead, n, ""); err != nil {
-		return nil, err
+		return "", err
 	}
 	if err := s.read(ctx, stale); err != nil {
+		return "", err
+	}
+	return n, nil
+}
+
+// GetLock returns one lock. Linearizable unless stale.
+func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *LockView, err error) {
+	defer s.observe("get_lock", time.Now(), &err)
+	n, err := s.admitRead(ctx, name, stale)
+	if err != nil {
 		return nil, err
 	}
 	var v LockView
