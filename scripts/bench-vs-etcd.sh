@@ -7,8 +7,9 @@
 # workers, alternating which system goes first on every row so machine noise
 # hits both, then the held, watch and failover workloads and a million held
 # dlock locks, and writes the tables into docs/benchmarks.md (between the
-# "bench-vs-etcd" markers; the rest of the file is kept) and PNG plots into docs/bench/. Everything it starts is
-# stopped on exit. Budget: well under 15 minutes on a 2-core machine.
+# "bench-vs-etcd" markers; the rest of the file is kept) and PNG plots into
+# docs/bench/. Everything it starts is stopped on exit. Budget: under 15
+# minutes on a 2-core machine (about 11 here).
 #
 #   scripts/bench-vs-etcd.sh                  # the full run, rewrites the docs
 #   BENCH_DURATION=3s BENCH_WORKERS="8 64" BENCH_DOC=/tmp/b.md BENCH_PNG_DIR=/tmp/png scripts/bench-vs-etcd.sh
