@@ -360,7 +360,11 @@ func (d *data) targets(b *strings.Builder) {
 		h := held[len(held)-1]
 		keys, _ := strconv.Atoi(h.Config["keys"])
 		rss := maxRSS(h, "renewing")
-		row("1,000,000 held locks < 1 GiB RSS per node", fmt.Sprintf("this run held %d locks (max RSS %s MiB per node); the million-lock run was skipped (BENCH_MILLION_KEYS=0)", keys, f0(rss)), "not measured here")
+		why := "was skipped (BENCH_MILLION_KEYS=0)"
+		if _, tried := d.machine["million_gomemlimit"]; tried {
+			why = "failed (see the failed runs above)"
+		}
+		row("1,000,000 held locks < 1 GiB RSS per node", fmt.Sprintf("this run held %d locks (max RSS %s MiB per node); the million-lock run %s", keys, f0(rss), why), "not measured here")
 	}
 	for _, wr := range []struct{ row, what string }{{"watch-light", "100 grants/s"}, {"watch", "saturated"}} {
 		for _, w := range d.workerCounts(wr.row) {
