@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"time"
@@ -43,18 +44,30 @@ type NewACLToken struct {
 
 // ACLBootstrap creates the cluster's first management token. It works only
 // while no token exists; the answer is the only copy of the secret.
+//
+// The cluster bootstraps on every request it gets while no token exists, so
+// ACLBootstrap is not resent once it may have reached a node: if no answer
+// comes back it fails with an error wrapping ErrOutcomeUnknown.
 func (c *Client) ACLBootstrap(ctx context.Context) (*ACLToken, error) {
 	var out ACLToken
-	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/acl/bootstrap", out: &out, what: "acl bootstrap"}); err != nil {
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/acl/bootstrap", out: &out, what: "acl bootstrap", once: true,
+		check: "call ACLBootstrap again to find out: if it answers permission_denied (already bootstrapped) and nobody else " +
+			"bootstrapped, this call created the management token, and its secret, which was only in the lost answer, is lost"}); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
 // CreateACLToken creates a token (the client's own token needs admin).
+//
+// Every request creates a new token, so CreateACLToken is not resent once it
+// may have reached a node: if no answer comes back it fails with an error
+// wrapping ErrOutcomeUnknown.
 func (c *Client) CreateACLToken(ctx context.Context, t NewACLToken) (*ACLToken, error) {
 	var out ACLToken
-	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/acl/tokens", body: t, out: &out, what: "acl token create"}); err != nil {
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/acl/tokens", body: t, out: &out, what: "acl token create", once: true,
+		check: "list the ACL tokens (ListACLTokens) to see whether it was created; if it was, revoke it " +
+			"(its secret was only in the lost answer) and create another"}); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -71,8 +84,14 @@ func (c *Client) ListACLTokens(ctx context.Context) ([]ACLToken, error) {
 	return out.Tokens, nil
 }
 
-// DeleteACLToken revokes a token by its accessor id (needs admin).
+// DeleteACLToken revokes a token by its accessor id (needs admin). When a
+// retry is told the token does not exist after an attempt whose answer was
+// lost, that attempt revoked it, and DeleteACLToken reports success.
 func (c *Client) DeleteACLToken(ctx context.Context, accessorID string) error {
-	_, err := c.do(ctx, call{method: http.MethodDelete, path: "/acl/tokens/" + url.PathEscape(accessorID), what: "acl token revoke"})
+	_, err := c.do(ctx, call{method: http.MethodDelete, path: "/acl/tokens/" + url.PathEscape(accessorID), what: "acl token revoke",
+		goneIsDone: true})
+	if errors.Is(err, errDoneEarlier) {
+		return nil
+	}
 	return err
 }

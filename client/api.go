@@ -218,13 +218,26 @@ func (c *Client) AddMember(ctx context.Context, id, raftAddr string) (*ClusterIn
 // RemoveMember takes the node id out of the cluster. The cluster refuses a
 // removal that would leave fewer reachable voters than a quorum. It returns
 // the cluster as the answering node sees it.
+//
+// The cluster keeps no request id for a removal, so a retry after an attempt
+// whose answer was lost is told that id is not a member. RemoveMember takes
+// that as the lost attempt's success (either way id is no longer a member)
+// and reads the cluster for its answer.
 func (c *Client) RemoveMember(ctx context.Context, id string) (*ClusterInfo, error) {
 	if id == "" {
 		return nil, invalidf("member id is empty")
 	}
 	var out ClusterInfo
-	if _, err := c.do(ctx, call{method: http.MethodDelete, path: "/cluster/members/" + url.PathEscape(id), out: &out,
-		requestID: newRequestID()}); err != nil {
+	_, err := c.do(ctx, call{method: http.MethodDelete, path: "/cluster/members/" + url.PathEscape(id), out: &out,
+		requestID: newRequestID(), what: "remove member " + id, goneIsDone: true})
+	if errors.Is(err, errDoneEarlier) {
+		ci, err := c.Cluster(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("remove member %s: removed, but reading the cluster afterwards failed: %w", id, err)
+		}
+		return ci, nil
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -234,15 +247,25 @@ func (c *Client) RemoveMember(ctx context.Context, id string) (*ClusterInfo, err
 // to the most caught-up other voter when id is empty (before taking the
 // leader down for maintenance, say). It returns the cluster as the
 // answering node sees it afterwards.
+//
+// A transfer to a named voter is retried like any request: repeated, it finds
+// that voter leading and does nothing. A transfer to any voter (id empty)
+// would move leadership again, so it is not resent once it may have reached
+// a node: if no answer comes back it fails with an error wrapping
+// ErrOutcomeUnknown.
 func (c *Client) TransferLeadership(ctx context.Context, id string) (*ClusterInfo, error) {
 	var out ClusterInfo
-	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/leadership-transfer", out: &out,
-		requestID: newRequestID(), body: memberRequest{ID: id}}); err != nil {
+	_, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/leadership-transfer", out: &out,
+		requestID: newRequestID(), body: memberRequest{ID: id}, what: "leadership transfer", once: id == "",
+		check: "read the cluster (Cluster) to see whether the leader changed before transferring again"})
+	// Whether or not it succeeded, the leader may have changed: find it
+	// again on the next request.
+	c.mu.Lock()
+	c.leader = ""
+	c.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	c.leader = "" // find the new leader on the next request
-	c.mu.Unlock()
 	return &out, nil
 }
 

@@ -3,7 +3,10 @@
 // A Client talks HTTP/JSON to a dlock cluster. It finds the leader and sends
 // requests to it directly, fails over to any other node when a node is down,
 // and retries with jittered exponential backoff under one request id, so a
-// retried request never acts twice.
+// retried request never acts twice. The few administrative calls the cluster
+// keeps no request id for (ACLBootstrap, CreateACLToken, TransferLeadership
+// to any voter) are resent only when the cluster certainly did not act on
+// them; otherwise they fail with ErrOutcomeUnknown.
 //
 // Most programs need only WithLock, or a Mutex:
 //
@@ -83,8 +86,9 @@ type Config struct {
 
 const (
 	defaultRequestTimeout = 10 * time.Second
-	// maxWait is the server's limit on wait_timeout_ms.
-	maxWait = time.Hour
+	// waitMargin is the most a wait in line asks the server for less than
+	// the time left before ctx's deadline (see waitFor).
+	waitMargin = time.Second
 	// minTTL and maxTTL are the server's limits on a lease TTL.
 	minTTL = time.Second
 	maxTTL = 600 * time.Second
@@ -99,6 +103,10 @@ const (
 	backoffMax     = time.Second
 	maxAnswer      = 4 << 20
 )
+
+// maxWait is the server's limit on wait_timeout_ms. A variable so that tests
+// can see a wait outlast it without taking an hour.
+var maxWait = time.Hour
 
 // Client is a connection to a dlock cluster. It is safe for concurrent use.
 type Client struct {
@@ -258,6 +266,32 @@ type call struct {
 	// requestID is sent as X-Request-Id so the server's log lines of every
 	// attempt carry it.
 	requestID string
+	// once marks a request the server acts on every time it receives it:
+	// it keeps no request id for it, so a resend after an attempt that may
+	// have taken effect would act twice (a second token, a second transfer).
+	// Such a request is resent only after attempts that certainly did
+	// nothing; otherwise do gives up with ErrOutcomeUnknown and check, which
+	// tells the caller how to find out what happened.
+	once  bool
+	check string
+	// goneIsDone marks a removal: a not_found answer to a resend that
+	// follows an attempt of unknown outcome means that attempt removed it,
+	// and do returns errDoneEarlier instead of the not_found.
+	goneIsDone bool
+}
+
+// errDoneEarlier: see call.goneIsDone.
+var errDoneEarlier = errors.New("dlock: an earlier attempt already did it")
+
+// notApplied reports whether an error answer certainly means the request
+// had no effect, so that even a once request may be resent. A rate limit
+// refuses before the request goes any further, and the server answers
+// no_leader only when every try to reach a leader failed before proposing
+// (an outcome it does not know it answers as unavailable). 502 and 504 come
+// from a proxy that may have passed the request on: outcome unknown.
+func notApplied(status int, e *APIError) bool {
+	return status == http.StatusTooManyRequests ||
+		(status == http.StatusServiceUnavailable && e.Code == CodeNoLeader)
 }
 
 // do sends a request, retrying on other nodes until an answer that is not a
@@ -281,6 +315,9 @@ func (c *Client) do(ctx context.Context, r call) (time.Time, error) {
 	}
 	var first time.Time
 	var lastErr error
+	// unknown is why an attempt may have taken effect without this client
+	// hearing of it; nil while every attempt certainly did nothing.
+	var unknown error
 	backoff := backoffMin
 	for {
 		if err := ctx.Err(); err != nil {
@@ -300,16 +337,26 @@ func (c *Client) do(ctx context.Context, r call) (time.Time, error) {
 		}
 		switch {
 		case err != nil:
-			if ctx.Err() != nil {
-				continue
-			}
+			sent := !notSent(err)
 			// The url.Error around err repeats the method and URL.
 			var uerr *url.Error
 			if errors.As(err, &uerr) {
 				err = uerr.Err
 			}
+			if ctx.Err() != nil {
+				if r.once && sent {
+					return first, outcomeUnknown(r, fmt.Errorf("%s: %w", base, err), ctx.Err())
+				}
+				continue
+			}
 			lastErr = fmt.Errorf("%w: %s: %w", ErrUnavailable, base, err)
-			c.failed(base, 0, notSent(err))
+			c.failed(base, 0, !sent)
+			if sent {
+				unknown = fmt.Errorf("%s: %w", base, err)
+				if r.once {
+					return first, outcomeUnknown(r, unknown, nil)
+				}
+			}
 		case status >= 200 && status < 300:
 			if r.out != nil {
 				if err := json.Unmarshal(data, r.out); err != nil {
@@ -319,11 +366,20 @@ func (c *Client) do(ctx context.Context, r call) (time.Time, error) {
 			return first, nil
 		default:
 			aerr := decodeError(status, data)
+			if r.goneIsDone && unknown != nil && status == http.StatusNotFound && aerr.Code == codeNotFound {
+				return first, errDoneEarlier
+			}
 			if !retryable(status) {
 				return first, aerr
 			}
 			lastErr = aerr
 			c.failed(base, retryAfter(hdr), false)
+			if !notApplied(status, aerr) {
+				unknown = fmt.Errorf("%s: %w", base, aerr)
+				if r.once {
+					return first, outcomeUnknown(r, unknown, nil)
+				}
+			}
 		}
 		c.log.Debug("dlock: retrying", "request", r.what, "node", base, "err", lastErr)
 		sleep(ctx, jitter(backoff))
@@ -371,6 +427,17 @@ func (c *Client) attempt(ctx context.Context, base string, r call, body []byte) 
 func notSent(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// outcomeUnknown is the error of a once request that may or may not have
+// taken effect. It does not match ErrUnavailable, which invites a retry:
+// retrying blindly is what it warns against.
+func outcomeUnknown(r call, cause, ctxErr error) error {
+	if ctxErr != nil {
+		return fmt.Errorf("%s: %w: the context ended (%w) after the request may have reached a node (%v); %s",
+			r.what, ErrOutcomeUnknown, ctxErr, cause, r.check)
+	}
+	return fmt.Errorf("%s: %w: %v; not resent, since the cluster would act on it again; %s", r.what, ErrOutcomeUnknown, cause, r.check)
 }
 
 func giveUp(r call, ctxErr, lastErr error) error {

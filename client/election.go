@@ -151,9 +151,7 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 		if wctx.Err() != nil {
 			return nil, stopped(nil)
 		}
-		p := campaignParams{value: value, sessionID: sessionID, requestID: newRequestID()}
-		var hasDeadline bool
-		p.wait, hasDeadline = waitFor(ctx)
+		p := campaignParams{value: value, sessionID: sessionID, requestID: newRequestID(), wait: waitFor(ctx)}
 		g, sent, err := e.send(wctx, p)
 		switch {
 		case err == nil:
@@ -162,9 +160,7 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 				e.withdraw(ctx, p)
 			}
 			return nil, stopped(err)
-		case errors.Is(err, ErrWaitTimeout) && (!hasDeadline || time.Since(sent) < p.wait*9/10):
-			// As Mutex.Lock: wait on after the server's one-hour limit, and
-			// queue again if the wait was dropped under us.
+		case errors.Is(err, ErrWaitTimeout) && waitAgain(ctx, sent, p.wait):
 			sleep(wctx, jitter(backoff))
 			backoff = min(2*backoff, backoffMax)
 			continue
@@ -179,7 +175,9 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 		default:
 			return nil, fmt.Errorf("campaign %q: %w", e.name, err)
 		}
-		if wctx.Err() != nil {
+		// s.Err as well as wctx: the session may have ended an instant ago,
+		// before the goroutine above cancelled wctx.
+		if wctx.Err() != nil || (s != nil && s.Err() != nil) {
 			// Elected after the caller gave up, or after the session ended.
 			e.giveBack(ctx, g)
 			return nil, stopped(nil)

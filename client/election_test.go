@@ -523,3 +523,19 @@ func TestObserveResumesWithoutRepeats(t *testing.T) {
 		t.Fatalf("views:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestCampaignWaitsPastServerLimit: as Lock, Campaign with a deadline
+// further away than the server's limit on one wait queues again when the
+// server's wait ends.
+func TestCampaignWaitsPastServerLimit(t *testing.T) {
+	client.SetMaxWait(t, 200*time.Millisecond)
+	cl, asked := serverLimitNode(t, "campaign", "leader")
+	lead, err := cl.NewElection("x").Campaign(ctxTimeout(t, 10*time.Second), "v")
+	if err != nil {
+		t.Fatalf("Campaign with 10 s left after the server's 200 ms limit = %v (waits asked %v); want it to wait on", err, asked())
+	}
+	defer lead.Resign(context.Background())
+	if w := asked(); lead.Token() != 8 || len(w) != 3 || w[0] != 200*time.Millisecond {
+		t.Fatalf("token %d after waits %v; want the grant of the third wait of the server's limit each", lead.Token(), w)
+	}
+}

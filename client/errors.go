@@ -49,6 +49,13 @@ var (
 	// ErrPermissionDenied: the token does not allow this on this name or
 	// client_id.
 	ErrPermissionDenied = errors.New("dlock: permission denied")
+	// ErrOutcomeUnknown: a request the cluster acts on every time it gets
+	// one (ACLBootstrap, CreateACLToken, TransferLeadership to any voter)
+	// may have reached a node, but no answer came back. The client does not
+	// resend it, since that could act twice; the error's message says what
+	// to read to find out whether it took effect. It does not match
+	// ErrUnavailable: do not retry it blindly either.
+	ErrOutcomeUnknown = errors.New("dlock: the request may or may not have taken effect")
 )
 
 // Server error codes (docs/api.md).
@@ -66,6 +73,9 @@ const (
 	CodeUnauthenticated = "unauthenticated"
 	CodePermission      = "permission_denied"
 )
+
+// codeNotFound answers a request for a thing the cluster does not have.
+const codeNotFound = "not_found"
 
 // APIError is an error answer from a dlock node.
 type APIError struct {

@@ -526,3 +526,214 @@ func TestLockLostIsTriedAgain(t *testing.T) {
 		t.Fatalf("token %d after request ids %q: want token 8 from a second acquire under a new request id", l.Token(), ids)
 	}
 }
+
+// lostReplyNode is a fake node that acts on every request to path but drops
+// the reply to the first one: it closes the connection after reading the
+// request, as happens when a node or a forward times out after the leader
+// applied it. The answers to later requests come from answer (n counts the
+// requests, from 1; the first is never passed). It returns a client of the
+// node and the number of requests it received so far.
+func lostReplyNode(t *testing.T, path string, answer func(w http.ResponseWriter, n int)) (*client.Client, func() int) {
+	t.Helper()
+	return fakeNode(t, path, func(w http.ResponseWriter, n int) {
+		if n > 1 {
+			answer(w, n)
+			return
+		}
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			t.Error("cannot hijack the connection")
+			return
+		}
+		if conn, _, err := hj.Hijack(); err == nil {
+			conn.Close()
+		}
+	})
+}
+
+// fakeNode is a node that answers requests to path with answer (n counts
+// them, from 1) and knows no leader.
+func fakeNode(t *testing.T, path string, answer func(w http.ResponseWriter, n int)) (*client.Client, func() int) {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/v1/cluster" && r.Method == http.MethodGet {
+			io.WriteString(w, `{"leader_id":"","members":[]}`)
+			return
+		}
+		if r.URL.Path != path {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		n++
+		i := n
+		mu.Unlock()
+		answer(w, i)
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}, RequestTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl, func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+func answerJSON(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	io.WriteString(w, body)
+}
+
+// wantOutcomeUnknown checks that err is the error of a request that was
+// sent once and may have taken effect: it wraps ErrOutcomeUnknown, says what
+// to check, and does not invite a blind retry by matching ErrUnavailable.
+func wantOutcomeUnknown(t *testing.T, what string, err error, sent int, check string) {
+	t.Helper()
+	if sent != 1 {
+		t.Errorf("%s was sent %d times after a lost reply; the cluster acts on every one", what, sent)
+	}
+	if !errors.Is(err, client.ErrOutcomeUnknown) || errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("%s after a lost reply = %v; want ErrOutcomeUnknown, not ErrUnavailable", what, err)
+	}
+	if !strings.Contains(err.Error(), check) {
+		t.Fatalf("%s: error %q does not say what to check (%q)", what, err, check)
+	}
+}
+
+// CreateACLToken mints a new token on every request, and the server keeps no
+// request id for it: a resend after a lost reply would mint a second token,
+// and the first one's secret would be lost.
+func TestCreateACLTokenIsNotResentAfterLostReply(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/acl/tokens", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 200, `{"accessor_id":"acc-2","secret_id":"secret-2","rules":[]}`)
+	})
+	tok, err := cl.CreateACLToken(ctxTimeout(t, 10*time.Second), client.NewACLToken{Rules: []client.ACLRule{{Prefix: "", Permissions: []string{"read"}}}})
+	if tok != nil {
+		t.Fatalf("CreateACLToken returned %+v after a lost reply", tok)
+	}
+	wantOutcomeUnknown(t, "CreateACLToken", err, sent(), "ListACLTokens")
+}
+
+// ACLBootstrap works once: a resend after a lost reply is refused as already
+// bootstrapped, and the caller would never learn the secret was lost.
+func TestACLBootstrapIsNotResentAfterLostReply(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/acl/bootstrap", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 403, `{"error":{"code":"permission_denied","message":"ACLs are already bootstrapped: use a management token to create more tokens"}}`)
+	})
+	_, err := cl.ACLBootstrap(ctxTimeout(t, 10*time.Second))
+	wantOutcomeUnknown(t, "ACLBootstrap", err, sent(), "call ACLBootstrap again")
+}
+
+// A transfer to any other voter, resent after a lost reply, moves leadership
+// a second time.
+func TestTransferLeadershipToAnyIsNotResentAfterLostReply(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/cluster/leadership-transfer", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 200, `{"leader_id":"n3","members":[]}`)
+	})
+	_, err := cl.TransferLeadership(ctxTimeout(t, 10*time.Second), "")
+	wantOutcomeUnknown(t, "TransferLeadership", err, sent(), "Cluster")
+}
+
+// A transfer to a named voter finds that voter leading when repeated, and
+// does nothing: it is retried like any request.
+func TestTransferLeadershipToVoterIsRetried(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/cluster/leadership-transfer", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 200, `{"leader_id":"n3","members":[]}`)
+	})
+	ci, err := cl.TransferLeadership(ctxTimeout(t, 10*time.Second), "n3")
+	if err != nil || ci.LeaderID != "n3" || sent() != 2 {
+		t.Fatalf("TransferLeadership(n3) after a lost reply = %+v, %v after %d requests; want n3 leading after a retry", ci, err, sent())
+	}
+}
+
+// A once request is resent after answers that certainly mean nothing was
+// done (429, 503 no_leader), and not after those that leave it open (502,
+// 504, 503 unavailable, which is also the server's "outcome unknown").
+func TestOnceRequestResentOnlyAfterRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		resent bool
+	}{
+		{"RateLimited", 429, `{"error":{"code":"rate_limited","message":"slow down"}}`, true},
+		{"NoLeader", 503, `{"error":{"code":"no_leader","message":"election under way"}}`, true},
+		{"Unavailable", 503, `{"error":{"code":"unavailable","message":"leadership changed while the request was in flight and its outcome is unknown"}}`, false},
+		{"BadGateway", 502, `bad gateway`, false},
+		{"GatewayTimeout", 504, `gateway timeout`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl, sent := fakeNode(t, "/api/v1/acl/tokens", func(w http.ResponseWriter, n int) {
+				if n == 1 {
+					w.Header().Set("Retry-After", "0")
+					answerJSON(w, tc.status, tc.body)
+					return
+				}
+				answerJSON(w, 200, `{"accessor_id":"acc-2","secret_id":"secret-2","rules":[]}`)
+			})
+			tok, err := cl.CreateACLToken(ctxTimeout(t, 10*time.Second), client.NewACLToken{Rules: []client.ACLRule{{Permissions: []string{"read"}}}})
+			if tc.resent {
+				if err != nil || tok.SecretID != "secret-2" || sent() != 2 {
+					t.Fatalf("after %d: token %+v, %v after %d requests; want it resent", tc.status, tok, err, sent())
+				}
+				return
+			}
+			wantOutcomeUnknown(t, "CreateACLToken", err, sent(), "ListACLTokens")
+		})
+	}
+}
+
+// A once request whose context ends while an attempt is out has an unknown
+// outcome too; the error says so and wraps the context's error.
+func TestOnceRequestCancelledInFlight(t *testing.T) {
+	cl, sent := fakeNode(t, "/api/v1/cluster/leadership-transfer", func(w http.ResponseWriter, n int) {
+		time.Sleep(500 * time.Millisecond)
+		answerJSON(w, 200, `{"leader_id":"n3","members":[]}`)
+	})
+	_, err := cl.TransferLeadership(ctxTimeout(t, 200*time.Millisecond), "")
+	wantOutcomeUnknown(t, "TransferLeadership", err, sent(), "Cluster")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TransferLeadership past its deadline = %v; want DeadlineExceeded too", err)
+	}
+}
+
+// A removal repeated after a lost reply is told the member does not exist:
+// the lost attempt removed it, which is what the caller asked for.
+func TestRemoveMemberAfterLostReplySucceeds(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/cluster/members/n2", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 404, `{"error":{"code":"not_found","message":"no member \"n2\""}}`)
+	})
+	ci, err := cl.RemoveMember(ctxTimeout(t, 10*time.Second), "n2")
+	if err != nil || ci == nil || sent() != 2 {
+		t.Fatalf("RemoveMember after a lost reply = %+v, %v after %d requests; want success", ci, err, sent())
+	}
+
+	// Without a lost attempt, not_found is the answer.
+	cl, _ = fakeNode(t, "/api/v1/cluster/members/n2", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 404, `{"error":{"code":"not_found","message":"no member \"n2\""}}`)
+	})
+	if _, err := cl.RemoveMember(ctxTimeout(t, 10*time.Second), "n2"); err == nil {
+		t.Fatal("RemoveMember of a node that is no member succeeded")
+	}
+}
+
+// As RemoveMember: a revocation repeated after a lost reply is told the
+// token does not exist, because the lost attempt revoked it.
+func TestDeleteACLTokenAfterLostReplySucceeds(t *testing.T) {
+	cl, sent := lostReplyNode(t, "/api/v1/acl/tokens/acc-1", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 404, `{"error":{"code":"not_found","message":"no ACL token with accessor id acc-1"}}`)
+	})
+	if err := cl.DeleteACLToken(ctxTimeout(t, 10*time.Second), "acc-1"); err != nil || sent() != 2 {
+		t.Fatalf("DeleteACLToken after a lost reply = %v after %d requests; want success", err, sent())
+	}
+	cl, _ = fakeNode(t, "/api/v1/acl/tokens/acc-1", func(w http.ResponseWriter, n int) {
+		answerJSON(w, 404, `{"error":{"code":"not_found","message":"no ACL token with accessor id acc-1"}}`)
+	})
+	if err := cl.DeleteACLToken(ctxTimeout(t, 10*time.Second), "acc-1"); err == nil {
+		t.Fatal("DeleteACLToken of a token that does not exist succeeded")
+	}
+}

@@ -68,17 +68,46 @@ func TestAPIErrorIs(t *testing.T) {
 }
 
 func TestWaitFor(t *testing.T) {
-	if w, ok := waitFor(context.Background()); ok || w != maxWait {
-		t.Fatalf("no deadline: %s %v, want the server's limit", w, ok)
+	if w := waitFor(context.Background()); w != maxWait {
+		t.Fatalf("no deadline: wait %s, want the server's limit", w)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if w, ok := waitFor(ctx); !ok || w > 4500*time.Millisecond || w < 4*time.Second {
+	if w := waitFor(ctx); w > 4500*time.Millisecond || w < 4*time.Second {
 		t.Fatalf("5 s deadline: wait %s; want the time left less a margin", w)
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
-	if w, _ := waitFor(ctx); w != maxWait {
+	if w := waitFor(ctx); w != maxWait {
 		t.Fatalf("3 h deadline: wait %s, want the server's limit", w)
+	}
+}
+
+// TestWaitAgain: after a wait_timeout, the caller's ctx decides whether to
+// wait on, not the server's limit.
+func TestWaitAgain(t *testing.T) {
+	long, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
+	defer cancel()
+	short, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	hourAgo := time.Now().Add(-maxWait)
+	for _, tc := range []struct {
+		what  string
+		ctx   context.Context
+		sent  time.Time
+		asked time.Duration
+		want  bool
+	}{
+		{"no deadline, after the server's limit", context.Background(), hourAgo, maxWait, true},
+		{"deadline 2 h beyond the server's limit", long, hourAgo, maxWait, true},
+		{"only the margin left", short, time.Now().Add(-4500 * time.Millisecond), 4500 * time.Millisecond, false},
+		{"wait dropped early", short, time.Now().Add(-time.Second), 4500 * time.Millisecond, true},
+		{"ctx done", done, time.Now().Add(-time.Second), 4500 * time.Millisecond, false},
+	} {
+		if got := waitAgain(tc.ctx, tc.sent, tc.asked); got != tc.want {
+			t.Errorf("%s: waitAgain = %v, want %v", tc.what, got, tc.want)
+		}
 	}
 }

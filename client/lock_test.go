@@ -2,8 +2,13 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -462,5 +467,146 @@ func testFIFO(t *testing.T, c *cluster) {
 	wg.Wait()
 	if fmt.Sprint(order) != "[fifo-1 fifo-2 fifo-3]" || !(tokens[0] < tokens[1] && tokens[1] < tokens[2]) {
 		t.Fatalf("order %v tokens %v, want fifo-1..3 with increasing tokens", order, tokens)
+	}
+}
+
+// The tests below use fake nodes.
+
+// grantJSON is a grant as the server answers it: an acquire's (field
+// "acquired") or a campaign's ("leader").
+func grantJSON(field string, token uint64) string {
+	return fmt.Sprintf(`{%q:true,"fencing_token":%d,"lease_id":"00112233445566778899aabbccddeeff","expires_at":%q,"revision":%d}`,
+		field, token, time.Now().Add(30*time.Second).UTC().Format(time.RFC3339Nano), token)
+}
+
+// serverLimitNode is a node whose waits in line end at the server's limit:
+// it answers the first two waits with wait_timeout after the wait asked
+// for, and grants the third. It records the waits asked for.
+func serverLimitNode(t *testing.T, action, granted string) (*client.Client, func() []time.Duration) {
+	t.Helper()
+	var mu sync.Mutex
+	var asked []time.Duration
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.HasSuffix(r.URL.Path, "/"+action) {
+			io.WriteString(w, `{}`) // release, resign, the leader question
+			return
+		}
+		var body struct {
+			WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		wait := time.Duration(body.WaitTimeoutMs) * time.Millisecond
+		mu.Lock()
+		asked = append(asked, wait)
+		n := len(asked)
+		mu.Unlock()
+		if n <= 2 {
+			select {
+			case <-time.After(wait):
+			case <-r.Context().Done():
+				return
+			}
+			w.WriteHeader(http.StatusConflict)
+			io.WriteString(w, `{"error":{"code":"wait_timeout","message":"not granted within wait_timeout_ms"}}`)
+			return
+		}
+		io.WriteString(w, grantJSON(granted, 8))
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl, func() []time.Duration { mu.Lock(); defer mu.Unlock(); return append([]time.Duration(nil), asked...) }
+}
+
+// TestLockWaitsPastServerLimit: a deadline further away than the server's
+// limit on one wait (an hour; here 200 ms) is the caller's bound, not the
+// server's: Lock queues again when the server's wait ends.
+func TestLockWaitsPastServerLimit(t *testing.T) {
+	client.SetMaxWait(t, 200*time.Millisecond)
+	cl, asked := serverLimitNode(t, "acquire", "acquired")
+	m := cl.NewMutex("x", client.WithTTL(30*time.Second))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("Lock with 10 s left after the server's 200 ms limit = %v (waits asked %v); want it to wait on", err, asked())
+	}
+	defer m.Unlock(context.Background())
+	if w := asked(); l.Token() != 8 || len(w) != 3 || w[0] != 200*time.Millisecond {
+		t.Fatalf("token %d after waits %v; want the grant of the third wait of the server's limit each", l.Token(), w)
+	}
+}
+
+// TestLockUnderLostSessionFails: a session that ends while Lock waits ends
+// the wait; Lock does not hand out a lease the session no longer backs (the
+// server would hold its lock until the session expired there).
+func TestLockUnderLostSessionFails(t *testing.T) {
+	var mu sync.Mutex
+	var releases, grants int
+	lost := make(chan struct{})
+	var lostOnce sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path == "/api/v1/sessions":
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"session_id":"s1","ttl_ms":1000,"expires_at":%q}`, time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano))
+		case strings.HasSuffix(r.URL.Path, "/keepalive"):
+			// The server dropped the session (deleted behind the client's
+			// back, say), while it still grants the queued acquire below.
+			w.WriteHeader(http.StatusNotFound)
+			io.WriteString(w, `{"error":{"code":"session_not_found","message":"no such session"}}`)
+			lostOnce.Do(func() { close(lost) })
+		case strings.HasSuffix(r.URL.Path, "/acquire"):
+			var body struct {
+				WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			if body.WaitTimeoutMs > 0 {
+				// Grant a moment after the client learnt the session is gone.
+				<-lost
+				select {
+				case <-time.After(200 * time.Millisecond):
+				case <-r.Context().Done():
+					return
+				}
+			}
+			mu.Lock()
+			grants++
+			mu.Unlock()
+			io.WriteString(w, grantJSON("acquired", 8))
+		case strings.HasSuffix(r.URL.Path, "/release"):
+			mu.Lock()
+			releases++
+			mu.Unlock()
+			io.WriteString(w, `{"released":true}`)
+		default:
+			io.WriteString(w, `{}`)
+		}
+	}))
+	defer srv.Close()
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s, err := cl.NewSession(ctxTimeout(t, 5*time.Second), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cl.NewMutex("x", client.WithSession(s))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err == nil {
+		t.Fatalf("Lock under a session lost while it waited succeeded (lease Err %v, session Err %v)", l.Err(), s.Err())
+	}
+	if !errors.Is(err, client.ErrLeaseLost) || !errors.Is(err, client.ErrSessionExpired) {
+		t.Fatalf("Lock under a lost session = %v; want the session's error (ErrLeaseLost, ErrSessionExpired)", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if grants > 0 && releases == 0 {
+		t.Fatalf("the lock was granted %d times and never released: the server holds it until the session expires there", grants)
 	}
 }

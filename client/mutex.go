@@ -51,10 +51,15 @@ func (c *Client) NewMutex(name string, opts ...MutexOption) *Mutex {
 func (m *Mutex) Name() string { return m.name }
 
 // Lock waits for the lock in the server's FIFO queue until it is granted or
-// ctx ends. A deadline on ctx becomes the server-side wait bound; when ctx
-// ends first Lock returns an error that wraps ctx.Err() (and ErrWaitTimeout
-// for a deadline), and leaves nothing behind on the server: the wait is
-// withdrawn, or a grant made at that moment released.
+// ctx ends. A deadline on ctx becomes the server-side wait bound (a deadline
+// beyond the server's limit of an hour per wait is kept by queueing again);
+// when ctx ends first Lock returns an error that wraps ctx.Err() (and
+// ErrWaitTimeout for a deadline), and leaves nothing behind on the server:
+// the wait is withdrawn, or a grant made at that moment released.
+//
+// With WithSession, a session that ends while Lock waits ends the wait with
+// the session's error (wrapping ErrLeaseLost): Lock never returns a lease
+// that the session no longer backs.
 //
 // Like sync.Mutex, Lock blocks while this Mutex, or another Mutex of the same
 // Client for the same name, holds the lock. Call Unlock when done, also after
@@ -137,65 +142,98 @@ func waitCtxError(ctx context.Context, what, name string, wait bool, last error)
 // waitFor is the wait_timeout to ask the server for: the time left before
 // ctx's deadline, less a margin so that the server says wait_timeout before
 // ctx ends (a clean answer instead of a cancelled request), at most the
-// server's limit. It reports whether ctx has a deadline.
-func waitFor(ctx context.Context) (time.Duration, bool) {
+// server's limit.
+func waitFor(ctx context.Context) time.Duration {
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return maxWait, false
+		return maxWait
 	}
 	left := time.Until(dl)
-	left -= min(left/10, time.Second)
-	return min(max(left.Truncate(time.Millisecond), time.Millisecond), maxWait), true
+	left -= min(left/10, waitMargin)
+	return min(max(left.Truncate(time.Millisecond), time.Millisecond), maxWait)
+}
+
+// waitAgain says whether a wait in line that the server ended with
+// wait_timeout should queue again. The caller's ctx, not the server, decides
+// how long to wait: the server's one-hour limit ends waits without a
+// deadline and waits whose deadline is further away, and a node that saw a
+// retried request hang up withdraws its wait early. After a wait that ran
+// its course up to ctx's deadline, no more than the margin waitFor keeps is
+// left, and the wait is over.
+func waitAgain(ctx context.Context, sent time.Time, asked time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return !ok || time.Since(sent) < asked*9/10 || time.Until(dl) > waitMargin
 }
 
 // lockLease acquires a lock and starts keeping its lease.
 func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait bool) (*Lease, error) {
 	sessionID := ""
+	// wctx ends when ctx does, and when the session does: a wait under a
+	// session the client counts as lost must not turn into a lease, which
+	// would be lost the moment it is handed out while the server holds the
+	// lock for it until the session expires there.
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
 	if s != nil {
 		if err := s.Err(); err != nil {
-			return nil, fmt.Errorf("lock %q under a session: %w", name, err)
+			return nil, sessionLost(name, err)
 		}
 		sessionID = s.id
+		go func() {
+			select {
+			case <-s.Done():
+				wcancel()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	// stopped is the error once wctx ended: ctx's, or the session's.
+	stopped := func(last error) error {
+		if ctx.Err() == nil && s != nil && s.Err() != nil {
+			return sessionLost(name, s.Err())
+		}
+		return ctxError(ctx, name, wait, last)
 	}
 	backoff := backoffMin
 	for {
-		if ctx.Err() != nil {
-			return nil, ctxError(ctx, name, wait, nil)
+		if wctx.Err() != nil {
+			return nil, stopped(nil)
 		}
 		p := acquireParams{name: name, ttl: ttl, sessionID: sessionID, requestID: newRequestID()}
-		hasDeadline := false
 		if wait {
-			p.wait, hasDeadline = waitFor(ctx)
+			p.wait = waitFor(ctx)
 		}
-		g, sent, err := c.acquire(ctx, p)
+		g, sent, err := c.acquire(wctx, p)
 		switch {
 		case err == nil:
-		case ctx.Err() != nil:
+		case wctx.Err() != nil:
 			if !sent.IsZero() {
 				c.withdraw(ctx, p)
 			}
-			return nil, ctxError(ctx, name, wait, err)
-		case wait && errors.Is(err, ErrWaitTimeout) && (!hasDeadline || time.Since(sent) < p.wait*9/10):
-			// Without a deadline, wait on after the server's one-hour limit.
-			// An answer well before the wait we asked for means the wait was
-			// dropped under us (a node noticed a retried request hang up and
-			// withdrew it): queue again.
-			sleep(ctx, jitter(backoff))
+			return nil, stopped(err)
+		case wait && errors.Is(err, ErrWaitTimeout) && waitAgain(ctx, sent, p.wait):
+			sleep(wctx, jitter(backoff))
 			backoff = min(2*backoff, backoffMax)
 			continue
 		case errors.Is(err, ErrLockLost):
 			// Granted to an earlier attempt and lapsed before we heard of
 			// it (only a retry across a failover can see this): try again.
-			sleep(ctx, jitter(backoff))
+			sleep(wctx, jitter(backoff))
 			backoff = min(2*backoff, backoffMax)
 			continue
 		default:
 			return nil, fmt.Errorf("lock %q: %w", name, err)
 		}
-		if ctx.Err() != nil {
-			// The grant came after the caller gave up: give it back.
+		// s.Err as well as wctx: the session may have ended an instant ago,
+		// before the goroutine above cancelled wctx.
+		if wctx.Err() != nil || (s != nil && s.Err() != nil) {
+			// The grant came after the caller gave up, or after the
+			// session ended: give it back.
 			c.giveBack(ctx, g)
-			return nil, ctxError(ctx, name, wait, nil)
+			return nil, stopped(nil)
 		}
 		if s == nil && time.Since(sent) > ttl/3 {
 			// The grant's send time is old (a wait in line, or slow
@@ -227,6 +265,11 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 		}
 		return l, nil
 	}
+}
+
+// sessionLost is the error of a Lock under a session that ended.
+func sessionLost(name string, cause error) error {
+	return fmt.Errorf("lock %q under a session: %w", name, cause)
 }
 
 // giveBack releases a grant nobody will use, within a bound of its own

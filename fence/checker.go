@@ -4,6 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -88,7 +92,37 @@ func Open(path string, opts ...Option) (*Checker, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("fence: initialise %s: %w", path, err)
 	}
+	// bbolt fsyncs the file but not the directory entry that names it: a
+	// power loss right after creating it could lose the file, and with it
+	// every token accepted since. Once per Open is cheap.
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("fence: sync the directory of %s: %w", path, err)
+	}
 	return &Checker{db: db}, nil
+}
+
+// syncDir fsyncs a directory, so the entries created in it survive a power
+// loss. Windows cannot open a directory for syncing (and NTFS journals
+// its metadata), so there it does nothing.
+func syncDir(dir string) error {
+	if runtime.GOOS == "windows" {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if errors.Is(err, syscall.EINVAL) {
+		// Some file systems (certain network and FUSE mounts) do not
+		// sync directories at all; there is nothing more to do there.
+		err = nil
+	}
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Close closes the file. Checks after Close fail.

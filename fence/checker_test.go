@@ -153,3 +153,23 @@ func TestConcurrentChecks(t *testing.T) {
 		t.Errorf("Highest = %d, %q, %v; want %d", tok, h, ok, max)
 	}
 }
+
+// Open syncs the directory that holds the new file, so its name survives a
+// power loss; a directory that cannot be opened is an error, not skipped.
+func TestSyncDir(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(filepath.Join(dir, "f.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := syncDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := syncDir(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("syncDir of a missing directory succeeded")
+	}
+	if _, err := Open(filepath.Join(dir, "missing", "f.db")); err == nil {
+		t.Fatal("Open in a missing directory succeeded")
+	}
+}

@@ -31,6 +31,14 @@ type KeyInfo struct {
 	Algorithm string `json:"algorithm"`  // "ed25519"
 	PublicKey string `json:"public_key"` // standard base64 of the 32-byte key
 	Current   bool   `json:"current"`    // the key new grants are signed with
+	// MaxToken is set on a retired key only: the highest fencing token it
+	// can have signed (the cluster's token counter when it was rotated
+	// away; tokens only grow, so every genuine proof by it is at or below).
+	// Verify refuses a proof by this key for a higher token with
+	// ErrTokenAboveKeyBound: that proof was forged with a leaked seed.
+	// Absent (nil) on the current key, and on retired keys listed by a
+	// cluster older than this field, which then verify any token.
+	MaxToken *uint64 `json:"max_token,omitempty"`
 }
 
 // KeySetDocument is the body of GET /api/v1/cluster/token-key. The cluster
@@ -41,7 +49,9 @@ type KeySetDocument struct {
 
 // NewKeySetDocument describes the current signing key and the older ones
 // still trusted after a rotation (grants signed before it stay verifiable
-// until their holders are done).
+// until their holders are done). The older keys get no MaxToken, so they
+// verify proofs for any token; the cluster lists its retired keys with
+// NewRetiredKeyInfo instead.
 func NewKeySetDocument(current ed25519.PublicKey, older ...ed25519.PublicKey) KeySetDocument {
 	doc := KeySetDocument{Keys: []KeyInfo{NewKeyInfo(current, true)}}
 	for _, k := range older {
@@ -60,31 +70,55 @@ func NewKeyInfo(pub ed25519.PublicKey, current bool) KeyInfo {
 	}
 }
 
-// KeySet is an immutable set of trusted public keys. Replace the whole set
-// to follow a rotation (an atomic.Pointer works well); a nil *KeySet trusts
-// nothing.
-type KeySet struct {
-	keys map[KeyID]ed25519.PublicKey
+// NewRetiredKeyInfo describes a retired key that can have signed no token
+// above maxToken.
+func NewRetiredKeyInfo(pub ed25519.PublicKey, maxToken uint64) KeyInfo {
+	k := NewKeyInfo(pub, false)
+	k.MaxToken = &maxToken
+	return k
 }
 
-// NewKeySet trusts exactly pubs. Keys of the wrong length are skipped, since
-// they could never verify anything.
+// KeySet is an immutable set of trusted public keys, each with an optional
+// bound on the tokens it verifies. Replace the whole set to follow a
+// rotation (an atomic.Pointer works well); a nil *KeySet trusts nothing.
+type KeySet struct {
+	keys map[KeyID]trustedKey
+}
+
+type trustedKey struct {
+	pub      ed25519.PublicKey
+	maxToken uint64
+	bounded  bool // maxToken applies
+}
+
+// NewKeySet trusts exactly pubs, for any token. Keys of the wrong length are
+// skipped, since they could never verify anything. To honour retired keys'
+// bounds, build the set from the cluster's document (ParseKeySet,
+// FetchKeySet, NewKeySetFromDocument).
 func NewKeySet(pubs ...ed25519.PublicKey) *KeySet {
-	ks := &KeySet{keys: make(map[KeyID]ed25519.PublicKey, len(pubs))}
+	ks := &KeySet{keys: make(map[KeyID]trustedKey, len(pubs))}
 	for _, p := range pubs {
 		if len(p) == ed25519.PublicKeySize {
-			ks.keys[KeyIDOf(p)] = slices.Clone(p)
+			ks.keys[KeyIDOf(p)] = trustedKey{pub: slices.Clone(p)}
 		}
 	}
 	return ks
 }
 
-func (ks *KeySet) key(id KeyID) (ed25519.PublicKey, bool) {
+func (ks *KeySet) key(id KeyID) (trustedKey, bool) {
 	if ks == nil {
-		return nil, false
+		return trustedKey{}, false
 	}
 	k, ok := ks.keys[id]
 	return k, ok
+}
+
+// MaxToken reports the highest token the key id verifies; bounded is false
+// for a key that verifies any token (the current key), and for a key not in
+// the set.
+func (ks *KeySet) MaxToken(id KeyID) (maxToken uint64, bounded bool) {
+	k, _ := ks.key(id)
+	return k.maxToken, k.bounded
 }
 
 // IDs lists the ids of the trusted keys in ascending order (for logs).
@@ -103,16 +137,24 @@ func (ks *KeySet) IDs() []KeyID {
 // ParseKeySet reads a KeySetDocument. Every key must be an Ed25519 key whose
 // id matches it; one bad entry rejects the whole document, because a partly
 // understood key set is a sign of a misconfigured or tampered source.
-// Unknown fields are ignored so that newer clusters can add some.
+// Unknown fields are ignored so that newer clusters can add some. A retired
+// key's max_token is honoured by Verify.
 func ParseKeySet(data []byte) (*KeySet, error) {
 	var doc KeySetDocument
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("fence: key set is not a JSON key-set document: %w", err)
 	}
+	return NewKeySetFromDocument(doc)
+}
+
+// NewKeySetFromDocument checks a KeySetDocument as ParseKeySet does and
+// trusts its keys, each within its MaxToken. It serves a document that
+// arrived some other way than JSON (the gRPC GetTokenKeys answer, say).
+func NewKeySetFromDocument(doc KeySetDocument) (*KeySet, error) {
 	if len(doc.Keys) == 0 {
 		return nil, errors.New(`fence: key set has no keys; the document must be {"keys":[{"id","algorithm","public_key","current"}...]}`)
 	}
-	ks := &KeySet{keys: make(map[KeyID]ed25519.PublicKey, len(doc.Keys))}
+	ks := &KeySet{keys: make(map[KeyID]trustedKey, len(doc.Keys))}
 	for i, k := range doc.Keys {
 		pub, id, err := parseKeyInfo(k)
 		if err != nil {
@@ -121,7 +163,11 @@ func ParseKeySet(data []byte) (*KeySet, error) {
 		if _, dup := ks.keys[id]; dup {
 			return nil, fmt.Errorf("fence: key set entry %d: key %s is listed twice", i, id)
 		}
-		ks.keys[id] = pub
+		tk := trustedKey{pub: pub}
+		if k.MaxToken != nil {
+			tk.maxToken, tk.bounded = *k.MaxToken, true
+		}
+		ks.keys[id] = tk
 	}
 	return ks, nil
 }
@@ -144,6 +190,11 @@ func parseKeyInfo(k KeyInfo) (ed25519.PublicKey, KeyID, error) {
 	pub := ed25519.PublicKey(raw)
 	if want := KeyIDOf(pub); id != want {
 		return nil, KeyID{}, fmt.Errorf("id %s does not match its public key (whose id is %s); the document is corrupt", id, want)
+	}
+	if k.Current && k.MaxToken != nil {
+		// The current key signs every new grant: a bound on it would
+		// refuse the cluster's own next grants. The cluster never writes it.
+		return nil, KeyID{}, fmt.Errorf("key %s is current but has max_token %d; only retired keys are bounded, so the document is corrupt", id, *k.MaxToken)
 	}
 	return pub, id, nil
 }

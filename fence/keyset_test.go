@@ -5,6 +5,8 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -62,6 +64,10 @@ func TestParseKeySetRejects(t *testing.T) {
 		{"id not hex", doc(func(k *KeyInfo) { k.ID = "zz" }), "hex"},
 		{"id too short", doc(func(k *KeyInfo) { k.ID = k.ID[:14] }), "hex"},
 		{"duplicate", `{"keys":[` + mustJSON(good) + "," + mustJSON(good) + `]}`, "twice"},
+		{"current key with a bound", doc(func(k *KeyInfo) { k.MaxToken = new(uint64) }), "current but has max_token"},
+		{"negative bound", strings.Replace(doc(func(k *KeyInfo) { k.Current = false; k.MaxToken = new(uint64) }), `"max_token":0`, `"max_token":-1`, 1), "not a JSON"},
+		{"bound not a number", strings.Replace(doc(func(k *KeyInfo) { k.Current = false; k.MaxToken = new(uint64) }), `"max_token":0`, `"max_token":"7"`, 1), "not a JSON"},
+		{"bound over 64 bits", strings.Replace(doc(func(k *KeyInfo) { k.Current = false; k.MaxToken = new(uint64) }), `"max_token":0`, `"max_token":18446744073709551616`, 1), "not a JSON"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,5 +170,123 @@ func TestFetchKeySetHonoursContext(t *testing.T) {
 	cancel()
 	if _, err := FetchKeySet(ctx, srv.Client(), srv.URL); err == nil {
 		t.Fatal("FetchKeySet with a cancelled context succeeded")
+	}
+}
+
+// The cluster's document lists each retired key with max_token and the
+// current key without; a document from a cluster older than the field has
+// no max_token at all, and its retired keys verify any token as before.
+func TestParseKeySetMaxToken(t *testing.T) {
+	pub1, priv1 := testKey(1)
+	pub2, priv2 := testKey(2)
+	pub3, priv3 := testKey(3)
+	id := func(p ed25519.PublicKey) string { return KeyIDOf(p).String() }
+	b64 := func(p ed25519.PublicKey) string { return base64.StdEncoding.EncodeToString(p) }
+	entry := func(p ed25519.PublicKey, current bool, extra string) string {
+		return fmt.Sprintf(`{"id":%q,"algorithm":"ed25519","public_key":%q,"current":%v%s}`, id(p), b64(p), current, extra)
+	}
+	tests := []struct {
+		name string
+		body string
+		// token by key: the highest token each key verifies, or 0 for any.
+		bounds map[*ed25519.PrivateKey]uint64
+	}{
+		{"with bounds", `{"keys":[` + entry(pub3, true, "") + "," + entry(pub2, false, `,"max_token":70`) + "," + entry(pub1, false, `,"max_token":12`) + `]}`,
+			map[*ed25519.PrivateKey]uint64{&priv3: 0, &priv2: 70, &priv1: 12}},
+		{"bound zero", `{"keys":[` + entry(pub3, true, "") + "," + entry(pub1, false, `,"max_token":0`) + `]}`,
+			map[*ed25519.PrivateKey]uint64{&priv3: 0, &priv1: 0}},
+		{"older cluster: no bounds", `{"keys":[` + entry(pub3, true, "") + "," + entry(pub1, false, "") + `]}`,
+			map[*ed25519.PrivateKey]uint64{&priv3: 0, &priv1: 0}},
+		{"current key with null bound", `{"keys":[` + entry(pub3, true, `,"max_token":null`) + `]}`,
+			map[*ed25519.PrivateKey]uint64{&priv3: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ks, err := ParseKeySet([]byte(tt.body))
+			if err != nil {
+				t.Fatalf("ParseKeySet(%s): %v", tt.body, err)
+			}
+			for priv, bound := range tt.bounds {
+				pub := priv.Public().(ed25519.PublicKey)
+				max, bounded := ks.MaxToken(KeyIDOf(pub))
+				wantBounded := strings.Contains(tt.body, id(pub)+`","algorithm":"ed25519","public_key":"`+b64(pub)+`","current":false,"max_token":`)
+				if bounded != wantBounded || max != bound {
+					t.Fatalf("key %s: MaxToken = %d, %v; want %d, %v", id(pub), max, bounded, bound, wantBounded)
+				}
+				at := bound
+				if !bounded {
+					at = 1 << 62
+				}
+				if err := ks.Verify("l", at, "c", "r", SignProof(*priv, "l", at, "c", "r")); at > 0 && err != nil {
+					t.Errorf("key %s, token %d: %v", id(pub), at, err)
+				}
+				err := ks.Verify("l", at+1, "c", "r", SignProof(*priv, "l", at+1, "c", "r"))
+				if bounded && !errors.Is(err, ErrTokenAboveKeyBound) {
+					t.Errorf("key %s, token %d over the bound %d: %v", id(pub), at+1, bound, err)
+				}
+				if !bounded && err != nil {
+					t.Errorf("unbounded key %s, token %d: %v", id(pub), at+1, err)
+				}
+			}
+		})
+	}
+}
+
+func TestKeyInfoJSON(t *testing.T) {
+	pub1, _ := testKey(1)
+	pub2, _ := testKey(2)
+	body, err := json.Marshal(KeySetDocument{Keys: []KeyInfo{NewKeyInfo(pub2, true), NewRetiredKeyInfo(pub1, 0), NewRetiredKeyInfo(pub1, 1<<63)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct{ Keys []map[string]any }
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := raw.Keys[0]["max_token"]; ok {
+		t.Errorf("the current key has max_token: %s", body)
+	}
+	if v, ok := raw.Keys[1]["max_token"]; !ok || v != float64(0) {
+		t.Errorf("a retired key with bound 0 lost it: %s", body)
+	}
+	if !strings.Contains(string(body), `"max_token":9223372036854775808`) {
+		t.Errorf("a large bound is not written exactly: %s", body)
+	}
+	if _, err := ParseKeySet(body); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("ParseKeySet: %v", err) // the same key listed twice (only to test the encoding)
+	}
+}
+
+func TestNewKeySetIsUnbounded(t *testing.T) {
+	pub, priv := testKey(1)
+	ks := NewKeySet(pub)
+	if _, bounded := ks.MaxToken(KeyIDOf(pub)); bounded {
+		t.Fatal("NewKeySet bounded a key")
+	}
+	if err := ks.Verify("l", 1<<62, "c", "r", SignProof(priv, "l", 1<<62, "c", "r")); err != nil {
+		t.Fatal(err)
+	}
+	var nilSet *KeySet
+	if _, bounded := nilSet.MaxToken(KeyIDOf(pub)); bounded {
+		t.Fatal("a nil set bounds a key")
+	}
+}
+
+func TestFetchKeySetKeepsBounds(t *testing.T) {
+	pub1, priv1 := testKey(1)
+	pub2, _ := testKey(2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(KeySetDocument{Keys: []KeyInfo{NewKeyInfo(pub2, true), NewRetiredKeyInfo(pub1, 5)}})
+	}))
+	defer srv.Close()
+	ks, err := FetchKeySet(context.Background(), srv.Client(), srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Verify("l", 5, "c", "r", SignProof(priv1, "l", 5, "c", "r")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Verify("l", 6, "c", "r", SignProof(priv1, "l", 6, "c", "r")); !errors.Is(err, ErrTokenAboveKeyBound) {
+		t.Fatalf("over the fetched bound: %v", err)
 	}
 }

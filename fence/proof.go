@@ -29,6 +29,11 @@ var (
 	ErrProofMalformed = errors.New("fence: token proof is malformed (send the token_proof string exactly as the lock cluster returned it with the grant)")
 	ErrUnknownKey     = errors.New("fence: token proof is signed by a key this resource does not trust (refresh the key set from the cluster's GET /api/v1/cluster/token-key; if it persists, the proof comes from another cluster)")
 	ErrBadSignature   = errors.New("fence: token proof does not match this lock, token, client and lease (it was made for another grant, or forged: use the token_proof that came with this very grant)")
+	// ErrTokenAboveKeyBound: the proof is signed by a retired key, but for
+	// a token above the highest that key can have signed before it was
+	// rotated away. The cluster never made it: whoever holds that key's
+	// seed (a leaked data directory, backup or snapshot) forged it.
+	ErrTokenAboveKeyBound = errors.New("fence: token proof is signed by a retired key for a token above the last one that key can have signed (forged with a leaked, rotated-away key): refuse the write and check where the cluster's data, backups or snapshots went")
 )
 
 // ProofMessage is the canonical byte string a token proof signs:
@@ -107,8 +112,10 @@ func SignProof(priv ed25519.PrivateKey, lock string, token uint64, clientID, lea
 }
 
 // Verify checks that proof was signed by a key in the set for exactly this
-// lock, token, client and lease. The error wraps ErrProofMalformed,
-// ErrUnknownKey or ErrBadSignature.
+// lock, token, client and lease, and that the token is within the key's
+// bound if it has one (a retired key's MaxToken). The error wraps
+// ErrProofMalformed, ErrUnknownKey, ErrBadSignature or
+// ErrTokenAboveKeyBound.
 func (ks *KeySet) Verify(lock string, token uint64, clientID, leaseRef, proof string) error {
 	if len(proof) != ProofEncodedLen {
 		return fmt.Errorf("%w: it is %d characters, a proof is %d", ErrProofMalformed, len(proof), ProofEncodedLen)
@@ -119,12 +126,17 @@ func (ks *KeySet) Verify(lock string, token uint64, clientID, leaseRef, proof st
 	}
 	var id KeyID
 	copy(id[:], raw[:keyIDLen])
-	pub, ok := ks.key(id)
+	k, ok := ks.key(id)
 	if !ok {
 		return fmt.Errorf("%w: key id %s", ErrUnknownKey, id)
 	}
-	if !ed25519.Verify(pub, ProofMessage(lock, token, clientID, leaseRef), raw[keyIDLen:]) {
+	if !ed25519.Verify(k.pub, ProofMessage(lock, token, clientID, leaseRef), raw[keyIDLen:]) {
 		return fmt.Errorf("%w: lock %q, token %d, client %q, key %s", ErrBadSignature, lock, token, clientID, id)
+	}
+	// Checked after the signature, so this error always means "signed by
+	// the key, yet beyond what it can have signed".
+	if k.bounded && token > k.maxToken {
+		return fmt.Errorf("%w: lock %q, token %d, client %q, key %s retired at token %d", ErrTokenAboveKeyBound, lock, token, clientID, id, k.maxToken)
 	}
 	return nil
 }

@@ -6,7 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -85,6 +87,9 @@ func TestVerify(t *testing.T) {
 	ks := NewKeySet(pub2, pub1)
 	const lock, token, client, lease = "billing/job", uint64(42), "worker-7", "0123456789abcdef0123456789abcdef"
 	good := SignProof(priv2, lock, token, client, lease)
+	// bounded is the set as the cluster publishes it after rotating from
+	// key 1 to key 2 when token 42 was the last one granted.
+	bounded := mustKeySet(NewKeyInfo(pub2, true), NewRetiredKeyInfo(pub1, token))
 
 	// forged keeps the key id of a trusted key but signs with another key.
 	forged := func() string {
@@ -110,6 +115,13 @@ func TestVerify(t *testing.T) {
 		wantErr error
 	}{
 		{"valid", ks, lock, token, client, lease, good, nil},
+		{"retired key at its bound", bounded, lock, token, client, lease, SignProof(priv1, lock, token, client, lease), nil},
+		{"retired key below its bound", bounded, lock, token - 1, client, lease, SignProof(priv1, lock, token-1, client, lease), nil},
+		{"retired key above its bound", bounded, lock, token + 1, client, lease, SignProof(priv1, lock, token+1, client, lease), ErrTokenAboveKeyBound},
+		{"retired key far above its bound", bounded, lock, 1 << 62, client, lease, SignProof(priv1, lock, 1<<62, client, lease), ErrTokenAboveKeyBound},
+		{"retired key bound 0 verifies nothing", mustKeySet(NewKeyInfo(pub2, true), NewRetiredKeyInfo(pub1, 0)), lock, 1, client, lease, SignProof(priv1, lock, 1, client, lease), ErrTokenAboveKeyBound},
+		{"current key unbounded", bounded, lock, 1 << 62, client, lease, SignProof(priv2, lock, 1<<62, client, lease), nil},
+		{"over the bound and badly signed: the signature is checked first", bounded, lock, token + 1, client, lease, SignProof(priv1, lock, token, client, lease), ErrBadSignature},
 		{"old key still trusted after rotation", ks, lock, token, client, lease, SignProof(priv1, lock, token, client, lease), nil},
 		{"old key dropped from the set", NewKeySet(pub2), lock, token, client, lease, SignProof(priv1, lock, token, client, lease), ErrUnknownKey},
 		{"forged signature", ks, lock, token, client, lease, forged, ErrBadSignature},
@@ -178,5 +190,71 @@ func TestLeaseRef(t *testing.T) {
 	// Pinned: the cluster computes the same value, so it must never change.
 	if want := "613a8c7ef20a468cbc4f6a649c173f8e"; ref != want {
 		t.Fatalf("LeaseRef(%q) = %q, want %q", id, ref, want)
+	}
+}
+
+func mustKeySet(keys ...KeyInfo) *KeySet {
+	ks, err := NewKeySetFromDocument(KeySetDocument{Keys: keys})
+	if err != nil {
+		panic(err)
+	}
+	return ks
+}
+
+// A key rotated away because its seed may have leaked (a data directory,
+// backup or snapshot) must not let the holder of the seed sign a proof for
+// a token above the last one the cluster granted before the rotation: a
+// Checker would accept the forged high token, and refuse every honest grant
+// of that key as stale from then on. Genuine proofs the key made before it
+// was retired still verify.
+func TestRetiredKeyCannotSignAboveItsBound(t *testing.T) {
+	oldPub, oldPriv := testKey(1) // leaked, then rotated away at token 999
+	newPub, newPriv := testKey(2)
+	const lastBeforeRotation = 999
+	doc, err := json.Marshal(KeySetDocument{Keys: []KeyInfo{NewKeyInfo(newPub, true), NewRetiredKeyInfo(oldPub, lastBeforeRotation)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := ParseKeySet(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(filepath.Join(t.TempDir(), "f.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// write is what a resource does: verify the proof, then check the token.
+	write := func(token uint64, client string, priv ed25519.PrivateKey) error {
+		ref := LeaseRef("00000000000000000000000000000000")
+		if err := ks.Verify("billing/job", token, client, ref, SignProof(priv, "billing/job", token, client, ref)); err != nil {
+			return err
+		}
+		return c.Check("billing/job", token, client+"/"+ref)
+	}
+
+	const huge = uint64(1) << 62
+	err = write(huge, "attacker", oldPriv)
+	if !errors.Is(err, ErrTokenAboveKeyBound) {
+		t.Fatalf("proof for token %d by the retired key: %v, want ErrTokenAboveKeyBound", huge, err)
+	}
+	if _, _, ok := c.Highest("billing/job"); ok {
+		t.Fatal("the forged token reached the checker")
+	}
+	for _, tok := range []uint64{lastBeforeRotation + 1, lastBeforeRotation + 2} {
+		if err := write(tok, "attacker", oldPriv); !errors.Is(err, ErrTokenAboveKeyBound) {
+			t.Fatalf("token %d by the retired key: %v", tok, err)
+		}
+	}
+	// A grant made before the rotation still writes; the next honest grant,
+	// signed with the new key, follows it.
+	if err := write(lastBeforeRotation, "old-holder", oldPriv); err != nil {
+		t.Fatalf("the old key's last genuine proof: %v", err)
+	}
+	if err := write(lastBeforeRotation+1, "honest", newPriv); err != nil {
+		t.Fatalf("the next honest grant: %v", err)
+	}
+	if !strings.Contains(ErrTokenAboveKeyBound.Error(), "retired key") {
+		t.Errorf("error text %q does not say what happened", ErrTokenAboveKeyBound)
 	}
 }

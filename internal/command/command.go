@@ -33,11 +33,15 @@ const (
 	TypeSetTokenKey    Type = 12
 	TypeSetACLToken    Type = 13
 	TypeDeleteACLToken Type = 14
+	TypeTick           Type = 15
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
-// version up to this one. Version 2 added Acquire.Value (elections).
-const Version = 2
+// version up to this one. Version 2 added Acquire.Value (elections), version 3
+// SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
+// SetACLToken always carries TTLms and CertCNs (version 2 entries come with
+// and without them).
+const Version = 3
 
 // Limits shared by validation and the state machine.
 const (
@@ -86,7 +90,17 @@ func ParseLeaseID(s string) (LeaseID, error) {
 type Envelope struct {
 	// TS is the leader's wall clock in Unix milliseconds, stamped by the leader
 	// just before proposing and never decreasing along the log.
-	TS        int64
+	TS int64
+	// Clock is the lease clock in milliseconds (version 3 on; 0 before): the
+	// time elapsed since the cluster began, as the leaders measured it on
+	// their monotonic clocks, each counting on from where the log stood when
+	// it took over. Unlike TS it never mixes two machines' wall clocks, so
+	// the time left on a lease (TTL minus lease-clock time since its renewal)
+	// is never shortened by clock skew between leaders; the time between one
+	// leader's last entry and its successor's takeover is not counted (a
+	// lease may gain that much, never lose it). The state machine keeps the
+	// largest Clock it has seen.
+	Clock     int64
 	ClientID  string
 	RequestID string
 	Body      Body
@@ -163,10 +177,13 @@ type Proclaim struct {
 // replica agrees). Without Rotate it only takes effect when the cluster has
 // no key yet (the first leader bootstraps it; a racing second proposal is a
 // no-op); with Rotate it becomes the current key and the old one is kept for
-// verification only.
+// verification only, of tokens up to the last one granted. RevokeRetired
+// (with Rotate; since Version 3) drops every retired key as well, so only
+// the new key verifies anything.
 type SetTokenKey struct {
-	Seed   [32]byte
-	Rotate bool
+	Seed          [32]byte
+	Rotate        bool
+	RevokeRetired bool
 }
 
 // Permission bits of an ACL rule.
@@ -210,6 +227,13 @@ type SetACLToken struct {
 type DeleteACLToken struct {
 	AccessorID [16]byte
 }
+
+// Tick changes nothing but the lease clock (Envelope.Clock): the leader
+// commits one when the log has been quiet for a while and leases are
+// running, so a successor that takes over counts each lease's time left from
+// a recent point, not from the last real command (which could be a whole TTL
+// ago: the lease would gain that much on every failover).
+type Tick struct{}
 
 // LeaseGen names one lease at one renewal generation.
 type LeaseGen struct {
@@ -259,6 +283,7 @@ func (*Proclaim) Type() Type       { return TypeProclaim }
 func (*SetTokenKey) Type() Type    { return TypeSetTokenKey }
 func (*SetACLToken) Type() Type    { return TypeSetACLToken }
 func (*DeleteACLToken) Type() Type { return TypeDeleteACLToken }
+func (*Tick) Type() Type           { return TypeTick }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -266,6 +291,7 @@ func Encode(e *Envelope) []byte {
 	w.Byte(byte(e.Body.Type()))
 	w.Byte(Version)
 	w.Varint(e.TS)
+	w.Varint(e.Clock)
 	w.String(e.ClientID)
 	w.String(e.RequestID)
 	e.Body.encode(w)
@@ -322,6 +348,8 @@ func newBody(t Type) Body {
 		return &SetACLToken{}
 	case TypeDeleteACLToken:
 		return &DeleteACLToken{}
+	case TypeTick:
+		return &Tick{}
 	}
 	return nil
 }
@@ -344,6 +372,9 @@ func Decode(b []byte) (*Envelope, error) {
 	}
 	e := &Envelope{Body: body}
 	e.TS = r.Varint()
+	if v >= 3 {
+		e.Clock = r.Varint()
+	}
 	e.ClientID = r.String()
 	e.RequestID = r.String()
 	body.decode(r, v)
@@ -510,16 +541,23 @@ func (e *Envelope) Stamped(ts int64) *Envelope {
 // once, so it may be retried after an unknown outcome even without request_id.
 func (e *Envelope) Idempotent() bool {
 	switch e.Body.(type) {
-	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive:
+	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive, *Tick:
 		return true
 	}
 	return false
 }
 
-func (b *SetTokenKey) encode(w *wire.Writer) { w.Fixed(b.Seed[:]); w.Bool(b.Rotate) }
-func (b *SetTokenKey) decode(r *wire.Reader, _ byte) {
+func (b *SetTokenKey) encode(w *wire.Writer) {
+	w.Fixed(b.Seed[:])
+	w.Bool(b.Rotate)
+	w.Bool(b.RevokeRetired)
+}
+func (b *SetTokenKey) decode(r *wire.Reader, v byte) {
 	r.Fixed(b.Seed[:])
 	b.Rotate = r.Bool()
+	if v >= 3 {
+		b.RevokeRetired = r.Bool()
+	}
 }
 
 func (b *SetACLToken) encode(w *wire.Writer) {
@@ -542,7 +580,7 @@ func (b *SetACLToken) encode(w *wire.Writer) {
 		w.String(c)
 	}
 }
-func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
+func (b *SetACLToken) decode(r *wire.Reader, v byte) {
 	r.Fixed(b.AccessorID[:])
 	r.Fixed(b.SecretHash[:])
 	b.Description = r.String()
@@ -559,6 +597,12 @@ func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
 		}
 	}
 	b.Bootstrap = r.Bool()
+	if v < 3 && r.Len() == 0 {
+		// Version 2 has two layouts: the first builds with ACLs ended here;
+		// later ones appended TTLms and CertCNs (always at least two more
+		// bytes) without raising the version, so both must still decode.
+		return
+	}
 	b.TTLms = r.Varint()
 	if n := r.Count(1); n > 0 {
 		b.CertCNs = make([]string, n)
@@ -570,3 +614,6 @@ func (b *SetACLToken) decode(r *wire.Reader, _ byte) {
 
 func (b *DeleteACLToken) encode(w *wire.Writer)         { w.Fixed(b.AccessorID[:]) }
 func (b *DeleteACLToken) decode(r *wire.Reader, _ byte) { r.Fixed(b.AccessorID[:]) }
+
+func (*Tick) encode(*wire.Writer)       {}
+func (*Tick) decode(*wire.Reader, byte) {}

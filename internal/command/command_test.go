@@ -2,6 +2,7 @@ package command
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"math"
 	"reflect"
@@ -34,6 +35,7 @@ func roundTripCases() []struct {
 		env  *Envelope
 	}{
 		{"register/empty", &Envelope{Body: &RegisterMember{}}},
+		{"tick", &Envelope{TS: 1_700_000_000_000, Clock: 86_400_000, ClientID: "dlock", Body: &Tick{}}},
 		{"register/full", &Envelope{TS: 1_700_000_000_000, ClientID: "node", RequestID: "r1",
 			Body: &RegisterMember{ID: "n1", RaftAddr: "127.0.0.1:7071", APIAddr: "127.0.0.1:7070"}}},
 		{"create-session/empty", &Envelope{Body: &CreateSession{}}},
@@ -75,6 +77,8 @@ func roundTripCases() []struct {
 		{"delete-acl-token", &Envelope{Body: &DeleteACLToken{AccessorID: [16]byte{9}}}},
 		{"set-token-key/full", &Envelope{TS: 9, ClientID: "dlock", RequestID: "k",
 			Body: &SetTokenKey{Seed: [32]byte{1, 2, 3, 31: 0xff}, Rotate: true}}},
+		{"set-token-key/revoke", &Envelope{TS: 9, ClientID: "dlock", RequestID: "k",
+			Body: &SetTokenKey{Seed: [32]byte{4, 31: 0xee}, Rotate: true, RevokeRetired: true}}},
 		{"cancel-wait/full", &Envelope{TS: 7, ClientID: "c", RequestID: "r",
 			Body: &CancelWait{Wait: WaitRef{LeaseID: testLease(5), Name: "x/y", Seq: 99}, ReleaseIfGranted: true}}},
 	}
@@ -109,7 +113,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 	want := map[Type]Body{
 		1: &RegisterMember{}, 2: &CreateSession{}, 3: &KeepAlive{}, 4: &DeleteSession{},
 		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
-		11: &Proclaim{}, 12: &SetTokenKey{}, 13: &SetACLToken{}, 14: &DeleteACLToken{},
+		11: &Proclaim{}, 12: &SetTokenKey{}, 13: &SetACLToken{}, 14: &DeleteACLToken{}, 15: &Tick{},
 	}
 	for n, b := range want {
 		if b.Type() != n {
@@ -124,7 +128,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 2 {
+	if Version != 3 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -207,45 +211,97 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 }
 
 // A newer node reads an older log: version 1 entries (before Acquire.Value)
-// decode to the same command with an empty value, and re-encode at the
-// current version.
+// and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
+// command with those fields empty, and re-encode at the current version.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, tc := range roundTripCases() {
-		e := *tc.env
-		if a, ok := e.Body.(*Acquire); ok {
-			c := *a
-			c.Value = ""
-			e.Body = &c
-		}
-		if _, ok := e.Body.(*Proclaim); ok {
-			continue // added with version 2
-		}
-		v2 := Encode(&e)
-		v1 := append([]byte(nil), v2...)
-		v1[1] = 1
-		if _, ok := e.Body.(*Acquire); ok {
-			if v1[len(v1)-1] != 0 {
-				t.Fatalf("%s: Acquire.Value is not the last field", tc.name)
+	for _, old := range []byte{1, 2} {
+		for _, tc := range roundTripCases() {
+			e := *tc.env
+			switch b := e.Body.(type) {
+			case *Acquire:
+				if old < 2 {
+					c := *b
+					c.Value = ""
+					e.Body = &c
+				}
+			case *Proclaim:
+				if old < 2 {
+					continue // added with version 2
+				}
+			case *SetTokenKey:
+				c := *b
+				c.RevokeRetired = false
+				e.Body = &c
 			}
-			v1 = v1[:len(v1)-1] // version 1 had no value
+			e.Clock = 0 // added with version 3
+			cur := Encode(&e)
+			b := dropClock(t, cur)
+			b[1] = old
+			// Cut the fields the old version did not have; each was the
+			// last field of its command, and empty here.
+			_, isAcquire := e.Body.(*Acquire)
+			_, isSetKey := e.Body.(*SetTokenKey)
+			if (isAcquire && old < 2) || isSetKey {
+				if b[len(b)-1] != 0 {
+					t.Fatalf("%s: the field added after version %d is not the last one", tc.name, old)
+				}
+				b = b[:len(b)-1]
+			}
+			got, err := Decode(b)
+			if err != nil {
+				t.Fatalf("%s: version %d entry refused: %v", tc.name, old, err)
+			}
+			if !sameEnvelope(got, &e) {
+				t.Fatalf("%s: version %d decodes to %#v, want %#v", tc.name, old, got.Body, e.Body)
+			}
+			if !bytes.Equal(Encode(got), cur) {
+				t.Fatalf("%s: version %d entry does not re-encode at version %d", tc.name, old, Version)
+			}
+			if (isAcquire && old < 2) || isSetKey {
+				// A current entry labelled with the old version has a
+				// trailing field the old version did not have.
+				bad := dropClock(t, cur)
+				bad = append(bad, 0)
+				bad[1] = old
+				if _, err := Decode(bad); err == nil {
+					t.Errorf("%s: version %d entry with the newer field accepted", tc.name, old)
+				}
+			}
 		}
-		got, err := Decode(v1)
+	}
+}
+
+// Exact bytes of SetTokenKey entries as the build before RevokeRetired
+// (command Version 2) wrote them, printed by Encode of that checkout: a
+// rotation and a bootstrap. They must decode exactly as before, without a
+// revocation, since the log they sit in is replayed by every newer node.
+func TestDecodeVersion2SetTokenKey(t *testing.T) {
+	for _, tc := range []struct {
+		hex  string
+		want SetTokenKey
+	}{
+		{"0c0280a0abfef96205646c6f636b0001020300000000000000000000000000000000000000000000000000000000ff01",
+			SetTokenKey{Seed: [32]byte{1, 2, 3, 31: 0xff}, Rotate: true}},
+		{"0c0280a0abfef96205646c6f636b00070000000000000000000000000000000000000000000000000000000000000000",
+			SetTokenKey{Seed: [32]byte{7}}},
+	} {
+		b, err := hex.DecodeString(tc.hex)
 		if err != nil {
-			t.Fatalf("%s: version 1 entry refused: %v", tc.name, err)
+			t.Fatal(err)
 		}
-		if !sameEnvelope(got, &e) {
-			t.Fatalf("%s: version 1 decodes to %#v, want %#v", tc.name, got.Body, e.Body)
+		e, err := Decode(b)
+		if err != nil {
+			t.Fatalf("version 2 SetTokenKey refused: %v", err)
 		}
-		if !bytes.Equal(Encode(got), v2) {
-			t.Fatalf("%s: version 1 entry does not re-encode at version %d", tc.name, Version)
+		got, ok := e.Body.(*SetTokenKey)
+		if !ok || *got != tc.want || e.TS != 1_700_000_000_000 || e.ClientID != "dlock" || e.RequestID != "" {
+			t.Fatalf("decoded %+v %#v, want %+v", e, e.Body, tc.want)
 		}
-		if _, ok := e.Body.(*Acquire); ok {
-			// A version-2 Acquire labelled version 1 has a trailing value.
-			bad := append([]byte(nil), v2...)
-			bad[1] = 1
-			if _, err := Decode(bad); err == nil {
-				t.Errorf("%s: version 1 Acquire with a value field accepted", tc.name)
-			}
+		// Re-encoded, it is the same command at the current version, with
+		// RevokeRetired written out as false.
+		re := dropClock(t, Encode(e))
+		if re[1] != Version || !bytes.Equal(re[2:len(re)-1], b[2:]) || re[len(re)-1] != 0 {
+			t.Fatalf("re-encoded as %x", re)
 		}
 	}
 }
@@ -277,7 +333,7 @@ func TestEncodeCheckedOutputIsAlwaysDecodable(t *testing.T) {
 }
 
 func TestDecodeRejectsUnknownType(t *testing.T) {
-	for _, typ := range []int{0, 15, 16, 100, 254, 255} {
+	for _, typ := range []int{0, 16, 17, 100, 254, 255} {
 		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
 			b := append([]byte{byte(typ), Version}, body...)
 			e, err := Decode(b)
@@ -341,7 +397,8 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		w := &wire.Writer{}
 		w.Byte(byte(t))
 		w.Byte(Version)
-		w.Varint(0)
+		w.Varint(0) // TS
+		w.Varint(0) // Clock
 		w.String("")
 		w.String("")
 		return w
@@ -394,6 +451,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		w.Byte(byte(TypeKeepAlive))
 		w.Byte(Version)
 		w.Varint(0)
+		w.Varint(0)
 		w.Uvarint(1 << 40)
 		cases["client-id/huge-length"] = w.Buf
 	}
@@ -414,12 +472,12 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 func TestDecodeRejectsOverlongVarint(t *testing.T) {
 	// A keep-alive with its time field as 0x80 0x00 (0 in two bytes) instead of
 	// 0x00; the minimal form must decode, the overlong one must not.
-	ok := []byte{byte(TypeKeepAlive), Version, 0x00, 0, 0}
+	ok := []byte{byte(TypeKeepAlive), Version, 0x00, 0, 0, 0}
 	ok = append(ok, make([]byte, 16)...)
 	if _, err := Decode(ok); err != nil {
 		t.Fatalf("control: minimal entry refused: %v", err)
 	}
-	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0}
+	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0, 0}
 	b = append(b, make([]byte, 16)...)
 	if e, err := Decode(b); err == nil {
 		t.Errorf("Decode accepted an overlong varint: %#v; re-encodes to %x, input %x", e, Encode(e), b)
@@ -650,4 +708,61 @@ func TestResultRoundTrip(t *testing.T) {
 			}
 		}
 	}
+}
+
+// dropClock removes the lease clock (a version 3 envelope field, right after
+// TS) from an encoded entry whose Clock is 0, giving the version 2 layout.
+func dropClock(t *testing.T, b []byte) []byte {
+	t.Helper()
+	r := wire.NewReader(b[2:])
+	r.Varint() // TS
+	at := len(b) - r.Len()
+	if r.Varint() != 0 || r.Err() != nil || b[at] != 0 {
+		t.Fatalf("dropClock: entry %x has no zero clock after its timestamp", b)
+	}
+	return append(append([]byte(nil), b[:at]...), b[at+1:]...)
+}
+
+// Exact bytes of SetACLToken entries under command version 2, which has two
+// layouts: the first builds with ACLs (350f8fa, printed by its Encode) ended
+// after Bootstrap; later version 2 builds appended TTLms and CertCNs without
+// raising the version. Both must decode, as every newer node replays them.
+func TestDecodeVersion2SetACLTokenBothLayouts(t *testing.T) {
+	const first = "0d0280a0abfef9620561646d696e057265712d310100000000000000000000000000000002000000000000000000000000000000000000000000000000000000000000000f626f6f74737472617020746f6b656e01001f0001"
+	b, err := hex.DecodeString(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Decode(b)
+	if err != nil {
+		t.Fatalf("a version 2 ACL entry of the first layout is refused: %v", err)
+	}
+	got, ok := e.Body.(*SetACLToken)
+	if !ok || !got.Bootstrap || got.TTLms != 0 || len(got.CertCNs) != 0 || got.Description != "bootstrap token" ||
+		len(got.Rules) != 1 || got.Rules[0].Perms != PermAll || e.ClientID != "admin" || e.RequestID != "req-1" {
+		t.Fatalf("decoded %+v %+v", e, got)
+	}
+	// The later version 2 layout: the same entry with TTLms and CertCNs.
+	later := append(append([]byte(nil), b...), 0x90, 0x1c, 1, 2, 'c', 'n')
+	e, err = Decode(later)
+	if err != nil {
+		t.Fatalf("a version 2 ACL entry of the later layout is refused: %v", err)
+	}
+	if got := e.Body.(*SetACLToken); got.TTLms != 1800 || len(got.CertCNs) != 1 || got.CertCNs[0] != "cn" {
+		t.Fatalf("later layout decoded %+v", got)
+	}
+	// Version 3 has only the later layout: the first one is cut short.
+	b[1] = 3
+	if _, err := Decode(withZeroClock(b)); err == nil {
+		t.Error("a version 3 ACL entry without TTLms and CertCNs accepted")
+	}
+}
+
+// withZeroClock gives a version 2 layout entry the zero lease clock version 3
+// has after TS.
+func withZeroClock(b []byte) []byte {
+	r := wire.NewReader(b[2:])
+	r.Varint()
+	at := len(b) - r.Len()
+	return append(append(append([]byte(nil), b[:at]...), 0), b[at:]...)
 }

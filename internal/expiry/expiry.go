@@ -44,6 +44,16 @@ const MaxBatch = 1024
 // applied waits before being proposed again.
 const RetryAfter = time.Second
 
+// TickInterval is how often the leader checks, while any lease or wait is
+// running, whether the lease clock (command.Envelope.Clock) has moved; when
+// no entry has carried it forward since the last check, it commits a Tick. A
+// successor counts every lease's time left as of the newest entry, so without
+// ticks a quiet log would give each lease up to the time since its last
+// renewal again (a whole TTL for a dead holder's lock) on every failover;
+// with them a failover lengthens a lease by at most about two intervals plus
+// the election. A busy log needs no ticks: its entries carry the clock.
+const TickInterval = 250 * time.Millisecond
+
 type waitKey struct {
 	lease command.LeaseID
 	name  string
@@ -98,6 +108,10 @@ type Reaper struct {
 
 	// epoch is what item deadlines count from.
 	epoch time.Time
+
+	// lastClock and nextCheck are Run's own (see TickInterval).
+	lastClock int64
+	nextCheck time.Time
 
 	mu     sync.Mutex
 	active bool
@@ -301,9 +315,14 @@ func (r *Reaper) Run(ctx context.Context) {
 		if len(leases) > 0 || len(waits) > 0 {
 			continue // more may be due; Due bounded the batch
 		}
+		now := r.clock.Now()
+		r.tick(ctx, now)
 		wait := time.Hour
 		if !next.IsZero() {
-			wait = max(next.Sub(r.clock.Now()), time.Millisecond)
+			wait = max(next.Sub(now), time.Millisecond)
+		}
+		if r.tracking() {
+			wait = min(wait, max(r.nextCheck.Sub(now), time.Millisecond))
 		}
 		timer.Reset(wait)
 		select {
@@ -315,6 +334,29 @@ func (r *Reaper) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// tracking reports whether the reaper leads and any lease or wait runs.
+func (r *Reaper) tracking() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.active && len(r.h) > 0
+}
+
+// tick commits a Tick when a check is due and the lease clock has not moved
+// since the last one (see TickInterval).
+func (r *Reaper) tick(ctx context.Context, now time.Time) {
+	if now.Before(r.nextCheck) || !r.tracking() {
+		return
+	}
+	r.nextCheck = now.Add(TickInterval)
+	var c int64
+	r.reader.Read(func(s *state.State) { c = s.LeaseClock() })
+	if c == r.lastClock {
+		r.propose(ctx, &command.Tick{})
+		r.reader.Read(func(s *state.State) { c = s.LeaseClock() })
+	}
+	r.lastClock = c
 }
 
 func (r *Reaper) propose(ctx context.Context, b command.Body) {

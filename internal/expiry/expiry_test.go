@@ -35,6 +35,7 @@ type stateHolder struct {
 	st    *state.State
 	index uint64
 	ts    int64
+	clock int64
 	obs   *Reaper
 }
 
@@ -49,7 +50,8 @@ func (h *stateHolder) apply(advanceMs int64, e *command.Envelope) command.Result
 	defer h.mu.Unlock()
 	h.index++
 	h.ts += advanceMs
-	e.TS = h.ts
+	h.clock += advanceMs
+	e.TS, e.Clock = h.ts, h.clock
 	r := h.st.Apply(h.index, e)
 	if h.obs != nil {
 		h.obs.Applied(h.index, h.st.TakeEvents())
@@ -315,5 +317,82 @@ func TestRequeuedWaitKeepsItsOwnDeadline(t *testing.T) {
 	// Two leases remain (the holder's and the session), no wait.
 	if r.Len() != 2 {
 		t.Fatalf("%d deadlines tracked, want the 2 leases'", r.Len())
+	}
+}
+
+// applyingProposer commits what it is given to the state holder, as Raft
+// would, with the lease clock advanced by step.
+type applyingProposer struct {
+	h    *stateHolder
+	step int64
+	mu   sync.Mutex
+	got  []command.Body
+}
+
+func (p *applyingProposer) Propose(_ context.Context, e *command.Envelope) error {
+	p.mu.Lock()
+	p.got = append(p.got, e.Body)
+	p.mu.Unlock()
+	p.h.apply(p.step, e)
+	return nil
+}
+
+func (p *applyingProposer) ticks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.got {
+		if _, ok := b.(*command.Tick); ok {
+			n++
+		}
+	}
+	return n
+}
+
+// While leases run and nothing else carries the lease clock forward, the
+// leader commits a Tick every TickInterval; entries that carry it make ticks
+// unnecessary; a follower, or a leader with nothing running, never ticks.
+func TestTickOnlyWhenTheLogIsQuiet(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1000, 0)}
+	h := &stateHolder{st: state.New(), ts: 1_000_000}
+	p := &applyingProposer{h: h, step: 250}
+	r := New(clock, p, h, nil)
+	h.obs = r
+	ctx := context.Background()
+
+	r.tick(ctx, clock.Now()) // a follower
+	r.Promote()
+	r.tick(ctx, clock.Now()) // nothing running
+	if n := p.ticks(); n != 0 {
+		t.Fatalf("%d ticks without a running lease, or on a follower", n)
+	}
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 10_000}})
+	r.tick(ctx, clock.Now())
+	first := p.ticks()
+	for i := 0; i < 4; i++ {
+		clock.Advance(TickInterval)
+		r.tick(ctx, clock.Now())
+	}
+	if n := p.ticks() - first; n != 4 {
+		t.Fatalf("%d ticks in 4 quiet intervals, want 4", n)
+	}
+	// Not again before the interval is up.
+	clock.Advance(TickInterval / 2)
+	r.tick(ctx, clock.Now())
+	// Entries of their own carry the clock: no tick needed.
+	before := p.ticks()
+	for i := 0; i < 4; i++ {
+		clock.Advance(TickInterval)
+		h.apply(100, &command.Envelope{ClientID: "b", Body: &command.RegisterMember{ID: "n1"}})
+		r.tick(ctx, clock.Now())
+	}
+	if n := p.ticks() - before; n != 0 {
+		t.Fatalf("%d ticks while other entries moved the clock", n)
+	}
+	r.Demote()
+	clock.Advance(TickInterval)
+	r.tick(ctx, clock.Now())
+	if n := p.ticks() - before; n != 0 {
+		t.Fatal("a demoted reaper ticked")
 	}
 }

@@ -48,7 +48,7 @@ func DumpLog(dataDir string, kind raftnode.LogStoreKind, from, to uint64, w io.W
 		desc := ""
 		if l.Type == raft.LogCommand {
 			if env, err := command.Decode(l.Data); err == nil {
-				desc = fmt.Sprintf("ts=%d client=%q req=%q %T%+v", env.TS, env.ClientID, env.RequestID, env.Body, env.Body)
+				desc = fmt.Sprintf("ts=%d clock=%d client=%q req=%q %T%+v", env.TS, env.Clock, env.ClientID, env.RequestID, env.Body, env.Body)
 			} else {
 				desc = "undecodable: " + err.Error()
 			}

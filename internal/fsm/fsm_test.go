@@ -3,6 +3,7 @@ package fsm_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -597,4 +598,30 @@ func startRaft(t *testing.T) (*fsm.FSM, *raft.Raft, *raft.InmemSnapshotStore, *r
 		<-r.LeaderCh()
 	}
 	return f, r, snaps, rec
+}
+
+// A SetACLToken entry exactly as the first builds with ACLs (350f8fa) wrote
+// it: command version 2, without TTLms and CertCNs. A node must replay it (it
+// once made ApplyBatch panic).
+func TestApplyFirstLayoutACLEntry(t *testing.T) {
+	data, _ := hex.DecodeString("0d0280a0abfef9620561646d696e057265712d310100000000000000000000000000000002000000000000000000000000000000000000000000000000000000000000000f626f6f74737472617020746f6b656e01001f0001")
+	f := fsm.New(quietLogger())
+	var p any
+	func() {
+		defer func() { p = recover() }()
+		f.ApplyBatch([]*raft.Log{{Index: 1, Type: raft.LogCommand, Data: data}})
+	}()
+	if p != nil {
+		t.Fatalf("the previous build's ACL entry stops the FSM: %v", p)
+	}
+}
+
+// A version 4 snapshot of the first ACL layout, with one token (bytes from
+// State.Snapshot at 350f8fa), restores.
+func TestRestoreFirstLayoutV4Snapshot(t *testing.T) {
+	b, _ := hex.DecodeString("444c534e4150040180a0abfef962010000000000000101000000000000000000000000000000020000000000000000000000000000000000000000000000000000000000000009626f6f74737472617080a0abfef96201001f00")
+	f := fsm.New(quietLogger())
+	if err := f.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+		t.Fatalf("previous build's snapshot refused: %v", err)
+	}
 }

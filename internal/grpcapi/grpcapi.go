@@ -52,7 +52,7 @@ type Service interface {
 	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
 	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
-	RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error)
+	RotateTokenKey(ctx context.Context, req service.RotateTokenKeyRequest) (*fence.KeySetDocument, error)
 }
 
 // DefaultMaxMessageBytes matches the HTTP body limit of DESIGN §5 (64 KiB).

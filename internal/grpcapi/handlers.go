@@ -289,17 +289,27 @@ func (s *clusterServer) GetTokenKeys(ctx context.Context, _ *dlockv1.GetTokenKey
 	})
 }
 
-func (s *clusterServer) RotateTokenKey(ctx context.Context, _ *dlockv1.RotateTokenKeyRequest) (*dlockv1.RotateTokenKeyResponse, error) {
-	resp, err := s.svc.RotateTokenKey(ctx)
+func (s *clusterServer) RotateTokenKey(ctx context.Context, req *dlockv1.RotateTokenKeyRequest) (*dlockv1.RotateTokenKeyResponse, error) {
+	resp, err := s.svc.RotateTokenKey(ctx, service.RotateTokenKeyRequest{RevokeRetired: req.RevokeRetired})
 	return reply(s.api, ctx, resp, err, func(d *fence.KeySetDocument) *dlockv1.RotateTokenKeyResponse {
 		return &dlockv1.RotateTokenKeyResponse{Keys: tokenKeysPB(d)}
 	})
 }
 
+// tokenKeysPB maps the key-set document field for field, as HTTP serves it:
+// max_token is present exactly on the retired keys.
 func tokenKeysPB(d *fence.KeySetDocument) []*dlockv1.TokenKey {
 	out := make([]*dlockv1.TokenKey, 0, len(d.Keys))
 	for _, k := range d.Keys {
-		out = append(out, &dlockv1.TokenKey{Id: k.ID, Algorithm: k.Algorithm, PublicKey: k.PublicKey, Current: k.Current})
+		out = append(out, &dlockv1.TokenKey{Id: k.ID, Algorithm: k.Algorithm, PublicKey: k.PublicKey, Current: k.Current, MaxToken: copyUint64(k.MaxToken)})
 	}
 	return out
+}
+
+func copyUint64(p *uint64) *uint64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }

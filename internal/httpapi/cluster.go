@@ -51,7 +51,17 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 	case rest == "/token-key":
 		a.keyDoc(w, r, isGet(r), allowGet, a.svc.TokenKeys)
 	case rest == "/token-key/rotate":
-		a.keyDoc(w, r, r.Method == http.MethodPost, allowPost, a.svc.RotateTokenKey)
+		// The body is optional: none (or {}) rotates, keeping the retired
+		// keys; {"revoke_retired":true} drops them as well.
+		if r.Method != http.MethodPost {
+			a.methodNotAllowed(w, r, allowPost)
+			return
+		}
+		if _, aerr := parseQuery(r); aerr != nil {
+			a.writeError(w, r, aerr)
+			return
+		}
+		decodeAndCall(a, w, r, http.StatusOK, false, nil, a.svc.RotateTokenKey)
 	case rest == "/leadership-transfer":
 		if r.Method != http.MethodPost {
 			a.methodNotAllowed(w, r, allowPost)
@@ -100,7 +110,7 @@ func cutMember(rest string) (string, bool) {
 	return id, true
 }
 
-// keyDoc answers the token-key endpoints: no body, no query, the key-set
+// keyDoc answers GET /cluster/token-key: no body, no query, the key-set
 // document (fence.KeySetDocument) as JSON.
 func (a *api) keyDoc(w http.ResponseWriter, r *http.Request, methodOK bool, allow string, call func(context.Context) (*fence.KeySetDocument, error)) {
 	if !methodOK {

@@ -44,6 +44,10 @@ func (a *api) election(w http.ResponseWriter, r *http.Request, rest string) {
 			return
 		}
 		if observe {
+			if r.Method != http.MethodGet {
+				a.methodNotAllowed(w, r, allowStream)
+				return
+			}
 			a.observe(w, r, name, stale)
 			return
 		}

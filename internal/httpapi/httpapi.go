@@ -42,7 +42,7 @@ type Service interface {
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
 	Snapshot(ctx context.Context) ([]byte, uint64, error)
 	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
-	RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error)
+	RotateTokenKey(ctx context.Context, req service.RotateTokenKeyRequest) (*fence.KeySetDocument, error)
 	ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error)
 	CreateACLToken(ctx context.Context, req service.ACLTokenRequest) (*service.ACLTokenView, error)
 	ListACLTokens(ctx context.Context) (*service.ACLTokenList, error)
@@ -92,7 +92,11 @@ const (
 )
 
 const (
-	allowGet    = "GET, HEAD"
+	allowGet = "GET, HEAD"
+	// Event streams refuse HEAD: a HEAD answer ends with its headers, so a
+	// stream behind it would never end and would hold its keep-alive
+	// connection (and a watcher slot) for as long as the client keeps it.
+	allowStream = "GET"
 	allowPost   = "POST"
 	allowDelete = "DELETE"
 	allowLock   = "GET, HEAD, POST"

@@ -172,8 +172,8 @@ func (f *fakeService) TokenKeys(ctx context.Context) (*fence.KeySetDocument, err
 	return answer(ctx, f, "TokenKeys", nil, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
 }
 
-func (f *fakeService) RotateTokenKey(ctx context.Context) (*fence.KeySetDocument, error) {
-	return answer(ctx, f, "RotateTokenKey", nil, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
+func (f *fakeService) RotateTokenKey(ctx context.Context, req service.RotateTokenKeyRequest) (*fence.KeySetDocument, error) {
+	return answer(ctx, f, "RotateTokenKey", req, &fence.KeySetDocument{Keys: []fence.KeyInfo{}})
 }
 
 func (f *fakeService) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
@@ -566,7 +566,7 @@ func TestRoutes(t *testing.T) {
 func TestHead(t *testing.T) {
 	f := &fakeService{}
 	h, _ := newHandler(f, Options{})
-	for _, target := range []string{"/api/v1/cluster", "/api/v1/locks/x", "/api/v1/locks", "/healthz"} {
+	for _, target := range []string{"/api/v1/cluster", "/api/v1/locks/x", "/api/v1/locks", "/healthz", "/api/v1/elections/e"} {
 		if rec := do(h, request{method: "HEAD", target: target}); rec.Code != 200 {
 			t.Errorf("HEAD %s: status %d", target, rec.Code)
 		}
@@ -680,6 +680,11 @@ func TestMalformedRequests(t *testing.T) {
 		{name: "POST cluster", req: request{method: "POST", target: "/api/v1/cluster"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET, HEAD"},
 		{name: "POST healthz", req: request{method: "POST", target: "/healthz"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET, HEAD"},
 		{name: "OPTIONS readyz", req: request{method: "OPTIONS", target: "/readyz"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET, HEAD"},
+		// A HEAD of an event stream would never end (nothing ends the stream
+		// but the client), so streams allow GET only.
+		{name: "HEAD watch", req: request{method: "HEAD", target: "/api/v1/watch"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET"},
+		{name: "POST watch", req: request{method: "POST", target: "/api/v1/watch"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET"},
+		{name: "HEAD observe", req: request{method: "HEAD", target: "/api/v1/elections/e?observe=true"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET"},
 	}
 	if len(tests) < 25 {
 		t.Fatalf("only %d malformed cases", len(tests))

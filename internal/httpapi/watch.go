@@ -17,8 +17,8 @@ import (
 // state change, a comment line as heartbeat, and a final `event: error` record
 // when the stream is cut off (slow watcher, node shutting down).
 func (a *api) watch(w http.ResponseWriter, r *http.Request) {
-	if !isGet(r) {
-		a.methodNotAllowed(w, r, allowGet)
+	if r.Method != http.MethodGet {
+		a.methodNotAllowed(w, r, allowStream)
 		return
 	}
 	q, aerr := parseQuery(r, "prefix", "from_revision")

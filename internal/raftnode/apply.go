@@ -33,6 +33,20 @@ var errUnknown = errors.New("outcome unknown")
 
 const maxForwardBody = 1 << 20
 
+// ForwardAttemptTimeout bounds one forwarded write's round trip to the leader
+// (never beyond the request's own deadline). A leader that answers nothing in
+// that time is stuck or gone; Apply then tries again, by then perhaps with a
+// newly elected leader. It is far above a healthy commit's latency.
+const ForwardAttemptTimeout = 2 * time.Second
+
+// retryAfter is the Retry-After a client is given with code.
+func retryAfter(c apierror.Code) time.Duration {
+	if apierror.HTTPStatus(c) == http.StatusServiceUnavailable {
+		return time.Second
+	}
+	return 0
+}
+
 // Apply commits a command and returns what the state machine answered. Any node
 // may call it: a follower forwards to the leader. It retries through elections
 // until ctx (or ApplyTimeout when ctx has no deadline) ends; after an unknown
@@ -55,6 +69,10 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 			resp, err = n.forwardApply(ctx, e)
 		}
 		switch {
+		case err == nil && resp == nil:
+			// Never answer (nil, nil): every caller reads the response.
+			return nil, &apierror.Error{Code: apierror.Internal, Message: "internal error; see the server log",
+				Err: errors.New("raft apply: no response and no error")}
 		case err == nil:
 			return resp, nil
 		case errors.Is(err, errRetry):
@@ -68,6 +86,15 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		}
 		if err := leaderless.check(n); err != nil {
 			return nil, err
+		}
+		if time.Until(deadline(ctx)) <= 0 {
+			// The deadline has passed though ctx may not say so yet (its
+			// timer has not fired): stop here rather than spin until it does.
+			cause := ctx.Err()
+			if cause == nil {
+				cause = context.DeadlineExceeded
+			}
+			return nil, n.unavailable(cause)
 		}
 		select {
 		case <-ctx.Done():
@@ -134,18 +161,37 @@ func (n *Node) stamp() int64 {
 	}
 }
 
+// leaseClockBase is one leader's start on the lease clock: the clock as the
+// log stood when it took over, and the moment (monotonic) it did.
+type leaseClockBase struct {
+	base  int64
+	start time.Time
+}
+
+// stamped is e as this leader proposes it: with its timestamp, its lease
+// clock reading and any new lease id (command.Envelope.Stamped).
+func (n *Node) stamped(e *command.Envelope) *command.Envelope {
+	c := e.Stamped(n.stamp())
+	if lc := n.leaseClock.Load(); lc != nil {
+		c.Clock = lc.base + time.Since(lc.start).Milliseconds()
+	}
+	return c
+}
+
 func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
 	if !n.ready.Load() {
 		return nil, errRetry
 	}
-	stamped := e.Stamped(n.stamp())
-	data, err := command.EncodeChecked(stamped)
+	data, err := command.EncodeChecked(n.stamped(e))
 	if err != nil {
 		return nil, apierror.Wrap(apierror.TooLarge, err, "the request is too large to replicate; send less data")
 	}
 	timeout := time.Until(deadline(ctx))
 	if timeout <= 0 {
-		return nil, ctx.Err()
+		// Nothing was proposed, so this is safe to retry. Never ctx.Err():
+		// it is still nil between the deadline and the moment ctx's timer
+		// fires, and callers would take (nil, nil) for a success.
+		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
 	f := n.raft.Apply(data, timeout)
 	if err := awaitFuture(ctx, f); err != nil {
@@ -189,13 +235,26 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 		return nil, errRetry
 	}
 	n.forwarded.Add(1)
-	body, status, err := n.forward(ctx, addr, "/forward/apply", command.Encode(e))
+	// Each attempt gets its own, shorter timeout (never beyond ctx's), so a
+	// leader that stopped answering does not use up the whole request: the
+	// next attempt can reach the leader elected in its place.
+	actx, cancel := context.WithTimeout(ctx, ForwardAttemptTimeout)
+	defer cancel()
+	body, status, err := n.forward(actx, addr, "/forward/apply", command.Encode(e))
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		// The request may or may not have reached the leader.
+		// The request may or may not have reached the leader, whether the
+		// attempt failed or timed out or ctx ended: never a bare context
+		// error, which would reach the client as an internal error.
 		return nil, fmt.Errorf("%w: forward to leader %s: %v", errUnknown, addr, err)
+	}
+	if status != http.StatusOK {
+		// The leader's client-facing error, if it sent one (serveMember's
+		// format).
+		var we wireError
+		if json.Unmarshal(body, &we) == nil && we.Code != "" {
+			return nil, &apierror.Error{Code: we.Code, Message: we.Message, RetryAfter: retryAfter(we.Code),
+				Err: fmt.Errorf("forward to leader %s: status %d", addr, status)}
+		}
 	}
 	switch status {
 	case http.StatusOK:
@@ -254,11 +313,20 @@ func (n *Node) forwardHandler() http.Handler {
 		case errors.Is(err, errRetry):
 			http.Error(w, "not the leader", http.StatusServiceUnavailable)
 			return
-		case errors.Is(err, errUnknown):
+		case errors.Is(err, errUnknown), errors.Is(err, raft.ErrRaftShutdown):
+			// Raft answers ErrRaftShutdown also for entries that were
+			// appended or even committed: the outcome is unknown.
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
 		default:
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			// Send the client-facing error back, as serveMember does.
+			ae := apierror.From(err)
+			if ae.Code == apierror.Internal {
+				n.logger.Error("forwarded write failed", "from", r.Header.Get("X-Dlock-From"), "err", err)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(apierror.HTTPStatus(ae.Code))
+			_ = json.NewEncoder(w).Encode(wireError{Code: ae.Code, Message: ae.Message})
 			return
 		}
 		wr := &wire.Writer{}

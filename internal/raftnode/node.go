@@ -142,6 +142,9 @@ type Node struct {
 	// applied: only then may it stamp, propose and answer reads.
 	ready  atomic.Bool
 	lastTS atomic.Int64
+	// leaseClock is where this leader's lease clock counts from (see
+	// command.Envelope.Clock); set by becomeReady before the node is ready.
+	leaseClock atomic.Pointer[leaseClockBase]
 	// Counters for metrics.
 	forwarded     atomic.Uint64
 	leaderChanges atomic.Uint64
@@ -150,6 +153,12 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed atomic.Bool
+
+	// leadMu orders promotion against demotion: becomeReady promotes (reaper
+	// active, ready) only while its term's context is live, checked under
+	// leadMu, and followLeadership cancels that context and demotes under
+	// leadMu, so a becomeReady that lost the race can never undo a demotion.
+	leadMu sync.Mutex
 }
 
 // Open starts a node. On first start with InitialCluster set it bootstraps the
@@ -332,15 +341,23 @@ func (n *Node) followLeadership() {
 			go func() { defer n.wg.Done(); n.becomeReady(tctx) }()
 			go func() { defer n.wg.Done(); n.runPromoter(tctx) }()
 		} else {
-			if termCancel != nil {
-				termCancel()
-				termCancel = nil
-			}
-			n.ready.Store(false)
-			n.reaper.Demote()
+			n.demote(termCancel)
+			termCancel = nil
 			n.logger.Info("lost leadership")
 		}
 	}
+}
+
+// demote ends the term (endTerm cancels its context; nil for none) and closes
+// the node for writes and reads. It holds leadMu, as promote does.
+func (n *Node) demote(endTerm context.CancelFunc) {
+	n.leadMu.Lock()
+	defer n.leadMu.Unlock()
+	if endTerm != nil {
+		endTerm()
+	}
+	n.ready.Store(false)
+	n.reaper.Demote()
 }
 
 // becomeReady applies a barrier so every entry of earlier terms is in the FSM,
@@ -360,8 +377,12 @@ func (n *Node) becomeReady(ctx context.Context) {
 			return
 		}
 		// Timestamps never go backwards along the log, even if this node's
-		// clock is behind the previous leader's.
+		// clock is behind the previous leader's. The lease clock counts on
+		// from where the log stands, on this node's monotonic clock: the
+		// time between the last leader's last entry and now is not counted
+		// (a lease may gain it, never lose it), and no wall clock is read.
 		n.fsm.Read(func(s *state.State) {
+			n.leaseClock.Store(&leaseClockBase{base: s.LeaseClock(), start: time.Now()})
 			for {
 				prev := n.lastTS.Load()
 				if prev >= s.LastTS() || n.lastTS.CompareAndSwap(prev, s.LastTS()) {
@@ -378,11 +399,26 @@ func (n *Node) becomeReady(ctx context.Context) {
 			}
 			continue
 		}
-		n.reaper.Promote()
-		n.ready.Store(true)
-		n.logger.Info("became leader", "term", n.raft.CurrentTerm(), "applied", n.fsm.AppliedIndex())
+		if n.promote(ctx) {
+			n.logger.Info("became leader", "term", n.raft.CurrentTerm(), "applied", n.fsm.AppliedIndex())
+		}
 		return
 	}
+}
+
+// promote starts the reaper and opens the node for writes and reads, unless
+// the term ctx belongs to has ended (followLeadership demoted the node after
+// becomeReady's last check): both sides hold leadMu, so a demotion is either
+// seen here or undoes this promotion, never the other way round.
+func (n *Node) promote(ctx context.Context) bool {
+	n.leadMu.Lock()
+	defer n.leadMu.Unlock()
+	if ctx.Err() != nil || n.raft.State() != raft.Leader {
+		return false
+	}
+	n.reaper.Promote()
+	n.ready.Store(true)
+	return true
 }
 
 // ensureTokenKey gives a cluster without a token-signing key its first one,
@@ -399,7 +435,7 @@ func (n *Node) ensureTokenKey(ctx context.Context) error {
 	if _, err := rand.Read(body.Seed[:]); err != nil {
 		return fmt.Errorf("draw a token key: %w", err)
 	}
-	data, err := command.EncodeChecked((&command.Envelope{ClientID: "dlock", Body: body}).Stamped(n.stamp()))
+	data, err := command.EncodeChecked(n.stamped(&command.Envelope{ClientID: "dlock", Body: body}))
 	if err != nil {
 		return err
 	}

@@ -193,8 +193,8 @@ func randomHex16() (out [16]byte, s string) {
 }
 
 func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap bool) (*ACLTokenView, error) {
-	if req.TTLms < 0 {
-		return nil, invalid("ttl_ms must not be negative (0: the token never expires)")
+	if req.TTLms < 0 || req.TTLms > state.MaxACLTokenTTLms {
+		return nil, invalid("ttl_ms must be between 0 (the token never expires) and %d (about ten years), got %d", int64(state.MaxACLTokenTTLms), req.TTLms)
 	}
 	body := &command.SetACLToken{Description: req.Description, ClientIDs: req.ClientIDs, Bootstrap: bootstrap, TTLms: req.TTLms, CertCNs: req.CertCNs}
 	if len(req.Rules) == 0 {

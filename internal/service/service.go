@@ -9,7 +9,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +49,12 @@ type Service struct {
 	signer  atomic.Pointer[signer]
 	aclOn   bool
 	lim     *limiter // nil: no limits (SetLimits)
+
+	// closing ends every queued acquire's wait when the node shuts down, so
+	// each withdraws its place while Raft still runs (a wait left behind
+	// would be granted to a client that is no longer there).
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -56,7 +64,7 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
+	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger, closing: make(chan struct{})}
 	s.fsm.AddObserver(s.waiters)
 	return s
 }
@@ -75,8 +83,14 @@ func (s *Service) observe(op string, start time.Time, err *error) {
 	}
 }
 
-// Close ends every open watch stream (before the HTTP server drains).
-func (s *Service) Close() { s.hub.Close() }
+// Close ends every open watch stream and every queued acquire's wait (each
+// withdraws its place in line through Raft and answers "unavailable", so its
+// client retries on another node). Call it before the API servers drain and
+// before Raft stops.
+func (s *Service) Close() {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.hub.Close()
+}
 
 // cancelTimeout bounds the clean-up a cancelled acquire commits after its
 // client has gone.
@@ -225,6 +239,10 @@ type grantAnswer struct {
 	holder    *command.Holder
 	proof     string
 	leaseRef  string
+	// index is the log entry that made the grant, when this answer comes
+	// straight from it (0 when it was read from the local state, which has
+	// then applied the grant already).
+	index uint64
 }
 
 // acquire is the one acquire path behind locks and election campaigns. Every
@@ -232,6 +250,15 @@ type grantAnswer struct {
 func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, error) {
 	g, err := s.acquireOnce(ctx, a)
 	if err == nil && g != nil && g.granted {
+		// Sign with the key current once the grant is applied here, never
+		// with an older one: a follower lagging behind a rotation would
+		// otherwise sign with a retired key a token above that key's
+		// published bound (max_token), and resources would refuse the
+		// proof as forged. On the leader the grant is applied already. If
+		// the caller gives up first, it will not read the answer anyway.
+		if g.index > 0 {
+			_ = s.fsm.WaitApplied(ctx, g.index)
+		}
 		g.leaseRef = fence.LeaseRef(g.leaseID)
 		g.proof = s.proof(a.key, g.token, a.clientID, g.leaseRef)
 	}
@@ -288,7 +315,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 			// since; a dead grant must not be handed out as a live one.
 			return s.replayedGrant(ctx, a, r, resp.Index)
 		}
-		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision}, nil
+		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision, index: resp.Index}, nil
 	case command.StatusLockHeld:
 		// Callers may describe the holder from local state (an election's
 		// value): on a follower, first apply what the leader answered from.
@@ -409,10 +436,19 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			// happened: a grant that raced with the timeout wins.
 			resp, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.ExpireWaits{Waits: []command.WaitRef{w}}))
 			if err != nil {
-				return nil, err
+				// The client may have gone while the expiry was being
+				// committed, and a grant may have raced in: withdraw as a
+				// cancelled acquire does, so nothing is left behind. A
+				// client still there is told why the commit failed.
+				g, aerr := s.abandon(a, w, err)
+				if _, ok := errors.AsType[*apierror.Error](err); ok {
+					return nil, err
+				}
+				return g, aerr
 			}
 			if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
-				return nil, apierror.Wrap(apierror.Unavailable, err, "waiting for the local state to catch up; retry")
+				// ctx ended: nobody will hear of a grant that raced in.
+				return s.abandon(a, w, err)
 			}
 			switch out, res, _ := s.checkWait(name, w, a.clientID, requestID); out {
 			case wasGranted:
@@ -423,9 +459,14 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			return s.timedOut(a)
 		case <-ctx.Done():
 			return s.abandon(a, w, ctx.Err())
+		case <-s.closing:
+			return s.abandon(a, w, errShuttingDown)
 		}
 	}
 }
+
+// errShuttingDown ends the waits of a node that is shutting down.
+var errShuttingDown = errors.New("this node is shutting down; retry on another node")
 
 func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 	var li state.LockInfo
@@ -451,6 +492,9 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 	release := a.requestID == ""
 	if _, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: release})); err != nil {
 		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", displayName(a.key), "err", err)
+	}
+	if errors.Is(cause, errShuttingDown) {
+		return nil, apierror.Wrap(apierror.Unavailable, cause, "this node is shutting down; the wait for %q was withdrawn; acquire again through another node", displayName(a.key))
 	}
 	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before %q was granted; the wait was withdrawn", displayName(a.key))
 }

@@ -49,7 +49,9 @@ func (s *Service) proof(key string, token uint64, clientID, leaseRef string) str
 }
 
 // TokenKeys returns the public keys that verify token proofs: the current
-// one and the retired ones still kept.
+// one and the retired ones still kept, each retired key with the highest
+// token it can have signed (max_token), so a proof forged with a leaked
+// retired key for a later token is refused.
 func (s *Service) TokenKeys(ctx context.Context) (_ *fence.KeySetDocument, err error) {
 	defer s.observe("token_keys", time.Now(), &err)
 	if err = s.admit(ctx, ""); err != nil {
@@ -59,15 +61,22 @@ func (s *Service) TokenKeys(ctx context.Context) (_ *fence.KeySetDocument, err e
 	s.fsm.Read(func(st *state.State) { keys = st.TokenKeys() })
 	doc := &fence.KeySetDocument{Keys: []fence.KeyInfo{}}
 	for i := len(keys) - 1; i >= 0; i-- { // current first
-		doc.Keys = append(doc.Keys, fence.NewKeyInfo(keys[i].Public, keys[i].Current))
+		k := keys[i]
+		if k.Current {
+			doc.Keys = append(doc.Keys, fence.NewKeyInfo(k.Public, true))
+		} else {
+			doc.Keys = append(doc.Keys, fence.NewRetiredKeyInfo(k.Public, k.MaxToken))
+		}
 	}
 	return doc, nil
 }
 
 // RotateTokenKey installs a new signing key. Proofs signed with the old key
-// stay verifiable: it is kept (public half only) among the last
-// state.MaxTokenKeys keys.
-func (s *Service) RotateTokenKey(ctx context.Context) (_ *fence.KeySetDocument, err error) {
+// stay verifiable up to the last token granted before the rotation: it is
+// kept (public half only, with that bound) among the last
+// state.MaxTokenKeys keys. With req.RevokeRetired every retired key is
+// dropped instead, and every proof they signed stops verifying.
+func (s *Service) RotateTokenKey(ctx context.Context, req RotateTokenKeyRequest) (_ *fence.KeySetDocument, err error) {
 	defer s.observe("rotate_token_key", time.Now(), &err)
 	if err = s.admit(ctx, ""); err != nil {
 		return nil, err
@@ -75,7 +84,7 @@ func (s *Service) RotateTokenKey(ctx context.Context) (_ *fence.KeySetDocument, 
 	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
 		return nil, err
 	}
-	body := &command.SetTokenKey{Rotate: true}
+	body := &command.SetTokenKey{Rotate: true, RevokeRetired: req.RevokeRetired}
 	if _, err := rand.Read(body.Seed[:]); err != nil {
 		return nil, fmt.Errorf("draw a token key: %w", err)
 	}

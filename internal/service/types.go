@@ -276,3 +276,12 @@ type MemberRequest struct {
 type TransferRequest struct {
 	ID string `json:"id,omitempty"`
 }
+
+// RotateTokenKeyRequest is the optional body of POST
+// /api/v1/cluster/token-key/rotate. With RevokeRetired every retired key is
+// dropped too, so only the new key verifies proofs: for a key that may have
+// leaked. Proofs already handed out under the retired keys stop verifying,
+// and their holders' writes are refused until they acquire again.
+type RotateTokenKeyRequest struct {
+	RevokeRetired bool `json:"revoke_retired,omitempty"`
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -18,6 +19,10 @@ const (
 	MaxACLRules       = 64
 	MaxACLClientIDs   = 64
 	MaxACLDescription = 256
+	// MaxACLTokenTTLms bounds the TTL the service accepts for a token (about
+	// ten years). Apply itself saturates the expiry time instead of refusing,
+	// so entries it accepted before the bound replay the same.
+	MaxACLTokenTTLms = 10 * 366 * 24 * 3600 * 1000
 )
 
 // ACLToken is one access token. Only the SHA-256 of its secret is kept.
@@ -122,6 +127,9 @@ func (s *State) setACLToken(b *command.SetACLToken) command.Result {
 		Rules: slices.Clone(b.Rules), ClientIDs: slices.Clone(b.ClientIDs), CreatedAt: s.ts, CertCNs: slices.Clone(b.CertCNs)}
 	if b.TTLms > 0 {
 		t.ExpiresAt = s.ts + b.TTLms
+		if t.ExpiresAt < s.ts { // overflowed: as good as never
+			t.ExpiresAt = math.MaxInt64
+		}
 	}
 	if exists {
 		t.CreatedAt = old.CreatedAt
@@ -224,7 +232,10 @@ func (s *State) writeACL(w *wire.Writer) {
 	}
 }
 
-func (s *State) readACL(r *wire.Reader) error {
+// readACL reads the ACL section. firstLayout is the layout of the first
+// version 4 snapshots, before token expiry and certificate names were
+// added (without a new snapshot version, so version 4 has both).
+func (s *State) readACL(r *wire.Reader, firstLayout bool) error {
 	n := r.Count(16 + 32 + 4)
 	if n > MaxACLTokens {
 		return fmt.Errorf("%d acl tokens exceed the limit %d", n, MaxACLTokens)
@@ -236,7 +247,10 @@ func (s *State) readACL(r *wire.Reader) error {
 		r.Fixed(b.SecretHash[:])
 		b.Description = r.String()
 		created := r.Varint()
-		expires := r.Varint()
+		var expires int64
+		if !firstLayout {
+			expires = r.Varint()
+		}
 		if k := r.Count(2); k > 0 {
 			b.Rules = make([]command.ACLRule, k)
 			for i := range b.Rules {
@@ -249,10 +263,12 @@ func (s *State) readACL(r *wire.Reader) error {
 				b.ClientIDs[i] = r.String()
 			}
 		}
-		if k := r.Count(1); k > 0 {
-			b.CertCNs = make([]string, k)
-			for i := range b.CertCNs {
-				b.CertCNs[i] = r.String()
+		if !firstLayout {
+			if k := r.Count(1); k > 0 {
+				b.CertCNs = make([]string, k)
+				for i := range b.CertCNs {
+					b.CertCNs[i] = r.String()
+				}
 			}
 		}
 		if r.Err() != nil {

@@ -68,7 +68,9 @@ func (h *harness) req(client, reqID string, b command.Body) command.Result {
 	h.t.Helper()
 	h.idx++
 	h.ts += h.step
-	return h.applyEnv(&command.Envelope{TS: h.ts, ClientID: client, RequestID: reqID, Body: b})
+	// One leader with a true clock: the lease clock moves with the wall
+	// clock. Tests of skew build their envelopes themselves.
+	return h.applyEnv(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: client, RequestID: reqID, Body: b})
 }
 
 func (h *harness) do(client string, b command.Body) command.Result {
@@ -228,6 +230,7 @@ func dump(s *State) string {
 		b = append(b, ' ')
 		inum(k.CreatedAt)
 		flag(k.Current)
+		num(k.MaxToken)
 	}
 	for _, m := range mids {
 		mm := s.members[m]
@@ -243,7 +246,7 @@ func dump(s *State) string {
 		id(lid)
 		id(l.ID)
 		str(l.ClientID)
-		inum(l.TTLms)
+		inum(int64(l.TTLms))
 		flag(l.Session)
 		flag(l.Active)
 		num(l.Gen)
@@ -317,6 +320,20 @@ func checkInvariants(t testing.TB, s *State) {
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("invariant broken at index %d: %s\nstate:\n%s", s.index, fmt.Sprintf(format, args...), dump(s))
+	}
+	// A retired token key is bounded by the token counter at its
+	// retirement: at most today's, and no lower than an older key's.
+	var bound uint64
+	for i, k := range s.tokenKeys {
+		switch {
+		case k.Current && (i != len(s.tokenKeys)-1 || k.MaxToken != 0):
+			fail("token key %d is current but not the newest, or bounded (%d)", i, k.MaxToken)
+		case !k.Current && (k.MaxToken > s.lastToken || k.MaxToken < bound):
+			fail("retired token key %d has bound %d (last token %d, older key's bound %d)", i, k.MaxToken, s.lastToken, bound)
+		}
+		if !k.Current {
+			bound = k.MaxToken
+		}
 	}
 	tokens := map[uint64]string{}
 	prev := ""

@@ -166,19 +166,22 @@ type WaitTimer struct {
 }
 
 // Timers lists every active lease and queued wait with its time left as of the
-// newest applied command. A new leader counts that time again from the moment
-// it takes over, so no lease ends before its holder had its full TTL.
+// newest applied command, on the lease clock (command.Envelope.Clock), never
+// on wall-clock timestamps: those may come from two leaders whose clocks
+// disagree, and a successor would then expire a lease early by the skew. A
+// new leader counts that time again from the moment it takes over, so no lease
+// ends before its holder had its full TTL.
 func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
 	leases := make([]LeaseTimer, 0, len(s.leases))
 	for _, l := range s.leases {
 		if l.Active {
-			leases = append(leases, LeaseTimer{LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedAt + l.TTLms - s.ts})
+			leases = append(leases, LeaseTimer{LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedClock + int64(l.TTLms) - s.clock})
 		}
 	}
 	var waits []WaitTimer
 	s.locks.Ascend(func(lk *Lock) bool {
 		for _, w := range lk.Queue() {
-			waits = append(waits, WaitTimer{Wait: command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq}, RemainingMs: w.Deadline - s.ts})
+			waits = append(waits, WaitTimer{Wait: command.WaitRef{LeaseID: w.LeaseID, Name: lk.Name, Seq: w.Seq}, RemainingMs: w.ClockDeadline - s.clock})
 		}
 		return true
 	})
@@ -201,7 +204,7 @@ func (s *State) Members() []Member {
 func (s *State) Digest() uint64 {
 	h := fnv.New64a()
 	var b [8]byte
-	for _, v := range []uint64{s.index, uint64(s.ts), s.revision, s.lastToken,
+	for _, v := range []uint64{s.index, uint64(s.ts), uint64(s.clock), s.revision, s.lastToken,
 		uint64(s.locks.Len()), uint64(len(s.leases)), uint64(len(s.members)), uint64(s.dedupCount)} {
 		binary.LittleEndian.PutUint64(b[:], v)
 		h.Write(b[:])

@@ -96,11 +96,12 @@ func TestAcquireHeldLockWithoutWaitChangesNothing(t *testing.T) {
 	if _, ok := h.s.Lease(lid(2)); ok {
 		t.Fatal("refused acquire left a lease behind")
 	}
-	// Snapshot bytes differ only in the index and timestamp header.
+	// Snapshot bytes differ only in the index, timestamp and lease clock
+	// header.
 	snapAfter := h.s.Snapshot()
-	h.s.index, h.s.ts = 1, grantTS
+	h.s.index, h.s.ts, h.s.clock = 1, grantTS, grantTS-startTS
 	if got := h.s.Snapshot(); string(got) != string(snapBefore) {
-		t.Fatalf("snapshot changed beyond index/ts")
+		t.Fatalf("snapshot changed beyond index/ts/clock")
 	}
 	_ = snapAfter
 }

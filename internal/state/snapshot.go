@@ -15,8 +15,10 @@ var snapshotMagic = []byte("DLSNAP")
 
 // snapshotVersion 2 added lock and waiter values (elections), version 3 the
 // token-signing keys, version 4 the ACL tokens, version 5 waiters' request
-// ids and no more lease creation times; older snapshots are still read.
-const snapshotVersion = 5
+// ids and no more lease creation times, version 6 each retired token key's
+// bound (TokenKey.MaxToken) and the lease clock (State.clock, each lease's
+// RenewedClock, each wait's ClockDeadline); older snapshots are still read.
+const snapshotVersion = 6
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -30,6 +32,7 @@ func (s *State) Snapshot() []byte {
 	w.Varint(s.ts)
 	w.Uvarint(s.revision)
 	w.Uvarint(s.lastToken)
+	w.Varint(s.clock)
 
 	members := s.Members()
 	w.Uvarint(uint64(len(members)))
@@ -49,11 +52,12 @@ func (s *State) Snapshot() []byte {
 		l := s.leases[id]
 		w.Fixed(l.ID[:])
 		w.String(l.ClientID)
-		w.Varint(l.TTLms)
+		w.Varint(int64(l.TTLms))
 		w.Bool(l.Session)
 		w.Bool(l.Active)
 		w.Uvarint(l.Gen)
 		w.Varint(l.RenewedAt)
+		w.Varint(l.RenewedClock)
 	}
 
 	w.Uvarint(uint64(s.locks.Len()))
@@ -71,6 +75,7 @@ func (s *State) Snapshot() []byte {
 			w.Uvarint(q.Seq)
 			w.Varint(q.EnqueuedAt)
 			w.Varint(q.Deadline)
+			w.Varint(q.ClockDeadline)
 			w.String(q.Value)
 			w.String(q.RequestID)
 		}
@@ -115,13 +120,17 @@ func Restore(b []byte) (*State, error) {
 	s.ts = r.Varint()
 	s.revision = r.Uvarint()
 	s.lastToken = r.Uvarint()
+	if v >= 6 {
+		s.clock = r.Varint()
+	}
 
 	for n := r.Count(3); n > 0 && r.Err() == nil; n-- {
 		m := Member{ID: r.String(), RaftAddr: r.String(), APIAddr: r.String()}
 		s.members[m.ID] = m
 	}
 	var prevID command.LeaseID
-	for n := r.Count(24); n > 0 && r.Err() == nil; n-- {
+	// 22 bytes is the smallest lease: an empty client id and small numbers.
+	for n := r.Count(22); n > 0 && r.Err() == nil; n-- {
 		l := &Lease{}
 		r.Fixed(l.ID[:])
 		if l.ID.IsZero() || (len(s.leases) > 0 && bytes.Compare(prevID[:], l.ID[:]) >= 0) {
@@ -129,13 +138,26 @@ func Restore(b []byte) (*State, error) {
 		}
 		prevID = l.ID
 		l.ClientID = r.String()
-		l.TTLms = r.Varint()
+		ttl := r.Varint()
+		if r.Err() == nil && !validTTL(ttl) {
+			return nil, fmt.Errorf("restore snapshot: a lease has ttl %d ms, outside %d..%d", ttl, command.MinTTLms, command.MaxTTLms)
+		}
+		l.TTLms = int32(ttl)
 		l.Session = r.Bool()
 		l.Active = r.Bool()
 		l.Gen = r.Uvarint()
 		l.RenewedAt = r.Varint()
 		if v < 5 {
 			r.Varint() // the lease's creation time, which nothing read: dropped in v5
+		}
+		if v >= 6 {
+			// Before version 6 no lease clock was kept: a lease then counts
+			// its whole TTL again from here (RenewedClock 0 = the clock, 0),
+			// which may lengthen it, never shorten it.
+			l.RenewedClock = r.Varint()
+			if l.RenewedClock < 0 || l.RenewedClock > s.clock {
+				return nil, errors.New("restore snapshot: a lease was renewed at a lease-clock time after the snapshot's")
+			}
 		}
 		s.leases[l.ID] = l
 	}
@@ -161,6 +183,13 @@ func Restore(b []byte) (*State, error) {
 			wt.Seq = r.Uvarint()
 			wt.EnqueuedAt = r.Varint()
 			wt.Deadline = r.Varint()
+			if v >= 6 {
+				wt.ClockDeadline = r.Varint()
+			} else {
+				// Before version 6: the time the wait had left as of the
+				// snapshot, counted from lease-clock time 0.
+				wt.ClockDeadline = max(0, wt.Deadline-s.ts)
+			}
 			if v >= 2 {
 				wt.Value = r.String()
 			}
@@ -211,12 +240,22 @@ func Restore(b []byte) (*State, error) {
 		s.remember(key, command.DecodeResult(r))
 	}
 	if v >= 3 && r.Err() == nil {
-		if err := s.readTokenKeys(r); err != nil {
+		if err := s.readTokenKeys(r, v); err != nil {
 			return nil, fmt.Errorf("restore snapshot: %w", err)
 		}
 	}
 	if v >= 4 && r.Err() == nil {
-		if err := s.readACL(r); err != nil {
+		saved := *r
+		err := s.readACL(r, false)
+		if v == 4 && (err != nil || r.Err() != nil || r.Len() != 0) {
+			// The ACL section ends the snapshot, so a version 4 snapshot
+			// that does not end right after the current layout has the
+			// first one.
+			*r = saved
+			s.aclTokens, s.aclBySecret, s.aclByCN = map[[16]byte]*ACLToken{}, map[[32]byte][16]byte{}, map[string][16]byte{}
+			err = s.readACL(r, true)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("restore snapshot: %w", err)
 		}
 	}

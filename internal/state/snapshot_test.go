@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ type rawSnap struct {
 	ts        int64
 	revision  uint64
 	lastToken uint64
+	clock     int64
 	members   []Member
 	leases    []rawLease
 	locks     []rawLock
@@ -35,6 +37,7 @@ type rawLease struct {
 	session, active  bool
 	gen              uint64
 	renewed, created int64
+	renewedClock     int64
 }
 
 type rawWaiter struct {
@@ -44,6 +47,7 @@ type rawWaiter struct {
 	enq, deadline int64
 	value         string
 	requestID     string
+	clockDeadline int64
 }
 
 type rawLock struct {
@@ -69,6 +73,9 @@ func (r *rawSnap) encode() []byte {
 	w.Varint(r.ts)
 	w.Uvarint(r.revision)
 	w.Uvarint(r.lastToken)
+	if r.version >= 6 {
+		w.Varint(r.clock)
+	}
 	w.Uvarint(uint64(len(r.members)))
 	for _, m := range r.members {
 		w.String(m.ID)
@@ -86,6 +93,9 @@ func (r *rawSnap) encode() []byte {
 		w.Varint(l.renewed)
 		if r.version < 5 {
 			w.Varint(l.created)
+		}
+		if r.version >= 6 {
+			w.Varint(l.renewedClock)
 		}
 	}
 	w.Uvarint(uint64(len(r.locks)))
@@ -105,6 +115,9 @@ func (r *rawSnap) encode() []byte {
 			w.Uvarint(q.seq)
 			w.Varint(q.enq)
 			w.Varint(q.deadline)
+			if r.version >= 6 {
+				w.Varint(q.clockDeadline)
+			}
 			if r.version >= 2 {
 				w.String(q.value)
 			}
@@ -127,6 +140,9 @@ func (r *rawSnap) encode() []byte {
 			w.Fixed(k.Seed[:])
 			w.Varint(k.CreatedAt)
 			w.Bool(k.Current)
+			if r.version >= 6 {
+				w.Uvarint(k.MaxToken)
+			}
 		}
 	}
 	if r.version >= 4 {
@@ -157,15 +173,15 @@ func (r *rawSnap) encode() []byte {
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 5, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 6, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
-		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, l.TTLms, l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1})
+		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
 		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value()}
 		for _, q := range lk.Queue() {
-			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID})
+			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID, q.ClockDeadline})
 		}
 		r.locks = append(r.locks, rl)
 		return true
@@ -251,11 +267,19 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	r.keys, r.acl = nil, nil
 	want := toRaw(s)
 	want.keys, want.acl = nil, nil
+	// Without a lease clock in the snapshot, the clock restarts at 0 and
+	// every lease has its whole TTL left; each wait keeps the time it had
+	// left by the snapshot's timestamp.
+	want.clock = 0
+	for i := range want.leases {
+		want.leases[i].renewedClock = 0
+	}
 	for i := range want.locks {
 		want.locks[i].value = ""
 		for j := range want.locks[i].queue {
-			want.locks[i].queue[j].value = ""
-			want.locks[i].queue[j].requestID = ""
+			q := &want.locks[i].queue[j]
+			q.value, q.requestID = "", ""
+			q.clockDeadline = max(0, q.deadline-s.ts)
 		}
 	}
 	got, err := Restore(r.encode())
@@ -283,9 +307,19 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 6":       raw(func(r *rawSnap) { r.version = 6 }),
-		"v5 body as v4": func() []byte {
+		"version 7":       raw(func(r *rawSnap) { r.version = 7 }),
+		"v6 body as v5": func() []byte {
 			b := raw(func(r *rawSnap) {})
+			b[6] = 5
+			return b
+		}(),
+		"v5 body as v6": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 5 })
+			b[6] = 6
+			return b
+		}(),
+		"v5 body as v4": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 5 })
 			b[6] = 4
 			return b
 		}(),
@@ -312,6 +346,14 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"two current token keys": raw(func(r *rawSnap) { r.keys[0].Current = true; r.keys[0].Seed = [32]byte{1} }),
 		"retired key with seed":  raw(func(r *rawSnap) { r.keys[0].Seed = [32]byte{1} }),
 		"current key wrong seed": raw(func(r *rawSnap) { r.keys[1].Seed = [32]byte{9} }),
+		"current key bounded":    raw(func(r *rawSnap) { r.keys[1].MaxToken = 1 }),
+		"retired key bound above the last token": raw(func(r *rawSnap) {
+			r.keys[0].MaxToken = r.lastToken + 1
+		}),
+		"retired key bounds out of order": raw(func(r *rawSnap) {
+			r.keys[0].MaxToken = 1
+			r.keys = append([]TokenKey{retiredKey(40, 2)}, r.keys...)
+		}),
 		"too many token keys": raw(func(r *rawSnap) {
 			for len(r.keys) <= MaxTokenKeys {
 				r.keys = append([]TokenKey{r.keys[0]}, r.keys...)
@@ -337,7 +379,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		}),
 		"holder unknown": raw(func(r *rawSnap) { lockAt(r, "jobs/a").holder = lid(999) }),
 		"waiter seq 0":   raw(func(r *rawSnap) { lockAt(r, "jobs/a").queue[0].seq = 0 }),
-		"bad bool":       badBool(raw(func(r *rawSnap) { r.leases[0].client = "MARK" }), sampleState(t).leases[lid(1)].TTLms),
+		"bad bool":       badBool(raw(func(r *rawSnap) { r.leases[0].client = "MARK" }), int64(sampleState(t).leases[lid(1)].TTLms)),
 		"huge lease count": func() []byte {
 			w := &wire.Writer{}
 			w.Fixed([]byte("DLSNAP"))
@@ -607,5 +649,141 @@ func TestSnapshotOfLargeState(t *testing.T) {
 	}
 	if fullDump(r) != fullDump(s) || !bytes.Equal(r.Snapshot(), b) {
 		t.Fatal("large state does not round trip")
+	}
+}
+
+// A lease can encode in as few as 22 bytes (empty client id, small numbers);
+// Restore's sanity bound on the lease count must not refuse such a snapshot
+// of a state Apply accepted.
+func TestRestoreManyCompactLeases(t *testing.T) {
+	s := New()
+	for i := 1; i <= 20; i++ {
+		r := s.Apply(uint64(i), &command.Envelope{TS: 0, ClientID: "", Body: &command.CreateSession{LeaseID: lid(i), TTLms: 1000}})
+		mustStatus(t, r, command.StatusOK)
+	}
+	s.TakeEvents()
+	checkInvariants(t, s)
+	b := s.Snapshot()
+	if _, err := Restore(b); err != nil {
+		t.Fatalf("snapshot of a state Apply produced does not restore: %v", err)
+	}
+}
+
+// A queued campaigner that campaigns again with a new value keeps its place
+// and takes office with the new value (a holder's re-campaign proclaims it;
+// etcd's Campaign updates a waiting candidate's value too).
+func TestRecampaignWhileQueuedTakesTheNewValue(t *testing.T) {
+	h := newHarness(t)
+	key := command.ElectionKey("e")
+	mustStatus(t, h.session("leader", lid(1), ttl), command.StatusOK)
+	r1 := h.do("leader", &command.Acquire{Name: key, LeaseID: lid(1), Session: true, Value: "L"})
+	mustStatus(t, r1, command.StatusOK)
+	mustStatus(t, h.session("cand", lid(2), ttl), command.StatusOK)
+	mustStatus(t, h.do("cand", &command.Acquire{Name: key, LeaseID: lid(2), Session: true, WaitMs: 60_000, Value: "old"}), command.StatusQueued)
+	mustStatus(t, h.do("cand", &command.Acquire{Name: key, LeaseID: lid(2), Session: true, WaitMs: 60_000, Value: "new"}), command.StatusQueued)
+	mustStatus(t, h.release("leader", key, lid(1), r1.Token), command.StatusOK)
+	if el := h.s.GetElection("e"); el.CandidateID != "cand" || el.Value != "new" {
+		t.Fatalf("after hand-off: %+v; want candidate cand with its latest value %q", el, "new")
+	}
+}
+
+// Version 4 snapshots have two ACL layouts: token expiry and certificate
+// names were added (6439a97) without a new version. These are the exact bytes
+// State.Snapshot of the first layout's build (350f8fa) wrote after one
+// bootstrap SetACLToken; a node with such a snapshot on disk must start.
+func TestRestoreFirstLayoutV4Snapshot(t *testing.T) {
+	const v4 = "444c534e4150040180a0abfef962010000000000000101000000000000000000000000000000020000000000000000000000000000000000000000000000000000000000000009626f6f74737472617080a0abfef96201001f00"
+	b, err := hex.DecodeString(v4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Restore(b)
+	if err != nil {
+		t.Fatalf("version 4 snapshot of the first ACL layout refused: %v", err)
+	}
+	if toks := s.ACLTokens(); len(toks) != 1 || toks[0].Description != "bootstrap" {
+		t.Fatalf("restored ACL tokens %+v", toks)
+	}
+}
+
+// A token TTL so large that its expiry time would overflow lives for ever
+// instead of being expired at birth (the service refuses such TTLs; Apply
+// saturates, so entries it accepted before replay the same).
+func TestACLTokenHugeTTLSaturates(t *testing.T) {
+	h := newHarness(t)
+	var acc [16]byte
+	var hash [32]byte
+	acc[0], hash[0] = 1, 2
+	mustStatus(t, h.do("admin", &command.SetACLToken{AccessorID: acc, SecretHash: hash,
+		Rules: []command.ACLRule{{Perms: command.PermAll}}, TTLms: 1<<63 - 1}), command.StatusOK)
+	tok, _ := h.s.ACLTokenBySecret(hash)
+	if tok.Expired(h.ts) {
+		t.Fatalf("token with ttl MaxInt64 ms is already expired (ExpiresAt %d)", tok.ExpiresAt)
+	}
+}
+
+// The time a lease has left is counted on the lease clock, never on wall-clock
+// timestamps: here the lease is renewed under one leader, and a second leader
+// whose wall clock is 8 s ahead writes one entry a moment later. A third
+// leader must still see (nearly) the whole TTL left, not TTL - 8 s.
+func TestTimersIgnoreWallClockSkewBetweenLeaders(t *testing.T) {
+	s := New()
+	const ttl = 10_000
+	apply := func(i uint64, ts, clock int64, b command.Body) command.Result {
+		r := s.Apply(i, &command.Envelope{TS: ts, Clock: clock, ClientID: "c", Body: b})
+		s.TakeEvents()
+		return r
+	}
+	// Leader A, clock true: the session at lease-clock time 5,000.
+	mustStatus(t, apply(1, startTS, 5_000, &command.CreateSession{LeaseID: lid(1), TTLms: ttl}), command.StatusOK)
+	// Leader B took over 40 ms later on its own monotonic clock (counting on
+	// from 5,000), but its wall clock is 8 s ahead.
+	mustStatus(t, apply(2, startTS+8_040, 5_040, &command.Tick{}), command.StatusOK)
+	leases, _ := s.Timers()
+	if len(leases) != 1 || leases[0].RemainingMs != ttl-40 {
+		t.Fatalf("timers %+v: want %d ms left (only 40 ms passed on the leaders' clocks)", leases, ttl-40)
+	}
+	// A log whose lease clock goes backwards (a stale entry) does not move
+	// it back.
+	mustStatus(t, apply(3, startTS+8_050, 10, &command.Tick{}), command.StatusOK)
+	if s.LeaseClock() != 5_040 {
+		t.Fatalf("lease clock %d after a stale entry, want 5040", s.LeaseClock())
+	}
+	// Snapshots keep it.
+	r, err := Restore(s.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2, _ := r.Timers(); r.LeaseClock() != 5_040 || len(l2) != 1 || l2[0].RemainingMs != ttl-40 {
+		t.Fatalf("restored: clock %d timers %+v", r.LeaseClock(), l2)
+	}
+}
+
+// A wait's time left is on the lease clock too.
+func TestWaitTimersUseTheLeaseClock(t *testing.T) {
+	s := New()
+	apply := func(i uint64, ts, clock int64, client string, b command.Body) command.Result {
+		r := s.Apply(i, &command.Envelope{TS: ts, Clock: clock, ClientID: client, Body: b})
+		s.TakeEvents()
+		return r
+	}
+	mustStatus(t, apply(1, startTS, 100, "a", &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 30_000}), command.StatusOK)
+	mustStatus(t, apply(2, startTS, 100, "b", &command.Acquire{Name: "x", LeaseID: lid(2), TTLms: 30_000, WaitMs: 7_000}), command.StatusQueued)
+	mustStatus(t, apply(3, startTS+60_000, 300, "c", &command.Tick{}), command.StatusOK)
+	if _, waits := s.Timers(); len(waits) != 1 || waits[0].RemainingMs != 6_800 {
+		t.Fatalf("wait timers %+v: want 6800 ms left", waits)
+	}
+}
+
+// A Tick moves the lease clock and nothing else a reader sees.
+func TestTickChangesOnlyTheClock(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.session("c", lid(1), ttl), command.StatusOK)
+	rev := h.s.Revision()
+	before := h.s.LeaseClock()
+	r := h.do("dlock", &command.Tick{})
+	mustStatus(t, r, command.StatusOK)
+	if h.s.Revision() != rev || len(h.ev) != 0 || h.s.LeaseClock() <= before {
+		t.Fatalf("tick: revision %d -> %d, events %+v, clock %d -> %d", rev, h.s.Revision(), h.ev, before, h.s.LeaseClock())
 	}
 }

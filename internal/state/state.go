@@ -19,7 +19,9 @@ import (
 type Lease struct {
 	ID       command.LeaseID
 	ClientID string
-	TTLms    int64
+	// TTLms is at most command.MaxTTLms; an int32 keeps Lease in the
+	// 96-byte size class (TestHeldLockStructsStaySmall).
+	TTLms int32
 	// Session is true for explicit sessions; false for the implicit one-lock
 	// lease an acquire with ttl_ms creates.
 	Session bool
@@ -29,8 +31,13 @@ type Lease struct {
 	// Gen increases on every renewal, so an Expire proposed before a renewal
 	// cannot end the renewed lease.
 	Gen uint64
-	// RenewedAt is the leader timestamp of the last grant or renewal.
+	// RenewedAt is the leader timestamp of the last grant or renewal, for
+	// display.
 	RenewedAt int64
+	// RenewedClock is the lease clock (command.Envelope.Clock) at the last
+	// grant or renewal: the time left is TTLms minus the lease-clock time
+	// since, which never mixes two leaders' wall clocks.
+	RenewedClock int64
 	// names are the locks the lease holds (number 0) and waits for (the
 	// wait's sequence, never 0): a lease never holds and waits for one lock,
 	// so one set serves both (Locks, Waits).
@@ -48,7 +55,7 @@ func (l *Lease) ExpiresAt() int64 {
 	if !l.Active {
 		return 0
 	}
-	return l.RenewedAt + l.TTLms
+	return l.RenewedAt + int64(l.TTLms)
 }
 
 // Waiter is one queued acquire.
@@ -58,8 +65,11 @@ type Waiter struct {
 	// Seq is the log index of the acquire that queued; it names this wait.
 	Seq        uint64
 	EnqueuedAt int64
-	// Deadline is the leader timestamp at which the wait times out.
-	Deadline int64
+	// Deadline is the leader timestamp at which the wait times out, for
+	// display; ClockDeadline is the same moment on the lease clock, which
+	// decides.
+	Deadline      int64
+	ClockDeadline int64
 	// Value is an election campaigner's value, set as the lock's on grant.
 	Value string
 	// RequestID is the acquire's request id. When the wait is granted, the
@@ -140,8 +150,10 @@ type dedupEntry struct {
 
 // State is the whole replicated state. The zero value is not usable; call New.
 type State struct {
-	index     uint64
-	ts        int64
+	index uint64
+	ts    int64
+	// clock is the lease clock: the largest command.Envelope.Clock applied.
+	clock     int64
 	revision  uint64
 	lastToken uint64
 	locks     *btree.BTreeG[*Lock]
@@ -184,6 +196,10 @@ func (s *State) Index() uint64 { return s.index }
 // LastTS is the leader timestamp of the last applied command.
 func (s *State) LastTS() int64 { return s.ts }
 
+// LeaseClock is the lease clock as of the newest applied command: a new
+// leader counts on from it (command.Envelope.Clock).
+func (s *State) LeaseClock() int64 { return s.clock }
+
 // Revision is the number of state changes so far.
 func (s *State) Revision() uint64 { return s.revision }
 
@@ -206,6 +222,9 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 	// invariant here too so remaining-time arithmetic can rely on it.
 	if e.TS > s.ts {
 		s.ts = e.TS
+	}
+	if e.Clock > s.clock {
+		s.clock = e.Clock
 	}
 	var key dedupKey
 	if e.RequestID != "" {
@@ -244,7 +263,7 @@ func (s *State) rememberGrant(w Waiter, lk *Lock, lease *Lease) {
 		return
 	}
 	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
-		ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: w.Seq, Revision: e.result.Revision}
+		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: w.Seq, Revision: e.result.Revision}
 }
 
 // remember stores a result in the bounded FIFO dedup table.
@@ -305,6 +324,9 @@ func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
 		return s.setACLToken(b)
 	case *command.DeleteACLToken:
 		return s.deleteACLToken(b)
+	case *command.Tick:
+		// Only the lease clock moves (above); nothing a reader sees changes.
+		return command.Result{Status: command.StatusOK}
 	}
 	return invalid("unknown command")
 }
@@ -334,12 +356,12 @@ func (s *State) createSession(e *command.Envelope, b *command.CreateSession) com
 	if b.LeaseID.IsZero() || s.leases[b.LeaseID] != nil {
 		return invalid("lease id missing or already in use")
 	}
-	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Session: true, Active: true,
-		RenewedAt: s.ts}
+	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: int32(b.TTLms), Session: true, Active: true,
+		RenewedAt: s.ts, RenewedClock: s.clock}
 	s.leases[l.ID] = l
 	s.touch(l)
 	s.emit(Event{Type: EventSessionCreated, ClientID: l.ClientID})
-	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: l.TTLms, ExpiresAt: l.ExpiresAt()}
+	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: int64(l.TTLms), ExpiresAt: l.ExpiresAt()}
 }
 
 func (s *State) keepAlive(e *command.Envelope, b *command.KeepAlive) command.Result {
@@ -347,9 +369,9 @@ func (s *State) keepAlive(e *command.Envelope, b *command.KeepAlive) command.Res
 	if l == nil || !l.Session || (e.ClientID != "" && e.ClientID != l.ClientID) {
 		return command.Result{Status: command.StatusSessionNotFound}
 	}
-	l.RenewedAt = s.ts
+	l.RenewedAt, l.RenewedClock = s.ts, s.clock
 	s.touch(l)
-	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: l.TTLms, ExpiresAt: l.ExpiresAt()}
+	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: int64(l.TTLms), ExpiresAt: l.ExpiresAt()}
 }
 
 func (s *State) deleteSession(e *command.Envelope, b *command.DeleteSession) command.Result {
@@ -395,7 +417,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 
 	// The same lease already holds it: idempotent, same token, lease refreshed.
 	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
-		lease.RenewedAt = s.ts
+		lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
 		s.touch(lease)
 		if election && lk.Value() != b.Value {
 			// Campaigning again with a new value proclaims it, as in etcd.
@@ -403,18 +425,29 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 			s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
 		}
 		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
-			ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: lk.GrantSeq}
+			ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
 	}
-	// The same lease already waits for it: idempotent, same place.
+	// The same lease already waits for it: idempotent, same place. A
+	// campaigner that campaigns again with a new value keeps its place and
+	// takes office with the new value, as a holder's re-campaign proclaims it.
 	if lease != nil {
 		if seq, ok := lease.Waits().Get(name); ok {
-			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: seq}
+			if election && lk != nil {
+				q := lk.Queue()
+				for i := range q {
+					if q[i].LeaseID == lease.ID && q[i].Value != b.Value {
+						q[i].Value = b.Value
+						s.changed = true
+					}
+				}
+			}
+			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 		}
 	}
 
 	newLease := func(active bool) *Lease {
-		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: b.TTLms, Active: active,
-			RenewedAt: s.ts}
+		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: int32(b.TTLms), Active: active,
+			RenewedAt: s.ts, RenewedClock: s.clock}
 		s.leases[l.ID] = l
 		return l
 	}
@@ -446,16 +479,16 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 			lease = newLease(false)
 		}
 		s.enqueue(lk, lease, index, b.WaitMs, b.Value, e.RequestID)
-		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: lease.TTLms, Seq: index}
+		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: index}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
-		ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms, Seq: lk.GrantSeq}
+		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
 }
 
 // enqueue appends a wait, or, if the same client already waits with another
 // lease (it restarted), moves that place in line to the new lease.
 func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
-	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, Value: value, RequestID: requestID}
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, ClockDeadline: s.clock + waitMs, Value: value, RequestID: requestID}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
@@ -491,7 +524,7 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 		// An implicit lease's TTL counts from its grant. A session's does not
 		// change: a grant is not a keepalive.
 		lease.Active = true
-		lease.RenewedAt = s.ts
+		lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
 		s.touch(lease)
 	}
 	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
@@ -564,7 +597,7 @@ func (s *State) proclaim(e *command.Envelope, b *command.Proclaim) command.Resul
 		s.changed = true
 		s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
 	}
-	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token, ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms}
+	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token, ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms)}
 }
 
 func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
@@ -576,11 +609,11 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 		return command.Result{Status: command.StatusNotHolder}
 	}
 	if b.TTLms != 0 {
-		lease.TTLms = b.TTLms
+		lease.TTLms = int32(b.TTLms)
 	}
-	lease.RenewedAt = s.ts
+	lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
 	s.touch(lease)
-	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, ExpiresAt: lease.ExpiresAt(), TTLms: lease.TTLms}
+	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms)}
 }
 
 // holderCheck proves the caller holds the lock: right name, current token, the
@@ -701,7 +734,7 @@ func (s *State) touch(l *Lease) {
 	l.Gen++
 	s.changed = true
 	if l.Active {
-		s.emit(Event{Type: EventLeaseTimer, LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedAt + l.TTLms - s.ts})
+		s.emit(Event{Type: EventLeaseTimer, LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedClock + int64(l.TTLms) - s.clock})
 	}
 }
 

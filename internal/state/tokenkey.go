@@ -23,6 +23,13 @@ type TokenKey struct {
 	Seed      [32]byte // zero once retired
 	CreatedAt int64    // leader ms timestamp of the entry that installed it
 	Current   bool
+	// MaxToken, on a retired key only (0 on the current one), is the
+	// cluster's fencing-token counter when the key was retired. The service
+	// signs a grant only after applying it, with the key current at that
+	// point, so every proof this key ever made is for a token at or below
+	// it (tokens are strictly increasing globally). A proof by it for a
+	// higher token was forged with its seed; fence refuses it.
+	MaxToken uint64
 }
 
 // tokenKeyID must equal fence.KeyIDOf: the first 8 bytes of SHA-256 of the
@@ -36,6 +43,9 @@ func tokenKeyID(pub ed25519.PublicKey) (id [8]byte) {
 func (s *State) setTokenKey(b *command.SetTokenKey) command.Result {
 	if b.Seed == ([32]byte{}) {
 		return invalid("token key seed is empty")
+	}
+	if b.RevokeRetired && !b.Rotate {
+		return invalid("revoking the retired token keys needs a rotation")
 	}
 	hasCurrent := len(s.tokenKeys) > 0 && s.tokenKeys[len(s.tokenKeys)-1].Current
 	if hasCurrent && !b.Rotate {
@@ -52,6 +62,13 @@ func (s *State) setTokenKey(b *command.SetTokenKey) command.Result {
 		old := &s.tokenKeys[len(s.tokenKeys)-1]
 		old.Current = false
 		old.Seed = [32]byte{}
+		// Replicated state only, so every replica records the same bound.
+		old.MaxToken = s.lastToken
+	}
+	if b.RevokeRetired {
+		// The retired keys may have leaked: stop trusting any of them, at
+		// the price of every proof they signed.
+		s.tokenKeys = nil
 	}
 	s.tokenKeys = append(s.tokenKeys, TokenKey{ID: id, Public: pub, Seed: b.Seed, CreatedAt: s.ts, Current: true})
 	if n := len(s.tokenKeys); n > MaxTokenKeys {
@@ -66,7 +83,7 @@ func (s *State) setTokenKey(b *command.SetTokenKey) command.Result {
 func (s *State) TokenKeys() []TokenKey {
 	out := make([]TokenKey, len(s.tokenKeys))
 	for i, k := range s.tokenKeys {
-		out[i] = TokenKey{ID: k.ID, Public: k.Public, CreatedAt: k.CreatedAt, Current: k.Current}
+		out[i] = TokenKey{ID: k.ID, Public: k.Public, CreatedAt: k.CreatedAt, Current: k.Current, MaxToken: k.MaxToken}
 	}
 	return out
 }
@@ -91,10 +108,13 @@ func (s *State) writeTokenKeys(w *wire.Writer) {
 		w.Fixed(k.Seed[:])
 		w.Varint(k.CreatedAt)
 		w.Bool(k.Current)
+		w.Uvarint(k.MaxToken) // snapshot version 6
 	}
 }
 
-func (s *State) readTokenKeys(r *wire.Reader) error {
+// readTokenKeys reads the key table of a snapshot of format version v (3 or
+// later). lastToken must already be restored.
+func (s *State) readTokenKeys(r *wire.Reader, v byte) error {
 	n := r.Count(8 + 32 + 32 + 2)
 	if n > MaxTokenKeys {
 		return fmt.Errorf("%d token keys exceed the limit %d", n, MaxTokenKeys)
@@ -107,11 +127,23 @@ func (s *State) readTokenKeys(r *wire.Reader) error {
 		r.Fixed(k.Seed[:])
 		k.CreatedAt = r.Varint()
 		k.Current = r.Bool()
+		if v >= 6 {
+			k.MaxToken = r.Uvarint()
+		} else if !k.Current {
+			// Before version 6 no bound was recorded. The snapshot's token
+			// counter is a valid one: the key was retired at or before
+			// this snapshot, when the counter was at most what it is now,
+			// so no genuine proof by it has a higher token. It is looser
+			// than the bound rotation records (tokens granted between the
+			// key's retirement and the snapshot pass too), never tighter.
+			k.MaxToken = s.lastToken
+		}
 		s.tokenKeys = append(s.tokenKeys, k)
 	}
 	if r.Err() != nil {
 		return nil // reported by the caller
 	}
+	var prevBound uint64
 	for i, k := range s.tokenKeys {
 		if k.ID != tokenKeyID(k.Public) {
 			return errors.New("a token key id does not match its public key")
@@ -124,6 +156,16 @@ func (s *State) readTokenKeys(r *wire.Reader) error {
 			return errors.New("the current token key's seed does not match its public key")
 		case !k.Current && k.Seed != [32]byte{}:
 			return errors.New("a retired token key still has its seed")
+		case k.Current && k.MaxToken != 0:
+			return errors.New("the current token key has a token bound")
+		case !k.Current && k.MaxToken > s.lastToken:
+			return fmt.Errorf("a retired token key's bound %d is above the last token granted (%d)", k.MaxToken, s.lastToken)
+		case !k.Current && k.MaxToken < prevBound:
+			// Keys retire in order while the counter only grows.
+			return errors.New("a retired token key's bound is below an older key's")
+		}
+		if !k.Current {
+			prevBound = k.MaxToken
 		}
 	}
 	return nil

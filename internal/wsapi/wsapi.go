@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -143,7 +144,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		writeHTTPError(w, apierror.New(apierror.Unavailable, "this node is shutting down; connect to another node"))
+		writeHTTPError(w, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "this node is shutting down; connect to another node"})
 		return
 	}
 	h.conns.Add(1)
@@ -151,9 +152,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.conns.Done()
 
 	liftDeadlines(w)
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns})
+	hw := &handshakeWriter{ResponseWriter: w}
+	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns})
 	if err != nil {
 		h.log.Debug("websocket upgrade refused", "err", err)
+		hw.answer()
 		return
 	}
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
@@ -300,8 +303,63 @@ func writeHTTPError(w http.ResponseWriter, e *apierror.Error) {
 	}{errorBody{Code: e.Code, Message: e.Message}})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(apierror.HTTPStatus(e.Code))
+	status := apierror.HTTPStatus(e.Code)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
+	}
+	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// handshakeWriter holds back the plain-text error the WebSocket library
+// writes when it refuses a handshake (bad headers, a foreign Origin), so the
+// client gets the API's JSON error shape instead. A successful upgrade passes
+// straight through; Unwrap lets the library reach the connection to hijack it.
+type handshakeWriter struct {
+	http.ResponseWriter
+	status int
+	msg    []byte
+}
+
+func (hw *handshakeWriter) Unwrap() http.ResponseWriter { return hw.ResponseWriter }
+
+func (hw *handshakeWriter) WriteHeader(code int) {
+	if code >= 400 {
+		hw.status = code
+		return
+	}
+	hw.ResponseWriter.WriteHeader(code)
+}
+
+func (hw *handshakeWriter) Write(b []byte) (int, error) {
+	if hw.status != 0 {
+		if len(hw.msg) < 1024 {
+			hw.msg = append(hw.msg, b...)
+		}
+		return len(b), nil
+	}
+	return hw.ResponseWriter.Write(b)
+}
+
+// answer writes the held-back refusal, if any, as a JSON error.
+func (hw *handshakeWriter) answer() {
+	if hw.status == 0 {
+		return
+	}
+	code := apierror.InvalidArgument
+	switch {
+	case hw.status == http.StatusForbidden:
+		code = apierror.PermissionDenied
+	case hw.status >= 500:
+		code = apierror.Internal
+	}
+	msg := strings.TrimSpace(string(hw.msg))
+	if msg == "" {
+		msg = http.StatusText(hw.status)
+	}
+	h := hw.ResponseWriter.Header()
+	h.Del("X-Content-Type-Options")
+	writeHTTPError(hw.ResponseWriter, apierror.New(code, "WebSocket handshake refused: %s", msg))
 }
 
 // publicError is what a client may see of err.

@@ -302,6 +302,9 @@ func TestCloseEndsConnectionsAndWaits(t *testing.T) {
 	if err == nil || res == nil || res.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("dial after Close: %v %v", res, err)
 	}
+	if res.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
 }
 
 func TestPlainHTTPGetsJSONErrors(t *testing.T) {
@@ -334,6 +337,52 @@ func TestPlainHTTPGetsJSONErrors(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusMethodNotAllowed || e.Error.Code != "method_not_allowed" || res.Header.Get("Allow") != "GET" {
 		t.Fatalf("POST: %d %+v", res.StatusCode, e)
+	}
+}
+
+// TestRefusedHandshakesGetJSONErrors: the upgrade requests the WebSocket
+// library itself refuses (it would answer in plain text) get the API's JSON
+// error shape too.
+func TestRefusedHandshakesGetJSONErrors(t *testing.T) {
+	_, url := start(t, newFake(), Options{})
+	httpURL := strings.Replace(url, "ws", "http", 1)
+	const key = "dGhlIHNhbXBsZSBub25jZQ=="
+	tests := []struct {
+		name     string
+		header   http.Header
+		status   int
+		code     string
+		mentions string
+	}{
+		{"foreign origin", http.Header{"Upgrade": {"websocket"}, "Connection": {"Upgrade"}, "Sec-Websocket-Version": {"13"},
+			"Sec-Websocket-Key": {key}, "Origin": {"https://evil.example"}}, http.StatusForbidden, "permission_denied", "evil.example"},
+		{"no key", http.Header{"Upgrade": {"websocket"}, "Connection": {"Upgrade"}, "Sec-Websocket-Version": {"13"}},
+			http.StatusBadRequest, "invalid_argument", "Sec-WebSocket-Key"},
+		{"no connection header", http.Header{"Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"}, "Sec-Websocket-Key": {key}},
+			http.StatusBadRequest, "invalid_argument", "Connection"},
+		{"old version", http.Header{"Upgrade": {"websocket"}, "Connection": {"Upgrade"}, "Sec-Websocket-Version": {"8"}, "Sec-Websocket-Key": {key}},
+			http.StatusBadRequest, "invalid_argument", "version"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodGet, httpURL, nil)
+			req.Header = tt.header
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			derr := json.NewDecoder(res.Body).Decode(&e)
+			res.Body.Close()
+			if res.StatusCode != tt.status || res.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("%d %s, want %d application/json", res.StatusCode, res.Header.Get("Content-Type"), tt.status)
+			}
+			if derr != nil || e.Error.Code != tt.code || !strings.Contains(e.Error.Message, tt.mentions) {
+				t.Fatalf("body %+v (%v): want code %s mentioning %q", e, derr, tt.code, tt.mentions)
+			}
+		})
 	}
 }
 

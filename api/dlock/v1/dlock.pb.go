@@ -2602,7 +2602,12 @@ type TokenKey struct {
 	// Standard base64 of the 32-byte public key.
 	PublicKey string `protobuf:"bytes,3,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
 	// Whether new grants are signed with it.
-	Current       bool `protobuf:"varint,4,opt,name=current,proto3" json:"current,omitempty"`
+	Current bool `protobuf:"varint,4,opt,name=current,proto3" json:"current,omitempty"`
+	// Set on a retired key only: the highest fencing token it can have
+	// signed (the cluster's token counter when it was retired). A proof by
+	// this key for a higher token is a forgery. Absent on the current key,
+	// and on retired keys served by a cluster older than this field.
+	MaxToken      *uint64 `protobuf:"varint,5,opt,name=max_token,json=maxToken,proto3,oneof" json:"max_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2663,6 +2668,13 @@ func (x *TokenKey) GetCurrent() bool {
 		return x.Current
 	}
 	return false
+}
+
+func (x *TokenKey) GetMaxToken() uint64 {
+	if x != nil && x.MaxToken != nil {
+		return *x.MaxToken
+	}
+	return 0
 }
 
 type GetTokenKeysRequest struct {
@@ -2746,7 +2758,12 @@ func (x *GetTokenKeysResponse) GetKeys() []*TokenKey {
 }
 
 type RotateTokenKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Drop every retired key at once, so only the new key verifies proofs:
+	// for a key that may have leaked. Proofs already handed out under the
+	// retired keys stop verifying, so their holders' writes are refused until
+	// they acquire again.
+	RevokeRetired bool `protobuf:"varint,1,opt,name=revoke_retired,json=revokeRetired,proto3" json:"revoke_retired,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2779,6 +2796,13 @@ func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RotateTokenKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateTokenKeyRequest) Descriptor() ([]byte, []int) {
 	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RotateTokenKeyRequest) GetRevokeRetired() bool {
+	if x != nil {
+		return x.RevokeRetired
+	}
+	return false
 }
 
 type RotateTokenKeyResponse struct {
@@ -3581,17 +3605,21 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x05value\x18\b \x01(\tR\x05value\x12*\n" +
 	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"6\n" +
 	"\rWatchResponse\x12%\n" +
-	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"q\n" +
+	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"\xa1\x01\n" +
 	"\bTokenKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\tR\talgorithm\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x03 \x01(\tR\tpublicKey\x12\x18\n" +
-	"\acurrent\x18\x04 \x01(\bR\acurrent\"\x15\n" +
+	"\acurrent\x18\x04 \x01(\bR\acurrent\x12 \n" +
+	"\tmax_token\x18\x05 \x01(\x04H\x00R\bmaxToken\x88\x01\x01B\f\n" +
+	"\n" +
+	"_max_token\"\x15\n" +
 	"\x13GetTokenKeysRequest\">\n" +
 	"\x14GetTokenKeysResponse\x12&\n" +
-	"\x04keys\x18\x01 \x03(\v2\x12.dlock.v1.TokenKeyR\x04keys\"\x17\n" +
-	"\x15RotateTokenKeyRequest\"@\n" +
+	"\x04keys\x18\x01 \x03(\v2\x12.dlock.v1.TokenKeyR\x04keys\">\n" +
+	"\x15RotateTokenKeyRequest\x12%\n" +
+	"\x0erevoke_retired\x18\x01 \x01(\bR\rrevokeRetired\"@\n" +
 	"\x16RotateTokenKeyResponse\x12&\n" +
 	"\x04keys\x18\x01 \x03(\v2\x12.dlock.v1.TokenKeyR\x04keys\"\x82\x01\n" +
 	"\x06Member\x12\x0e\n" +
@@ -3809,6 +3837,7 @@ func file_dlock_v1_dlock_proto_init() {
 	if File_dlock_v1_dlock_proto != nil {
 		return
 	}
+	file_dlock_v1_dlock_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1017,7 +1017,9 @@ type ClusterServiceClient interface {
 	// GetTokenKeys lists the public keys that verify token proofs, current
 	// first (the same document as GET /api/v1/cluster/token-key).
 	GetTokenKeys(ctx context.Context, in *GetTokenKeysRequest, opts ...grpc.CallOption) (*GetTokenKeysResponse, error)
-	// RotateTokenKey installs a new signing key; older proofs stay verifiable.
+	// RotateTokenKey installs a new signing key; older proofs stay verifiable
+	// up to each retired key's max_token, unless revoke_retired drops the
+	// retired keys altogether.
 	RotateTokenKey(ctx context.Context, in *RotateTokenKeyRequest, opts ...grpc.CallOption) (*RotateTokenKeyResponse, error)
 }
 
@@ -1109,7 +1111,9 @@ type ClusterServiceServer interface {
 	// GetTokenKeys lists the public keys that verify token proofs, current
 	// first (the same document as GET /api/v1/cluster/token-key).
 	GetTokenKeys(context.Context, *GetTokenKeysRequest) (*GetTokenKeysResponse, error)
-	// RotateTokenKey installs a new signing key; older proofs stay verifiable.
+	// RotateTokenKey installs a new signing key; older proofs stay verifiable
+	// up to each retired key's max_token, unless revoke_retired drops the
+	// retired keys altogether.
 	RotateTokenKey(context.Context, *RotateTokenKeyRequest) (*RotateTokenKeyResponse, error)
 }
 

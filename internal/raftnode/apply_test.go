@@ -1,0 +1,209 @@
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/state"
+)
+
+// pastDeadlineCtx is a context whose deadline has passed but whose Done is not
+// closed: the state of a stdlib context between its deadline and the moment
+// its timer fires (Err() is nil until then).
+type pastDeadlineCtx struct{ context.Context }
+
+func (pastDeadlineCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+func registerMemberEnvelope(requestID string) *command.Envelope {
+	return &command.Envelope{ClientID: "c", RequestID: requestID, Body: &command.RegisterMember{ID: "zz", RaftAddr: "x:1"}}
+}
+
+func hasMember(n *Node, id string) bool {
+	found := false
+	n.fsm.Read(func(s *state.State) {
+		for _, m := range s.Members() {
+			if m.ID == id {
+				found = true
+			}
+		}
+	})
+	return found
+}
+
+// At its deadline Apply proposes nothing and answers a retriable error, even
+// while ctx.Err() is still nil: never (nil, nil), which callers would read as
+// a success and dereference.
+func TestApplyPastDeadlineIsUnavailableNotNilNil(t *testing.T) {
+	n := openSingleNode(t)
+	done := make(chan struct{})
+	var resp *fsm.Response
+	var err error
+	go func() {
+		defer close(done)
+		resp, err = n.Apply(pastDeadlineCtx{context.Background()}, registerMemberEnvelope("r1"))
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Apply past its deadline did not return (it waits for a Done that never closes)")
+	}
+	if err == nil {
+		t.Fatalf("Apply past its deadline returned response %+v and no error", resp)
+	}
+	if c := apierror.CodeOf(err); c != apierror.Unavailable && c != apierror.NoLeader {
+		t.Fatalf("Apply past its deadline: %v (code %q); want unavailable or no_leader", err, c)
+	}
+	if ae := apierror.From(err); ae.RetryAfter <= 0 {
+		t.Fatalf("Apply past its deadline: %v has no Retry-After", err)
+	}
+	if hasMember(n, "zz") {
+		t.Fatal("Apply past its deadline committed the command")
+	}
+}
+
+// The same with real stdlib contexts, at the instant their deadline passes.
+func TestApplyAtStdlibDeadlineNeverReturnsNilNil(t *testing.T) {
+	n := openSingleNode(t)
+	bad := 0
+	for range 2000 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Microsecond)
+		d, _ := ctx.Deadline()
+		for time.Now().Before(d) {
+		}
+		resp, err := n.Apply(ctx, registerMemberEnvelope("r"))
+		cancel()
+		if err == nil && resp == nil {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of 2000 applies at their deadline returned (nil, nil)", bad)
+	}
+}
+
+// blockingObserver stalls the FSM apply of the node it belongs to while that
+// node is the blocked one: a stuck leader (GC pause, stalled disk, SIGSTOP)
+// as its followers see it.
+type blockingObserver struct {
+	id      string
+	mu      *sync.Mutex
+	blocked *string
+	release chan struct{}
+}
+
+func (o *blockingObserver) Applied(uint64, []state.Event) {
+	o.mu.Lock()
+	block := *o.blocked == o.id
+	o.mu.Unlock()
+	if block {
+		<-o.release
+	}
+}
+func (o *blockingObserver) Restored(*state.State) {}
+
+// stuckLeaderCluster is a three-node cluster whose leader's FSM stalls from
+// now on (until the test ends); it returns the nodes and one follower's id.
+func stuckLeaderCluster(t *testing.T, applyTimeout time.Duration) (map[string]*Node, string) {
+	t.Helper()
+	var mu sync.Mutex
+	blocked := ""
+	release := make(chan struct{})
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, applyTimeout, func(id string) []fsm.Observer {
+		return []fsm.Observer{&blockingObserver{id: id, mu: &mu, blocked: &blocked, release: release}}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the shutdowns
+	var follower string
+	for id := range nodes {
+		if id != leader {
+			follower = id
+			break
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, ok := nodes[follower].leaderAddr(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower knows no leader")
+		}
+	}
+	mu.Lock()
+	blocked = leader
+	mu.Unlock()
+	return nodes, follower
+}
+
+// A write forwarded to a leader that does not answer in time has an unknown
+// outcome: the client is told unavailable (503, retry), not internal (500) —
+// although Apply's own timeout context, not the request's, ran out.
+func TestForwardedWriteToStuckLeaderIsUnavailable(t *testing.T) {
+	nodes, follower := stuckLeaderCluster(t, time.Second)
+	reqCtx := context.Background()
+	_, err := nodes[follower].Apply(reqCtx, &command.Envelope{ClientID: "c", RequestID: "fwd-1",
+		Body: &command.CreateSession{TTLms: 5000}})
+	if err == nil {
+		t.Fatal("a write through a stuck leader succeeded")
+	}
+	pub, internal := apierror.Public(reqCtx, err)
+	if internal || (pub.Code != apierror.Unavailable && pub.Code != apierror.NoLeader) {
+		t.Fatalf("a forwarded write that timed out: %v -> code %s; want unavailable or no_leader (503, retriable)", err, pub.Code)
+	}
+	if pub.RetryAfter <= 0 {
+		t.Fatalf("a forwarded write that timed out: %v has no Retry-After", err)
+	}
+}
+
+// One forward attempt ends after ForwardAttemptTimeout even when the request
+// may wait much longer, so Apply can try again (perhaps with a new leader),
+// and its failure is an unknown outcome, not a bare context error.
+func TestForwardAttemptHasItsOwnTimeout(t *testing.T) {
+	nodes, follower := stuckLeaderCluster(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*ForwardAttemptTimeout)
+	defer cancel()
+	start := time.Now()
+	_, err := nodes[follower].forwardApply(ctx, &command.Envelope{ClientID: "c", RequestID: "fwd-2",
+		Body: &command.CreateSession{TTLms: 5000}})
+	took := time.Since(start)
+	if !errors.Is(err, errUnknown) {
+		t.Fatalf("a forward attempt to a stuck leader: %v; want an unknown outcome", err)
+	}
+	if took > ForwardAttemptTimeout+time.Second {
+		t.Fatalf("a forward attempt took %v; want about ForwardAttemptTimeout (%v)", took, ForwardAttemptTimeout)
+	}
+}
+
+// The leader's client-facing error comes back through the forward with its
+// code, instead of turning into a 500 on the forwarding node.
+func TestForwardedWriteKeepsLeaderErrorCode(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	var follower string
+	for id := range nodes {
+		if id != leader {
+			follower = id
+			break
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, ok := nodes[follower].leaderAddr(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the follower knows no leader")
+		}
+	}
+	// Over MaxEntryBytes, which the leader checks, but under the forward
+	// body limit.
+	big := &command.Envelope{ClientID: "c", RequestID: "big",
+		Body: &command.RegisterMember{ID: "big", RaftAddr: strings.Repeat("a", command.MaxEntryBytes+1024)}}
+	_, err := nodes[follower].Apply(context.Background(), big)
+	if c := apierror.CodeOf(err); c != apierror.TooLarge {
+		t.Fatalf("a too-large write through a follower: %v (code %q); want too_large", err, c)
+	}
+}

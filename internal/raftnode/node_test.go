@@ -1,0 +1,125 @@
+package raftnode
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/fsm"
+)
+
+// freeRaftAddr is a loopback address that nothing listens on right now.
+func freeRaftAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// openTestCluster starts one node per id (a one-node cluster for one id),
+// each with observers from obs (nil for none) and the given ApplyTimeout (0
+// for the default), and waits for a ready leader, whose id it returns.
+func openTestCluster(t *testing.T, ids []string, applyTimeout time.Duration, obs func(id string) []fsm.Observer) (map[string]*Node, string) {
+	t.Helper()
+	addrs := map[string]string{}
+	for _, id := range ids {
+		addrs[id] = freeRaftAddr(t)
+	}
+	nodes := map[string]*Node{}
+	for _, id := range ids {
+		cfg := Config{ID: id, DataDir: t.TempDir(), RaftAddr: addrs[id], InitialCluster: addrs,
+			RaftLogLevel: "off", ApplyTimeout: applyTimeout,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		if obs != nil {
+			cfg.Observers = obs(id)
+		}
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[id] = n
+		t.Cleanup(func() { _ = n.Shutdown() })
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		for id, n := range nodes {
+			if n.IsLeader() {
+				return nodes, id
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no ready leader")
+		}
+	}
+}
+
+// openSingleNode opens a one-node cluster and waits until it is the ready leader.
+func openSingleNode(t *testing.T) *Node {
+	t.Helper()
+	nodes, id := openTestCluster(t, []string{"n1"}, 0, nil)
+	return nodes[id]
+}
+
+// hookCtx is a context whose at-th Err() call runs hook (after computing its
+// answer). It places an event exactly between two of becomeReady's checks.
+type hookCtx struct {
+	context.Context
+	mu    sync.Mutex
+	calls int
+	at    int
+	hook  func()
+}
+
+func (c *hookCtx) Err() error {
+	c.mu.Lock()
+	c.calls++
+	fire := c.calls == c.at
+	c.mu.Unlock()
+	err := c.Context.Err()
+	if fire {
+		c.hook()
+	}
+	return err
+}
+
+// becomeReady checks its term and leadership after the barrier, then promotes
+// the reaper and opens the node. A demotion by followLeadership right after
+// that check (the term ends, ready=false, reaper demoted) must stick: were it
+// undone, the node would be ready with an active reaper while not leading,
+// and when it led again it would serve reads and proposals before its barrier.
+func TestBecomeReadyDoesNotUndoConcurrentDemotion(t *testing.T) {
+	n := openSingleNode(t)
+	base, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Err() call 1 is the loop condition, call 2 the check after the
+	// barrier: demote just after it, as followLeadership does.
+	ctx := &hookCtx{Context: base, at: 2, hook: func() { n.demote(cancel) }}
+	n.becomeReady(ctx)
+	if base.Err() == nil {
+		t.Fatal("the demotion hook did not run")
+	}
+	if n.ready.Load() || n.reaper.Active() {
+		t.Fatalf("after the term ended and the node was demoted, becomeReady left ready=%v, reaper active=%v",
+			n.ready.Load(), n.reaper.Active())
+	}
+}
+
+// A becomeReady whose term is still live does promote.
+func TestBecomeReadyPromotesWhileTermIsLive(t *testing.T) {
+	n := openSingleNode(t)
+	n.demote(nil)
+	if n.ready.Load() || n.reaper.Active() {
+		t.Fatal("demote left the node ready")
+	}
+	n.becomeReady(context.Background())
+	if !n.ready.Load() || !n.reaper.Active() {
+		t.Fatalf("becomeReady in a live term left ready=%v, reaper active=%v", n.ready.Load(), n.reaper.Active())
+	}
+}
