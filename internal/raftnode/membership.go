@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -43,7 +44,7 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) error {
 	if id == "" || raftAddr == "" {
 		return apierror.New(apierror.InvalidArgument, "join needs the new node's id and raft_addr")
 	}
-	return n.onLeader(ctx, "/forward/join", memberRequest{ID: id, RaftAddr: raftAddr}, func() error {
+	return n.onLeader(ctx, "/forward/join", memberRequest{ID: id, RaftAddr: raftAddr}, repeatable, func() error {
 		return n.joinLocal(id, raftAddr)
 	})
 }
@@ -76,7 +77,9 @@ func (n *Node) Remove(ctx context.Context, id string) error {
 	if id == "" {
 		return apierror.New(apierror.InvalidArgument, "remove needs the member id")
 	}
-	return n.onLeader(ctx, "/forward/remove", memberRequest{ID: id}, func() error {
+	// Removing twice finds the member gone: after an attempt whose answer was
+	// lost, that means it worked.
+	return n.onLeader(ctx, "/forward/remove", memberRequest{ID: id}, doneIfGone, func() error {
 		return n.removeLocal(ctx, id)
 	})
 }
@@ -126,7 +129,13 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 // TransferLeadership hands leadership to id (or to the most caught-up voter
 // when id is empty).
 func (n *Node) TransferLeadership(ctx context.Context, id string) error {
-	return n.onLeader(ctx, "/forward/transfer", memberRequest{ID: id}, func() error {
+	// A transfer to a named voter is repeatable (the second finds it leading);
+	// one to "any voter" would move leadership twice.
+	how := repeatable
+	if id == "" {
+		how = once
+	}
+	return n.onLeader(ctx, "/forward/transfer", memberRequest{ID: id}, how, func() error {
 		var f raft.Future
 		if id == "" {
 			f = n.raft.LeadershipTransfer()
@@ -164,26 +173,51 @@ func (n *Node) configuration() (raft.Configuration, error) {
 	return f.Configuration(), nil
 }
 
+// memberRetry says what onLeader may do after a forward whose answer was lost
+// (the leader may have acted on it).
+type memberRetry int
+
+const (
+	repeatable memberRetry = iota // send it again: doing it twice is doing it once
+	doneIfGone                    // send it again; a not_found then means it was done
+	once                          // never again: answer "outcome unknown"
+)
+
 // onLeader runs local on the leader, or forwards req to the leader's path and
 // retries through elections until ctx ends.
-func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, local func() error) error {
+func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how memberRetry, local func() error) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
 		defer cancel()
 	}
 	body, _ := json.Marshal(req)
+	lost := false // an earlier forward may have been acted on
+	gone := func(err error) error {
+		if lost && how == doneIfGone && apierror.From(err).Code == apierror.NotFound {
+			return nil
+		}
+		return err
+	}
 	for {
 		var err error
 		if n.raft.State() == raft.Leader && n.ready.Load() {
 			err = local()
 			if err == nil || !errors.Is(err, raft.ErrNotLeader) {
-				return err
+				return gone(err)
 			}
 		} else if addr, ok := n.leaderAddr(); ok {
 			var resp []byte
 			var status int
 			resp, status, err = n.forward(ctx, addr, path, body)
+			var op *net.OpError
+			if err != nil && !(errors.As(err, &op) && op.Op == "dial") {
+				lost = true
+				if how == once {
+					return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+						Message: "the request reached the leader but its answer was lost, so it was not sent again (it would act twice); read GET /api/v1/cluster to see whether it took effect"}
+				}
+			}
 			if err == nil {
 				switch status {
 				case http.StatusOK:
@@ -193,7 +227,7 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, loc
 				default:
 					var e wireError
 					if json.Unmarshal(resp, &e) == nil && e.Code != "" {
-						return &apierror.Error{Code: e.Code, Message: e.Message}
+						return gone(&apierror.Error{Code: e.Code, Message: e.Message})
 					}
 					return fmt.Errorf("leader answered %d: %s", status, resp)
 				}
