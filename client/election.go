@@ -125,21 +125,14 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 	sessionID := ""
 	// wctx ends when ctx does, and when the session does: a wait under a
 	// dead session must not turn into a leadership.
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
 	if s != nil {
 		if err := s.Err(); err != nil {
 			return nil, sessionEnded(e.name, err)
 		}
 		sessionID = s.id
-		go func() {
-			select {
-			case <-s.Done():
-				wcancel()
-			case <-wctx.Done():
-			}
-		}()
 	}
+	wctx, wcancel := untilSessionEnds(ctx, s)
+	defer wcancel()
 	stopped := func(last error) error {
 		if ctx.Err() == nil && s != nil && s.Err() != nil {
 			return sessionEnded(e.name, s.Err())

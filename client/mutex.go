@@ -175,21 +175,14 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 	// session the client counts as lost must not turn into a lease, which
 	// would be lost the moment it is handed out while the server holds the
 	// lock for it until the session expires there.
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
 	if s != nil {
 		if err := s.Err(); err != nil {
 			return nil, sessionLost(name, err)
 		}
 		sessionID = s.id
-		go func() {
-			select {
-			case <-s.Done():
-				wcancel()
-			case <-wctx.Done():
-			}
-		}()
 	}
+	wctx, wcancel := untilSessionEnds(ctx, s)
+	defer wcancel()
 	// stopped is the error once wctx ended: ctx's, or the session's.
 	stopped := func(last error) error {
 		if ctx.Err() == nil && s != nil && s.Err() != nil {
@@ -378,4 +371,21 @@ func (ll *localLocks) tryLock(name string) func() {
 		ll.put(name, l)
 		return nil
 	}
+}
+
+// untilSessionEnds is ctx, ended also when s (if any) ends: a wait under a
+// session the client counts as lost must stop. The helper goroutine exits
+// with the returned context.
+func untilSessionEnds(ctx context.Context, s *Session) (context.Context, context.CancelFunc) {
+	wctx, cancel := context.WithCancel(ctx)
+	if s != nil {
+		go func() {
+			select {
+			case <-s.Done():
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	return wctx, cancel
 }

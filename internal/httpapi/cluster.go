@@ -20,12 +20,7 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 	case rest == "":
 		a.cluster(w, r)
 	case rest == "/members":
-		if r.Method != http.MethodPost {
-			a.methodNotAllowed(w, r, allowPost)
-			return
-		}
-		if _, aerr := parseQuery(r); aerr != nil {
-			a.writeError(w, r, aerr)
+		if !a.plainPost(w, r) {
 			return
 		}
 		decodeAndCall(a, w, r, http.StatusOK, true, nil, a.svc.AddMember)
@@ -53,22 +48,12 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 	case rest == "/token-key/rotate":
 		// The body is optional: none (or {}) rotates, keeping the retired
 		// keys; {"revoke_retired":true} drops them as well.
-		if r.Method != http.MethodPost {
-			a.methodNotAllowed(w, r, allowPost)
-			return
-		}
-		if _, aerr := parseQuery(r); aerr != nil {
-			a.writeError(w, r, aerr)
+		if !a.plainPost(w, r) {
 			return
 		}
 		decodeAndCall(a, w, r, http.StatusOK, false, nil, a.svc.RotateTokenKey)
 	case rest == "/leadership-transfer":
-		if r.Method != http.MethodPost {
-			a.methodNotAllowed(w, r, allowPost)
-			return
-		}
-		if _, aerr := parseQuery(r); aerr != nil {
-			a.writeError(w, r, aerr)
+		if !a.plainPost(w, r) {
 			return
 		}
 		decodeAndCall(a, w, r, http.StatusOK, false, nil, a.svc.TransferLeadership)

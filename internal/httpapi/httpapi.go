@@ -234,6 +234,20 @@ func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow str
 		"method %s is not allowed here; use %s", r.Method, allow))
 }
 
+// plainPost answers 405 to anything but POST and 400 to any query
+// parameter; it reports whether the request may go on.
+func (a *api) plainPost(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodPost {
+		a.methodNotAllowed(w, r, allowPost)
+		return false
+	}
+	if _, aerr := parseQuery(r); aerr != nil {
+		a.writeError(w, r, aerr)
+		return false
+	}
+	return true
+}
+
 func isGet(r *http.Request) bool { return r.Method == http.MethodGet || r.Method == http.MethodHead }
 
 // lockName turns the escaped name part of a path into a canonical lock name.
@@ -391,12 +405,7 @@ func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) sessions(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		a.methodNotAllowed(w, r, allowPost)
-		return
-	}
-	if _, aerr := parseQuery(r); aerr != nil {
-		a.writeError(w, r, aerr)
+	if !a.plainPost(w, r) {
 		return
 	}
 	decodeAndCall(a, w, r, http.StatusCreated, true, nil, a.svc.CreateSession)
