@@ -17,9 +17,10 @@ import (
 )
 
 const snapshotUsage = `Usage:
-  dlock snapshot save FILE [--endpoint URL] [--cacert F] [--cert F --key F]
+  dlock snapshot save FILE [--endpoint URL] [--acl-token SECRET] [--cacert F] [--cert F --key F]
       save a consistent copy of the whole state (locks, leases, queues,
-      counters) from a running cluster to FILE
+      counters) from a running cluster to FILE; with --acl the token
+      (or env DLOCK_TOKEN) needs the admin permission
   dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,...
       seed an EMPTY data dir from FILE for a new cluster with these members;
       do it for every member (same FILE, same --initial-cluster), then start
@@ -39,8 +40,9 @@ func runSnapshot(args []string) error {
 	case "save":
 		fs := flag.NewFlagSet("dlock snapshot save", flag.ContinueOnError)
 		endpoint := fs.String("endpoint", "http://127.0.0.1:7070", "API URL of any member")
-		var g globalFlags // only its TLS flags
+		var g globalFlags // only its TLS flags and the ACL token
 		g.registerTLS(fs)
+		fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret with the admin permission (env DLOCK_TOKEN), for clusters run with --acl")
 		file, err := parseWithFile(fs, args[1:])
 		if err != nil {
 			return err
@@ -49,7 +51,7 @@ func runSnapshot(args []string) error {
 		if err != nil {
 			return err
 		}
-		return saveSnapshot(*endpoint, file, tlsCfg)
+		return saveSnapshot(*endpoint, file, tlsCfg, g.token)
 	case "restore":
 		fs := flag.NewFlagSet("dlock snapshot restore", flag.ContinueOnError)
 		dataDir := fs.String("data-dir", "", "empty data dir to seed (required)")
@@ -100,9 +102,16 @@ func parseWithFile(fs *flag.FlagSet, args []string) (string, error) {
 	return file, nil
 }
 
-func saveSnapshot(endpoint, file string, tlsCfg *tls.Config) error {
+func saveSnapshot(endpoint, file string, tlsCfg *tls.Config, aclToken string) error {
 	client := &http.Client{Timeout: 5 * time.Minute, Transport: tlsconfig.HTTPTransport(tlsCfg)}
-	res, err := client.Get(strings.TrimRight(endpoint, "/") + "/api/v1/cluster/snapshot")
+	req, err := http.NewRequest(http.MethodGet, strings.TrimRight(endpoint, "/")+"/api/v1/cluster/snapshot", nil)
+	if err != nil {
+		return fmt.Errorf("bad --endpoint %q: %w", endpoint, err)
+	}
+	if aclToken != "" {
+		req.Header.Set("Authorization", "Bearer "+aclToken)
+	}
+	res, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("fetch snapshot from %s: %w", endpoint, err)
 	}

@@ -15,9 +15,16 @@ func ownProcessGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 }
 
+// signalGroup sends sig to the command's group, and SIGCONT after it: a
+// process stopped (by SIGTTIN for reading the terminal from a background
+// group, or SIGTSTP) would otherwise not act on a SIGTERM until the SIGKILL
+// of the grace period.
 func signalGroup(cmd *exec.Cmd, sig os.Signal) {
 	if s, ok := sig.(syscall.Signal); ok && cmd.Process != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, s)
+		if s != syscall.SIGKILL && s != syscall.SIGCONT {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
+		}
 	}
 }
 

@@ -232,6 +232,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Interrupted: the counts cover part of the window but the rates
+		// would be divided by all of it. No result beats a wrong one.
+		return nil, fmt.Errorf("the run was interrupted before its %v were up, so it has no result: %w", cfg.Duration, err)
+	}
 	return res, nil
 }
 

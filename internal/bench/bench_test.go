@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -235,6 +236,18 @@ func TestWorkloadsInProcess(t *testing.T) {
 			}
 		})
 	}
+	// An interrupted run (Ctrl-C) has no result: its counts cover part of
+	// the window, its rates would be divided by all of it.
+	t.Run("interrupted", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+		defer cancel()
+		cfg := Config{Target: "dlock", Workload: "uncontended", Endpoints: eps[1:], Workers: 2, Duration: 10 * time.Second,
+			Warmup: 100 * time.Millisecond, Log: io.Discard}
+		res, err := Run(ctx, cfg)
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || res != nil {
+			t.Fatalf("interrupted run: %+v, %v; want no result and the context's error", res, err)
+		}
+	})
 }
 
 // TestGRPCError checks that gRPC statuses become the *apiError the HTTP path

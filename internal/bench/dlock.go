@@ -414,9 +414,14 @@ type sseEvent struct {
 // watchSSE streams GET /api/v1/watch?prefix=P from base, calling fn with each
 // event and its arrival time, reconnecting from the last revision + 1 when the
 // stream ends, until ctx ends. ready is called once the first stream is open.
+// watchConnectTimeout bounds how long watchSSE tries to open its first
+// stream.
+const watchConnectTimeout = 5 * time.Second
+
 func watchSSE(ctx context.Context, hc *http.Client, base, prefix string, ready func(), fn func(at time.Time, ev *sseEvent)) error {
 	var from uint64
 	first := true
+	start := time.Now()
 	for ctx.Err() == nil {
 		u := base + "/api/v1/watch?prefix=" + url.QueryEscape(prefix)
 		if from > 0 {
@@ -429,7 +434,15 @@ func watchSSE(ctx context.Context, hc *http.Client, base, prefix string, ready f
 		res, err := hc.Do(req)
 		if err != nil {
 			if ctx.Err() != nil {
+				if first {
+					return fmt.Errorf("watch %s: stopped before the stream opened: %w", base, ctx.Err())
+				}
 				return nil
+			}
+			if first && time.Since(start) > watchConnectTimeout {
+				// A member that is down, or whose advertised API address
+				// this host cannot reach: the run cannot measure it.
+				return fmt.Errorf("watch %s: cannot open a stream for %v: %w (is the member up and its API address reachable from here?)", base, watchConnectTimeout, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 			continue
@@ -471,6 +484,9 @@ func watchSSE(ctx context.Context, hc *http.Client, base, prefix string, ready f
 			}
 		}
 		res.Body.Close()
+	}
+	if first {
+		return fmt.Errorf("watch %s: stopped before the stream opened: %w", base, ctx.Err())
 	}
 	return nil
 }

@@ -460,13 +460,14 @@ func dlockWatch(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *cl
 		ready.Add(1)
 		var once sync.Once
 		go func() {
+			// However the watch ends, the run must not wait for it to open.
+			defer once.Do(ready.Done)
 			err := watchSSE(wctx, hcw, members[node], prefix, func() { once.Do(ready.Done) }, func(at time.Time, ev *sseEvent) {
 				if ev.Type == "acquired" {
 					dl.event(node, fmt.Sprintf("%s#%d", ev.Name, ev.FencingToken), at)
 				}
 			})
 			if err != nil {
-				once.Do(ready.Done)
 				errCh <- err
 			}
 		}()
