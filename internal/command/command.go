@@ -40,8 +40,8 @@ const (
 // version up to this one. Version 2 added Acquire.Value (elections), version 3
 // SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
-// and without them).
-const Version = 3
+// and without them); version 4 Envelope.ClockTerm.
+const Version = 4
 
 // Limits shared by validation and the state machine.
 const (
@@ -100,7 +100,13 @@ type Envelope struct {
 	// leader's last entry and its successor's takeover is not counted (a
 	// lease may gain that much, never lose it). The state machine keeps the
 	// largest Clock it has seen.
-	Clock     int64
+	Clock int64
+	// ClockTerm is the Raft term of the leadership whose lease clock Clock was
+	// read from (version 4 on; 0 before). The FSM ignores a Clock whose term
+	// is not the entry's own: a proposal stamped in an earlier term and
+	// appended only after this node was elected again would count the time
+	// between its terms, which no leader measured.
+	ClockTerm uint64
 	ClientID  string
 	RequestID string
 	Body      Body
@@ -292,6 +298,7 @@ func Encode(e *Envelope) []byte {
 	w.Byte(Version)
 	w.Varint(e.TS)
 	w.Varint(e.Clock)
+	w.Uvarint(e.ClockTerm)
 	w.String(e.ClientID)
 	w.String(e.RequestID)
 	e.Body.encode(w)
@@ -374,6 +381,9 @@ func Decode(b []byte) (*Envelope, error) {
 	e.TS = r.Varint()
 	if v >= 3 {
 		e.Clock = r.Varint()
+	}
+	if v >= 4 {
+		e.ClockTerm = r.Uvarint()
 	}
 	e.ClientID = r.String()
 	e.RequestID = r.String()

@@ -35,7 +35,7 @@ func roundTripCases() []struct {
 		env  *Envelope
 	}{
 		{"register/empty", &Envelope{Body: &RegisterMember{}}},
-		{"tick", &Envelope{TS: 1_700_000_000_000, Clock: 86_400_000, ClientID: "dlock", Body: &Tick{}}},
+		{"tick", &Envelope{TS: 1_700_000_000_000, Clock: 86_400_000, ClockTerm: 7, ClientID: "dlock", Body: &Tick{}}},
 		{"register/full", &Envelope{TS: 1_700_000_000_000, ClientID: "node", RequestID: "r1",
 			Body: &RegisterMember{ID: "n1", RaftAddr: "127.0.0.1:7071", APIAddr: "127.0.0.1:7070"}}},
 		{"create-session/empty", &Envelope{Body: &CreateSession{}}},
@@ -128,7 +128,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 3 {
+	if Version != 4 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -214,7 +214,7 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
 // command with those fields empty, and re-encode at the current version.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, old := range []byte{1, 2} {
+	for _, old := range []byte{1, 2, 3} {
 		for _, tc := range roundTripCases() {
 			e := *tc.env
 			switch b := e.Body.(type) {
@@ -229,18 +229,24 @@ func TestDecodeOlderVersions(t *testing.T) {
 					continue // added with version 2
 				}
 			case *SetTokenKey:
-				c := *b
-				c.RevokeRetired = false
-				e.Body = &c
+				if old < 3 {
+					c := *b
+					c.RevokeRetired = false
+					e.Body = &c
+				}
 			}
-			e.Clock = 0 // added with version 3
+			if old < 3 {
+				e.Clock = 0 // added with version 3
+			}
+			e.ClockTerm = 0 // added with version 4
 			cur := Encode(&e)
-			b := dropClock(t, cur)
+			b := oldEnvelope(t, cur, old)
 			b[1] = old
 			// Cut the fields the old version did not have; each was the
 			// last field of its command, and empty here.
 			_, isAcquire := e.Body.(*Acquire)
 			_, isSetKey := e.Body.(*SetTokenKey)
+			isSetKey = isSetKey && old < 3
 			if (isAcquire && old < 2) || isSetKey {
 				if b[len(b)-1] != 0 {
 					t.Fatalf("%s: the field added after version %d is not the last one", tc.name, old)
@@ -260,7 +266,7 @@ func TestDecodeOlderVersions(t *testing.T) {
 			if (isAcquire && old < 2) || isSetKey {
 				// A current entry labelled with the old version has a
 				// trailing field the old version did not have.
-				bad := dropClock(t, cur)
+				bad := oldEnvelope(t, cur, old)
 				bad = append(bad, 0)
 				bad[1] = old
 				if _, err := Decode(bad); err == nil {
@@ -299,7 +305,7 @@ func TestDecodeVersion2SetTokenKey(t *testing.T) {
 		}
 		// Re-encoded, it is the same command at the current version, with
 		// RevokeRetired written out as false.
-		re := dropClock(t, Encode(e))
+		re := oldEnvelope(t, Encode(e), 2)
 		if re[1] != Version || !bytes.Equal(re[2:len(re)-1], b[2:]) || re[len(re)-1] != 0 {
 			t.Fatalf("re-encoded as %x", re)
 		}
@@ -397,8 +403,9 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		w := &wire.Writer{}
 		w.Byte(byte(t))
 		w.Byte(Version)
-		w.Varint(0) // TS
-		w.Varint(0) // Clock
+		w.Varint(0)  // TS
+		w.Varint(0)  // Clock
+		w.Uvarint(0) // ClockTerm
 		w.String("")
 		w.String("")
 		return w
@@ -452,6 +459,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 		w.Byte(Version)
 		w.Varint(0)
 		w.Varint(0)
+		w.Uvarint(0)
 		w.Uvarint(1 << 40)
 		cases["client-id/huge-length"] = w.Buf
 	}
@@ -472,12 +480,12 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 func TestDecodeRejectsOverlongVarint(t *testing.T) {
 	// A keep-alive with its time field as 0x80 0x00 (0 in two bytes) instead of
 	// 0x00; the minimal form must decode, the overlong one must not.
-	ok := []byte{byte(TypeKeepAlive), Version, 0x00, 0, 0, 0}
+	ok := []byte{byte(TypeKeepAlive), Version, 0x00, 0, 0, 0, 0}
 	ok = append(ok, make([]byte, 16)...)
 	if _, err := Decode(ok); err != nil {
 		t.Fatalf("control: minimal entry refused: %v", err)
 	}
-	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0, 0}
+	b := []byte{byte(TypeKeepAlive), Version, 0x80, 0x00, 0, 0, 0, 0}
 	b = append(b, make([]byte, 16)...)
 	if e, err := Decode(b); err == nil {
 		t.Errorf("Decode accepted an overlong varint: %#v; re-encodes to %x, input %x", e, Encode(e), b)
@@ -710,17 +718,27 @@ func TestResultRoundTrip(t *testing.T) {
 	}
 }
 
-// dropClock removes the lease clock (a version 3 envelope field, right after
-// TS) from an encoded entry whose Clock is 0, giving the version 2 layout.
-func dropClock(t *testing.T, b []byte) []byte {
+// oldEnvelope gives an encoded current entry the envelope layout of version
+// v: without ClockTerm (version 4, right after Clock) below 4, and without
+// Clock (version 3, right after TS) below 3; the fields dropped must be 0.
+func oldEnvelope(t *testing.T, b []byte, v byte) []byte {
 	t.Helper()
 	r := wire.NewReader(b[2:])
 	r.Varint() // TS
-	at := len(b) - r.Len()
-	if r.Varint() != 0 || r.Err() != nil || b[at] != 0 {
-		t.Fatalf("dropClock: entry %x has no zero clock after its timestamp", b)
+	clockAt := len(b) - r.Len()
+	clock := r.Varint()
+	termAt := len(b) - r.Len()
+	if r.Uvarint() != 0 || r.Err() != nil || b[termAt] != 0 {
+		t.Fatalf("oldEnvelope: entry %x has a clock term", b)
 	}
-	return append(append([]byte(nil), b[:at]...), b[at+1:]...)
+	out := append(append([]byte(nil), b[:termAt]...), b[termAt+1:]...)
+	if v < 3 {
+		if clock != 0 || out[clockAt] != 0 {
+			t.Fatalf("oldEnvelope: entry %x has a clock", b)
+		}
+		out = append(out[:clockAt], out[clockAt+1:]...)
+	}
+	return out
 }
 
 // Exact bytes of SetACLToken entries under command version 2, which has two

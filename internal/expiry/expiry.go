@@ -315,8 +315,10 @@ func (r *Reaper) Run(ctx context.Context) {
 		if len(leases) > 0 || len(waits) > 0 {
 			continue // more may be due; Due bounded the batch
 		}
+		r.tick(ctx, r.clock.Now())
+		// Read the clock again: a tick's commit may have taken a while, and
+		// next must not be counted from before it.
 		now := r.clock.Now()
-		r.tick(ctx, now)
 		wait := time.Hour
 		if !next.IsZero() {
 			wait = max(next.Sub(now), time.Millisecond)

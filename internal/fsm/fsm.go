@@ -84,6 +84,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			f.mu.Unlock()
 			panic(fmt.Sprintf("dlock fsm: cannot apply log index %d: %v", l.Index, err))
 		}
+		if env.ClockTerm != 0 && env.ClockTerm != l.Term {
+			// Stamped by a leader of an earlier term, appended only in this
+			// one: its lease clock would count time between the terms that
+			// no leader measured (command.Envelope.ClockTerm). The entry
+			// still applies; the lease clock just does not move with it.
+			env.Clock = 0
+		}
 		res := f.st.Apply(l.Index, env)
 		out[i] = &Response{Index: l.Index, Result: res}
 		if l.Index%CheckpointEvery == 0 {

@@ -625,3 +625,32 @@ func TestRestoreFirstLayoutV4Snapshot(t *testing.T) {
 		t.Fatalf("previous build's snapshot refused: %v", err)
 	}
 }
+
+// The lease clock moves only with readings taken in the entry's own term (or
+// entries that say nothing of their term: before command version 4).
+func TestLeaseClockOnlyFromTheEntrysTerm(t *testing.T) {
+	f := fsm.New(quietLogger())
+	entry := func(index, term uint64, clock int64, clockTerm uint64) *raft.Log {
+		return &raft.Log{Index: index, Term: term, Type: raft.LogCommand,
+			Data: command.Encode(&command.Envelope{TS: ts0, Clock: clock, ClockTerm: clockTerm, ClientID: "dlock", Body: &command.Tick{}})}
+	}
+	clock := func() (c int64) {
+		f.Read(func(s *state.State) { c = s.LeaseClock() })
+		return c
+	}
+	for _, tc := range []struct {
+		log  *raft.Log
+		want int64
+	}{
+		{entry(1, 5, 1_000, 5), 1_000}, // its own term
+		{entry(2, 7, 9_000, 5), 1_000}, // stamped in term 5, appended in 7: ignored
+		{entry(3, 7, 1_200, 7), 1_200}, // term 7's own reading
+		{entry(4, 7, 1_300, 0), 1_300}, // no term (version 3): taken
+		{entry(5, 8, 1_100, 8), 1_300}, // older than the clock: the clock keeps its max
+	} {
+		f.ApplyBatch([]*raft.Log{tc.log})
+		if got := clock(); got != tc.want {
+			t.Fatalf("after entry %d: lease clock %d, want %d", tc.log.Index, got, tc.want)
+		}
+	}
+}

@@ -162,18 +162,21 @@ func (n *Node) stamp() int64 {
 }
 
 // leaseClockBase is one leader's start on the lease clock: the clock as the
-// log stood when it took over, and the moment (monotonic) it did.
+// log stood when it took over, the moment (monotonic) it did, and the term of
+// that leadership (command.Envelope.ClockTerm).
 type leaseClockBase struct {
 	base  int64
 	start time.Time
+	term  uint64
 }
 
 // stamped is e as this leader proposes it: with its timestamp, its lease
 // clock reading and any new lease id (command.Envelope.Stamped).
 func (n *Node) stamped(e *command.Envelope) *command.Envelope {
 	c := e.Stamped(n.stamp())
+	c.Clock, c.ClockTerm = 0, 0 // never what came over the wire
 	if lc := n.leaseClock.Load(); lc != nil {
-		c.Clock = lc.base + time.Since(lc.start).Milliseconds()
+		c.Clock, c.ClockTerm = lc.base+time.Since(lc.start).Milliseconds(), lc.term
 	}
 	return c
 }

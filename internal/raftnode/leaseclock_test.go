@@ -87,3 +87,62 @@ func TestLeaseSurvivesTwoFailoversWithClockSkew(t *testing.T) {
 		t.Fatalf("lease clock %d ms, %d ms after the cluster started", clock, time.Since(begin).Milliseconds())
 	}
 }
+
+// A proposal stamped while this node led in one term and appended only in a
+// later one (a request that passed the ready check, stalled, and reached
+// raft.Apply after the node lost leadership and won it back) must not move
+// the lease clock: its reading counts the time between the terms that no
+// leader measured, and every lease renewed in between would then be expired
+// early at the next failover. The interleaving is emulated: the stale stamp is
+// taken from the old leader's term and committed through the new leader.
+func TestStaleTermLeaseClockIsIgnored(t *testing.T) {
+	nodes, a := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	var b string
+	for id := range nodes {
+		if id != a {
+			b = id
+			break
+		}
+	}
+	old := nodes[a].leaseClock.Load()
+	if old == nil || old.term == 0 {
+		t.Fatalf("the leader has no lease-clock base: %+v", old)
+	}
+	// A quiet log under a: no leases, so no ticks. The gap between a's last
+	// entry and b's takeover is what b's lease clock does not count.
+	const gap = 1500 * time.Millisecond
+	time.Sleep(gap)
+	transferLeadership(t, nodes, a, b)
+	if nodes[a].leaseClock.Load() != nil {
+		t.Error("a deposed leader kept its lease-clock base")
+	}
+
+	const ttl = 4_000
+	resp, err := nodes[b].Apply(context.Background(), &command.Envelope{ClientID: "holder", RequestID: "s1",
+		Body: &command.CreateSession{TTLms: ttl}})
+	if err != nil || resp.Result.Status != command.StatusOK {
+		t.Fatalf("create session: %v %+v", err, resp)
+	}
+	created := time.Now()
+	lease := resp.Result.LeaseID
+
+	stale := &command.Envelope{TS: time.Now().UnixMilli(), ClientID: "dlock", Body: &command.Tick{},
+		Clock: old.base + time.Since(old.start).Milliseconds(), ClockTerm: old.term}
+	if err := nodes[b].raft.Apply(command.Encode(stale), 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	var left int64 = -1
+	nodes[b].fsm.Read(func(s *state.State) {
+		ls, _ := s.Timers()
+		for _, l := range ls {
+			if l.LeaseID == lease {
+				left = l.RemainingMs
+			}
+		}
+	})
+	elapsed := time.Since(created).Milliseconds()
+	if left < ttl-elapsed-50 {
+		t.Fatalf("session created %d ms ago: a new leader would count %d ms left of %d; the stale stamp moved the lease clock %d ms ahead of real time",
+			elapsed, left, ttl, ttl-elapsed-left)
+	}
+}

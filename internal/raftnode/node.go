@@ -357,6 +357,7 @@ func (n *Node) demote(endTerm context.CancelFunc) {
 		endTerm()
 	}
 	n.ready.Store(false)
+	n.leaseClock.Store(nil)
 	n.reaper.Demote()
 }
 
@@ -381,8 +382,9 @@ func (n *Node) becomeReady(ctx context.Context) {
 		// from where the log stands, on this node's monotonic clock: the
 		// time between the last leader's last entry and now is not counted
 		// (a lease may gain it, never lose it), and no wall clock is read.
+		term := n.raft.CurrentTerm()
 		n.fsm.Read(func(s *state.State) {
-			n.leaseClock.Store(&leaseClockBase{base: s.LeaseClock(), start: time.Now()})
+			n.leaseClock.Store(&leaseClockBase{base: s.LeaseClock(), start: time.Now(), term: term})
 			for {
 				prev := n.lastTS.Load()
 				if prev >= s.LastTS() || n.lastTS.CompareAndSwap(prev, s.LastTS()) {

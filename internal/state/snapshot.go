@@ -186,9 +186,10 @@ func Restore(b []byte) (*State, error) {
 			if v >= 6 {
 				wt.ClockDeadline = r.Varint()
 			} else {
-				// Before version 6: the time the wait had left as of the
-				// snapshot, counted from lease-clock time 0.
-				wt.ClockDeadline = max(0, wt.Deadline-s.ts)
+				// Before version 6 the lease clock was 0 for every entry,
+				// so a wait's clock deadline is its whole wait, as replaying
+				// the log would make it.
+				wt.ClockDeadline = wt.Deadline - wt.EnqueuedAt
 			}
 			if v >= 2 {
 				wt.Value = r.String()

@@ -268,8 +268,8 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	want := toRaw(s)
 	want.keys, want.acl = nil, nil
 	// Without a lease clock in the snapshot, the clock restarts at 0 and
-	// every lease has its whole TTL left; each wait keeps the time it had
-	// left by the snapshot's timestamp.
+	// every lease has its whole TTL left, each wait its whole wait (as
+	// replaying the log, whose entries had no clock, would give).
 	want.clock = 0
 	for i := range want.leases {
 		want.leases[i].renewedClock = 0
@@ -279,7 +279,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 		for j := range want.locks[i].queue {
 			q := &want.locks[i].queue[j]
 			q.value, q.requestID = "", ""
-			q.clockDeadline = max(0, q.deadline-s.ts)
+			q.clockDeadline = q.deadline - q.enq
 		}
 	}
 	got, err := Restore(r.encode())
@@ -785,5 +785,49 @@ func TestTickChangesOnlyTheClock(t *testing.T) {
 	mustStatus(t, r, command.StatusOK)
 	if h.s.Revision() != rev || len(h.ev) != 0 || h.s.LeaseClock() <= before {
 		t.Fatalf("tick: revision %d -> %d, events %+v, clock %d -> %d", rev, h.s.Revision(), h.ev, before, h.s.LeaseClock())
+	}
+}
+
+// DESIGN §3: "Restore + replay gives the same state as never having
+// snapshotted." An upgraded node that restores a version-5 snapshot (written
+// by the old binary) must end up with the same state as an upgraded node that
+// applied the same pre-upgrade (version 2, Clock 0) log from the start.
+// (Waits' lease-clock deadlines once differed: waitMs by replay, the time
+// left by the snapshot's timestamp by restore.)
+func TestVersion5RestoreMatchesLogReplay(t *testing.T) {
+	apply := func(s *State, i uint64, ts int64, client string, b command.Body) {
+		s.Apply(i, &command.Envelope{TS: ts, ClientID: client, Body: b}) // Clock 0: a version 2 entry
+		s.TakeEvents()
+	}
+	build := func(s *State, upto uint64) {
+		steps := []func(){
+			func() { apply(s, 1, startTS, "a", &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 30_000}) },
+			func() {
+				apply(s, 2, startTS+100, "b", &command.Acquire{Name: "x", LeaseID: lid(2), TTLms: 30_000, WaitMs: 20_000})
+			},
+			func() { apply(s, 3, startTS+5_000, "c", &command.CreateSession{LeaseID: lid(3), TTLms: 10_000}) },
+		}
+		for i := uint64(0); i < upto; i++ {
+			steps[i]()
+		}
+	}
+	// Replica A: applied the whole log (no snapshot).
+	a := New()
+	build(a, 3)
+	// Replica B: restored the old binary's v5 snapshot taken at index 3.
+	src := New()
+	build(src, 3)
+	raw := toRaw(src)
+	raw.version = 5
+	b, err := Restore(raw.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, wa := a.Timers()
+	_, wb := b.Timers()
+	t.Logf("log replay: waits %+v; v5 restore: waits %+v", wa, wb)
+	if !bytes.Equal(a.Snapshot(), b.Snapshot()) {
+		t.Fatalf("replicas that applied the same log differ after a v5 restore: wait time left %d ms (log) vs %d ms (v5 snapshot)",
+			wa[0].RemainingMs, wb[0].RemainingMs)
 	}
 }
