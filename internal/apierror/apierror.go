@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -104,6 +105,18 @@ func New(c Code, format string, args ...any) *Error {
 // Wrap makes an error that keeps its cause for logs.
 func Wrap(c Code, err error, format string, args ...any) *Error {
 	return &Error{Code: c, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// RetryAfterSeconds is the Retry-After header value for an answer with e:
+// whole seconds, at least 1 and at most an hour (an absurd hint from a bug
+// upstream must not park clients for days); ok is false for answers that carry
+// none (only 503 and 429 do).
+func RetryAfterSeconds(e *Error) (secs int64, ok bool) {
+	if s := HTTPStatus(e.Code); s != http.StatusServiceUnavailable && s != http.StatusTooManyRequests {
+		return 0, false
+	}
+	secs = int64(math.Ceil(e.RetryAfter.Seconds()))
+	return min(max(secs, 1), int64(time.Hour/time.Second)), true
 }
 
 // From returns err as an *Error; anything else becomes Internal.

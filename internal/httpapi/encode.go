@@ -4,11 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
@@ -102,7 +100,7 @@ func (a *api) publicError(r *http.Request, err error) (*apierror.Error, int) {
 // writeError answers err in the DESIGN §5 error shape.
 func (a *api) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, status := a.publicError(r, err)
-	setRetryAfter(w, e, status)
+	setRetryAfter(w, e)
 	writeJSON(w, status, errorEnvelope{Error: errorBody{Code: e.Code, Message: message(e)}})
 }
 
@@ -125,19 +123,9 @@ func message(e *apierror.Error) string {
 }
 
 // setRetryAfter tells clients when to come back from a 503 (no leader,
-// unavailable) or a 429. HTTP counts whole seconds, so round up and never
-// say 0, which would invite a retry storm.
-func setRetryAfter(w http.ResponseWriter, e *apierror.Error, status int) {
-	if status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests {
-		return
+// unavailable) or a 429 (apierror.RetryAfterSeconds).
+func setRetryAfter(w http.ResponseWriter, e *apierror.Error) {
+	if secs, ok := apierror.RetryAfterSeconds(e); ok {
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	secs := int64(math.Ceil(e.RetryAfter.Seconds()))
-	if secs < 1 {
-		secs = 1
-	}
-	// An absurd hint from a bug upstream must not park clients for days.
-	if limit := int64(time.Hour / time.Second); secs > limit {
-		secs = limit
-	}
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 }

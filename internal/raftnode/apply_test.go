@@ -119,21 +119,7 @@ func stuckLeaderCluster(t *testing.T, applyTimeout time.Duration) (map[string]*N
 		return []fsm.Observer{&blockingObserver{id: id, mu: &mu, blocked: &blocked, release: release}}
 	})
 	t.Cleanup(func() { close(release) }) // runs before the shutdowns
-	var follower string
-	for id := range nodes {
-		if id != leader {
-			follower = id
-			break
-		}
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, ok := nodes[follower].leaderAddr(); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the follower knows no leader")
-		}
-	}
+	follower := followerKnowingLeader(t, nodes, leader)
 	mu.Lock()
 	blocked = leader
 	mu.Unlock()
@@ -183,6 +169,21 @@ func TestForwardAttemptHasItsOwnTimeout(t *testing.T) {
 // code, instead of turning into a 500 on the forwarding node.
 func TestForwardedWriteKeepsLeaderErrorCode(t *testing.T) {
 	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	follower := followerKnowingLeader(t, nodes, leader)
+	// Over MaxEntryBytes, which the leader checks, but under the forward
+	// body limit.
+	big := &command.Envelope{ClientID: "c", RequestID: "big",
+		Body: &command.RegisterMember{ID: "big", RaftAddr: strings.Repeat("a", command.MaxEntryBytes+1024)}}
+	_, err := nodes[follower].Apply(context.Background(), big)
+	if c := apierror.CodeOf(err); c != apierror.TooLarge {
+		t.Fatalf("a too-large write through a follower: %v (code %q); want too_large", err, c)
+	}
+}
+
+// followerKnowingLeader picks a node other than leader and waits until it
+// knows where the leader is (so it can forward).
+func followerKnowingLeader(t *testing.T, nodes map[string]*Node, leader string) string {
+	t.Helper()
 	var follower string
 	for id := range nodes {
 		if id != leader {
@@ -192,18 +193,10 @@ func TestForwardedWriteKeepsLeaderErrorCode(t *testing.T) {
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if _, ok := nodes[follower].leaderAddr(); ok {
-			break
+			return follower
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the follower knows no leader")
 		}
-	}
-	// Over MaxEntryBytes, which the leader checks, but under the forward
-	// body limit.
-	big := &command.Envelope{ClientID: "c", RequestID: "big",
-		Body: &command.RegisterMember{ID: "big", RaftAddr: strings.Repeat("a", command.MaxEntryBytes+1024)}}
-	_, err := nodes[follower].Apply(context.Background(), big)
-	if c := apierror.CodeOf(err); c != apierror.TooLarge {
-		t.Fatalf("a too-large write through a follower: %v (code %q); want too_large", err, c)
 	}
 }

@@ -97,13 +97,7 @@ func TestLeaseSurvivesTwoFailoversWithClockSkew(t *testing.T) {
 // taken from the old leader's term and committed through the new leader.
 func TestStaleTermLeaseClockIsIgnored(t *testing.T) {
 	nodes, a := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
-	var b string
-	for id := range nodes {
-		if id != a {
-			b = id
-			break
-		}
-	}
+	b := followerKnowingLeader(t, nodes, a)
 	old := nodes[a].leaseClock.Load()
 	if old == nil || old.term == 0 {
 		t.Fatalf("the leader has no lease-clock base: %+v", old)

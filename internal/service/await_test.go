@@ -66,22 +66,28 @@ func (n *memNode) Join(context.Context, string, string) error       { return nil
 func (n *memNode) Remove(context.Context, string) error             { return nil }
 func (n *memNode) TransferLeadership(context.Context, string) error { return nil }
 
-// A queued acquire without a request_id whose wait times out just as its
-// client hangs up: committing the expiry fails, and the grant that raced in
-// just before (the holder released) must not be left behind for a client that
-// never hears of it — it is released, as for any cancelled acquire.
-func TestAwaitTimeoutWithClientGoneLeavesNoGrantBehind(t *testing.T) {
+// heldByHolder is a service over a memNode with "job" held by "holder".
+func heldByHolder(t *testing.T) (*memNode, *Service, *AcquireResponse) {
+	t.Helper()
 	node := newMemNode()
 	hub := watch.NewHub(0, 0)
 	node.f.AddObserver(hub)
 	s := New(node, hub, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t.Cleanup(s.Close)
-	ctx := context.Background()
-
-	held, err := s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
+	held, err := s.Acquire(context.Background(), AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
 	if err != nil || !held.Acquired {
 		t.Fatalf("holder's acquire: %+v, %v", held, err)
 	}
+	return node, s, held
+}
+
+// A queued acquire without a request_id whose wait times out just as its
+// client hangs up: committing the expiry fails, and the grant that raced in
+// just before (the holder released) must not be left behind for a client that
+// never hears of it — it is released, as for any cancelled acquire.
+func TestAwaitTimeoutWithClientGoneLeavesNoGrantBehind(t *testing.T) {
+	node, s, held := heldByHolder(t)
+	ctx := context.Background()
 	reqCtx, hangUp := context.WithCancel(ctx)
 	defer hangUp()
 	node.onExpire = func() {
@@ -110,23 +116,14 @@ func TestAwaitTimeoutWithClientGoneLeavesNoGrantBehind(t *testing.T) {
 // The same race with a client still there: it is told why the expiry could
 // not be committed (the commit's own code), and nothing is left behind either.
 func TestAwaitTimeoutCommitFailureKeepsItsCode(t *testing.T) {
-	node := newMemNode()
-	hub := watch.NewHub(0, 0)
-	node.f.AddObserver(hub)
-	s := New(node, hub, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	t.Cleanup(s.Close)
+	node, s, held := heldByHolder(t)
 	ctx := context.Background()
-
-	held, err := s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
-	if err != nil || !held.Acquired {
-		t.Fatalf("holder's acquire: %+v, %v", held, err)
-	}
 	node.onExpire = func() {
 		if _, err := s.Release(ctx, ReleaseRequest{Name: "job", ClientID: "holder", FencingToken: held.FencingToken, LeaseID: held.LeaseID}); err != nil {
 			t.Errorf("holder's release: %v", err)
 		}
 	}
-	_, err = s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "waiter", TTLms: 30_000, WaitTimeoutMs: 50})
+	_, err := s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "waiter", TTLms: 30_000, WaitTimeoutMs: 50})
 	ae := apierror.From(err)
 	if ae.Code != apierror.Unavailable || ae.RetryAfter <= 0 {
 		t.Fatalf("acquire whose expiry could not be committed: %v; want the commit's unavailable with Retry-After", err)

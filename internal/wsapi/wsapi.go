@@ -303,11 +303,10 @@ func writeHTTPError(w http.ResponseWriter, e *apierror.Error) {
 	}{errorBody{Code: e.Code, Message: e.Message}})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	status := apierror.HTTPStatus(e.Code)
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (e.RetryAfter+time.Second-1)/time.Second))))
+	if secs, ok := apierror.RetryAfterSeconds(e); ok {
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	w.WriteHeader(status)
+	w.WriteHeader(apierror.HTTPStatus(e.Code))
 	_, _ = w.Write(append(b, '\n'))
 }
 
