@@ -404,10 +404,7 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 			err = errRetry
 		}
 		if err == nil {
-			if werr := n.fsm.WaitApplied(ctx, idx); werr != nil {
-				return n.unavailable(werr)
-			}
-			return nil
+			return n.CatchUp(ctx, idx)
 		}
 		if err := leaderless.check(n); err != nil {
 			return err
@@ -421,6 +418,43 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 100*time.Millisecond)
 	}
+}
+
+// CatchUpTimeout bounds how long a request waits for this node to apply an
+// entry the leader has committed. A member applies it within a heartbeat or
+// two; one that has not in this long was removed from the cluster (the leader
+// no longer sends it the log) or was cut off just after the leader answered,
+// and would otherwise hold the request until its client gives up — and hold up
+// this node's graceful shutdown, which waits for open requests.
+const CatchUpTimeout = 2 * time.Second
+
+// CatchUp waits until this node has applied the entry at index, so a follower
+// answers from state at least as new as what the leader answered. It gives up
+// after CatchUpTimeout, or when ctx ends or the node shuts down, answering
+// "unavailable": the client should retry through another node (with the same
+// request_id, a write already committed is answered from there).
+func (n *Node) CatchUp(ctx context.Context, index uint64) error {
+	if n.fsm.AppliedIndex() >= index {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, CatchUpTimeout)
+	defer cancel()
+	stop := context.AfterFunc(n.ctx, cancel)
+	defer stop()
+	err := n.fsm.WaitApplied(wctx, index)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return n.unavailable(err)
+	case n.ctx.Err() != nil:
+		return &apierror.Error{Code: apierror.Unavailable, Err: err, RetryAfter: time.Second,
+			Message: "this node is shutting down; use another node"}
+	}
+	// Not wrapping err: the caller's context did not end, only this wait.
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second,
+		Err:     fmt.Errorf("log index %d not applied here within %s", index, CatchUpTimeout),
+		Message: fmt.Sprintf("this node has not applied log entry %d, which the leader committed, within %s: it is behind, cut off, or no longer a member; retry through another node", index, CatchUpTimeout)}
 }
 
 // awaitFuture waits for a Raft future, but no longer than ctx. A future that

@@ -200,3 +200,63 @@ func followerKnowingLeader(t *testing.T, nodes map[string]*Node, leader string) 
 		}
 	}
 }
+
+// stuckFollowerCluster is a three-node cluster where one follower, which knows
+// the leader, stops applying entries from now on (until the test ends): the
+// state a removed member is left in, since the leader no longer sends it the
+// log. It returns the nodes and that follower's id.
+func stuckFollowerCluster(t *testing.T) (map[string]*Node, string) {
+	t.Helper()
+	var mu sync.Mutex
+	blocked := ""
+	release := make(chan struct{})
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, func(id string) []fsm.Observer {
+		return []fsm.Observer{&blockingObserver{id: id, mu: &mu, blocked: &blocked, release: release}}
+	})
+	t.Cleanup(func() { close(release) }) // runs before the shutdowns
+	follower := followerKnowingLeader(t, nodes, leader)
+	mu.Lock()
+	blocked = follower
+	mu.Unlock()
+	return nodes, follower
+}
+
+// A follower that cannot apply what the leader committed answers a
+// linearizable read "unavailable" once CatchUpTimeout has passed, instead of
+// holding the request (and the node's graceful shutdown, which waits for open
+// requests) until the client gives up.
+func TestReadOnFollowerThatCannotCatchUpIsUnavailable(t *testing.T) {
+	nodes, follower := stuckFollowerCluster(t)
+	// A grant through the follower commits on the leader; the follower
+	// forwards it and never applies it (a grant has events, which the
+	// stalled observer blocks on).
+	key, err := command.NormalizeName("stuck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := nodes[follower].Apply(context.Background(), &command.Envelope{ClientID: "c", RequestID: "stuck-1",
+		Body: &command.Acquire{Name: key, TTLms: 5000}})
+	if err != nil {
+		t.Fatalf("a write forwarded by the stuck follower: %v", err)
+	}
+	if got := nodes[follower].FSM().AppliedIndex(); got >= resp.Index {
+		t.Fatalf("the follower applied index %d though its state machine is stalled", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*CatchUpTimeout) // hang guard only
+	defer cancel()
+	err = nodes[follower].LinearizableRead(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("the read waited for its client's whole deadline (%v)", err)
+	}
+	ae := apierror.From(err)
+	if ae.Code != apierror.Unavailable || ae.RetryAfter <= 0 || !strings.Contains(ae.Message, "retry through another node") {
+		t.Fatalf("a read on a follower that cannot catch up: %v (code %s, Retry-After %v); want unavailable, Retry-After, retry elsewhere", err, ae.Code, ae.RetryAfter)
+	}
+	// CatchUp itself: the same bound, and at once for an applied index.
+	if err := nodes[follower].CatchUp(ctx, resp.Index); apierror.CodeOf(err) != apierror.Unavailable {
+		t.Fatalf("CatchUp to an index the follower cannot apply: %v", err)
+	}
+	if err := nodes[follower].CatchUp(ctx, nodes[follower].FSM().AppliedIndex()); err != nil {
+		t.Fatalf("CatchUp to an applied index: %v", err)
+	}
+}

@@ -224,9 +224,9 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 		}
 		return nil, invalid("%s", resp.Result.Message)
 	}
-	if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
-		return nil, err
-	}
+	// Let the token work through this node at once; but the secret exists
+	// only in this answer, so a node that cannot catch up still returns it.
+	_ = s.catchUp(ctx, resp.Index)
 	v := ACLTokenView{AccessorID: hex.EncodeToString(body.AccessorID[:]), SecretID: secret, Description: req.Description, Rules: req.Rules, ClientIDs: req.ClientIDs, CertCNs: req.CertCNs}
 	return &v, nil
 }
@@ -286,5 +286,5 @@ func (s *Service) DeleteACLToken(ctx context.Context, accessorID string) (err er
 	if resp.Result.Status != command.StatusOK {
 		return apierror.New(apierror.NotFound, "no ACL token with accessor id %s", accessorID)
 	}
-	return s.fsm.WaitApplied(ctx, resp.Index)
+	return s.catchUp(ctx, resp.Index)
 }

@@ -55,10 +55,13 @@ func (n *memNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response
 }
 
 func (n *memNode) LinearizableRead(context.Context) error { return nil }
-func (n *memNode) FSM() *fsm.FSM                          { return n.f }
-func (n *memNode) Status() raftnode.Status                { return raftnode.Status{} }
-func (n *memNode) Ready() error                           { return nil }
-func (n *memNode) Healthy() error                         { return nil }
+func (n *memNode) CatchUp(ctx context.Context, index uint64) error {
+	return n.f.WaitApplied(ctx, index)
+}
+func (n *memNode) FSM() *fsm.FSM           { return n.f }
+func (n *memNode) Status() raftnode.Status { return raftnode.Status{} }
+func (n *memNode) Ready() error            { return nil }
+func (n *memNode) Healthy() error          { return nil }
 func (n *memNode) ProbeMembers(context.Context, time.Duration) map[string]raftnode.MemberHealth {
 	return nil
 }

@@ -10,8 +10,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +28,8 @@ import (
 type Node interface {
 	Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error)
 	LinearizableRead(ctx context.Context) error
+	// CatchUp waits, bounded, until the local state has applied index.
+	CatchUp(ctx context.Context, index uint64) error
 	FSM() *fsm.FSM
 	Status() raftnode.Status
 	Ready() error
@@ -50,11 +52,12 @@ type Service struct {
 	aclOn   bool
 	lim     *limiter // nil: no limits (SetLimits)
 
-	// closing ends every queued acquire's wait when the node shuts down, so
-	// each withdraws its place while Raft still runs (a wait left behind
-	// would be granted to a client that is no longer there).
-	closing   chan struct{}
-	closeOnce sync.Once
+	// life ends when the node shuts down: every queued acquire's wait ends
+	// then, so each withdraws its place while Raft still runs (a wait left
+	// behind would be granted to a client that is no longer there), and so
+	// does every wait for the local state to catch up.
+	life    context.Context
+	endLife context.CancelFunc
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -64,7 +67,8 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger, closing: make(chan struct{})}
+	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
+	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
 	return s
 }
@@ -88,8 +92,26 @@ func (s *Service) observe(op string, start time.Time, err *error) {
 // client retries on another node). Call it before the API servers drain and
 // before Raft stops.
 func (s *Service) Close() {
-	s.closeOnce.Do(func() { close(s.closing) })
+	s.endLife()
 	s.hub.Close()
+}
+
+// catchUp waits until this node has applied the entry at index (a follower
+// answering from its own state must have applied what the leader answered
+// from). The node bounds the wait; shutting down ends it too.
+func (s *Service) catchUp(ctx context.Context, index uint64) error {
+	if s.fsm.AppliedIndex() >= index {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.life, cancel)
+	defer stop()
+	err := s.node.CatchUp(ctx, index)
+	if err != nil && s.life.Err() != nil {
+		return apierror.Wrap(apierror.Unavailable, errShuttingDown, "this node is shutting down; retry through another node")
+	}
+	return err
 }
 
 // cancelTimeout bounds the clean-up a cancelled acquire commits after its
@@ -257,7 +279,10 @@ func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, err
 		// proof as forged. On the leader the grant is applied already. If
 		// the caller gives up first, it will not read the answer anyway.
 		if g.index > 0 {
-			_ = s.fsm.WaitApplied(ctx, g.index)
+			if err := s.catchUp(ctx, g.index); err != nil {
+				s.giveBack(a, g)
+				return nil, err
+			}
 		}
 		g.leaseRef = fence.LeaseRef(g.leaseID)
 		g.proof = s.proof(a.key, g.token, a.clientID, g.leaseRef)
@@ -319,7 +344,9 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	case command.StatusLockHeld:
 		// Callers may describe the holder from local state (an election's
 		// value): on a follower, first apply what the leader answered from.
-		_ = s.fsm.WaitApplied(ctx, resp.Index)
+		if err := s.catchUp(ctx, resp.Index); err != nil {
+			return nil, err
+		}
 		h := r.Holder
 		return &grantAnswer{holder: &h, revision: r.Revision},
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
@@ -382,8 +409,8 @@ func (s *Service) checkWait(name string, w command.WaitRef, clientID, requestID 
 // granted and lost before it heard of it.
 func (s *Service) replayedGrant(ctx context.Context, a acquireArgs, r command.Result, index uint64) (*grantAnswer, error) {
 	// A follower may not have applied the entry the leader answered from yet.
-	if err := s.fsm.WaitApplied(ctx, index); err != nil {
-		return nil, apierror.Wrap(apierror.Unavailable, err, "waiting for the local state to catch up; retry")
+	if err := s.catchUp(ctx, index); err != nil {
+		return nil, err
 	}
 	var g *grantAnswer
 	s.fsm.Read(func(st *state.State) { g = liveGrant(st, a.key, r.LeaseID, r.Seq, r.Token) })
@@ -411,7 +438,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 	sig := s.waiters.add(w.LeaseID)
 	defer s.waiters.remove(w.LeaseID, sig)
 	// A follower may not have applied the entry the leader answered from yet.
-	if err := s.fsm.WaitApplied(ctx, index); err != nil {
+	if err := s.catchUp(ctx, index); err != nil {
 		return s.abandon(a, w, err)
 	}
 	timer := time.NewTimer(wait)
@@ -446,8 +473,8 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 				}
 				return g, aerr
 			}
-			if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
-				// ctx ended: nobody will hear of a grant that raced in.
+			if err := s.catchUp(ctx, resp.Index); err != nil {
+				// Nobody will hear of a grant that raced in.
 				return s.abandon(a, w, err)
 			}
 			switch out, res, _ := s.checkWait(name, w, a.clientID, requestID); out {
@@ -459,7 +486,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			return s.timedOut(a)
 		case <-ctx.Done():
 			return s.abandon(a, w, ctx.Err())
-		case <-s.closing:
+		case <-s.life.Done():
 			return s.abandon(a, w, errShuttingDown)
 		}
 	}
@@ -496,7 +523,31 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 	if errors.Is(cause, errShuttingDown) {
 		return nil, apierror.Wrap(apierror.Unavailable, cause, "this node is shutting down; the wait for %q was withdrawn; acquire again through another node", displayName(a.key))
 	}
+	if ae, ok := errors.AsType[*apierror.Error](cause); ok && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		// This node could not follow the leader: say so.
+		return nil, &apierror.Error{Code: ae.Code, RetryAfter: ae.RetryAfter, Err: cause,
+			Message: fmt.Sprintf("%s; the wait for %q was withdrawn", ae.Message, displayName(a.key))}
+	}
 	return nil, apierror.Wrap(apierror.Unavailable, cause, "the request was cancelled before %q was granted; the wait was withdrawn", displayName(a.key))
+}
+
+// giveBack releases a grant that could not be answered. As in abandon, only a
+// request without a request_id of the client's: one with it is answered with
+// this grant when retried through another node, and otherwise the grant ends
+// with its lease.
+func (s *Service) giveBack(a acquireArgs, g *grantAnswer) {
+	if a.requestID != "" {
+		return
+	}
+	id, err := command.ParseLeaseID(g.leaseID)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+	defer cancel()
+	if _, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.Release{Name: a.key, LeaseID: id, Token: g.token})); err != nil {
+		s.logger.Warn("could not give back a grant this node could not answer; it ends with its lease", "lock", displayName(a.key), "err", err)
+	}
 }
 
 // Release gives a lock back and hands it to the next waiter.

@@ -92,7 +92,7 @@ func (s *Service) RotateTokenKey(ctx context.Context, req RotateTokenKeyRequest)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.fsm.WaitApplied(ctx, resp.Index); err != nil {
+	if err := s.catchUp(ctx, resp.Index); err != nil {
 		return nil, err
 	}
 	return s.TokenKeys(ctx)

@@ -42,6 +42,12 @@ func newLogNode(lag bool) *logNode {
 
 func (n *logNode) FSM() *fsm.FSM { return n.local }
 
+// CatchUp waits as long as ctx lets it (raftnode bounds it; here the test
+// does, by shipping the entries or shutting the service down).
+func (n *logNode) CatchUp(ctx context.Context, index uint64) error {
+	return n.local.WaitApplied(ctx, index)
+}
+
 func (n *logNode) Apply(_ context.Context, e *command.Envelope) (*fsm.Response, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

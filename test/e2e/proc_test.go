@@ -30,6 +30,7 @@ type proc struct {
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the process has exited and been reaped
 	waitErr error         // cmd.Wait's result; read only after done is closed
+	dumped  bool          // stop sent SIGQUIT: the log ends with every goroutine's stack
 }
 
 // launch starts bin with args. Its stderr (and stdout, unless stdout is given)
@@ -111,6 +112,13 @@ func (p *proc) stop(sig os.Signal) (took time.Duration, killed bool) {
 	if p.waitExit(stopTimeout) {
 		return time.Since(start), false
 	}
+	// The Go runtime answers SIGQUIT by writing every goroutine's stack to
+	// the log and exiting: what held the process up is then in the failure.
+	p.dumped = true
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	if p.waitExit(5 * time.Second) {
+		return time.Since(start), true
+	}
 	_ = p.cmd.Process.Kill()
 	p.waitExit(stopTimeout) // SIGKILL cannot be ignored; this returns at once
 	return time.Since(start), true
@@ -120,6 +128,26 @@ func (p *proc) stop(sig os.Signal) (took time.Duration, killed bool) {
 func (p *proc) exitCode() int {
 	<-p.done
 	return p.cmd.ProcessState.ExitCode()
+}
+
+// stackSummary returns the goroutine dump that ends a SIGQUIT process's log,
+// cut down to each goroutine's header and its frames in dlock's own code.
+func stackSummary(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	_, dump, ok := strings.Cut(string(b), "SIGQUIT: quit")
+	if !ok {
+		return "(no goroutine dump in the log)"
+	}
+	var out []string
+	for _, line := range strings.Split(dump, "\n") {
+		if strings.HasPrefix(line, "goroutine ") || strings.HasPrefix(line, "github.com/dlock/dlock/") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // logTail returns the last n lines of the process's log.
@@ -294,6 +322,9 @@ func (c *procCluster) cleanup() {
 	if c.t.Failed() {
 		for _, nd := range c.nodes {
 			c.t.Logf("--- tail of %s's log (%s):\n%s", nd.id, nd.logPath, logTail(nd.logPath, 60))
+			if nd.p != nil && nd.p.dumped {
+				c.t.Logf("--- %s's goroutines when it was sent SIGQUIT (dlock frames):\n%s", nd.id, stackSummary(nd.logPath))
+			}
 		}
 	}
 }

@@ -1,0 +1,73 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/watch"
+)
+
+// A request waiting for this node to apply what the leader answered (a
+// follower that was removed from the cluster never does) ends when the node
+// shuts down, so graceful shutdown, which waits for open requests, is not held
+// up by it. The grant it could not answer is given back unless the client can
+// retry into it with its request_id.
+func TestShutdownEndsWaitForLocalStateToCatchUp(t *testing.T) {
+	for _, tc := range []struct {
+		requestID string
+		wantHeld  bool
+	}{
+		{requestID: "", wantHeld: false},
+		{requestID: "retry-me", wantHeld: true},
+	} {
+		t.Run("request_id="+tc.requestID, func(t *testing.T) {
+			ctx := context.Background()
+			n := newLogNode(true)
+			s := New(n, watch.NewHub(0, 0), nil)
+			if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
+				t.Fatal(err)
+			}
+			n.ship()
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Acquire(ctx, AcquireRequest{Name: "jobs/x", ClientID: "w", TTLms: 30_000, RequestID: tc.requestID})
+				done <- err
+			}()
+			// The leader has granted it; this node never applies the grant.
+			for {
+				n.mu.Lock()
+				committed := len(n.log)
+				n.mu.Unlock()
+				if committed == 2 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("acquire answered (%v) before this node applied its grant", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			s.Close()
+			select {
+			case err := <-done:
+				if ae := apierror.From(err); ae.Code != apierror.Unavailable || !errors.Is(err, errShuttingDown) {
+					t.Fatalf("acquire ended by shutdown: %v (code %s); want unavailable, shutting down", err, ae.Code)
+				}
+			case <-time.After(10 * time.Second): // hang guard only
+				t.Fatal("shutdown did not end the wait for the local state to catch up")
+			}
+			key, _ := command.NormalizeName("jobs/x")
+			var li state.LockInfo
+			n.leader.Read(func(st *state.State) { li = st.GetLock(key) })
+			if li.Held != tc.wantHeld {
+				t.Fatalf("after the unanswered grant the lock is held=%v, want %v", li.Held, tc.wantHeld)
+			}
+		})
+	}
+}
