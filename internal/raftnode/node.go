@@ -148,6 +148,9 @@ type Node struct {
 	// Counters for metrics.
 	forwarded     atomic.Uint64
 	leaderChanges atomic.Uint64
+	// leaderlessSince is when this node last saw no leader after knowing
+	// one (Unix ns; 0 while it knows a leader). followLeadership keeps it.
+	leaderlessSince atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -328,6 +331,11 @@ func (n *Node) followLeadership() {
 		case <-n.raft.LeaderCh():
 		case <-tick.C:
 		}
+		if addr, _ := n.raft.LeaderWithID(); addr == "" {
+			n.leaderlessSince.CompareAndSwap(0, time.Now().UnixNano())
+		} else {
+			n.leaderlessSince.Store(0)
+		}
 		now := n.raft.State() == raft.Leader
 		if now == leading {
 			continue
@@ -346,6 +354,18 @@ func (n *Node) followLeadership() {
 			n.logger.Info("lost leadership")
 		}
 	}
+}
+
+// LeaderlessFor is how long this node has known no leader (0 while it knows
+// one), to within followLeadership's 100 ms tick. A node cut off from the
+// majority, or removed from the cluster, stays leaderless; a failover makes it
+// so for a few hundred milliseconds.
+func (n *Node) LeaderlessFor() time.Duration {
+	since := n.leaderlessSince.Load()
+	if since == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, since))
 }
 
 // demote ends the term (endTerm cancels its context; nil for none) and closes

@@ -123,3 +123,28 @@ func TestBecomeReadyPromotesWhileTermIsLive(t *testing.T) {
 		t.Fatalf("becomeReady in a live term left ready=%v, reaper active=%v", n.ready.Load(), n.reaper.Active())
 	}
 }
+
+// LeaderlessFor is 0 on a node that knows a leader, and grows on one left
+// alone when the other two stop.
+func TestLeaderlessFor(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	follower := followerKnowingLeader(t, nodes, leader)
+	// Within a tick of knowing the leader, both say 0.
+	for deadline := time.Now().Add(5 * time.Second); nodes[leader].LeaderlessFor() != 0 || nodes[follower].LeaderlessFor() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leaderless for %v (leader) and %v (follower) with a leader known", nodes[leader].LeaderlessFor(), nodes[follower].LeaderlessFor())
+		}
+	}
+	for id, n := range nodes {
+		if id != follower {
+			if err := n.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); nodes[follower].LeaderlessFor() < 500*time.Millisecond; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // hang guard only
+			t.Fatalf("the last node still names a leader (leaderless for %v)", nodes[follower].LeaderlessFor())
+		}
+	}
+}

@@ -239,3 +239,40 @@ func TestElectionHandOffOnResignAndExpiry(t *testing.T) {
 		t.Fatalf("GET election: %d %v %+v", code, err, g)
 	}
 }
+
+// A node left without a quorum hears of no changes: it ends its watch streams
+// with no_leader (the client resumes elsewhere) and refuses new ones, rather
+// than keep its watchers waiting in silence.
+func TestWatchOnNodeWithoutLeaderEnds(t *testing.T) {
+	c := testcluster.New(t, 3)
+	c.WaitLeader(10 * time.Second)
+	alone := c.Follower()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	code, stream := sse(t, ctx, c.URL(alone)+"/api/v1/watch?prefix=jobs/")
+	if code != 200 {
+		t.Fatalf("watch: %d", code)
+	}
+	for _, id := range c.IDs() {
+		if id != alone {
+			c.Kill(id)
+		}
+	}
+	select {
+	case rec, ok := <-stream:
+		if !ok {
+			t.Fatal("the stream ended without an error record")
+		}
+		var body struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if rec.event != "error" || json.Unmarshal([]byte(rec.data), &body) != nil || body.Error.Code != "no_leader" {
+			t.Fatalf("the stream's last record: %+v; want an error record with code no_leader", rec)
+		}
+	case <-time.After(30 * time.Second): // hang guard only
+		t.Fatal("the watch on a node without a quorum stayed open")
+	}
+	if code, _ := sse(t, ctx, c.URL(alone)+"/api/v1/watch?prefix=jobs/"); code != http.StatusServiceUnavailable {
+		t.Fatalf("a new watch on a node without a quorum: %d; want 503", code)
+	}
+}

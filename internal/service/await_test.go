@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,8 @@ type memNode struct {
 	index    uint64
 	once     sync.Once
 	onExpire func()
+	// leaderless is what LeaderlessFor answers (a time.Duration).
+	leaderless atomic.Int64
 }
 
 func newMemNode() *memNode {
@@ -55,6 +58,7 @@ func (n *memNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response
 }
 
 func (n *memNode) LinearizableRead(context.Context) error { return nil }
+func (n *memNode) LeaderlessFor() time.Duration           { return time.Duration(n.leaderless.Load()) }
 func (n *memNode) CatchUp(ctx context.Context, index uint64) error {
 	return n.f.WaitApplied(ctx, index)
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"crypto/ed25519"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -19,6 +20,8 @@ type fsmOnlyNode struct {
 }
 
 func (n fsmOnlyNode) FSM() *fsm.FSM { return n.f }
+
+func (n fsmOnlyNode) LeaderlessFor() time.Duration { return 0 }
 
 // applyTokenKey commits a SetTokenKey entry at index to f.
 func applyTokenKey(tb testing.TB, f *fsm.FSM, index uint64, seed [32]byte, rotate bool) {

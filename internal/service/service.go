@@ -30,6 +30,8 @@ type Node interface {
 	LinearizableRead(ctx context.Context) error
 	// CatchUp waits, bounded, until the local state has applied index.
 	CatchUp(ctx context.Context, index uint64) error
+	// LeaderlessFor is how long this node has known no leader.
+	LeaderlessFor() time.Duration
 	FSM() *fsm.FSM
 	Status() raftnode.Status
 	Ready() error
@@ -70,6 +72,9 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
+	if hub != nil { // nil only in tests that watch nothing
+		go s.endWatchesWhileLeaderless()
+	}
 	return s
 }
 
@@ -93,7 +98,9 @@ func (s *Service) observe(op string, start time.Time, err *error) {
 // before Raft stops.
 func (s *Service) Close() {
 	s.endLife()
-	s.hub.Close()
+	if s.hub != nil {
+		s.hub.Close()
+	}
 }
 
 // catchUp waits until this node has applied the entry at index (a follower

@@ -42,6 +42,8 @@ func newLogNode(lag bool) *logNode {
 
 func (n *logNode) FSM() *fsm.FSM { return n.local }
 
+func (n *logNode) LeaderlessFor() time.Duration { return 0 }
+
 // CatchUp waits as long as ctx lets it (raftnode bounds it; here the test
 // does, by shipping the entries or shutting the service down).
 func (n *logNode) CatchUp(ctx context.Context, index uint64) error {

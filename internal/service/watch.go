@@ -3,9 +3,11 @@ package service
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
 )
@@ -47,11 +49,44 @@ func watchErr(err error) error {
 		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received (and skip its events you already have)")
 	case errors.Is(err, watch.ErrReset):
 		return apierror.Wrap(apierror.Compacted, err, "this node restored a snapshot and its event history restarted; list again and watch from the listed revision + 1")
+	case errors.Is(err, errWatchNoLeader):
+		return apierror.Wrap(apierror.NoLeader, err, "this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it hears of no changes; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
 	case errors.Is(err, watch.ErrClosed):
 		return apierror.Wrap(apierror.Unavailable, err, "this node is shutting down; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
 	}
 	return apierror.Wrap(apierror.Internal, err, "watch failed")
 }
+
+// errWatchNoLeader ends the watches of a node that has known no leader for
+// raftnode.NoLeaderWait.
+var errWatchNoLeader = errors.New("this node has known no leader for a while")
+
+// watchLeaderCheck is how often a node looks whether it knows a leader, to
+// end its watches when it has not for raftnode.NoLeaderWait.
+const watchLeaderCheck = 250 * time.Millisecond
+
+// endWatchesWhileLeaderless ends every watch on this node, and refuses new
+// ones (Watch), while it has known no leader for raftnode.NoLeaderWait: a node
+// cut off from the majority, or removed from the cluster, hears of no change,
+// so its watchers would wait in silence for events that happen elsewhere
+// (etcd's WithRequireLeader, here always on). They reconnect to another node
+// from their last revision. It runs until Close.
+func (s *Service) endWatchesWhileLeaderless() {
+	t := time.NewTicker(watchLeaderCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.life.Done():
+			return
+		case <-t.C:
+			if s.leaderless() {
+				s.hub.EndAll(errWatchNoLeader)
+			}
+		}
+	}
+}
+
+func (s *Service) leaderless() bool { return s.node.LeaderlessFor() >= raftnode.NoLeaderWait }
 
 // Event converts a hub event to its public form.
 func Event(e watch.Event) WatchEvent {
@@ -73,6 +108,9 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	}
 	if err := s.authorize(ctx, command.PermWatch, prefix, ""); err != nil {
 		return nil, err
+	}
+	if s.leaderless() {
+		return nil, watchErr(errWatchNoLeader)
 	}
 	release, err := s.watchSlot(ctx)
 	if err != nil {
@@ -100,6 +138,9 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 	}
 	if err := s.authorize(ctx, command.PermWatch, n, ""); err != nil {
 		return nil, nil, err
+	}
+	if s.leaderless() {
+		return nil, nil, watchErr(errWatchNoLeader)
 	}
 	if err := s.read(ctx, stale); err != nil {
 		return nil, nil, err

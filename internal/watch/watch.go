@@ -189,13 +189,25 @@ func (h *Hub) Watchers() int {
 	return len(h.subs)
 }
 
-// Close ends every subscription.
+// Close ends every subscription, and every later one at once.
 func (h *Hub) Close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = true
+	h.endAllLocked(ErrClosed)
+}
+
+// EndAll ends every open subscription with err (their Err); later ones are
+// not affected.
+func (h *Hub) EndAll(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.endAllLocked(err)
+}
+
+func (h *Hub) endAllLocked(err error) {
 	for s := range h.subs {
-		s.endLocked(ErrClosed)
+		s.endLocked(err)
 	}
 }
 
@@ -273,7 +285,5 @@ func (h *Hub) Restored(s *state.State) {
 	h.head, h.count = 0, 0
 	h.current = s.Revision()
 	h.first = h.current + 1
-	for sub := range h.subs {
-		sub.endLocked(ErrReset)
-	}
+	h.endAllLocked(ErrReset)
 }
