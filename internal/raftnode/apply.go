@@ -454,7 +454,7 @@ func (n *Node) CatchUp(ctx context.Context, index uint64) error {
 	// Not wrapping err: the caller's context did not end, only this wait.
 	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second,
 		Err:     fmt.Errorf("log index %d not applied here within %s", index, CatchUpTimeout),
-		Message: fmt.Sprintf("this node has not applied log entry %d, which the leader committed, within %s: it is behind, cut off, or no longer a member; retry through another node", index, CatchUpTimeout)}
+		Message: fmt.Sprintf("this node has not applied log entry %d, which the leader committed, within %s: it is behind, cut off, or no longer a member; retry through another node (with the same request_id, a write already committed is answered from there)", index, CatchUpTimeout)}
 }
 
 // awaitFuture waits for a Raft future, but no longer than ctx. A future that

@@ -71,3 +71,51 @@ func TestShutdownEndsWaitForLocalStateToCatchUp(t *testing.T) {
 		})
 	}
 }
+
+// A queued acquire whose node cannot apply the leader's answer (behind, cut
+// off, removed) is answered unavailable. With a request_id its place in line
+// is kept for the client's retry through another node (withdrawing it would
+// turn that retry into a wait_timeout); without one it is withdrawn.
+func TestQueuedAcquireOnNodeThatCannotCatchUp(t *testing.T) {
+	for _, tc := range []struct {
+		requestID   string
+		wantWaiters int
+	}{
+		{requestID: "w-1", wantWaiters: 1},
+		{requestID: "", wantWaiters: 0},
+	} {
+		t.Run("request_id="+tc.requestID, func(t *testing.T) {
+			ctx := context.Background()
+			n := newLogNode(true)
+			s := New(n, watch.NewHub(0, 0), nil)
+			t.Cleanup(s.Close)
+			held := make(chan error, 1)
+			go func() {
+				_, err := s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
+				held <- err
+			}()
+			for shipping := true; shipping; { // this node follows until the holder has the lock
+				n.ship()
+				select {
+				case err := <-held:
+					if err != nil {
+						t.Fatal(err)
+					}
+					shipping = false
+				case <-time.After(time.Millisecond):
+				}
+			}
+			n.stuck.Store(true) // from now on it falls behind for good
+			_, err := s.Acquire(ctx, AcquireRequest{Name: "job", ClientID: "waiter", TTLms: 30_000, WaitTimeoutMs: 600_000, RequestID: tc.requestID})
+			if c := apierror.CodeOf(err); c != apierror.Unavailable {
+				t.Fatalf("a queued acquire on a node that cannot catch up: %v (code %s); want unavailable", err, c)
+			}
+			key, _ := command.NormalizeName("job")
+			var li state.LockInfo
+			n.leader.Read(func(st *state.State) { li = st.GetLock(key) })
+			if li.Waiters != tc.wantWaiters {
+				t.Fatalf("waiters on the leader after the answer: %d, want %d", li.Waiters, tc.wantWaiters)
+			}
+		})
+	}
+}

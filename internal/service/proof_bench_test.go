@@ -43,6 +43,7 @@ func publicKey(seed [32]byte) ed25519.PublicKey {
 func TestProofUsesTheCurrentKeyAcrossRotation(t *testing.T) {
 	f := fsm.New(nil)
 	s := New(fsmOnlyNode{f: f}, nil, nil)
+	t.Cleanup(s.Close)
 	if p := s.proof("jobs/x", 1, "c1", "ref"); p != "" {
 		t.Fatalf("proof without a cluster key: %q", p)
 	}
@@ -70,6 +71,7 @@ func BenchmarkProof(b *testing.B) {
 	f := fsm.New(nil)
 	applyTokenKey(b, f, 1, [32]byte{7}, false)
 	s := New(fsmOnlyNode{f: f}, nil, nil)
+	b.Cleanup(s.Close)
 	b.ReportAllocs()
 	var token uint64
 	for b.Loop() {

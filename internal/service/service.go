@@ -60,6 +60,9 @@ type Service struct {
 	// does every wait for the local state to catch up.
 	life    context.Context
 	endLife context.CancelFunc
+	// leaderGone is closed while this node has known no leader for a while
+	// (followLeaderless), ending the queued acquires that wait here.
+	leaderGone atomic.Pointer[chan struct{}]
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -72,9 +75,9 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
-	if hub != nil { // nil only in tests that watch nothing
-		go s.endWatchesWhileLeaderless()
-	}
+	gone := make(chan struct{})
+	s.leaderGone.Store(&gone)
+	go s.followLeaderless()
 	return s
 }
 
@@ -446,11 +449,12 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 	defer s.waiters.remove(w.LeaseID, sig)
 	// A follower may not have applied the entry the leader answered from yet.
 	if err := s.catchUp(ctx, index); err != nil {
-		return s.abandon(a, w, err)
+		return s.cannotFollow(ctx, a, w, err)
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
+		noLeader := s.noLeader()
 		out, res, alive := s.checkWait(name, w, a.clientID, requestID)
 		switch out {
 		case wasGranted:
@@ -481,8 +485,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 				return g, aerr
 			}
 			if err := s.catchUp(ctx, resp.Index); err != nil {
-				// Nobody will hear of a grant that raced in.
-				return s.abandon(a, w, err)
+				return s.cannotFollow(ctx, a, w, err)
 			}
 			switch out, res, _ := s.checkWait(name, w, a.clientID, requestID); out {
 			case wasGranted:
@@ -495,9 +498,42 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			return s.abandon(a, w, ctx.Err())
 		case <-s.life.Done():
 			return s.abandon(a, w, errShuttingDown)
+		case <-noLeader:
+			return s.leaveLine(a, w)
 		}
 	}
 }
+
+// cannotFollow answers a queued acquire whose node could not apply what the
+// leader committed (catchUp failed). If its client went away or the node is
+// shutting down, the wait is withdrawn (abandon); if the node is behind or cut
+// off, it leaves the line as on a node without a leader (leaveLine).
+func (s *Service) cannotFollow(ctx context.Context, a acquireArgs, w command.WaitRef, err error) (*grantAnswer, error) {
+	if ctx.Err() != nil || errors.Is(err, errShuttingDown) {
+		return s.abandon(a, w, err)
+	}
+	if a.requestID == "" {
+		return s.abandon(a, w, err)
+	}
+	return nil, err
+}
+
+// leaveLine answers a queued acquire on a node that has known no leader for a
+// while: it would never hear of its grant here. With a request_id of the
+// client's the place in line is kept (until wait_timeout_ms), and the client's
+// retry with that request_id through another node waits in it there; without
+// one, nobody can come back for it, so it is withdrawn (if the leader can be
+// reached at all; else it ends at its wait timeout).
+func (s *Service) leaveLine(a acquireArgs, w command.WaitRef) (*grantAnswer, error) {
+	if a.requestID == "" {
+		return s.abandon(a, w, errWaitNoLeader)
+	}
+	return nil, &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: errWaitNoLeader,
+		Message: fmt.Sprintf("this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it would not hear of the grant; your place in line for %q is kept until wait_timeout_ms: retry with the same request_id through another node", displayName(a.key))}
+}
+
+// errWaitNoLeader ends the queued acquires of a node without a leader.
+var errWaitNoLeader = errors.New("this node has known no leader for a while")
 
 // errShuttingDown ends the waits of a node that is shutting down.
 var errShuttingDown = errors.New("this node is shutting down; retry on another node")
@@ -529,6 +565,10 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 	}
 	if errors.Is(cause, errShuttingDown) {
 		return nil, apierror.Wrap(apierror.Unavailable, cause, "this node is shutting down; the wait for %q was withdrawn; acquire again through another node", displayName(a.key))
+	}
+	if errors.Is(cause, errWaitNoLeader) {
+		return nil, &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: cause,
+			Message: fmt.Sprintf("this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it would not hear of the grant; the wait for %q was withdrawn if the leader could be reached; acquire again through another node", displayName(a.key))}
 	}
 	if ae, ok := errors.AsType[*apierror.Error](cause); ok && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
 		// This node could not follow the leader: say so.

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/fence"
+	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/state"
@@ -29,6 +31,7 @@ type logNode struct {
 	log     [][]byte
 	shipped int  // entries applied to local
 	lag     bool // hold entries back from local
+	stuck   atomic.Bool
 }
 
 func newLogNode(lag bool) *logNode {
@@ -45,8 +48,12 @@ func (n *logNode) FSM() *fsm.FSM { return n.local }
 func (n *logNode) LeaderlessFor() time.Duration { return 0 }
 
 // CatchUp waits as long as ctx lets it (raftnode bounds it; here the test
-// does, by shipping the entries or shutting the service down).
+// does, by shipping the entries or shutting the service down), or, when the
+// node is stuck, fails at once as raftnode's does after CatchUpTimeout.
 func (n *logNode) CatchUp(ctx context.Context, index uint64) error {
+	if n.stuck.Load() && n.local.AppliedIndex() < index {
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "this node has not applied it in time"}
+	}
 	return n.local.WaitApplied(ctx, index)
 }
 
@@ -102,6 +109,7 @@ func TestTokenKeysPublishRetiredKeyBounds(t *testing.T) {
 	ctx := context.Background()
 	n := newLogNode(false)
 	s := New(n, nil, nil)
+	t.Cleanup(s.Close)
 	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -201,6 +209,7 @@ func TestGrantIsSignedWithTheKeyCurrentAtTheGrant(t *testing.T) {
 	ctx := context.Background()
 	n := newLogNode(true)
 	s := New(n, nil, nil)
+	t.Cleanup(s.Close)
 	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,9 @@ package service
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
-	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
 )
@@ -56,37 +54,6 @@ func watchErr(err error) error {
 	}
 	return apierror.Wrap(apierror.Internal, err, "watch failed")
 }
-
-// errWatchNoLeader ends the watches of a node that has known no leader for
-// raftnode.NoLeaderWait.
-var errWatchNoLeader = errors.New("this node has known no leader for a while")
-
-// watchLeaderCheck is how often a node looks whether it knows a leader, to
-// end its watches when it has not for raftnode.NoLeaderWait.
-const watchLeaderCheck = 250 * time.Millisecond
-
-// endWatchesWhileLeaderless ends every watch on this node, and refuses new
-// ones (Watch), while it has known no leader for raftnode.NoLeaderWait: a node
-// cut off from the majority, or removed from the cluster, hears of no change,
-// so its watchers would wait in silence for events that happen elsewhere
-// (etcd's WithRequireLeader, here always on). They reconnect to another node
-// from their last revision. It runs until Close.
-func (s *Service) endWatchesWhileLeaderless() {
-	t := time.NewTicker(watchLeaderCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.life.Done():
-			return
-		case <-t.C:
-			if s.leaderless() {
-				s.hub.EndAll(errWatchNoLeader)
-			}
-		}
-	}
-}
-
-func (s *Service) leaderless() bool { return s.node.LeaderlessFor() >= raftnode.NoLeaderWait }
 
 // Event converts a hub event to its public form.
 func Event(e watch.Event) WatchEvent {

@@ -1,0 +1,56 @@
+package service
+
+import (
+	"errors"
+	"time"
+
+	"github.com/dlock/dlock/internal/raftnode"
+)
+
+// errWatchNoLeader ends the watches of a node that has known no leader for
+// raftnode.NoLeaderWait.
+var errWatchNoLeader = errors.New("this node has known no leader for a while")
+
+// leaderCheck is how often a node looks whether it knows a leader.
+const leaderCheck = 250 * time.Millisecond
+
+// followLeaderless acts on this node having known no leader for
+// raftnode.NoLeaderWait: it is cut off from the majority, or no longer a
+// member, so it hears of no change. Its watchers would wait in silence for
+// events that happen elsewhere, and its queued acquires for grants it would
+// never learn of. So every watch ends (no_leader; etcd's WithRequireLeader,
+// here always on), Watch refuses new ones, and every queued acquire is
+// answered no_leader so its client goes on through another node. It runs until
+// Close.
+func (s *Service) followLeaderless() {
+	t := time.NewTicker(leaderCheck)
+	defer t.Stop()
+	told := false // leaderGone is closed
+	for {
+		select {
+		case <-s.life.Done():
+			return
+		case <-t.C:
+		}
+		if !s.leaderless() {
+			if told {
+				ch := make(chan struct{})
+				s.leaderGone.Store(&ch)
+				told = false
+			}
+			continue
+		}
+		if !told {
+			close(*s.leaderGone.Load())
+			told = true
+		}
+		if s.hub != nil {
+			s.hub.EndAll(errWatchNoLeader)
+		}
+	}
+}
+
+func (s *Service) leaderless() bool { return s.node.LeaderlessFor() >= raftnode.NoLeaderWait }
+
+// noLeader is closed while this node has known no leader for NoLeaderWait.
+func (s *Service) noLeader() <-chan struct{} { return *s.leaderGone.Load() }
