@@ -63,6 +63,10 @@ type Result struct {
 	Holder Holder
 	// Message explains StatusInvalid.
 	Message string
+	// Replayed says this answer came from the dedup table: the request was
+	// applied before, by an earlier entry. Never stored (EncodeResult leaves
+	// it out): only the answer to a repeated request carries it.
+	Replayed bool
 }
 
 // EncodeResult serialises a result for the snapshot's dedup table.

@@ -271,6 +271,9 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	r := wire.NewReader(body)
 	resp := &fsm.Response{Index: r.Uvarint()}
 	resp.Result = command.DecodeResult(r)
+	if r.Len() > 0 { // absent from a leader of an earlier version
+		resp.Result.Replayed = r.Bool()
+	}
 	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("forward to leader %s: bad answer: %w", addr, err)
 	}
@@ -335,6 +338,9 @@ func (n *Node) forwardHandler() http.Handler {
 		wr := &wire.Writer{}
 		wr.Uvarint(resp.Index)
 		command.EncodeResult(wr, &resp.Result)
+		// EncodeResult is the snapshot's format, which leaves Replayed
+		// out; the forwarding node needs it (Service.replayedGrant).
+		wr.Bool(resp.Result.Replayed)
 		_, _ = w.Write(wr.Buf)
 	})
 	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(r.ID, r.RaftAddr) }))

@@ -260,3 +260,26 @@ func TestReadOnFollowerThatCannotCatchUpIsUnavailable(t *testing.T) {
 		t.Fatalf("CatchUp to an applied index: %v", err)
 	}
 }
+
+// A forwarded answer says whether it came from the dedup table, as the
+// leader's own does: the forwarding node decides on it (a grant made by an
+// earlier try of the same request).
+func TestForwardedAnswerSaysReplayed(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	follower := followerKnowingLeader(t, nodes, leader)
+	key, err := command.NormalizeName("replayed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func() *command.Envelope {
+		return &command.Envelope{ClientID: "c", RequestID: "same-1", Body: &command.Acquire{Name: key, TTLms: 5000}}
+	}
+	first, err := nodes[follower].Apply(context.Background(), env())
+	if err != nil || first.Result.Replayed {
+		t.Fatalf("first try through the follower: %+v, %v; want a fresh answer", first, err)
+	}
+	again, err := nodes[follower].Apply(context.Background(), env())
+	if err != nil || !again.Result.Replayed || again.Result.Token != first.Result.Token {
+		t.Fatalf("the same request again through the follower: %+v, %v; want the first answer (token %d) marked Replayed", again, err, first.Result.Token)
+	}
+}

@@ -148,8 +148,9 @@ type Node struct {
 	// Counters for metrics.
 	forwarded     atomic.Uint64
 	leaderChanges atomic.Uint64
-	// leaderlessSince is when this node last saw no leader after knowing
-	// one (Unix ns; 0 while it knows a leader). followLeadership keeps it.
+	// leaderlessSince is since when this node has known no leader (Unix ns;
+	// 0 while it knows one), also at start-up before the first election.
+	// followLeadership keeps it.
 	leaderlessSince atomic.Int64
 
 	ctx    context.Context

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
 )
@@ -117,5 +118,60 @@ func TestQueuedAcquireOnNodeThatCannotCatchUp(t *testing.T) {
 				t.Fatalf("waiters on the leader after the answer: %d, want %d", li.Waiters, tc.wantWaiters)
 			}
 		})
+	}
+}
+
+// retryingNode is a logNode whose Apply of an acquire loses the first answer
+// and commits the same envelope again, as raftnode.Node.Apply does after a
+// leadership change left the outcome unknown (errUnknown): the state machine
+// answers the second entry from its dedup table (same client id, same
+// server-made request id).
+type retryingNode struct{ *logNode }
+
+func (n *retryingNode) FSM() *fsm.FSM { return n.logNode.FSM() }
+
+func (n *retryingNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+	if _, ok := e.Body.(*command.Acquire); ok {
+		if _, err := n.logNode.Apply(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	return n.logNode.Apply(ctx, e)
+}
+
+// A grant that cannot be answered because the node cannot catch up is given
+// back when the request had no request_id of the client's — also when the
+// node's own resend after an unknown outcome was answered from the dedup table
+// (replayedGrant), not only when it came straight from its entry.
+func TestUnanswerableReplayedGrantIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	ln := newLogNode(true)
+	n := &retryingNode{ln}
+	s := New(n, watch.NewHub(0, 0), nil)
+	t.Cleanup(s.Close)
+	if _, err := ln.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
+		t.Fatal(err)
+	}
+	ln.ship()
+	ln.stuck.Store(true) // this node applies nothing more: CatchUp fails
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx, AcquireRequest{Name: "jobs/x", ClientID: "w", TTLms: 600_000})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if c := apierror.CodeOf(err); c != apierror.Unavailable {
+			t.Fatalf("acquire on a node that cannot catch up: %v (code %s); want unavailable", err, c)
+		}
+	case <-time.After(10 * time.Second): // hang guard only
+		t.Fatal("acquire hung")
+	}
+	key, _ := command.NormalizeName("jobs/x")
+	var li state.LockInfo
+	ln.leader.Read(func(st *state.State) { li = st.GetLock(key) })
+	if li.Held {
+		t.Fatalf("the acquire (no request_id) was answered unavailable, yet the lock stays held by %q (token %d) until its lease ends",
+			li.Holder.ClientID, li.Holder.Token)
 	}
 }

@@ -25,7 +25,6 @@ const leaderCheck = 250 * time.Millisecond
 func (s *Service) followLeaderless() {
 	t := time.NewTicker(leaderCheck)
 	defer t.Stop()
-	told := false // leaderGone is closed
 	for {
 		select {
 		case <-s.life.Done():
@@ -33,16 +32,13 @@ func (s *Service) followLeaderless() {
 		case <-t.C:
 		}
 		if !s.leaderless() {
-			if told {
-				ch := make(chan struct{})
-				s.leaderGone.Store(&ch)
-				told = false
-			}
+			s.noLeader() // re-arms it
 			continue
 		}
-		if !told {
-			close(*s.leaderGone.Load())
-			told = true
+		// Only this goroutine closes the channel, and only an open one;
+		// noLeader only replaces a closed one.
+		if p := s.leaderGone.Load(); !isClosed(*p) {
+			close(*p)
 		}
 		if s.hub != nil {
 			s.hub.EndAll(errWatchNoLeader)
@@ -52,5 +48,27 @@ func (s *Service) followLeaderless() {
 
 func (s *Service) leaderless() bool { return s.node.LeaderlessFor() >= raftnode.NoLeaderWait }
 
-// noLeader is closed while this node has known no leader for NoLeaderWait.
-func (s *Service) noLeader() <-chan struct{} { return *s.leaderGone.Load() }
+// noLeader is closed while this node has known no leader for NoLeaderWait. A
+// closed one is replaced by an open one as soon as a leader is known again —
+// here, not only at followLeaderless's next tick: a wait that starts then
+// must not be sent away.
+func (s *Service) noLeader() <-chan struct{} {
+	p := s.leaderGone.Load()
+	if isClosed(*p) && !s.leaderless() {
+		ch := make(chan struct{})
+		if s.leaderGone.CompareAndSwap(p, &ch) {
+			return ch
+		}
+		p = s.leaderGone.Load()
+	}
+	return *p
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

@@ -128,3 +128,37 @@ func TestQueuedAcquireEndsWhileNodeKnowsNoLeader(t *testing.T) {
 		})
 	}
 }
+
+// As soon as a leader is known again, a queued acquire waits as usual: it is
+// not sent away by the leaderless spell that just ended (followLeaderless
+// notices only at its next tick; the wait must not depend on that).
+func TestQueuedAcquireRightAfterLeaderReturnsWaits(t *testing.T) {
+	node, s, _ := heldByHolder(t)
+	node.leaderless.Store(int64(raftnode.NoLeaderWait)) // cut off for a while
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		select {
+		case <-s.noLeader():
+		default:
+			if time.Now().After(deadline) { // hang guard only
+				t.Fatal("followLeaderless never noticed the leaderless spell")
+			}
+			continue
+		}
+		break
+	}
+	node.leaderless.Store(0) // a leader is known again (the partition healed)
+	if d := node.LeaderlessFor(); d != 0 {
+		t.Fatalf("LeaderlessFor %v", d)
+	}
+	// A queued acquire now, through the leader that is known again. It
+	// should wait its 300 ms and be told wait_timeout (the holder keeps the
+	// lock), its place in line being its own to lose.
+	_, err := s.Acquire(context.Background(), AcquireRequest{Name: "job", ClientID: "waiter", TTLms: 30_000, WaitTimeoutMs: 300})
+	if c := apierror.CodeOf(err); c != apierror.WaitTimeout {
+		key, _ := command.NormalizeName("job")
+		var li state.LockInfo
+		node.f.Read(func(st *state.State) { li = st.GetLock(key) })
+		t.Fatalf("a queued acquire on a node that knows a leader (LeaderlessFor=%v): %v (code %s), waiters now %d; want wait_timeout",
+			node.LeaderlessFor(), err, c, li.Waiters)
+	}
+}

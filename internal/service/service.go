@@ -420,6 +420,12 @@ func (s *Service) checkWait(name string, w command.WaitRef, clientID, requestID 
 func (s *Service) replayedGrant(ctx context.Context, a acquireArgs, r command.Result, index uint64) (*grantAnswer, error) {
 	// A follower may not have applied the entry the leader answered from yet.
 	if err := s.catchUp(ctx, index); err != nil {
+		if r.Replayed && r.Status == command.StatusOK {
+			// The grant was made by an earlier try of this very request
+			// (the node resent it after an unknown outcome): as for a
+			// direct grant, nobody without a request_id can claim it.
+			s.giveBack(a, &grantAnswer{leaseID: r.LeaseID.String(), token: r.Token})
+		}
 		return nil, err
 	}
 	var g *grantAnswer

@@ -569,17 +569,22 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		// granted since is answered with that grant (same lease, same seq).
 		if isDup {
 			dedupHits++
-			if granted := prevFirst.Status == command.StatusQueued && ra.Status == command.StatusOK &&
-				ra.LeaseID == prevFirst.LeaseID && ra.Seq == prevFirst.Seq && ra.Token != 0; granted {
-				if grants[grantRef{ra.LeaseID, ra.Seq}] != ra.Token {
-					t.Fatalf("step %d: retry answered with grant %+v that never happened", i, ra)
+			if !ra.Replayed {
+				t.Fatalf("step %d: a dedup hit not marked Replayed: %+v", i, ra)
+			}
+			rd := ra
+			rd.Replayed = false // the rest of the answer is the first one's
+			if granted := prevFirst.Status == command.StatusQueued && rd.Status == command.StatusOK &&
+				rd.LeaseID == prevFirst.LeaseID && rd.Seq == prevFirst.Seq && rd.Token != 0; granted {
+				if grants[grantRef{rd.LeaseID, rd.Seq}] != rd.Token {
+					t.Fatalf("step %d: retry answered with grant %+v that never happened", i, rd)
 				}
 				grantedRetries++
-				prevFirst = ra
-				first[key] = ra
+				prevFirst = rd
+				first[key] = rd
 			}
-			if ra != prevFirst {
-				t.Fatalf("step %d: dedup hit returned %+v, first result was %+v", i, ra, prevFirst)
+			if rd != prevFirst {
+				t.Fatalf("step %d: dedup hit returned %+v, first result was %+v", i, rd, prevFirst)
 			}
 			if coreAfter != coreBefore || len(evA) != 0 || a.revision != revBefore {
 				t.Fatalf("step %d: dedup hit changed the state", i)

@@ -454,8 +454,7 @@ func TestDedupReturnsFirstResult(t *testing.T) {
 		&command.Release{Name: "a", LeaseID: lid(2), Token: 2},
 		&command.CreateSession{LeaseID: lid(5), TTLms: ttl},
 	} {
-		r := h.req("c1", "r1", b)
-		if r != first {
+		if r := replayed(t, h.req("c1", "r1", b)); r != first {
 			t.Fatalf("dedup hit = %+v, want first result %+v", r, first)
 		}
 		h.checkNoChange(before, rev)
@@ -470,7 +469,7 @@ func TestDedupReturnsFirstResult(t *testing.T) {
 	held := h.req("c3", "x", &command.Acquire{Name: "a", LeaseID: lid(6), TTLms: ttl})
 	mustStatus(t, held, command.StatusLockHeld)
 	mustStatus(t, h.release("c2", "a", lid(2), 2), command.StatusOK)
-	if r := h.req("c3", "x", &command.Acquire{Name: "a", LeaseID: lid(7), TTLms: ttl}); r != held {
+	if r := replayed(t, h.req("c3", "x", &command.Acquire{Name: "a", LeaseID: lid(7), TTLms: ttl})); r != held {
 		t.Fatalf("retried refusal = %+v, want %+v", r, held)
 	}
 	// A different request id, or the same id from another client, acts again.
@@ -517,7 +516,7 @@ func TestDedupOfQueuedAcquireFollowsItsGrant(t *testing.T) {
 	}
 	// The retry is answered with the grant and changes nothing.
 	before, rev := dump(h.s), h.s.Revision()
-	if got := h.req("b", "b-1", &command.Acquire{Name: "l", LeaseID: lid(9), TTLms: ttl, WaitMs: 60_000}); got != r {
+	if got := replayed(t, h.req("b", "b-1", &command.Acquire{Name: "l", LeaseID: lid(9), TTLms: ttl, WaitMs: 60_000})); got != r {
 		t.Fatalf("retry = %+v, want %+v", got, r)
 	}
 	h.checkNoChange(before, rev)
@@ -1367,4 +1366,15 @@ func TestACLTokens(t *testing.T) {
 	if n := len(h.s.ACLTokens()); n != 1 {
 		t.Fatalf("%d tokens left, want 1", n)
 	}
+}
+
+// replayed checks that r is an answer from the dedup table and returns it as
+// the first answer was (Replayed is the only difference).
+func replayed(t *testing.T, r command.Result) command.Result {
+	t.Helper()
+	if !r.Replayed {
+		t.Fatalf("a repeated request's answer %+v is not marked Replayed", r)
+	}
+	r.Replayed = false
+	return r
 }

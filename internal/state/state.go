@@ -230,7 +230,9 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 	if e.RequestID != "" {
 		key = dedupKey{e.ClientID, e.RequestID}
 		if pos, ok := s.dedup[key]; ok {
-			return s.dedupRing[pos].result
+			r := s.dedupRing[pos].result
+			r.Replayed = true
+			return r
 		}
 	}
 	s.changed = false
