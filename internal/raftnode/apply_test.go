@@ -112,6 +112,14 @@ func (o *blockingObserver) Restored(*state.State) {}
 // now on (until the test ends); it returns the nodes and one follower's id.
 func stuckLeaderCluster(t *testing.T, applyTimeout time.Duration) (map[string]*Node, string) {
 	t.Helper()
+	return stalledNodeCluster(t, applyTimeout, true)
+}
+
+// stalledNodeCluster is a three-node cluster in which one node's FSM stalls
+// from now on (until the test ends): the leader's (stallLeader) or that of a
+// follower that knows the leader. It returns the nodes and that follower's id.
+func stalledNodeCluster(t *testing.T, applyTimeout time.Duration, stallLeader bool) (map[string]*Node, string) {
+	t.Helper()
 	var mu sync.Mutex
 	blocked := ""
 	release := make(chan struct{})
@@ -121,7 +129,11 @@ func stuckLeaderCluster(t *testing.T, applyTimeout time.Duration) (map[string]*N
 	t.Cleanup(func() { close(release) }) // runs before the shutdowns
 	follower := followerKnowingLeader(t, nodes, leader)
 	mu.Lock()
-	blocked = leader
+	if stallLeader {
+		blocked = leader
+	} else {
+		blocked = follower
+	}
 	mu.Unlock()
 	return nodes, follower
 }
@@ -202,23 +214,12 @@ func followerKnowingLeader(t *testing.T, nodes map[string]*Node, leader string) 
 }
 
 // stuckFollowerCluster is a three-node cluster where one follower, which knows
-// the leader, stops applying entries from now on (until the test ends): the
-// state a removed member is left in, since the leader no longer sends it the
-// log. It returns the nodes and that follower's id.
+// the leader, stops applying entries from now on: the state a removed member
+// is left in, since the leader no longer sends it the log. It returns the
+// nodes and that follower's id.
 func stuckFollowerCluster(t *testing.T) (map[string]*Node, string) {
 	t.Helper()
-	var mu sync.Mutex
-	blocked := ""
-	release := make(chan struct{})
-	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, func(id string) []fsm.Observer {
-		return []fsm.Observer{&blockingObserver{id: id, mu: &mu, blocked: &blocked, release: release}}
-	})
-	t.Cleanup(func() { close(release) }) // runs before the shutdowns
-	follower := followerKnowingLeader(t, nodes, leader)
-	mu.Lock()
-	blocked = follower
-	mu.Unlock()
-	return nodes, follower
+	return stalledNodeCluster(t, 0, false)
 }
 
 // A follower that cannot apply what the leader committed answers a

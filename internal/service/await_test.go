@@ -16,7 +16,6 @@ import (
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
-	"github.com/dlock/dlock/internal/watch"
 )
 
 // memNode applies every command straight to a local FSM, as a one-node
@@ -76,11 +75,7 @@ func (n *memNode) TransferLeadership(context.Context, string) error { return nil
 // heldByHolder is a service over a memNode with "job" held by "holder".
 func heldByHolder(t *testing.T) (*memNode, *Service, *AcquireResponse) {
 	t.Helper()
-	node := newMemNode()
-	hub := watch.NewHub(0, 0)
-	node.f.AddObserver(hub)
-	s := New(node, hub, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	t.Cleanup(s.Close)
+	node, s := watchedService(t)
 	held, err := s.Acquire(context.Background(), AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
 	if err != nil || !held.Acquired {
 		t.Fatalf("holder's acquire: %+v, %v", held, err)

@@ -78,13 +78,7 @@ func TestShutdownEndsWaitForLocalStateToCatchUp(t *testing.T) {
 // is kept for the client's retry through another node (withdrawing it would
 // turn that retry into a wait_timeout); without one it is withdrawn.
 func TestQueuedAcquireOnNodeThatCannotCatchUp(t *testing.T) {
-	for _, tc := range []struct {
-		requestID   string
-		wantWaiters int
-	}{
-		{requestID: "w-1", wantWaiters: 1},
-		{requestID: "", wantWaiters: 0},
-	} {
+	for _, tc := range placeInLineCases {
 		t.Run("request_id="+tc.requestID, func(t *testing.T) {
 			ctx := context.Background()
 			n := newLogNode(true)

@@ -14,6 +14,7 @@ import (
 	"github.com/dlock/dlock/internal/watch"
 )
 
+// watchedService is a service over a memNode, with an event hub.
 func watchedService(t *testing.T) (*memNode, *Service) {
 	t.Helper()
 	node := newMemNode()
@@ -75,13 +76,7 @@ func TestWatchesEndWhileNodeKnowsNoLeader(t *testing.T) {
 // its place in line is kept for the client's retry through another node;
 // without one it is withdrawn.
 func TestQueuedAcquireEndsWhileNodeKnowsNoLeader(t *testing.T) {
-	for _, tc := range []struct {
-		requestID   string
-		wantWaiters int
-	}{
-		{requestID: "w-1", wantWaiters: 1},
-		{requestID: "", wantWaiters: 0},
-	} {
+	for _, tc := range placeInLineCases {
 		t.Run("request_id="+tc.requestID, func(t *testing.T) {
 			node, s, _ := heldByHolder(t)
 			done := make(chan error, 1)
@@ -161,4 +156,15 @@ func TestQueuedAcquireRightAfterLeaderReturnsWaits(t *testing.T) {
 		t.Fatalf("a queued acquire on a node that knows a leader (LeaderlessFor=%v): %v (code %s), waiters now %d; want wait_timeout",
 			node.LeaderlessFor(), err, c, li.Waiters)
 	}
+}
+
+// placeInLineCases: a queued acquire sent away from a node that cannot follow
+// keeps its place in line only if its client can come back for it with the
+// same request_id.
+var placeInLineCases = []struct {
+	requestID   string
+	wantWaiters int
+}{
+	{requestID: "w-1", wantWaiters: 1},
+	{requestID: "", wantWaiters: 0},
 }
