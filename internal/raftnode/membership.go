@@ -119,6 +119,18 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 				"refusing to remove %s: only %d of the remaining %d voters are reachable, fewer than a quorum of %d; bring nodes back first", id, reachable, len(voters), quorum)
 		}
 	}
+	if id == n.cfg.ID && len(voters) > 0 {
+		// Removing the leader itself: hand leadership to another voter first
+		// (as a graceful stop does), so the cluster does not wait out an
+		// election timeout after this node steps down; the new leader then
+		// removes this node when the request is retried there. If the
+		// transfer fails, remove it here anyway.
+		if err := n.raft.LeadershipTransfer().Error(); err == nil {
+			n.logger.Info("handed leadership on before removing this node", "member", id)
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: 100 * time.Millisecond, Err: raft.ErrNotLeader,
+				Message: "leadership moved on before removing this node; retry on the new leader"}
+		}
+	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
