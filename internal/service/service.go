@@ -511,14 +511,13 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 }
 
 // cannotFollow answers a queued acquire whose node could not apply what the
-// leader committed (catchUp failed). If its client went away or the node is
-// shutting down, the wait is withdrawn (abandon); if the node is behind or cut
-// off, it leaves the line as on a node without a leader (leaveLine).
+// leader committed (catchUp failed). If its client went away, the node is
+// shutting down, or nobody can come back for the wait (no request_id), it is
+// withdrawn (abandon). Otherwise the node is behind or cut off: as on a node
+// without a leader (leaveLine), the place in line is kept for the client's
+// retry with its request_id through another node.
 func (s *Service) cannotFollow(ctx context.Context, a acquireArgs, w command.WaitRef, err error) (*grantAnswer, error) {
-	if ctx.Err() != nil || errors.Is(err, errShuttingDown) {
-		return s.abandon(a, w, err)
-	}
-	if a.requestID == "" {
+	if ctx.Err() != nil || errors.Is(err, errShuttingDown) || a.requestID == "" {
 		return s.abandon(a, w, err)
 	}
 	return nil, err
