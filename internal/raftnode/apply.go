@@ -59,7 +59,6 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		defer cancel()
 	}
 	backoff := 5 * time.Millisecond
-	var leaderless leaderWait
 	for {
 		var resp *fsm.Response
 		var err error
@@ -84,7 +83,7 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		default:
 			return nil, err
 		}
-		if err := leaderless.check(n); err != nil {
+		if err := n.noLeader(); err != nil {
 			return nil, err
 		}
 		if time.Until(deadline(ctx)) <= 0 {
@@ -107,26 +106,17 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 	}
 }
 
-// NoLeaderWait is how long a request waits on a node that knows no leader
-// before it is answered no_leader: several elections' worth, so a request
-// rides out a failover, while a node cut off from the majority answers in
-// seconds instead of holding every request for the whole apply timeout.
+// NoLeaderWait is how long a node may know no leader before requests on it
+// are answered no_leader: several elections' worth, so a request rides out a
+// failover, while a node cut off from the majority answers in seconds instead
+// of holding every request for the whole apply timeout. The service ends
+// watches and queued acquires on the same mark (LeaderlessFor).
 const NoLeaderWait = 2 * time.Second
 
-// leaderWait tracks, for one request, since when no leader was known.
-type leaderWait struct{ since time.Time }
-
-// check answers no_leader once no leader has been known for NoLeaderWait.
-func (w *leaderWait) check(n *Node) error {
-	if addr, _ := n.raft.LeaderWithID(); addr != "" {
-		w.since = time.Time{}
-		return nil
-	}
-	if w.since.IsZero() {
-		w.since = time.Now()
-		return nil
-	}
-	if time.Since(w.since) < NoLeaderWait {
+// noLeader answers no_leader once this node has known no leader for
+// NoLeaderWait.
+func (n *Node) noLeader() error {
+	if n.LeaderlessFor() < NoLeaderWait {
 		return nil
 	}
 	return &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second,
@@ -386,7 +376,6 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		defer cancel()
 	}
 	backoff := 5 * time.Millisecond
-	var leaderless leaderWait
 	for {
 		var idx uint64
 		var err error
@@ -412,7 +401,7 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		if err == nil {
 			return n.CatchUp(ctx, idx)
 		}
-		if err := leaderless.check(n); err != nil {
+		if err := n.noLeader(); err != nil {
 			return err
 		}
 		select {

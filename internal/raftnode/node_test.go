@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/fsm"
 )
 
@@ -125,7 +126,9 @@ func TestBecomeReadyPromotesWhileTermIsLive(t *testing.T) {
 }
 
 // LeaderlessFor is 0 on a node that knows a leader, and grows on one left
-// alone when the other two stop.
+// alone when the other two stop; once it reaches NoLeaderWait, writes and
+// linearizable reads there are answered no_leader at once instead of holding
+// the request until its deadline.
 func TestLeaderlessFor(t *testing.T) {
 	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
 	follower := followerKnowingLeader(t, nodes, leader)
@@ -142,9 +145,18 @@ func TestLeaderlessFor(t *testing.T) {
 			}
 		}
 	}
-	for deadline := time.Now().Add(20 * time.Second); nodes[follower].LeaderlessFor() < 500*time.Millisecond; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); nodes[follower].LeaderlessFor() < NoLeaderWait; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) { // hang guard only
 			t.Fatalf("the last node still names a leader (leaderless for %v)", nodes[follower].LeaderlessFor())
 		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // hang guard only
+	defer cancel()
+	_, err := nodes[follower].Apply(ctx, registerMemberEnvelope("alone-1"))
+	if c := apierror.CodeOf(err); c != apierror.NoLeader || ctx.Err() != nil {
+		t.Fatalf("a write on a node without a leader: %v (code %s); want no_leader before the deadline", err, c)
+	}
+	if err := nodes[follower].LinearizableRead(ctx); apierror.CodeOf(err) != apierror.NoLeader || ctx.Err() != nil {
+		t.Fatalf("a read on a node without a leader: %v; want no_leader before the deadline", err)
 	}
 }

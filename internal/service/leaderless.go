@@ -7,9 +7,11 @@ import (
 	"github.com/dlock/dlock/internal/raftnode"
 )
 
-// errWatchNoLeader ends the watches of a node that has known no leader for
-// raftnode.NoLeaderWait.
-var errWatchNoLeader = errors.New("this node has known no leader for a while")
+// errNoLeaderHere ends the watches and queued acquires of a node that has
+// known no leader for raftnode.NoLeaderWait; noLeaderHere starts the answers.
+var errNoLeaderHere = errors.New("this node has known no leader for a while")
+
+const noLeaderHere = "this node has known no leader for a while (it is cut off from the majority, or no longer a member)"
 
 // leaderCheck is how often a node looks whether it knows a leader.
 const leaderCheck = 250 * time.Millisecond
@@ -41,7 +43,7 @@ func (s *Service) followLeaderless() {
 			close(*p)
 		}
 		if s.hub != nil {
-			s.hub.EndAll(errWatchNoLeader)
+			s.hub.EndAll(errNoLeaderHere)
 		}
 	}
 }

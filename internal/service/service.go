@@ -531,14 +531,11 @@ func (s *Service) cannotFollow(ctx context.Context, a acquireArgs, w command.Wai
 // reached at all; else it ends at its wait timeout).
 func (s *Service) leaveLine(a acquireArgs, w command.WaitRef) (*grantAnswer, error) {
 	if a.requestID == "" {
-		return s.abandon(a, w, errWaitNoLeader)
+		return s.abandon(a, w, errNoLeaderHere)
 	}
-	return nil, &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: errWaitNoLeader,
-		Message: fmt.Sprintf("this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it would not hear of the grant; your place in line for %q is kept until wait_timeout_ms: retry with the same request_id through another node", displayName(a.key))}
+	return nil, &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: errNoLeaderHere,
+		Message: fmt.Sprintf(noLeaderHere+", so it would not hear of the grant; your place in line for %q is kept until wait_timeout_ms: retry with the same request_id through another node", displayName(a.key))}
 }
-
-// errWaitNoLeader ends the queued acquires of a node without a leader.
-var errWaitNoLeader = errors.New("this node has known no leader for a while")
 
 // errShuttingDown ends the waits of a node that is shutting down.
 var errShuttingDown = errors.New("this node is shutting down; retry on another node")
@@ -571,9 +568,9 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 	if errors.Is(cause, errShuttingDown) {
 		return nil, apierror.Wrap(apierror.Unavailable, cause, "this node is shutting down; the wait for %q was withdrawn; acquire again through another node", displayName(a.key))
 	}
-	if errors.Is(cause, errWaitNoLeader) {
+	if errors.Is(cause, errNoLeaderHere) {
 		return nil, &apierror.Error{Code: apierror.NoLeader, RetryAfter: time.Second, Err: cause,
-			Message: fmt.Sprintf("this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it would not hear of the grant; the wait for %q was withdrawn if the leader could be reached; acquire again through another node", displayName(a.key))}
+			Message: fmt.Sprintf(noLeaderHere+", so it would not hear of the grant; the wait for %q was withdrawn if the leader could be reached; acquire again through another node", displayName(a.key))}
 	}
 	if ae, ok := errors.AsType[*apierror.Error](cause); ok && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
 		// This node could not follow the leader: say so.

@@ -47,8 +47,8 @@ func watchErr(err error) error {
 		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received (and skip its events you already have)")
 	case errors.Is(err, watch.ErrReset):
 		return apierror.Wrap(apierror.Compacted, err, "this node restored a snapshot and its event history restarted; list again and watch from the listed revision + 1")
-	case errors.Is(err, errWatchNoLeader):
-		return apierror.Wrap(apierror.NoLeader, err, "this node has known no leader for a while (it is cut off from the majority, or no longer a member), so it hears of no changes; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
+	case errors.Is(err, errNoLeaderHere):
+		return apierror.Wrap(apierror.NoLeader, err, noLeaderHere+", so it hears of no changes; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
 	case errors.Is(err, watch.ErrClosed):
 		return apierror.Wrap(apierror.Unavailable, err, "this node is shutting down; reconnect to another node with from_revision set to the last revision you received (and skip its events you already have)")
 	}
@@ -77,7 +77,7 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 		return nil, err
 	}
 	if s.leaderless() {
-		return nil, watchErr(errWatchNoLeader)
+		return nil, watchErr(errNoLeaderHere)
 	}
 	release, err := s.watchSlot(ctx)
 	if err != nil {
@@ -107,7 +107,7 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 		return nil, nil, err
 	}
 	if s.leaderless() {
-		return nil, nil, watchErr(errWatchNoLeader)
+		return nil, nil, watchErr(errNoLeaderHere)
 	}
 	if err := s.read(ctx, stale); err != nil {
 		return nil, nil, err
