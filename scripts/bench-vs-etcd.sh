@@ -6,7 +6,9 @@
 # runs the same `dlock bench` workloads through each with 1, 8, 64 and 256
 # workers, alternating which system goes first on every row so machine noise
 # hits both, then the held, watch and failover workloads and a million held
-# dlock locks, and writes the tables into docs/benchmarks.md (between the
+# dlock locks. Beside the uncontended and contended rows at 64 and 256 (8 and
+# 64) workers it also runs a one-node dlock (BENCH_ONE_NODE=0 skips it): no
+# replication at all, the bound for any change to replication. It writes the tables into docs/benchmarks.md (between the
 # "bench-vs-etcd" markers; the rest of the file is kept) and PNG plots into
 # docs/bench/. Everything it starts is stopped on exit. Budget: under 15
 # minutes on a 2-core machine (about 11 here).
@@ -19,7 +21,7 @@
 # (1000000: the dlock-only held run on a fresh cluster; 0 skips it) and
 # BENCH_MILLION_GOMEMLIMIT (900MiB; empty for Go's defaults), BENCH_FAILOVER_REPEAT
 # (etcd's kills per cluster size, 20), BENCH_FAILOVER_REPEAT_DLOCK (dlock's, 100),
-# BENCH_FAILOVER=0 to skip failover, BENCH_DLOCK_PROTOCOL (http; grpc
+# BENCH_FAILOVER=0 to skip failover, BENCH_ONE_NODE=0 to skip the one-node bound, BENCH_DLOCK_PROTOCOL (http; grpc
 # sends dlock's lock calls over its gRPC API, as etcd's client does), BENCH_DOC, BENCH_PNG_DIR,
 # BENCH_NOTE (free text printed next to the numbers), BENCH_KEEP=1 to keep the
 # work dir (raw JSON results and server logs).
@@ -35,6 +37,7 @@ FAILOVER_REPEAT_DLOCK=${BENCH_FAILOVER_REPEAT_DLOCK:-100}
 MILLION_KEYS=${BENCH_MILLION_KEYS:-1000000}
 MILLION_MEMLIMIT=${BENCH_MILLION_GOMEMLIMIT-900MiB}
 PROTOCOL=${BENCH_DLOCK_PROTOCOL:-http}
+ONE_NODE=${BENCH_ONE_NODE:-1}
 case $PROTOCOL in http | grpc) ;; *) echo "BENCH_DLOCK_PROTOCOL: use http or grpc, not $PROTOCOL" >&2; exit 2 ;; esac
 DOC=${BENCH_DOC:-$ROOT/docs/benchmarks.md}
 PNG_DIR=${BENCH_PNG_DIR:-$ROOT/docs/bench}
@@ -99,7 +102,7 @@ pick_base() {
 	for _ in $(seq 100); do
 		base=$((10000 + RANDOM % (PORT_HI - 10000)))
 		ok=1
-		for off in 0 1 10 11 20 21 30 31 32 40 41 42 50 51 52; do
+		for off in 0 1 10 11 20 21 30 31 32 40 41 42 50 51 52 60 61 62; do
 			p=$((base + off))
 			if port_used "$p"; then ok=0; break; fi
 		done
@@ -140,6 +143,10 @@ done
 # How dlock bench calls dlock (failover always drives HTTP).
 DLOCK_PROTO_FLAGS=()
 [ "$PROTOCOL" = grpc ] && DLOCK_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$DLOCK_GRPC_EPS")
+# The one-node dlock: the same binary and log, no followers.
+ONE_EPS="http://127.0.0.1:$((BASE + 60))"
+ONE_PROTO_FLAGS=()
+[ "$PROTOCOL" = grpc ] && ONE_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "127.0.0.1:$((BASE + 62))")
 log "starting dlock: $DLOCK_EPS"
 for i in 0 1 2; do
 	ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
@@ -149,6 +156,14 @@ for i in 0 1 2; do
 		--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-n$((i + 1)).log" 2>&1 &
 	PIDS+=($!)
 done
+if [ "$ONE_NODE" != 0 ]; then
+	log "starting a one-node dlock: $ONE_EPS"
+	"$BIN" serve --id one --data-dir "$WORK/dlock-one" \
+		--api-addr "127.0.0.1:$((BASE + 60))" --raft-addr "127.0.0.1:$((BASE + 61))" \
+		--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((BASE + 62))")" \
+		--initial-cluster "one=127.0.0.1:$((BASE + 61))" --log-level warn >"$WORK/dlock-one.log" 2>&1 &
+	PIDS+=($!)
+fi
 
 wait_ok() { # url what
 	for _ in $(seq 300); do
@@ -162,15 +177,20 @@ for i in 0 1 2; do
 	wait_ok "http://127.0.0.1:$((BASE + 10 * i))/health" "etcd e$i"
 	wait_ok "http://127.0.0.1:$((BASE + 30 + 10 * i))/readyz" "dlock n$((i + 1))"
 done
+[ "$ONE_NODE" != 0 ] && wait_ok "$ONE_EPS/readyz" "one-node dlock"
 log "both clusters ready"
 
 # Warm both clusters up once, unrecorded: the first run after start otherwise
 # pays for new processes (heap growth, connections, Raft's switch to pipelined
 # replication, the first WAL pages) and always lands on the 1-worker row.
-for target in dlock etcd; do
-	proto=()
-	[ "$target" = dlock ] && proto=("${DLOCK_PROTO_FLAGS[@]}")
-	"$BIN" bench -q -o json --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
+for target in dlock etcd one; do
+	[ "$target" = one ] && [ "$ONE_NODE" = 0 ] && continue
+	flags=(--target "$target" --endpoints "$DLOCK_EPS" "${DLOCK_PROTO_FLAGS[@]}")
+	case $target in
+	etcd) flags=(--target etcd --etcd-endpoints "$ETCD_EPS") ;;
+	one) flags=(--target dlock --endpoints "$ONE_EPS" "${ONE_PROTO_FLAGS[@]}") ;;
+	esac
+	"$BIN" bench -q -o json "${flags[@]}" \
 		--workload uncontended --workers 8 --duration 2s --warmup 0s >/dev/null 2>&1 ||
 		log "warm-up of $target failed (the matrix will show it)"
 done
@@ -194,7 +214,7 @@ log "both clusters warmed up"
 } >"$WORK/machine.env"
 
 # --- the side-by-side matrix ----------------------------------------------
-run() { # target row workers [extra flags...]
+run() { # target row workers [extra flags...]; target "one" is the one-node dlock
 	local target=$1 row=$2 w=$3
 	shift 3
 	local wl=$row
@@ -203,19 +223,23 @@ run() { # target row workers [extra flags...]
 	ttl-per-acquire) wl=uncontended; extra=(--ttl-per-acquire) ;;
 	watch-light) wl=watch ;;
 	esac
-	local out="$RES/$row-$w-$target.json"
-	local proto=()
+	local tag="$row-$w-$target"
+	local out="$RES/$tag.json"
+	local proto=() eps=$DLOCK_EPS label=$row
 	[ "$target" = dlock ] && [ "$row" != held ] && [ "$row" != watch ] && [ "$row" != watch-light ] && proto=("${DLOCK_PROTO_FLAGS[@]}")
-	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$DLOCK_EPS" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
-		--workload "$wl" --workers "$w" --duration "$DUR" --warmup "$WARM" --label "$row" "${extra[@]}" "$@" \
+	if [ "$target" = one ]; then
+		target=dlock eps=$ONE_EPS label="one-node-$row" proto=("${ONE_PROTO_FLAGS[@]}")
+	fi
+	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$eps" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
+		--workload "$wl" --workers "$w" --duration "$DUR" --warmup "$WARM" --label "$label" "${extra[@]}" "$@" \
 		>"$out" 2>"$out.err"; then
 		log "FAILED: $target $row $w workers: $(tail -3 "$out.err")"
 		rm -f "$out"
-		mv "$out.err" "$RES/$row-$w-$target.failed"
+		mv "$out.err" "$RES/$tag.failed"
 		return 0
 	fi
-	log "$(printf '%-5s %-16s %3d workers: %s' "$target" "$row" "$w" \
-		"$(jq -r '(.ops.acquire // .ops.renew) as $o | "\(.throughput|floor) \(.throughput_unit)/s, \(if .ops.acquire then "acquire" else "renew" end) p50 \($o.p50_ms) ms p99 \($o.p99_ms) ms"' "$out")")"
+	log "$(printf '%-5s %-16s %3d workers: %s' "$target" "$label" "$w" \
+		"$(jq -r '(.ops.acquire // .ops.renew) as $o | "\(.throughput|floor) \(.throughput_unit)/s, \(if .ops.acquire then "acquire" else "renew" end) p50 \($o.p50_ms) ms p99 \($o.p99_ms) ms\(if .cpu then ", CPU \([.cpu[].cpu_us_per_op] | add | floor) µs/op" else "" end)"' "$out")")"
 }
 pair() { # row workers index [extra...]: alternate who goes first
 	local row=$1 w=$2 idx=$3
@@ -231,6 +255,11 @@ for row in uncontended ttl-per-acquire session contended; do
 	for w in $WORKERS; do
 		pair "$row" "$w" "$idx"
 		idx=$((idx + 1))
+		# The bound, right beside the rows it bounds.
+		case "$ONE_NODE:$row:$w" in
+		0:*) ;;
+		*:uncontended:64 | *:uncontended:256 | *:contended:8 | *:contended:64) run one "$row" "$w" ;;
+		esac
 	done
 done
 # Held locks: memory per node and renewal throughput.

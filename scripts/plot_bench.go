@@ -220,6 +220,75 @@ func lat(r *bench.Result) string {
 	return ms(a.P50) + " / " + ms(a.P99)
 }
 
+// cpuTotal is the CPU time per operation of every process in a run (servers
+// and load generator), 0 if any reading is missing.
+func cpuTotal(r *bench.Result) float64 {
+	if r == nil || len(r.CPU) == 0 {
+		return 0
+	}
+	var t float64
+	for _, c := range r.CPU {
+		if c.Error != "" {
+			return 0
+		}
+		t += c.PerOpMicros
+	}
+	return t
+}
+
+func cpuPerOp(r *bench.Result) string {
+	if t := cpuTotal(r); t > 0 {
+		return f0(t)
+	}
+	return "–"
+}
+
+// cpuParts lists a run's CPU per operation by process.
+func cpuParts(r *bench.Result) string {
+	var parts []string
+	for _, c := range r.CPU {
+		if c.Error == "" {
+			parts = append(parts, c.Process+" "+f0(c.PerOpMicros))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// oneNodeRows are the rows also run on a one-node dlock: the bound that no
+// change to replication could beat.
+var oneNodeRows = []struct{ row, what string }{{"uncontended", "uncontended (and per-acquire TTL: the same dlock calls)"}, {"contended", "contended"}}
+
+func (d *data) oneNode(b *strings.Builder) {
+	any := false
+	for _, r := range oneNodeRows {
+		any = any || len(d.workerCounts("one-node-"+r.row)) > 0
+	}
+	if !any {
+		return
+	}
+	b.WriteString("### The bound: dlock on one node\n\n" +
+		"The same workloads against a dlock cluster of **one** node (same binary, same fsync'd log; run beside the rows above): " +
+		"no followers, no replication, one fsync per commit. It bounds what any change to replication — packing requests into " +
+		"fewer log entries, a faster log store, sending to followers while the leader's own write is in flight — could reach on this machine. " +
+		"CPU is per cycle (or hand-off), summed over every process including the load generator; with both cores busy, throughput is " +
+		"about the cores' time divided by it.\n\n")
+	b.WriteString("| workload | workers | one node | three nodes | etcd (three) | one node / etcd | CPU µs per op: one node · three nodes · etcd | one node's CPU by process, µs per op |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---|---|\n")
+	for _, r := range oneNodeRows {
+		for _, w := range d.workerCounts("one-node-" + r.row) {
+			one, three, et := d.get("one-node-"+r.row, w, "dlock"), d.get(r.row, w, "dlock"), d.get(r.row, w, "etcd")
+			_, rs := ratio(one, et)
+			parts := "–"
+			if one != nil {
+				parts = cpuParts(one)
+			}
+			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s · %s · %s | %s |\n", r.what, w, tp(one), tp(three), tp(et), rs,
+				cpuPerOp(one), cpuPerOp(three), cpuPerOp(et), parts)
+		}
+	}
+	b.WriteString("\n")
+}
+
 func yes(ok bool) string {
 	if ok {
 		return "**holds**"
@@ -269,12 +338,13 @@ func (d *data) markdown(pngRel string, plots map[string]string) string {
 			continue
 		}
 		fmt.Fprintf(&b, "### %s\n\n%s\n\n", row.title, row.desc)
-		fmt.Fprintf(&b, "| workers | dlock %s | etcd %s | dlock/etcd | dlock acquire p50 / p99 ms | etcd acquire p50 / p99 ms | errors dlock / etcd |\n", row.unit, row.unit)
-		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "| workers | dlock %s | etcd %s | dlock/etcd | dlock acquire p50 / p99 ms | etcd acquire p50 / p99 ms | CPU µs per %s dlock / etcd | errors dlock / etcd |\n",
+			row.unit, row.unit, strings.TrimSuffix(strings.TrimSuffix(row.unit, "/s"), "s"))
+		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, w := range ws {
 			dl, et := d.get(row.row, w, "dlock"), d.get(row.row, w, "etcd")
 			_, r := ratio(dl, et)
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %d / %d |\n", w, tp(dl), tp(et), r, lat(dl), lat(et), errCount(dl), errCount(et))
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s / %s | %d / %d |\n", w, tp(dl), tp(et), r, lat(dl), lat(et), cpuPerOp(dl), cpuPerOp(et), errCount(dl), errCount(et))
 		}
 		b.WriteString("\n")
 		var imgs []string
@@ -287,6 +357,7 @@ func (d *data) markdown(pngRel string, plots map[string]string) string {
 			b.WriteString(strings.Join(imgs, " ") + "\n\n")
 		}
 	}
+	d.oneNode(&b)
 	d.held(&b)
 	d.watch(&b, pngRel, plots)
 	d.failoverTable(&b, pngRel, plots)
@@ -332,6 +403,14 @@ func (d *data) targets(b *strings.Builder) {
 			if spec.p99 {
 				p += fmt.Sprintf(", p99 %s vs %s ms", ms(acq(dl).P99), ms(acq(et).P99))
 				ok = ok && acq(dl).P99 < acq(et).P99
+			}
+			oneRow := "one-node-" + spec.row
+			if spec.row == "ttl-per-acquire" {
+				oneRow = "one-node-uncontended"
+			}
+			if one := d.get(oneRow, w, "dlock"); one != nil {
+				_, ors := ratio(one, et)
+				p += fmt.Sprintf(" — one dlock node, no replication: %s", ors)
 			}
 			parts = append(parts, p)
 			all = all && ok

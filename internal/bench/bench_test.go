@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,6 +141,63 @@ func TestScrapeMemory(t *testing.T) {
 	}
 }
 
+// TestCPUMeter checks the CPU accounting: the CPU a process used over the
+// window per operation, nodes that report one dlock_process_id counted once,
+// and a node whose /metrics cannot be read reported as such.
+func TestCPUMeter(t *testing.T) {
+	var mu sync.Mutex
+	cpu := map[string]float64{"/a": 10, "/b": 10, "/c": 3}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		v, ok := cpu[r.URL.Path]
+		cpu[r.URL.Path] = v + 0.5 // each reading is half a second of CPU later
+		mu.Unlock()
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %g\n", v)
+		if r.URL.Path != "/c" {
+			// a and b are two nodes of one process (dlock dev).
+			w.Write([]byte("dlock_process_id 4242\n"))
+		}
+	}))
+	defer srv.Close()
+	cfg := &Config{Warmup: 10 * time.Millisecond, Duration: 50 * time.Millisecond}
+	m := startCPUMeter(context.Background(), cfg, map[string]string{
+		"n1": srv.URL + "/a", "n2": srv.URL + "/b", "e0": srv.URL + "/c", "n3": srv.URL + "/missing"})
+	res := &Result{Throughput: 100, Seconds: 1} // 100 operations
+	m.finish(res)
+	got := map[string]ProcessCPU{}
+	for _, c := range res.CPU {
+		got[c.Process] = c
+	}
+	if len(got) != 4 {
+		t.Fatalf("CPU = %+v, want e0, n1+n2, n3 and the load generator", res.CPU)
+	}
+	if c := got["e0"]; c.Seconds != 0.5 || c.PerOpMicros != 5000 || c.Error != "" {
+		t.Errorf("e0 = %+v, want 0.5 s, 5000 µs per op", c)
+	}
+	if c := got["n1+n2"]; c.Error != "" || c.PerOpMicros <= 0 {
+		t.Errorf("n1+n2 (one process) = %+v", c)
+	}
+	if c := got["n3"]; c.Error == "" {
+		t.Errorf("n3 (no /metrics) = %+v, want an error", c)
+	}
+	if c, ok := got[loadGenerator]; runtime.GOOS == "linux" && (!ok || c.Error != "" || c.Seconds < 0) {
+		t.Errorf("load generator = %+v (present %v)", c, ok)
+	}
+	// A cancelled run ends the meter without a second reading.
+	ctx, cancel := context.WithCancel(context.Background())
+	m = startCPUMeter(ctx, &Config{Warmup: time.Hour, Duration: time.Hour}, map[string]string{"e0": srv.URL + "/c"})
+	cancel()
+	res = &Result{Throughput: 100, Seconds: 1}
+	m.finish(res)
+	if len(res.CPU) != 0 {
+		t.Errorf("cancelled meter reported %+v", res.CPU)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	for _, c := range []Config{
 		{Workload: "nope", Endpoints: []string{"x"}},
@@ -207,6 +267,18 @@ func TestWorkloadsInProcess(t *testing.T) {
 				}
 			}
 			switch wl {
+			case "uncontended", "session", "contended":
+				// The three nodes share this test's process: counted once.
+				var names []string
+				for _, c := range res.CPU {
+					names = append(names, c.Process)
+					if c.Error != "" || c.Seconds <= 0 || c.PerOpMicros <= 0 {
+						t.Errorf("cpu %+v", c)
+					}
+				}
+				if want := []string{loadGenerator, "n1+n2+n3"}; !slices.Equal(names, want) {
+					t.Errorf("cpu processes %v, want %v", names, want)
+				}
 			case "held":
 				if len(res.Memory) != 9 {
 					t.Errorf("memory readings: %d, want 3 phases x 3 nodes", len(res.Memory))

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -343,47 +344,61 @@ func (ci *clusterInfo) memberURLs() map[string]string {
 	return out
 }
 
-// scrapeMemory reads process_resident_memory_bytes and
-// go_memstats_heap_inuse_bytes from a Prometheus /metrics page.
-func scrapeMemory(ctx context.Context, hc *http.Client, metricsURL string) (rss, heap float64, err error) {
+// scrapeMetrics reads those of the named unlabelled series that a Prometheus
+// /metrics page has.
+func scrapeMetrics(ctx context.Context, hc *http.Client, metricsURL string, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	res, err := hc.Do(req)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("GET %s: HTTP %d", metricsURL, res.StatusCode)
+		return nil, fmt.Errorf("GET %s: HTTP %d", metricsURL, res.StatusCode)
 	}
-	rss, heap = -1, -1
+	out := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		var target *float64
-		switch {
-		case strings.HasPrefix(line, "process_resident_memory_bytes "):
-			target = &rss
-		case strings.HasPrefix(line, "go_memstats_heap_inuse_bytes "):
-			target = &heap
-		default:
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(names, name) {
 			continue
 		}
-		v, perr := strconv.ParseFloat(strings.TrimSpace(line[strings.IndexByte(line, ' ')+1:]), 64)
-		if perr == nil {
-			*target = v
+		if v, perr := strconv.ParseFloat(strings.TrimSpace(value), 64); perr == nil {
+			out[name] = v
 		}
 	}
 	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// requireSeries fails unless a scrape of metricsURL found every name.
+func requireSeries(found map[string]float64, metricsURL string, names ...string) error {
+	for _, n := range names {
+		if _, ok := found[n]; !ok {
+			return fmt.Errorf("%s lacks %s", metricsURL, n)
+		}
+	}
+	return nil
+}
+
+// scrapeMemory reads process_resident_memory_bytes and
+// go_memstats_heap_inuse_bytes from a Prometheus /metrics page.
+func scrapeMemory(ctx context.Context, hc *http.Client, metricsURL string) (rss, heap float64, err error) {
+	names := []string{"process_resident_memory_bytes", "go_memstats_heap_inuse_bytes"}
+	v, err := scrapeMetrics(ctx, hc, metricsURL, names...)
+	if err == nil {
+		err = requireSeries(v, metricsURL, names...)
+	}
+	if err != nil {
 		return 0, 0, err
 	}
-	if rss < 0 || heap < 0 {
-		return 0, 0, fmt.Errorf("%s lacks process_resident_memory_bytes or go_memstats_heap_inuse_bytes", metricsURL)
-	}
-	return rss, heap, nil
+	return v["process_resident_memory_bytes"], v["go_memstats_heap_inuse_bytes"], nil
 }
 
 // memoryOf scrapes every node's memory, named by node id.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -44,12 +45,18 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 	id := runID()
 	logf(cfg, "dlock %s over %s: %d workers, leader %s (node %s), run %s", cfg.Workload, cfg.Protocol, cfg.Workers, leader, ci.LeaderID, id)
 	switch cfg.Workload {
-	case "uncontended":
-		return dlockUncontended(ctx, cfg, res, c, id)
-	case "session":
-		return dlockSession(ctx, cfg, res, c, id)
-	case "contended":
-		return dlockContended(ctx, cfg, res, c, id)
+	case "uncontended", "session", "contended":
+		meter := startCPUMeter(ctx, cfg, metricsURLs(ci.memberURLs()))
+		switch cfg.Workload {
+		case "uncontended":
+			err = dlockUncontended(ctx, cfg, res, c, id)
+		case "session":
+			err = dlockSession(ctx, cfg, res, c, id)
+		default:
+			err = dlockContended(ctx, cfg, res, c, id)
+		}
+		meter.finish(res)
+		return err
 	case "held":
 		return dlockHeld(ctx, cfg, res, c, ci, id)
 	case "watch":
@@ -219,10 +226,7 @@ type heldLock struct {
 }
 
 func dlockHeld(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *clusterInfo, id string) error {
-	metrics := map[string]string{}
-	for node, u := range ci.memberURLs() {
-		metrics[node] = u + "/metrics"
-	}
+	metrics := metricsURLs(ci.memberURLs())
 	hc := newHTTPClient(4, 30*time.Second)
 	res.Memory = append(res.Memory, memoryOf(ctx, hc, "before", metrics)...)
 
@@ -523,4 +527,13 @@ func dlockWatch(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *cl
 			"the answer's trip; events that beat the answer count as 0 and are counted)",
 		fmt.Sprintf("one GET /api/v1/watch stream per node (%d nodes); `delivery (all nodes)` is the slowest node per grant", len(nodes)))
 	return nil
+}
+
+// metricsURLs maps each member's API URL to its Prometheus /metrics page.
+func metricsURLs(apiURLs map[string]string) map[string]string {
+	out := make(map[string]string, len(apiURLs))
+	for id, u := range apiURLs {
+		out[id] = strings.TrimRight(u, "/") + "/metrics"
+	}
+	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -111,15 +110,15 @@ func runEtcd(ctx context.Context, cfg *Config, res *Result) error {
 	id := runID()
 	logf(cfg, "etcd %s: %d workers over %d clients, leader %s, run %s", cfg.Workload, cfg.Workers, len(t.clients), t.leader, id)
 	switch cfg.Workload {
-	case "uncontended":
+	case "uncontended", "session", "contended":
+		meter := startCPUMeter(ctx, cfg, metricsURLs(t.members))
 		if cfg.TTLPerAcquire {
-			return etcdTTLPerAcquire(ctx, cfg, res, t, id)
+			err = etcdTTLPerAcquire(ctx, cfg, res, t, id)
+		} else {
+			err = etcdMutexLoop(ctx, cfg, res, t, id, cfg.Workload)
 		}
-		return etcdMutexLoop(ctx, cfg, res, t, id, "uncontended")
-	case "session":
-		return etcdMutexLoop(ctx, cfg, res, t, id, "session")
-	case "contended":
-		return etcdMutexLoop(ctx, cfg, res, t, id, "contended")
+		meter.finish(res)
+		return err
 	case "held":
 		return etcdHeld(ctx, cfg, res, t, id)
 	case "watch":
@@ -242,10 +241,7 @@ func etcdTTLPerAcquire(ctx context.Context, cfg *Config, res *Result, t *etcdTar
 // uncontended path does (a put-if-absent transaction), and renews the leases
 // round-robin with KeepAliveOnce.
 func etcdHeld(ctx context.Context, cfg *Config, res *Result, t *etcdTarget, id string) error {
-	metrics := map[string]string{}
-	for name, u := range t.members {
-		metrics[name] = strings.TrimRight(u, "/") + "/metrics"
-	}
+	metrics := metricsURLs(t.members)
 	hc := newHTTPClient(4, 30*time.Second)
 	res.Memory = append(res.Memory, memoryOf(ctx, hc, "before", metrics)...)
 	ttlSec := int64(cfg.HeldTTL / time.Second)

@@ -39,6 +39,9 @@ type Result struct {
 	Counters map[string]int64 `json:"counters,omitempty"`
 	// Memory is per-node memory from /metrics (held workload), in MiB.
 	Memory []NodeMemory `json:"memory,omitempty"`
+	// CPU is each server's and the load generator's CPU time over the
+	// window (uncontended, session and contended).
+	CPU []ProcessCPU `json:"cpu,omitempty"`
 	// Samples are raw measurements (failover times in ms).
 	Samples []float64 `json:"samples_ms,omitempty"`
 	// Notes say how to read the numbers (what was timed, proxies used).
@@ -227,6 +230,22 @@ func (res *Result) WriteText(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "  memory %-6s %-8s RSS %8.1f MiB  Go heap in use %8.1f MiB\n", m.Node, m.Phase, m.RSSMiB, m.HeapInUse)
 	}
+	if len(res.CPU) > 0 {
+		var total float64
+		complete := true
+		for _, c := range res.CPU {
+			if c.Error != "" {
+				fmt.Fprintf(&b, "  cpu    %-16s error: %s\n", c.Process, c.Error)
+				complete = false
+				continue
+			}
+			fmt.Fprintf(&b, "  cpu    %-16s %8.2f s  %8.1f µs per %s\n", c.Process, c.Seconds, c.PerOpMicros, perUnit(res.ThroughputUnit))
+			total += c.PerOpMicros
+		}
+		if complete {
+			fmt.Fprintf(&b, "  cpu    %-16s %8s    %8.1f µs per %s\n", "all processes", "", total, perUnit(res.ThroughputUnit))
+		}
+	}
 	if len(res.Counters) > 0 {
 		keys := slices.Sorted(maps.Keys(res.Counters))
 		for _, k := range keys {
@@ -250,3 +269,6 @@ func (res *Result) WriteText(w io.Writer) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// perUnit is the singular of a throughput unit ("cycles" -> "cycle").
+func perUnit(unit string) string { return strings.TrimSuffix(unit, "s") }

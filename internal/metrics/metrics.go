@@ -8,6 +8,7 @@ package metrics
 import (
 	"errors"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -73,7 +74,14 @@ func New() *Metrics {
 		Help: "State changes applied on this node, by event type and kind (lock, election, session).",
 	}, []string{"type", "kind"})
 	m.limited = newLimited()
-	m.reg.MustRegister(m.ops, m.events, m.limited,
+	// Nodes of one `dlock dev` share a process, and so its process_* series:
+	// the pid tells a reader (dlock bench's CPU accounting) which of them to
+	// count once.
+	pid := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dlock_process_id",
+		Help: "The operating system's id of the process that serves this node (nodes of one `dlock dev` share it).",
+	}, func() float64 { return float64(os.Getpid()) })
+	m.reg.MustRegister(m.ops, m.events, m.limited, pid,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

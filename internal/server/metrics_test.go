@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +40,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"dlock_fencing_token_last ",
 		"dlock_watchers 0",
 		"go_goroutines ",
+		fmt.Sprintf("dlock_process_id %d\n", os.Getpid()),
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
