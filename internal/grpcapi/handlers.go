@@ -55,6 +55,9 @@ func (s *lockServer) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlo
 
 func (s *lockServer) GetLock(ctx context.Context, req *dlockv1.GetLockRequest) (*dlockv1.GetLockResponse, error) {
 	resp, err := s.svc.GetLock(ctx, req.Name, req.Stale)
+	if err == nil {
+		staleHeaders(ctx, resp.Stale)
+	}
 	return reply(s.api, ctx, resp, err, func(v *service.LockView) *dlockv1.GetLockResponse {
 		return &dlockv1.GetLockResponse{Lock: lockPB(v)}
 	})
@@ -62,6 +65,9 @@ func (s *lockServer) GetLock(ctx context.Context, req *dlockv1.GetLockRequest) (
 
 func (s *lockServer) ListLocks(ctx context.Context, req *dlockv1.ListLocksRequest) (*dlockv1.ListLocksResponse, error) {
 	resp, err := s.svc.ListLocks(ctx, service.ListRequest{Prefix: req.Prefix, After: req.After, Limit: int(req.Limit), Stale: req.Stale})
+	if err == nil {
+		staleHeaders(ctx, resp.Stale)
+	}
 	return reply(s.api, ctx, resp, err, func(r *service.ListResponse) *dlockv1.ListLocksResponse {
 		out := &dlockv1.ListLocksResponse{More: r.More, Revision: r.Revision}
 		for i := range r.Locks {
@@ -156,6 +162,9 @@ func (s *electionServer) Campaign(ctx context.Context, req *dlockv1.CampaignRequ
 
 func (s *electionServer) GetElection(ctx context.Context, req *dlockv1.GetElectionRequest) (*dlockv1.GetElectionResponse, error) {
 	resp, err := s.svc.GetElection(ctx, req.Name, req.Stale)
+	if err == nil {
+		staleHeaders(ctx, resp.Stale)
+	}
 	return reply(s.api, ctx, resp, err, func(v *service.ElectionView) *dlockv1.GetElectionResponse {
 		return &dlockv1.GetElectionResponse{Election: electionPB(v)}
 	})
@@ -312,4 +321,25 @@ func copyUint64(p *uint64) *uint64 {
 	}
 	v := *p
 	return &v
+}
+
+// Header metadata of a stale answer, as the HTTP API's X-Dlock-Known-Leader
+// and X-Dlock-Last-Contact (milliseconds; absent if the node never heard from
+// a leader).
+const (
+	mdKnownLeader = "x-dlock-known-leader"
+	mdLastContact = "x-dlock-last-contact"
+)
+
+// staleHeaders describes a stale answer's freshness; nil sets nothing.
+func staleHeaders(ctx context.Context, sr *service.StaleRead) {
+	if sr == nil {
+		return
+	}
+	md := metadata.Pairs(mdKnownLeader, strconv.FormatBool(sr.KnownLeader))
+	if sr.LastContact >= 0 {
+		md.Append(mdLastContact, strconv.FormatInt(sr.LastContact.Milliseconds(), 10))
+	}
+	// SetHeader fails only outside a unary call's handler, which this is not.
+	_ = grpc.SetHeader(ctx, md)
 }

@@ -52,6 +52,9 @@ func (a *api) election(w http.ResponseWriter, r *http.Request, rest string) {
 			return
 		}
 		view, err := a.svc.GetElection(r.Context(), name, stale)
+		if err == nil {
+			staleHeaders(w, view.Stale)
+		}
 		reply(a, w, r, http.StatusOK, view, err)
 	case r.Method == http.MethodPost:
 		a.electionAction(w, r, rest)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -300,6 +301,9 @@ func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
 			return
 		}
 		view, err := a.svc.GetLock(r.Context(), name, stale)
+		if err == nil {
+			staleHeaders(w, view.Stale)
+		}
 		reply(a, w, r, http.StatusOK, view, err)
 	case r.Method == http.MethodPost:
 		a.lockAction(w, r, rest)
@@ -401,6 +405,9 @@ func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, err := a.svc.ListLocks(r.Context(), req)
+	if err == nil {
+		staleHeaders(w, resp.Stale)
+	}
 	reply(a, w, r, http.StatusOK, resp, err)
 }
 
@@ -483,4 +490,25 @@ func (a *api) health(w http.ResponseWriter, r *http.Request, check func() error)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Headers of a ?stale=true answer (Consul's X-Consul-KnownLeader and
+// X-Consul-LastContact): did the answering node know a leader, and how many
+// milliseconds ago did it last hear from it (0 on the leader; absent if never).
+const (
+	headerKnownLeader = "X-Dlock-Known-Leader"
+	headerLastContact = "X-Dlock-Last-Contact"
+)
+
+// staleHeaders describes a stale answer's freshness; nil (a linearizable
+// answer) sets nothing.
+func staleHeaders(w http.ResponseWriter, sr *service.StaleRead) {
+	if sr == nil {
+		return
+	}
+	h := w.Header()
+	h.Set(headerKnownLeader, strconv.FormatBool(sr.KnownLeader))
+	if sr.LastContact >= 0 {
+		h.Set(headerLastContact, strconv.FormatInt(sr.LastContact.Milliseconds(), 10))
+	}
 }

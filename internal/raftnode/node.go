@@ -369,6 +369,21 @@ func (n *Node) LeaderlessFor() time.Duration {
 	return time.Since(time.Unix(0, since))
 }
 
+// LeaderContact says whether this node knows a leader and how long ago it last
+// heard from one (0 on the leader; -1 if it never has): what a stale read,
+// answered from this node's state, tells the client about its freshness.
+func (n *Node) LeaderContact() (known bool, since time.Duration) {
+	if n.raft.State() == raft.Leader {
+		return true, 0
+	}
+	addr, _ := n.raft.LeaderWithID()
+	last := n.raft.LastContact()
+	if last.IsZero() {
+		return addr != "", -1
+	}
+	return addr != "", time.Since(last)
+}
+
 // demote ends the term (endTerm cancels its context; nil for none) and closes
 // the node for writes and reads. It holds leadMu, as promote does.
 func (n *Node) demote(endTerm context.CancelFunc) {

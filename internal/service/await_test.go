@@ -58,6 +58,12 @@ func (n *memNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response
 
 func (n *memNode) LinearizableRead(context.Context) error { return nil }
 func (n *memNode) LeaderlessFor() time.Duration           { return time.Duration(n.leaderless.Load()) }
+func (n *memNode) LeaderContact() (bool, time.Duration) {
+	if d := n.LeaderlessFor(); d > 0 {
+		return false, d
+	}
+	return true, 0
+}
 func (n *memNode) CatchUp(ctx context.Context, index uint64) error {
 	return n.f.WaitApplied(ctx, index)
 }

@@ -59,6 +59,7 @@ func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *
 	}
 	var v ElectionView
 	s.fsm.Read(func(st *state.State) { v = electionView(st.GetElection(n), st.Revision()) })
+	v.Stale = s.staleRead(stale)
 	return &v, nil
 }
 

@@ -21,7 +21,8 @@ type fsmOnlyNode struct {
 
 func (n fsmOnlyNode) FSM() *fsm.FSM { return n.f }
 
-func (n fsmOnlyNode) LeaderlessFor() time.Duration { return 0 }
+func (n fsmOnlyNode) LeaderlessFor() time.Duration         { return 0 }
+func (n fsmOnlyNode) LeaderContact() (bool, time.Duration) { return true, 0 }
 
 // applyTokenKey commits a SetTokenKey entry at index to f.
 func applyTokenKey(tb testing.TB, f *fsm.FSM, index uint64, seed [32]byte, rotate bool) {

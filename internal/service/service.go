@@ -32,6 +32,9 @@ type Node interface {
 	CatchUp(ctx context.Context, index uint64) error
 	// LeaderlessFor is how long this node has known no leader.
 	LeaderlessFor() time.Duration
+	// LeaderContact: does this node know a leader, and since when has it
+	// not heard from it (0 on the leader, -1 never).
+	LeaderContact() (known bool, since time.Duration)
 	FSM() *fsm.FSM
 	Status() raftnode.Status
 	Ready() error
@@ -641,6 +644,15 @@ func (s *Service) read(ctx context.Context, stale bool) error {
 	return s.node.LinearizableRead(ctx)
 }
 
+// staleRead describes a stale answer's freshness; nil for a linearizable one.
+func (s *Service) staleRead(stale bool) *StaleRead {
+	if !stale {
+		return nil
+	}
+	known, since := s.node.LeaderContact()
+	return &StaleRead{KnownLeader: known, LastContact: since}
+}
+
 func lockView(li state.LockInfo, rev uint64) LockView {
 	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev}
 	if li.Held {
@@ -677,6 +689,7 @@ func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *Lock
 	}
 	var v LockView
 	s.fsm.Read(func(st *state.State) { v = lockView(st.GetLock(n), st.Revision()) })
+	v.Stale = s.staleRead(stale)
 	return &v, nil
 }
 
@@ -709,7 +722,7 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListRespon
 	if err := s.read(ctx, req.Stale); err != nil {
 		return nil, err
 	}
-	out := &ListResponse{Locks: []LockView{}}
+	out := &ListResponse{Locks: []LockView{}, Stale: s.staleRead(req.Stale)}
 	s.fsm.Read(func(st *state.State) {
 		infos, more := st.ListLocks(prefix, after, limit)
 		out.Revision, out.More = st.Revision(), more

@@ -45,7 +45,8 @@ func newLogNode(lag bool) *logNode {
 
 func (n *logNode) FSM() *fsm.FSM { return n.local }
 
-func (n *logNode) LeaderlessFor() time.Duration { return 0 }
+func (n *logNode) LeaderlessFor() time.Duration         { return 0 }
+func (n *logNode) LeaderContact() (bool, time.Duration) { return true, 0 }
 
 // CatchUp waits as long as ctx lets it (raftnode bounds it; here the test
 // does, by shipping the entries or shutting the service down), or, when the

@@ -79,6 +79,20 @@ type LockView struct {
 	Holder   *Holder `json:"holder,omitempty"`
 	Waiters  int     `json:"waiters"`
 	Revision uint64  `json:"revision"`
+	// Stale is set on a ?stale=true answer; the APIs send it as headers.
+	Stale *StaleRead `json:"-"`
+}
+
+// StaleRead says how fresh a ?stale=true answer, read from the answering
+// node's own state, may be (Consul's X-Consul-KnownLeader and
+// X-Consul-LastContact): a node cut off from the leader, or removed from the
+// cluster, answers from a state that no longer moves.
+type StaleRead struct {
+	// KnownLeader: the node knew a leader when it answered.
+	KnownLeader bool
+	// LastContact is how long ago the node last heard from the leader: 0 on
+	// the leader, -1 if it never has.
+	LastContact time.Duration
 }
 
 // ListRequest lists locks by name prefix, in name order, a page at a time.
@@ -103,6 +117,7 @@ type ListResponse struct {
 	Locks    []LockView `json:"locks"`
 	More     bool       `json:"more"`
 	Revision uint64     `json:"revision"`
+	Stale    *StaleRead `json:"-"` // as LockView.Stale
 }
 
 // CreateSessionRequest creates an explicit session (a lease kept alive by
@@ -211,6 +226,7 @@ type ElectionView struct {
 	Leader      *ElectionLeader `json:"leader"`
 	Campaigners int             `json:"campaigners"`
 	Revision    uint64          `json:"revision"`
+	Stale       *StaleRead      `json:"-"` // as LockView.Stale
 }
 
 // ProclaimRequest changes the leader's value; the token and lease id prove the
