@@ -316,8 +316,9 @@ func (p *pacer) wait(ctx context.Context) bool {
 	}
 }
 
-// backoff sleeps briefly after a retryable failure; false if ctx ended.
-func backoff(ctx context.Context, d time.Duration) bool {
+// pause sleeps for d (a back-off after a retryable failure, or until a
+// moment); false if ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -27,10 +27,11 @@ type ProcessCPU struct {
 // cpuMeter reads every server's process_cpu_seconds_total (from its
 // Prometheus /metrics) and the load generator's own CPU time at the start and
 // the end of the measured window. Its goroutine is owned by the run that
-// started it: it exits after the second reading or when ctx ends, and finish
-// waits for it.
+// started it: it exits after the second reading, when ctx ends, or when the
+// run abandons it, and finish and abandon wait for it.
 type cpuMeter struct {
 	done   chan struct{}
+	cancel context.CancelFunc
 	mu     sync.Mutex
 	before map[string]float64
 	after  map[string]float64
@@ -46,19 +47,21 @@ const cpuScrapeTimeout = 5 * time.Second
 // startCPUMeter starts reading at the window that window(cfg) will give a
 // workload started right after it (now + warm-up, for the duration).
 func startCPUMeter(ctx context.Context, cfg *Config, metricsURLs map[string]string) *cpuMeter {
-	m := &cpuMeter{done: make(chan struct{}), before: map[string]float64{}, after: map[string]float64{},
+	ctx, cancel := context.WithCancel(ctx)
+	m := &cpuMeter{done: make(chan struct{}), cancel: cancel, before: map[string]float64{}, after: map[string]float64{},
 		errs: map[string]string{}, pid: map[string]float64{}}
 	start := time.Now().Add(cfg.Warmup)
 	end := start.Add(cfg.Duration)
 	hc := newHTTPClient(len(metricsURLs), cpuScrapeTimeout)
 	go func() {
 		defer close(m.done)
+		defer cancel()
 		defer hc.CloseIdleConnections()
 		for _, at := range []struct {
 			t    time.Time
 			into map[string]float64
 		}{{start, m.before}, {end, m.after}} {
-			if !sleepUntil(ctx, at.t) {
+			if !pause(ctx, time.Until(at.t)) {
 				return
 			}
 			m.read(ctx, hc, metricsURLs, at.into)
@@ -99,12 +102,16 @@ func (m *cpuMeter) read(ctx context.Context, hc *http.Client, metricsURLs map[st
 	wg.Wait()
 }
 
+// abandon stops the meter of a run that failed, without waiting out its
+// window.
+func (m *cpuMeter) abandon() {
+	m.cancel()
+	<-m.done
+}
+
 // finish waits for the second reading and adds the CPU per operation to res,
-// whose Throughput and Seconds must already be set. A nil meter adds nothing.
+// whose Throughput and Seconds must already be set.
 func (m *cpuMeter) finish(res *Result) {
-	if m == nil {
-		return
-	}
 	<-m.done
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -144,17 +151,5 @@ func (m *cpuMeter) finish(res *Result) {
 		if _, ok := m.before[id]; !ok {
 			res.CPU = append(res.CPU, ProcessCPU{Process: id, Error: m.errs[id]})
 		}
-	}
-}
-
-// sleepUntil waits for t; false if ctx ended first.
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }

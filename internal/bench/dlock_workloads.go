@@ -55,8 +55,12 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 		default:
 			err = dlockContended(ctx, cfg, res, c, id)
 		}
+		if err != nil {
+			meter.abandon()
+			return err
+		}
 		meter.finish(res)
-		return err
+		return nil
 	case "held":
 		return dlockHeld(ctx, cfg, res, c, ci, id)
 	case "watch":
@@ -71,11 +75,11 @@ func afterFailure(ctx, stop context.Context, c lockAPI, rec *recorder, op string
 	rec.fail(op, err)
 	if retryable(err) {
 		c.rediscover(ctx)
-		return backoff(stop, 10*time.Millisecond)
+		return pause(stop, 10*time.Millisecond)
 	}
 	// A refusal (4xx) is counted; pause a little so a persistent one does not
 	// turn into a busy loop against the server.
-	return backoff(stop, time.Millisecond)
+	return pause(stop, time.Millisecond)
 }
 
 func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {

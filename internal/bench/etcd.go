@@ -117,8 +117,12 @@ func runEtcd(ctx context.Context, cfg *Config, res *Result) error {
 		} else {
 			err = etcdMutexLoop(ctx, cfg, res, t, id, cfg.Workload)
 		}
+		if err != nil {
+			meter.abandon()
+			return err
+		}
 		meter.finish(res)
-		return err
+		return nil
 	case "held":
 		return etcdHeld(ctx, cfg, res, t, id)
 	case "watch":
@@ -160,7 +164,7 @@ func etcdMutexLoop(ctx context.Context, cfg *Config, res *Result, t *etcdTarget,
 			cancel()
 			if err != nil {
 				rec.fail("acquire", err)
-				if !backoff(stop, 10*time.Millisecond) {
+				if !pause(stop, 10*time.Millisecond) {
 					return
 				}
 				continue
@@ -206,7 +210,7 @@ func etcdTTLPerAcquire(ctx context.Context, cfg *Config, res *Result, t *etcdTar
 			sess, err := concurrency.NewSession(cli, concurrency.WithTTL(t.ttlSec), concurrency.WithContext(ctx))
 			if err != nil {
 				rec.fail("acquire", err)
-				if !backoff(stop, 10*time.Millisecond) {
+				if !pause(stop, 10*time.Millisecond) {
 					return
 				}
 				continue
@@ -303,7 +307,7 @@ func etcdHeld(ctx context.Context, cfg *Config, res *Result, t *etcdTarget, id s
 			t0 := time.Now()
 			if _, err := cli.KeepAliveOnce(ctx, leases[j]); err != nil {
 				rec.fail("renew", err)
-				if !backoff(stop, 10*time.Millisecond) {
+				if !pause(stop, 10*time.Millisecond) {
 					return
 				}
 				continue

@@ -337,8 +337,8 @@ func staleHeaders(ctx context.Context, sr *service.StaleRead) {
 		return
 	}
 	md := metadata.Pairs(mdKnownLeader, strconv.FormatBool(sr.KnownLeader))
-	if sr.LastContact >= 0 {
-		md.Append(mdLastContact, strconv.FormatInt(sr.LastContact.Milliseconds(), 10))
+	if ms, ok := sr.LastContactMs(); ok {
+		md.Append(mdLastContact, strconv.FormatInt(ms, 10))
 	}
 	// SetHeader fails only outside a unary call's handler, which this is not.
 	_ = grpc.SetHeader(ctx, md)

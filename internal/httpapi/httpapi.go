@@ -506,9 +506,8 @@ func staleHeaders(w http.ResponseWriter, sr *service.StaleRead) {
 	if sr == nil {
 		return
 	}
-	h := w.Header()
-	h.Set(headerKnownLeader, strconv.FormatBool(sr.KnownLeader))
-	if sr.LastContact >= 0 {
-		h.Set(headerLastContact, strconv.FormatInt(sr.LastContact.Milliseconds(), 10))
+	w.Header().Set(headerKnownLeader, strconv.FormatBool(sr.KnownLeader))
+	if ms, ok := sr.LastContactMs(); ok {
+		w.Header().Set(headerLastContact, strconv.FormatInt(ms, 10))
 	}
 }

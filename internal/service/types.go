@@ -95,6 +95,12 @@ type StaleRead struct {
 	LastContact time.Duration
 }
 
+// LastContactMs is LastContact in whole milliseconds, if the node ever heard
+// from a leader.
+func (sr *StaleRead) LastContactMs() (int64, bool) {
+	return sr.LastContact.Milliseconds(), sr.LastContact >= 0
+}
+
 // ListRequest lists locks by name prefix, in name order, a page at a time.
 type ListRequest struct {
 	Prefix string
