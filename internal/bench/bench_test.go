@@ -198,7 +198,13 @@ func TestCPUMeter(t *testing.T) {
 		t.Errorf("cancelled meter reported %+v", res.CPU)
 	}
 	m = startCPUMeter(context.Background(), &Config{Warmup: time.Hour, Duration: time.Hour}, map[string]string{"e0": srv.URL + "/c"})
-	m.abandon() // returns at once (the test's timeout is the guard)
+	abandoned := make(chan struct{})
+	go func() { m.abandon(); close(abandoned) }()
+	select {
+	case <-abandoned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("abandon waited for the meter's window instead of stopping it")
+	}
 }
 
 func TestValidate(t *testing.T) {
