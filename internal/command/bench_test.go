@@ -122,3 +122,33 @@ func BenchmarkResult(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPacked frames n acquires into one entry (the leader, once per
+// entry) and decodes it (every node); per command it should cost about what
+// a lone Decode does, and the frame next to nothing.
+func BenchmarkPacked(b *testing.B) {
+	acq := benchEnvelopes()[0].env
+	for _, n := range []int{1, 16, 64} {
+		cmds := make([][]byte, n)
+		for i := range cmds {
+			cmds[i] = Encode(acq)
+		}
+		entry := EncodePacked(cmds)
+		b.Run(fmt.Sprintf("Encode/%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				_ = EncodePacked(cmds)
+			}
+			b.SetBytes(int64(len(entry)))
+		})
+		b.Run(fmt.Sprintf("Decode/%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if _, _, err := DecodeEntry(entry); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(len(entry)))
+		})
+	}
+}

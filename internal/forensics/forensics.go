@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 )
@@ -47,8 +49,14 @@ func DumpLog(dataDir string, kind raftnode.LogStoreKind, from, to uint64, w io.W
 		h := sha256.Sum256(l.Data)
 		desc := ""
 		if l.Type == raft.LogCommand {
-			if env, err := command.Decode(l.Data); err == nil {
-				desc = fmt.Sprintf("ts=%d clock=%d client=%q req=%q %T%+v", env.TS, env.Clock, env.ClientID, env.RequestID, env.Body, env.Body)
+			if envs, packed, err := command.DecodeEntry(l.Data); err == nil {
+				for j, env := range envs {
+					if packed {
+						desc += fmt.Sprintf("[%d/%d] ", j, len(envs))
+					}
+					desc += fmt.Sprintf("ts=%d clock=%d client=%q req=%q %T%+v ", env.TS, env.Clock, env.ClientID, env.RequestID, env.Body, env.Body)
+				}
+				desc = strings.TrimSuffix(desc, " ")
 			} else {
 				desc = "undecodable: " + err.Error()
 			}
@@ -99,11 +107,9 @@ func Replay(stateFile, dataDir string, kind raftnode.LogStoreKind, to uint64, re
 			st.SetIndex(i)
 			continue
 		}
-		env, err := command.Decode(l.Data)
-		if err != nil {
+		if _, _, err := fsm.ApplyEntry(st, &l); err != nil {
 			return nil, fmt.Errorf("log entry %d: %w", i, err)
 		}
-		st.Apply(i, env)
 		st.TakeEvents()
 	}
 	res.ToIndex, res.Revision, res.LastToken = st.Index(), st.Revision(), st.LastToken()

@@ -29,10 +29,40 @@ type Observer interface {
 	Restored(s *state.State)
 }
 
-// Response is what Apply returns for a command entry (raft's future.Response()).
+// Response is the answer to one command: what Apply returns for an entry of
+// one command (raft's future.Response()); an entry of several packed commands
+// (command.TypePacked) returns a []Response, one per command in order.
 type Response struct {
-	Index  uint64
+	// Index is the log entry that carried the command.
+	Index uint64
+	// Seq names the command (command.Seq); a grant made by this very command
+	// has Result.Seq == Seq.
+	Seq    uint64
 	Result command.Result
+}
+
+// ApplyEntry applies one command log entry to st: its lone command, or each
+// command packed into it, in order. It is the FSM's apply and the offline
+// replay's (forensics), so both read a log the same way. A decoding error
+// leaves st unchanged.
+func ApplyEntry(st *state.State, l *raft.Log) (resps []Response, packed bool, err error) {
+	envs, packed, err := command.DecodeEntry(l.Data)
+	if err != nil {
+		return nil, packed, err
+	}
+	resps = make([]Response, len(envs))
+	for j, env := range envs {
+		if env.ClockTerm != 0 && env.ClockTerm != l.Term {
+			// Stamped by a leader of an earlier term, appended only in this
+			// one: its lease clock would count time between the terms that
+			// no leader measured (command.Envelope.ClockTerm). The command
+			// still applies; the lease clock just does not move with it.
+			env.Clock = 0
+		}
+		seq := command.Seq(l.Index, j)
+		resps[j] = Response{Index: l.Index, Seq: seq, Result: st.ApplyAt(l.Index, seq, env)}
+	}
+	return resps, packed, nil
 }
 
 // FSM is the raft.FSM (and raft.BatchingFSM) of a dlock node.
@@ -77,22 +107,18 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			f.st.SetIndex(l.Index)
 			continue
 		}
-		env, err := command.Decode(l.Data)
+		resps, packed, err := ApplyEntry(f.st, l)
 		if err != nil {
 			// Skipping an entry would silently fork this replica from the others.
 			// Stop instead: this node must be upgraded or its data repaired.
 			f.mu.Unlock()
 			panic(fmt.Sprintf("dlock fsm: cannot apply log index %d: %v", l.Index, err))
 		}
-		if env.ClockTerm != 0 && env.ClockTerm != l.Term {
-			// Stamped by a leader of an earlier term, appended only in this
-			// one: its lease clock would count time between the terms that
-			// no leader measured (command.Envelope.ClockTerm). The entry
-			// still applies; the lease clock just does not move with it.
-			env.Clock = 0
+		if packed {
+			out[i] = resps
+		} else {
+			out[i] = &resps[0]
 		}
-		res := f.st.Apply(l.Index, env)
-		out[i] = &Response{Index: l.Index, Result: res}
 		if l.Index%CheckpointEvery == 0 {
 			f.checkpoint(l)
 		}

@@ -654,3 +654,161 @@ func TestLeaseClockOnlyFromTheEntrysTerm(t *testing.T) {
 		}
 	}
 }
+
+// packedLog packs commands (all of client c, at ts0) into one entry.
+func packedLog(index, term uint64, envs ...*command.Envelope) *raft.Log {
+	cmds := make([][]byte, len(envs))
+	for i, e := range envs {
+		if e.TS == 0 {
+			e.TS = ts0 + int64(index)
+		}
+		cmds[i] = command.Encode(e)
+	}
+	return &raft.Log{Index: index, Term: term, Type: raft.LogCommand, Data: command.EncodePacked(cmds)}
+}
+
+func env(client, requestID string, b command.Body) *command.Envelope {
+	return &command.Envelope{ClientID: client, RequestID: requestID, Body: b}
+}
+
+// A packed entry applies its commands in order, each named by its own Seq:
+// a lease that waits, withdraws and waits again on one lock inside one entry
+// holds two different waits, so a stale timer for the first cannot end the
+// second. Observers hear of the whole entry once, with every event in order.
+func TestPackedEntryAppliesEachCommandInOrder(t *testing.T) {
+	f := fsm.New(quietLogger())
+	rec := &recorder{}
+	f.AddObserver(rec)
+	f.Apply(cmdLog(1, "n1", &command.RegisterMember{ID: "n1", RaftAddr: "r1", APIAddr: "a1"}))
+	s1, s2 := command.Seq(2, 1), command.Seq(2, 3)
+	out := f.Apply(packedLog(2, 1,
+		env("c1", "r1", &command.Acquire{Name: "a", LeaseID: lease(1), TTLms: 10_000}),
+		env("c2", "r2", &command.Acquire{Name: "a", LeaseID: lease(2), TTLms: 10_000, WaitMs: 5_000}),
+		env("c2", "", &command.CancelWait{Wait: command.WaitRef{LeaseID: lease(2), Name: "a", Seq: s1}}),
+		env("c2", "r3", &command.Acquire{Name: "a", LeaseID: lease(2), TTLms: 10_000, WaitMs: 5_000}),
+		env("c1", "r1", &command.Acquire{Name: "a", LeaseID: lease(1), TTLms: 10_000}), // a retry of r1
+	))
+	resps, ok := out.([]fsm.Response)
+	if !ok || len(resps) != 5 {
+		t.Fatalf("a packed entry of 5 commands answered %T %+v; want 5 responses", out, out)
+	}
+	for j, r := range resps {
+		if r.Index != 2 || r.Seq != command.Seq(2, j) {
+			t.Fatalf("response %d: index %d seq %d; want 2 and %d", j, r.Index, r.Seq, command.Seq(2, j))
+		}
+	}
+	if r := resps[0].Result; r.Status != command.StatusOK || r.Token != 1 || r.Seq != resps[0].Seq {
+		t.Fatalf("first acquire: %+v; want a grant named by its own Seq", r)
+	}
+	if r := resps[1].Result; r.Status != command.StatusQueued || r.Seq != s1 {
+		t.Fatalf("first wait: %+v; want queued with Seq %d", r, s1)
+	}
+	if r := resps[3].Result; r.Status != command.StatusQueued || r.Seq != s2 {
+		t.Fatalf("second wait: %+v; want queued with Seq %d", r, s2)
+	}
+	if r := resps[4].Result; !r.Replayed || r.Token != 1 || r.Seq != resps[0].Seq {
+		t.Fatalf("the retry in the same entry: %+v; want the first answer, replayed", r)
+	}
+	// The first wait's timer fires late: it must not touch the second wait.
+	f.Apply(cmdLog(3, "dlock", &command.ExpireWaits{Waits: []command.WaitRef{{LeaseID: lease(2), Name: "a", Seq: s1}}}))
+	f.Read(func(s *state.State) {
+		if seq, ok := s.WaitSeq(lease(2), "a"); !ok || seq != s2 {
+			t.Fatalf("after the first wait's stale timer: wait %d, %v; want the second wait (%d) still in line", seq, ok, s2)
+		}
+	})
+	// The hand-off grants the second wait under its own Seq.
+	f.Apply(cmdLog(4, "c1", &command.Release{Name: "a", LeaseID: lease(1), Token: 1}))
+	f.Read(func(s *state.State) {
+		if h := s.LockHolder("a"); h.Holder != lease(2) || h.GrantSeq != s2 || h.Token != 2 {
+			t.Fatalf("after the release: %+v; want lease 2 holding under Seq %d", h, s2)
+		}
+	})
+	// One Applied call for the packed entry, its events in command order.
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.applied) == 0 || rec.applied[0].index != 2 {
+		t.Fatalf("observer calls %+v; want the packed entry's first, at index 2", rec.applied)
+	}
+	var types []state.EventType
+	for _, e := range rec.applied[0].events {
+		types = append(types, e.Type)
+	}
+	want := []state.EventType{state.EventLeaseTimer, state.EventAcquired, // c1's grant
+		state.EventQueued, state.EventWaitTimer, // c2 waits
+		state.EventDequeued, state.EventWaitGone, state.EventLeaseGone, // and withdraws (its idle lease ends)
+		state.EventQueued, state.EventWaitTimer} // c2 waits again; the retry changes nothing
+	if !reflect.DeepEqual(types, want) {
+		t.Fatalf("events of the packed entry %v; want %v", types, want)
+	}
+}
+
+// Replicas that apply the same packed log end byte-identical, a snapshot
+// keeps the Seqs above 2^48, and the offline replay (forensics) reads a
+// packed log as the FSM does.
+func TestPackedEntriesAreDeterministicAndSnapshot(t *testing.T) {
+	logs := []*raft.Log{
+		cmdLog(1, "n1", &command.RegisterMember{ID: "n1", RaftAddr: "r1", APIAddr: "a1"}),
+		packedLog(2, 1,
+			env("c1", "", &command.Acquire{Name: "x", LeaseID: lease(1), TTLms: 10_000}),
+			env("c2", "", &command.Acquire{Name: "x", LeaseID: lease(2), TTLms: 10_000, WaitMs: 60_000}),
+			env("c3", "", &command.Acquire{Name: "x", LeaseID: lease(3), TTLms: 10_000, WaitMs: 60_000})),
+		packedLog(3, 2, env("c1", "", &command.Release{Name: "x", LeaseID: lease(1), Token: 1})),
+	}
+	a, b := fsm.New(quietLogger()), fsm.New(quietLogger())
+	a.ApplyBatch(logs)
+	for _, l := range logs {
+		b.Apply(l)
+	}
+	if !bytes.Equal(stateBytes(a), stateBytes(b)) {
+		t.Fatal("two replicas applying one packed log differ")
+	}
+	st, err := state.Restore(stateBytes(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := st.LockHolder("x"); h.Holder != lease(2) || h.GrantSeq != command.Seq(2, 1) {
+		t.Fatalf("restored holder %+v; want lease 2 under Seq %d", h, command.Seq(2, 1))
+	}
+	if seq, ok := st.WaitSeq(lease(3), "x"); !ok || seq != command.Seq(2, 2) {
+		t.Fatalf("restored wait %d, %v; want Seq %d", seq, ok, command.Seq(2, 2))
+	}
+	replayed := state.New()
+	for _, l := range logs {
+		if _, _, err := fsm.ApplyEntry(replayed, l); err != nil {
+			t.Fatal(err)
+		}
+		replayed.TakeEvents()
+	}
+	if !bytes.Equal(replayed.Snapshot(), stateBytes(a)) {
+		t.Fatal("ApplyEntry on a bare state differs from the FSM")
+	}
+}
+
+// The lease clock rule holds for each command of a packed entry.
+func TestPackedEntryLeaseClockPerCommand(t *testing.T) {
+	f := fsm.New(quietLogger())
+	f.Apply(packedLog(1, 7,
+		&command.Envelope{ClientID: "dlock", Clock: 5_000, ClockTerm: 5, Body: &command.Tick{}}, // an earlier term's reading: ignored
+		&command.Envelope{ClientID: "dlock", Clock: 1_000, ClockTerm: 7, Body: &command.Tick{}},
+	))
+	f.Read(func(s *state.State) {
+		if s.LeaseClock() != 1_000 {
+			t.Fatalf("lease clock %d after a packed entry; want 1000 (the command stamped in an earlier term does not move it)", s.LeaseClock())
+		}
+	})
+}
+
+// An undecodable packed entry stops the replica, as any undecodable entry.
+func TestApplyPanicsOnMalformedPackedEntry(t *testing.T) {
+	f := fsm.New(quietLogger())
+	bad := command.EncodePacked([][]byte{command.Encode(env("c", "", &command.Tick{})), {byte(command.TypePacked), 1, 0}})
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a packed entry holding a packed entry was applied")
+		}
+		if f.AppliedIndex() != 0 {
+			t.Fatal("a malformed packed entry advanced the applied index")
+		}
+	}()
+	f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: bad})
+}

@@ -143,6 +143,8 @@ var (
 	descLastContact   = prometheus.NewDesc("dlock_raft_last_contact_seconds", "Time since this follower last heard from the leader (0 on the leader).", nil, nil)
 	descLeaderChanges = prometheus.NewDesc("dlock_raft_leadership_changes_total", "Times this node gained or lost leadership.", nil, nil)
 	descForwarded     = prometheus.NewDesc("dlock_forwarded_requests_total", "Writes this node forwarded to the leader.", nil, nil)
+	descProposed      = prometheus.NewDesc("dlock_raft_proposed_entries_total", "Log entries this node proposed as leader (writes are packed into them; see dlock_raft_proposed_commands_total).", nil, nil)
+	descProposedCmds  = prometheus.NewDesc("dlock_raft_proposed_commands_total", "Writes this node proposed as leader, over all its entries: divided by dlock_raft_proposed_entries_total, the writes per log entry.", nil, nil)
 	descHasLeader     = prometheus.NewDesc("dlock_raft_has_leader", "1 if this node knows a leader.", nil, nil)
 	descLocks         = prometheus.NewDesc("dlock_locks_held", "Locks and election seats currently held.", nil, nil)
 	descWaiters       = prometheus.NewDesc("dlock_waiters", "Acquires and campaigns waiting in queues.", nil, nil)
@@ -155,7 +157,7 @@ var (
 
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommit, descApplied, descLastContact, descLeaderChanges,
-		descForwarded, descHasLeader, descLocks, descWaiters, descLeases, descSessions, descWatchers, descRevision, descToken} {
+		descForwarded, descProposed, descProposedCmds, descHasLeader, descLocks, descWaiters, descLeases, descSessions, descWatchers, descRevision, descToken} {
 		ch <- d
 	}
 }
@@ -183,6 +185,8 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLastContact, contact)
 	counter(descLeaderChanges, float64(st.LeaderChanges))
 	counter(descForwarded, float64(st.Forwarded))
+	counter(descProposed, float64(st.ProposedEntries))
+	counter(descProposedCmds, float64(st.ProposedCommands))
 	has := 0.0
 	if st.LeaderID != "" {
 		has = 1

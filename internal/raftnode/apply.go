@@ -179,31 +179,13 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 	if err != nil {
 		return nil, apierror.Wrap(apierror.TooLarge, err, "the request is too large to replicate; send less data")
 	}
-	timeout := time.Until(deadline(ctx))
-	if timeout <= 0 {
+	if time.Until(deadline(ctx)) <= 0 {
 		// Nothing was proposed, so this is safe to retry. Never ctx.Err():
 		// it is still nil between the deadline and the moment ctx's timer
 		// fires, and callers would take (nil, nil) for a success.
 		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
-	f := n.raft.Apply(data, timeout)
-	if err := awaitFuture(ctx, f); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
-			return nil, fmt.Errorf("%w: %v", errRetry, err)
-		case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-			// Proposed but not known to be committed or dropped.
-			return nil, fmt.Errorf("%w: %v", errUnknown, err)
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return nil, &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second, Err: err}
-		}
-		return nil, fmt.Errorf("raft apply: %w", err)
-	}
-	resp, ok := f.Response().(*fsm.Response)
-	if !ok {
-		return nil, fmt.Errorf("raft apply: unexpected FSM response %T", f.Response())
-	}
-	return resp, nil
+	return n.packer.submit(ctx, data)
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -261,8 +243,15 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	r := wire.NewReader(body)
 	resp := &fsm.Response{Index: r.Uvarint()}
 	resp.Result = command.DecodeResult(r)
-	if r.Len() > 0 { // absent from a leader of an earlier version
+	// The trailing fields are absent from leaders of earlier versions: the
+	// Replayed flag, then the Seq (a leader that does not pack names each
+	// command by its entry's index).
+	resp.Seq = resp.Index
+	if r.Len() > 0 {
 		resp.Result.Replayed = r.Bool()
+	}
+	if r.Len() > 0 {
+		resp.Seq = r.Uvarint()
 	}
 	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("forward to leader %s: bad answer: %w", addr, err)
@@ -331,6 +320,7 @@ func (n *Node) forwardHandler() http.Handler {
 		// EncodeResult is the snapshot's format, which leaves Replayed
 		// out; the forwarding node needs it (Service.replayedGrant).
 		wr.Bool(resp.Result.Replayed)
+		wr.Uvarint(resp.Seq)
 		_, _ = w.Write(wr.Buf)
 	})
 	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(r.ID, r.RaftAddr) }))

@@ -57,6 +57,10 @@ type Config struct {
 	LeaderLeaseTimeout time.Duration
 	// ApplyTimeout bounds a write whose context has no deadline.
 	ApplyTimeout time.Duration
+	// PackInFlight bounds the log entries the leader has under commit at
+	// once; writes that find it busy are packed into the next entry
+	// (default DefaultPackInFlight; 1 packs the most).
+	PackInFlight int
 	// RaftLogLevel is hclog's level for Raft's own logs (default "warn").
 	RaftLogLevel string
 	Logger       *slog.Logger
@@ -94,6 +98,9 @@ func (c *Config) Defaults() {
 	if c.ApplyTimeout == 0 {
 		c.ApplyTimeout = 10 * time.Second
 	}
+	if c.PackInFlight <= 0 {
+		c.PackInFlight = DefaultPackInFlight
+	}
 	if c.RaftLogLevel == "" {
 		c.RaftLogLevel = "warn"
 	}
@@ -129,6 +136,7 @@ type Node struct {
 	logger *slog.Logger
 
 	raft      *raft.Raft
+	packer    *packer
 	fsm       *fsm.FSM
 	reaper    *expiry.Reaper
 	mux       *Mux
@@ -258,6 +266,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
+	n.packer = newPacker(r.Apply, cfg.PackInFlight, n.ctx.Done())
 	if !hasState && len(cfg.InitialCluster) > 0 {
 		if _, self := cfg.InitialCluster[cfg.ID]; !self {
 			return nil, fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)
@@ -288,7 +297,8 @@ func Open(cfg Config) (*Node, error) {
 	}}
 	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
 	limitForwardServer(n.fwdServer)
-	n.wg.Add(3)
+	n.wg.Add(4)
+	go func() { defer n.wg.Done(); n.packer.run() }()
 	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
 	go func() { defer n.wg.Done(); n.followLeadership() }()
 	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()

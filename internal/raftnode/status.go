@@ -41,6 +41,11 @@ type Status struct {
 	// counts how often this node gained or lost leadership.
 	Forwarded     uint64
 	LeaderChanges uint64
+	// ProposedEntries counts the log entries this node proposed as leader,
+	// ProposedCommands the writes they carried (more than one per entry
+	// when the packer packs them).
+	ProposedEntries  uint64
+	ProposedCommands uint64
 }
 
 // Status reports the node's current view of the cluster.
@@ -57,6 +62,9 @@ func (n *Node) Status() Status {
 		LastContact:   time.Since(n.raft.LastContact()),
 		Forwarded:     n.forwarded.Load(),
 		LeaderChanges: n.leaderChanges.Load(),
+
+		ProposedEntries:  n.packer.entries.Load(),
+		ProposedCommands: n.packer.commands.Load(),
 	}
 	members := map[string]state.Member{}
 	n.fsm.Read(func(s *state.State) {

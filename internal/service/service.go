@@ -347,7 +347,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	}
 	switch r.Status {
 	case command.StatusOK:
-		if r.Seq != resp.Index {
+		if r.Seq != resp.Seq {
 			// Not granted by this entry: a retry answered from the dedup
 			// table (or the same lease again). The grant may have ended
 			// since; a dead grant must not be handed out as a live one.

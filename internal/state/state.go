@@ -62,7 +62,7 @@ func (l *Lease) ExpiresAt() int64 {
 type Waiter struct {
 	LeaseID  command.LeaseID
 	ClientID string
-	// Seq is the log index of the acquire that queued; it names this wait.
+	// Seq names the acquire that queued (command.Seq); it names this wait.
 	Seq        uint64
 	EnqueuedAt int64
 	// Deadline is the leader timestamp at which the wait times out, for
@@ -214,9 +214,16 @@ func (s *State) SetIndex(index uint64) {
 	}
 }
 
-// Apply applies one command at a log index and returns its result. Events it
-// produced are collected with TakeEvents.
+// Apply applies the lone command of the log entry at index and returns its
+// result. Events it produced are collected with TakeEvents.
 func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
+	return s.ApplyAt(index, index, e)
+}
+
+// ApplyAt applies one command of the log entry at index; seq names the command
+// (command.Seq: its index, or its place in a packed entry) and becomes the Seq
+// of the acquire it may be.
+func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 	s.SetIndex(index)
 	// The leader never lets timestamps go backwards, but a log is input: keep the
 	// invariant here too so remaining-time arithmetic can rely on it.
@@ -236,7 +243,7 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 		}
 	}
 	s.changed = false
-	r := s.dispatch(index, e)
+	r := s.dispatch(seq, e)
 	if s.changed {
 		s.revision++
 	}
@@ -296,7 +303,7 @@ func (s *State) Lookup(clientID, requestID string) (command.Result, bool) {
 	return s.dedupRing[pos].result, true
 }
 
-func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
+func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 	switch b := e.Body.(type) {
 	case *command.RegisterMember:
 		return s.registerMember(b)
@@ -307,7 +314,7 @@ func (s *State) dispatch(index uint64, e *command.Envelope) command.Result {
 	case *command.DeleteSession:
 		return s.deleteSession(e, b)
 	case *command.Acquire:
-		return s.acquire(index, e, b)
+		return s.acquire(seq, e, b)
 	case *command.Release:
 		return s.release(e, b)
 	case *command.Renew:
@@ -389,7 +396,7 @@ func holderOf(l *Lock, lease *Lease) command.Holder {
 	return command.Holder{ClientID: lease.ClientID, Token: l.Token, GrantedAt: l.GrantedAt, ExpiresAt: lease.ExpiresAt()}
 }
 
-func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) command.Result {
+func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) command.Result {
 	name := b.Name
 	if !command.ValidKey(name) {
 		return invalid("bad lock name")
@@ -433,7 +440,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 	// campaigner that campaigns again with a new value keeps its place and
 	// takes office with the new value, as a holder's re-campaign proclaims it.
 	if lease != nil {
-		if seq, ok := lease.Waits().Get(name); ok {
+		if waitSeq, ok := lease.Waits().Get(name); ok {
 			if election && lk != nil {
 				q := lk.Queue()
 				for i := range q {
@@ -443,7 +450,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 					}
 				}
 			}
-			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
+			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: waitSeq}
 		}
 	}
 
@@ -463,7 +470,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 			lk = &Lock{Name: name}
 			s.locks.ReplaceOrInsert(lk)
 		}
-		s.grant(lk, lease, index, b.Value, CauseAcquire)
+		s.grant(lk, lease, seq, b.Value, CauseAcquire)
 	case s.leases[lk.Holder].ClientID == e.ClientID:
 		// The same client with a new lease: its previous incarnation crashed and
 		// it came back. Take over at once, with a new token.
@@ -472,7 +479,7 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 		if lease == nil {
 			lease = newLease(true)
 		}
-		s.grant(lk, lease, index, b.Value, CauseTakeover)
+		s.grant(lk, lease, seq, b.Value, CauseTakeover)
 	case b.WaitMs == 0:
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
@@ -480,8 +487,8 @@ func (s *State) acquire(index uint64, e *command.Envelope, b *command.Acquire) c
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, index, b.WaitMs, b.Value, e.RequestID)
-		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: index}
+		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID)
+		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}

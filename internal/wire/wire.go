@@ -183,6 +183,20 @@ func (r *Reader) Fixed(dst []byte) {
 	r.buf = r.buf[len(dst):]
 }
 
+// Raw returns the next n bytes without copying: they alias the input.
+func (r *Reader) Raw(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || len(r.buf) < n {
+		r.fail(ErrShort)
+		return nil
+	}
+	b := r.buf[:n:n]
+	r.buf = r.buf[n:]
+	return b
+}
+
 // Count reads a collection length and checks it against what the remaining input
 // could possibly hold (each element takes at least minSize bytes).
 func (r *Reader) Count(minSize int) int {

@@ -216,3 +216,28 @@ func TestStickyAfterGoodReads(t *testing.T) {
 		t.Fatal("the byte after the bad varint was read")
 	}
 }
+
+// Raw hands out the next bytes without a copy, and fails (sticky) past the end.
+func TestRaw(t *testing.T) {
+	in := []byte{1, 2, 3, 4}
+	r := NewReader(in)
+	a := r.Raw(3)
+	if string(a) != "\x01\x02\x03" || r.Len() != 1 || r.Err() != nil {
+		t.Fatalf("Raw(3) = %v, %d left, %v", a, r.Len(), r.Err())
+	}
+	if &a[0] != &in[0] {
+		t.Fatal("Raw copied")
+	}
+	if cap(a) != 3 {
+		t.Fatalf("Raw's slice has capacity %d: appending to it would overwrite the input", cap(a))
+	}
+	if b := r.Raw(2); b != nil || r.Err() == nil {
+		t.Fatalf("Raw past the end = %v, %v", b, r.Err())
+	}
+	if b := r.Raw(1); b != nil {
+		t.Fatal("Raw after an error returned bytes")
+	}
+	if b := NewReader(in).Raw(-1); b != nil {
+		t.Fatal("Raw(-1) returned bytes")
+	}
+}

@@ -1,0 +1,254 @@
+// Group commit across requests: the leader packs concurrent writes into one
+// log entry while its earlier entries are still being committed.
+
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+)
+
+// DefaultPackInFlight is how many log entries the leader's packer lets be
+// under commit at once. The first goes out at once; a second only beside an
+// entry of a lone write (packer.mayPropose). Writes that arrive meanwhile
+// wait and go out together in the next entry, so under load one log entry
+// carries tens of writes and every replica stores, replicates and bookkeeps
+// one entry instead of one per write (docs/benchmarks.md, "Tenth session":
+// 9–15 % less CPU per lock+unlock cycle at 64–256 workers), while a lone
+// write never waits for anything but an entry under commit.
+const DefaultPackInFlight = 2
+
+// applier is the one call the packer makes into Raft (raft.Raft.Apply).
+type applier func(data []byte, timeout time.Duration) raft.ApplyFuture
+
+// proposal is one encoded command on its way into a log entry.
+type proposal struct {
+	data     []byte
+	deadline time.Time
+	done     chan proposalResult // buffered: answering never waits for the caller
+}
+
+type proposalResult struct {
+	resp *fsm.Response
+	err  error
+}
+
+// packer owns the queue of proposals on the leader. One goroutine (run) takes
+// them in arrival order, waits for an in-flight slot, packs whatever queued
+// meanwhile into one entry and proposes it; a goroutine per entry waits for
+// Raft's answer, frees the slot and answers each proposal.
+type packer struct {
+	apply   applier
+	queue   chan *proposal
+	maxCmds int
+
+	// Entries under commit: how many, and how many of them carry more than
+	// one write. freed is signalled when one is answered.
+	mu          sync.Mutex
+	inFlight    int
+	packed      int
+	maxInFlight int
+	freed       chan struct{}
+
+	maxBytes int
+	stopped  <-chan struct{}
+
+	// Counters for metrics: entries proposed and the commands in them.
+	entries  atomic.Uint64
+	commands atomic.Uint64
+}
+
+func newPacker(apply applier, inFlight int, stopped <-chan struct{}) *packer {
+	return &packer{
+		apply:   apply,
+		queue:   make(chan *proposal),
+		maxCmds: command.MaxPacked,
+		freed:   make(chan struct{}, 1),
+
+		maxInFlight: inFlight,
+		maxBytes:    command.MaxEntryBytes,
+		stopped:     stopped,
+	}
+}
+
+// submit hands one encoded command (within command.MaxEntryBytes) to the
+// packer and waits for the state machine's answer. Errors are apply.go's:
+// errRetry if it certainly was not proposed, errUnknown if it may have been.
+func (p *packer) submit(ctx context.Context, data []byte) (*fsm.Response, error) {
+	pr := &proposal{data: data, deadline: deadline(ctx), done: make(chan proposalResult, 1)}
+	select {
+	case p.queue <- pr:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
+	case <-p.stopped:
+		return nil, fmt.Errorf("%w: the node is shutting down", errRetry)
+	}
+	select {
+	case r := <-pr.done:
+		return r.resp, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: waiting for raft: %v", errUnknown, ctx.Err())
+	}
+}
+
+// run packs and proposes until stopped. Proposals it still holds then were
+// never proposed and are answered errRetry; entries already proposed are
+// answered by Raft (or, if Raft never answers a future queued when it shut
+// down, hashicorp/raft #498, by their callers' deadlines).
+func (p *packer) run() {
+	var next *proposal // taken from the queue but did not fit in the last entry
+	for {
+		if next == nil {
+			select {
+			case next = <-p.queue:
+			case <-p.stopped:
+				return
+			}
+		}
+		// While it may not propose, later requests queue up behind next and
+		// join its entry.
+		for !p.mayPropose() {
+			select {
+			case <-p.freed:
+			case <-p.stopped:
+				next.done <- proposalResult{err: fmt.Errorf("%w: the node is shutting down", errRetry)}
+				return
+			}
+		}
+		batch := []*proposal{next}
+		size := len(next.data)
+		next = nil
+	fill:
+		for len(batch) < p.maxCmds {
+			select {
+			case q := <-p.queue:
+				if size+len(q.data)+command.PackedOverhead(len(batch)+1) > p.maxBytes {
+					next = q
+					break fill
+				}
+				batch = append(batch, q)
+				size += len(q.data)
+			default:
+				break fill
+			}
+		}
+		p.propose(batch)
+	}
+}
+
+// mayPropose says whether a new entry may go out now: always when none is
+// under commit; beside others (up to maxInFlight) only while each of those
+// carries a single write. Under load, entries carry many writes and the next
+// waits to carry more, which is what saves CPU; a lone write beside a lone
+// write is a light load, where the commit's latency matters more (a
+// contended lock's next holder releasing while the last one queues again).
+func (p *packer) mayPropose() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inFlight == 0 || (p.inFlight < p.maxInFlight && p.packed == 0)
+}
+
+// track counts an entry of n writes in (+1) or out (-1) of commit.
+func (p *packer) track(n, delta int) {
+	p.mu.Lock()
+	p.inFlight += delta
+	if n > 1 {
+		p.packed += delta
+	}
+	p.mu.Unlock()
+	if delta < 0 {
+		select {
+		case p.freed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// propose sends one entry of batch to Raft.
+func (p *packer) propose(batch []*proposal) {
+	// A proposal whose deadline has passed is dropped before it reaches the
+	// log (its caller has stopped waiting or is about to): safe to retry.
+	now := time.Now()
+	live := batch[:0]
+	timeout := time.Duration(1<<63 - 1)
+	for _, pr := range batch {
+		left := pr.deadline.Sub(now)
+		if left <= 0 {
+			pr.done <- proposalResult{err: fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)}
+			continue
+		}
+		live = append(live, pr)
+		timeout = min(timeout, left)
+	}
+	if len(live) == 0 {
+		return
+	}
+	data := live[0].data
+	if len(live) > 1 {
+		cmds := make([][]byte, len(live))
+		for i, pr := range live {
+			cmds[i] = pr.data
+		}
+		data = command.EncodePacked(cmds)
+	}
+	p.entries.Add(1)
+	p.commands.Add(uint64(len(live)))
+	// Raft's timeout only bounds the wait to enter its queue; the answer is
+	// awaited without one (each caller gives up at its own deadline).
+	p.track(len(live), +1)
+	f := p.apply(data, timeout)
+	go func() {
+		err := f.Error()
+		p.track(len(live), -1)
+		if err != nil {
+			err = applyError(err)
+			for _, pr := range live {
+				pr.done <- proposalResult{err: err}
+			}
+			return
+		}
+		switch r := f.Response().(type) {
+		case *fsm.Response:
+			if len(live) == 1 {
+				live[0].done <- proposalResult{resp: r}
+				return
+			}
+		case []fsm.Response:
+			if len(r) == len(live) {
+				for i, pr := range live {
+					pr.done <- proposalResult{resp: &r[i]}
+				}
+				return
+			}
+		}
+		err = fmt.Errorf("raft apply: unexpected FSM response %T for %d commands", f.Response(), len(live))
+		for _, pr := range live {
+			pr.done <- proposalResult{err: err}
+		}
+	}()
+}
+
+// applyError classifies an error of Raft's apply future: errRetry if the entry
+// certainly did not reach the log, errUnknown if it may have.
+func applyError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %v", errRetry, err)
+	case errors.Is(err, raft.ErrLeadershipLost):
+		// Proposed but not known to be committed or dropped.
+		return fmt.Errorf("%w: %v", errUnknown, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return &apierror.Error{Code: apierror.Unavailable, Message: "this node is shutting down; use another node", RetryAfter: time.Second, Err: err}
+	}
+	return fmt.Errorf("raft apply: %w", err)
+}

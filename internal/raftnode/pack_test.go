@@ -1,0 +1,449 @@
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
+)
+
+// fakeFuture is an apply future the test answers by hand.
+type fakeFuture struct {
+	data    []byte
+	timeout time.Duration
+	answer  chan struct{}
+	err     error
+	resp    any
+}
+
+func (f *fakeFuture) Error() error {
+	<-f.answer
+	return f.err
+}
+func (f *fakeFuture) Response() any  { return f.resp }
+func (f *fakeFuture) Index() uint64  { return 0 }
+func (f *fakeFuture) done(err error) { f.err = err; close(f.answer) }
+
+// fakeRaft records what the packer proposes.
+type fakeRaft struct {
+	mu       sync.Mutex
+	proposed []*fakeFuture
+}
+
+func (r *fakeRaft) apply(data []byte, timeout time.Duration) raft.ApplyFuture {
+	f := &fakeFuture{data: data, timeout: timeout, answer: make(chan struct{})}
+	r.mu.Lock()
+	r.proposed = append(r.proposed, f)
+	r.mu.Unlock()
+	return f
+}
+
+// settled waits until every goroutine of the test's bubble is blocked (the
+// packer and the writers have done all they can) and returns the entries
+// proposed so far; there must be want of them.
+func (r *fakeRaft) settled(t *testing.T, want int) []*fakeFuture {
+	t.Helper()
+	synctest.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.proposed) != want {
+		t.Fatalf("%d entries proposed, want %d", len(r.proposed), want)
+	}
+	return append([]*fakeFuture(nil), r.proposed...)
+}
+
+// answerAll answers an entry as the FSM would: one Response per command,
+// each naming its command by the payload's first byte after the type.
+func answerAll(t *testing.T, f *fakeFuture) {
+	t.Helper()
+	envs, packed, err := command.DecodeEntry(f.data)
+	if err != nil {
+		t.Fatalf("the packer proposed an undecodable entry: %v", err)
+	}
+	resps := make([]fsm.Response, len(envs))
+	for i, e := range envs {
+		resps[i] = fsm.Response{Index: 7, Seq: command.Seq(7, i), Result: command.Result{Message: e.RequestID}}
+	}
+	if packed {
+		f.resp = resps
+	} else {
+		f.resp = &resps[0]
+	}
+	f.done(nil)
+}
+
+// startPacker runs a packer over a fakeRaft until the test ends. Call it
+// inside a synctest bubble.
+func startPacker(t *testing.T, inFlight int) (*packer, *fakeRaft) {
+	t.Helper()
+	r := &fakeRaft{}
+	stop := make(chan struct{})
+	p := newPacker(r.apply, inFlight, stop)
+	done := make(chan struct{})
+	go func() { defer close(done); p.run() }()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	return p, r
+}
+
+func encodedRequest(id string) []byte {
+	return command.Encode(&command.Envelope{ClientID: "c", RequestID: id, Body: &command.Tick{}})
+}
+
+type submitted struct {
+	resp *fsm.Response
+	err  error
+}
+
+// submitAsync submits data from a new goroutine and waits until it can go
+// no further (answered, or queued behind the others: arrival order).
+func submitAsync(ctx context.Context, p *packer, data []byte) chan submitted {
+	ch := make(chan submitted, 1)
+	go func() {
+		resp, err := p.submit(ctx, data)
+		ch <- submitted{resp, err}
+	}()
+	synctest.Wait()
+	return ch
+}
+
+// While every slot is taken, later writes wait and then go out together, in
+// arrival order, as one packed entry; each caller gets its own command's
+// answer.
+func TestPackerPacksWhileSlotsAreTaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, r := startPacker(t, 1)
+		ctx := context.Background()
+		first := submitAsync(ctx, p, encodedRequest("a"))
+		f1 := r.settled(t, 1)[0]
+		if _, packed, _ := command.DecodeEntry(f1.data); packed {
+			t.Fatal("a lone write was packed; want it proposed as it is")
+		}
+		var later []chan submitted
+		for i := range 5 {
+			later = append(later, submitAsync(ctx, p, encodedRequest(fmt.Sprintf("b%d", i))))
+		}
+		r.settled(t, 1) // the only slot is taken: nothing more goes out
+		answerAll(t, f1)
+		if s := <-first; s.err != nil || s.resp.Result.Message != "a" {
+			t.Fatalf("first write: %+v, %v", s.resp, s.err)
+		}
+		f2 := r.settled(t, 2)[1]
+		envs, packed, err := command.DecodeEntry(f2.data)
+		if err != nil || !packed || len(envs) != 5 {
+			t.Fatalf("second entry: %d commands, packed %v, %v; want the 5 that waited, packed", len(envs), packed, err)
+		}
+		for i, e := range envs {
+			if want := fmt.Sprintf("b%d", i); e.RequestID != want {
+				t.Fatalf("command %d of the packed entry is %q, want %q (arrival order)", i, e.RequestID, want)
+			}
+		}
+		answerAll(t, f2)
+		for i, ch := range later {
+			s := <-ch
+			if want := fmt.Sprintf("b%d", i); s.err != nil || s.resp.Result.Message != want || s.resp.Seq != command.Seq(7, i) {
+				t.Fatalf("write %s: %+v, %v; want its own answer", want, s.resp, s.err)
+			}
+		}
+		if e, c := p.entries.Load(), p.commands.Load(); e != 2 || c != 6 {
+			t.Fatalf("counters: %d entries, %d commands; want 2 and 6", e, c)
+		}
+	})
+}
+
+// With room for two entries, a second goes out beside the first only while
+// the one under commit carries a lone write (light load: latency first);
+// beside an entry of several writes (load: pack more), it waits.
+func TestPackerPipelinesOnlyBesideLoneWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, r := startPacker(t, 2)
+		ctx := context.Background()
+		a := submitAsync(ctx, p, encodedRequest("a"))
+		b := submitAsync(ctx, p, encodedRequest("b"))
+		fs := r.settled(t, 2) // b went out beside the lone a
+		var cde []chan submitted
+		for _, id := range []string{"c", "d", "e"} {
+			cde = append(cde, submitAsync(ctx, p, encodedRequest(id)))
+		}
+		r.settled(t, 2) // two under commit: c, d, e wait
+		answerAll(t, fs[0])
+		if s := <-a; s.err != nil || s.resp.Result.Message != "a" {
+			t.Fatalf("a: %+v, %v", s.resp, s.err)
+		}
+		fs = r.settled(t, 3) // b is lone: c, d, e go out beside it, packed
+		if envs, packed, _ := command.DecodeEntry(fs[2].data); !packed || len(envs) != 3 {
+			t.Fatalf("the third entry carries %d writes; want c, d, e packed", len(envs))
+		}
+		f := submitAsync(ctx, p, encodedRequest("f"))
+		answerAll(t, fs[1])
+		if s := <-b; s.err != nil || s.resp.Result.Message != "b" {
+			t.Fatalf("b: %+v, %v", s.resp, s.err)
+		}
+		r.settled(t, 3) // only c, d, e under commit, but packed: f waits
+		answerAll(t, fs[2])
+		for i, ch := range cde {
+			if s := <-ch; s.err != nil || s.resp.Result.Message != string(rune('c'+i)) {
+				t.Fatalf("%c: %+v, %v", 'c'+i, s.resp, s.err)
+			}
+		}
+		answerAll(t, r.settled(t, 4)[3])
+		if s := <-f; s.err != nil || s.resp.Result.Message != "f" {
+			t.Fatalf("f: %+v, %v", s.resp, s.err)
+		}
+	})
+}
+
+// An entry never exceeds command.MaxPacked commands or command.MaxEntryBytes:
+// what does not fit waits for the next entry.
+func TestPackerKeepsEntriesWithinBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(p *packer)
+		want string
+	}{
+		{"commands", func(p *packer) { p.maxCmds = 3 }, "[3 3 1]"},
+		{"bytes", func(p *packer) { p.maxBytes = 2*len(encodedRequest("y0")) + command.PackedOverhead(2) }, "[2 2 2 1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, r := startPacker(t, 1)
+				tc.set(p)
+				ctx := context.Background()
+				first := submitAsync(ctx, p, encodedRequest("x"))
+				var later []chan submitted
+				for i := range 7 {
+					later = append(later, submitAsync(ctx, p, encodedRequest(fmt.Sprintf("y%d", i))))
+				}
+				answerAll(t, r.settled(t, 1)[0])
+				<-first
+				var sizes []int
+				for n := 2; len(sizes) == 0 || sum(sizes) < 7; n++ {
+					f := r.settled(t, n)[n-1]
+					envs, _, err := command.DecodeEntry(f.data)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(f.data) > p.maxBytes {
+						t.Fatalf("an entry of %d bytes with a bound of %d", len(f.data), p.maxBytes)
+					}
+					sizes = append(sizes, len(envs))
+					answerAll(t, f)
+				}
+				if fmt.Sprint(sizes) != tc.want {
+					t.Fatalf("7 waiting writes went out in entries of %v commands; want %s", sizes, tc.want)
+				}
+				for _, ch := range later {
+					if s := <-ch; s.err != nil {
+						t.Fatal(s.err)
+					}
+				}
+			})
+		})
+	}
+}
+
+func sum(xs []int) (n int) {
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// Raft's answer for an entry is every command's answer: certainly not
+// appended is retriable, appended but not known to be committed is unknown.
+func TestPackerPassesRaftErrorsToEveryCommand(t *testing.T) {
+	for _, tc := range []struct {
+		raftErr error
+		want    error
+		code    apierror.Code
+	}{
+		{raft.ErrNotLeader, errRetry, ""},
+		{raft.ErrEnqueueTimeout, errRetry, ""},
+		{raft.ErrLeadershipLost, errUnknown, ""},
+		{raft.ErrRaftShutdown, nil, apierror.Unavailable},
+	} {
+		t.Run(tc.raftErr.Error(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, r := startPacker(t, 1)
+				ctx := context.Background()
+				first := submitAsync(ctx, p, encodedRequest("a"))
+				b := submitAsync(ctx, p, encodedRequest("b"))
+				c := submitAsync(ctx, p, encodedRequest("c"))
+				r.settled(t, 1)[0].done(tc.raftErr)
+				r.settled(t, 2)[1].done(tc.raftErr)
+				for _, ch := range []chan submitted{first, b, c} {
+					s := <-ch
+					switch {
+					case tc.want != nil && !errors.Is(s.err, tc.want):
+						t.Fatalf("Raft said %v; a command got %v, want %v", tc.raftErr, s.err, tc.want)
+					case tc.code != "" && apierror.CodeOf(s.err) != tc.code:
+						t.Fatalf("Raft said %v; a command got %v, want code %s", tc.raftErr, s.err, tc.code)
+					}
+				}
+			})
+		})
+	}
+}
+
+// shortDeadlineCtx has a deadline but never closes Done: the state of a
+// stdlib context between its deadline and the moment its timer fires.
+type shortDeadlineCtx struct {
+	context.Context
+	d time.Time
+}
+
+func (c shortDeadlineCtx) Deadline() (time.Time, bool) { return c.d, true }
+
+// A write whose deadline passed while it waited for a slot is not proposed:
+// its caller is told it is safe to retry. The entry's Raft timeout is the
+// shortest time any of its writes has left.
+func TestPackerDropsExpiredWrites(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, r := startPacker(t, 1)
+		first := submitAsync(context.Background(), p, encodedRequest("a"))
+		expired := submitAsync(shortDeadlineCtx{context.Background(), time.Now().Add(20 * time.Millisecond)}, p, encodedRequest("late"))
+		soon := submitAsync(shortDeadlineCtx{context.Background(), time.Now().Add(time.Second)}, p, encodedRequest("b"))
+		live := submitAsync(context.Background(), p, encodedRequest("c"))
+		time.Sleep(50 * time.Millisecond)
+		answerAll(t, r.settled(t, 1)[0])
+		<-first
+		if s := <-expired; !errors.Is(s.err, errRetry) {
+			t.Fatalf("a write past its deadline: %+v, %v; want errRetry (not proposed)", s.resp, s.err)
+		}
+		f2 := r.settled(t, 2)[1]
+		envs, _, _ := command.DecodeEntry(f2.data)
+		if len(envs) != 2 || envs[0].RequestID != "b" || envs[1].RequestID != "c" {
+			t.Fatalf("the next entry carries %d commands; want only the two live ones", len(envs))
+		}
+		if want := 950 * time.Millisecond; f2.timeout != want {
+			t.Fatalf("proposed with Raft timeout %v; want %v, the shortest time left", f2.timeout, want)
+		}
+		answerAll(t, f2)
+		for _, ch := range []chan submitted{soon, live} {
+			if s := <-ch; s.err != nil {
+				t.Fatal(s.err)
+			}
+		}
+	})
+}
+
+// An answer of the wrong shape is an error for every command, never a
+// response handed to the wrong caller.
+func TestPackerRejectsMismatchedAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, r := startPacker(t, 1)
+		ctx := context.Background()
+		first := submitAsync(ctx, p, encodedRequest("a"))
+		b := submitAsync(ctx, p, encodedRequest("b"))
+		c := submitAsync(ctx, p, encodedRequest("c"))
+		answerAll(t, r.settled(t, 1)[0])
+		<-first
+		f2 := r.settled(t, 2)[1]
+		f2.resp = []fsm.Response{{Index: 1}} // one answer for two commands
+		f2.done(nil)
+		for _, ch := range []chan submitted{b, c} {
+			if s := <-ch; s.err == nil {
+				t.Fatalf("a command of a two-command entry answered with one response got %+v", s.resp)
+			}
+		}
+	})
+}
+
+// Stopping answers what the packer holds but never proposed as retriable,
+// and a write submitted afterwards is refused at once; what was proposed is
+// still answered by Raft.
+func TestPackerStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRaft{}
+		stop := make(chan struct{})
+		p := newPacker(r.apply, 1, stop)
+		ran := make(chan struct{})
+		go func() { defer close(ran); p.run() }()
+		ctx := context.Background()
+		first := submitAsync(ctx, p, encodedRequest("a"))
+		held := submitAsync(ctx, p, encodedRequest("b"))
+		f1 := r.settled(t, 1)[0]
+		close(stop)
+		<-ran
+		if s := <-held; !errors.Is(s.err, errRetry) {
+			t.Fatalf("a write held when the packer stopped: %v; want errRetry", s.err)
+		}
+		if s := <-submitAsync(ctx, p, encodedRequest("c")); !errors.Is(s.err, errRetry) {
+			t.Fatalf("a write after the stop: %v; want errRetry", s.err)
+		}
+		f1.done(raft.ErrRaftShutdown)
+		if s := <-first; apierror.CodeOf(s.err) != apierror.Unavailable {
+			t.Fatalf("the proposed write: %v", s.err)
+		}
+	})
+}
+
+// Concurrent writes on a real three-node cluster share log entries, and every
+// caller — on the leader, or through a follower that forwards — gets its own
+// command's answer, named by its own Seq (a grant's Result.Seq equals it).
+func TestConcurrentWritesArePacked(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	follower := followerKnowingLeader(t, nodes, leader)
+	const writers = 48
+	seqs := map[uint64]bool{}
+	tokens := map[uint64]bool{}
+	for round := 0; round < 20; round++ {
+		resps := make([]*fsm.Response, writers)
+		errs := make([]error, writers)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range writers {
+			via := nodes[leader]
+			if i%2 == 1 {
+				via = nodes[follower]
+			}
+			wg.Go(func() {
+				key, err := command.NormalizeName(fmt.Sprintf("packed/%d/%d", round, i))
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				<-start
+				resps[i], errs[i] = via.Apply(context.Background(), &command.Envelope{ClientID: "c",
+					RequestID: fmt.Sprintf("p-%d-%d", round, i), Body: &command.Acquire{Name: key, TTLms: 5000}})
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, r := range resps {
+			if errs[i] != nil {
+				t.Fatalf("write %d: %v", i, errs[i])
+			}
+			if r.Result.Status != command.StatusOK || r.Result.Replayed || r.Result.Seq != r.Seq {
+				t.Fatalf("write %d (via %s): %+v with Seq %d; want a fresh grant named by its own Seq",
+					i, map[bool]string{true: "the follower", false: "the leader"}[i%2 == 1], r.Result, r.Seq)
+			}
+			if seqs[r.Seq] || tokens[r.Result.Token] {
+				t.Fatalf("write %d: Seq %d / token %d given twice", i, r.Seq, r.Result.Token)
+			}
+			seqs[r.Seq], tokens[r.Result.Token] = true, true
+		}
+		if st := nodes[leader].Status(); st.ProposedCommands > st.ProposedEntries {
+			var shared bool
+			for s := range seqs {
+				shared = shared || s >= 1<<48 // a command after the first of its entry
+			}
+			if !shared {
+				t.Fatal("the leader counts packed entries, but no answer came from a packed entry's later command")
+			}
+			return
+		}
+	}
+	t.Fatalf("%d rounds of %d concurrent writes never shared a log entry", 20, writers)
+}
