@@ -24,7 +24,7 @@ import (
 // wait and go out together in the next entry, so under load one log entry
 // carries tens of writes and every replica stores, replicates and bookkeeps
 // one entry instead of one per write (docs/benchmarks.md, "Tenth session":
-// 9–15 % less CPU per lock+unlock cycle at 64–256 workers), while a lone
+// 11–12 % less CPU per lock+unlock cycle at 64–256 workers), while a lone
 // write never waits for anything but an entry under commit.
 const DefaultPackInFlight = 2
 
