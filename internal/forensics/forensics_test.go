@@ -3,9 +3,12 @@ package forensics_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,23 +23,41 @@ func TestReplayMatchesTheNodesOwnSnapshots(t *testing.T) {
 	c := testcluster.New(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
 	node := c.Server(leader).Node
-	acquire := func(i int) {
-		t.Helper()
+	acquire := func(i int) error {
 		var out map[string]any
 		code, err := c.Do(context.Background(), http.MethodPost, c.URL(leader)+"/api/v1/locks/f/"+string(rune('a'+i%26))+"/acquire",
 			map[string]any{"client_id": "c" + string(rune('a'+i%7)), "ttl_ms": 60000}, &out)
 		if err != nil || (code != 200 && code != 409) {
-			t.Fatalf("acquire: %d %v", code, err)
+			return fmt.Errorf("acquire: %d %v", code, err)
 		}
+		return nil
 	}
 	for i := 0; i < 40; i++ {
-		acquire(i)
+		if err := acquire(i); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := node.Raft().Snapshot().Error(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 40; i < 90; i++ {
-		acquire(i)
+	// Then concurrent writes, until some share a log entry: the replay and
+	// the dump must read packed entries as the nodes do.
+	for round := 0; ; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 30)
+		for i := range errs {
+			wg.Go(func() { errs[i] = acquire(40 + i) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if st := node.Status(); st.ProposedCommands > st.ProposedEntries {
+			break
+		}
+		if round == 20 {
+			t.Fatal("21 rounds of 30 concurrent acquires never shared a log entry")
+		}
 	}
 	if err := node.Raft().Snapshot().Error(); err != nil {
 		t.Fatal(err)
@@ -79,7 +100,7 @@ func TestReplayMatchesTheNodesOwnSnapshots(t *testing.T) {
 	if err := forensics.DumpLog(dir, raftnode.LogStoreWAL, 0, ^uint64(0), &out); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "*command.Acquire") || !strings.Contains(out.String(), "term=") {
+	if !strings.Contains(out.String(), "*command.Acquire") || !strings.Contains(out.String(), "term=") || !strings.Contains(out.String(), "[1/") {
 		t.Fatalf("dump lacks decoded entries:\n%s", out.String()[:min(500, out.Len())])
 	}
 }

@@ -77,6 +77,13 @@ type Options struct {
 	// closing its TCP connection is noticed, so that its waiting acquires are
 	// withdrawn and its streams end instead of lingering.
 	KeepaliveTime time.Duration
+	// SendTimeout bounds how long one message of a stream (watch, observe,
+	// observe) may wait for the client to take it — gRPC flow control
+	// holds a send while the client reads nothing — before the stream ends
+	// UNAVAILABLE (default 30 s, as the HTTP streams' write deadline). A
+	// stream whose client stops reading ends sooner if its watcher falls
+	// behind (watch.ErrSlow).
+	SendTimeout time.Duration
 	// Connection limits (limits.go); zero values take their defaults.
 	Limits ConnLimits
 	// PeerIdentity, if set, names the verified client certificate of the
@@ -92,11 +99,12 @@ type Server struct {
 }
 
 type api struct {
-	svc     Service
-	peerID  func(addr string) string
-	log     *slog.Logger
-	closing chan struct{}
-	once    sync.Once
+	svc         Service
+	peerID      func(addr string) string
+	log         *slog.Logger
+	closing     chan struct{}
+	once        sync.Once
+	sendTimeout time.Duration
 }
 
 // New builds the gRPC server with every dlock service and server reflection
@@ -115,7 +123,10 @@ func New(svc Service, logger *slog.Logger, opts Options) *Server {
 	if opts.KeepaliveTime <= 0 {
 		opts.KeepaliveTime = 30 * time.Second
 	}
-	a := &api{svc: svc, peerID: opts.PeerIdentity, log: logger, closing: make(chan struct{})}
+	if opts.SendTimeout <= 0 {
+		opts.SendTimeout = 30 * time.Second
+	}
+	a := &api{svc: svc, peerID: opts.PeerIdentity, log: logger, closing: make(chan struct{}), sendTimeout: opts.SendTimeout}
 	gs := grpc.NewServer(append(opts.Limits.serverOptions(),
 		grpc.MaxRecvMsgSize(opts.MaxMessageBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.KeepaliveTime, Timeout: 10 * time.Second, MaxConnectionIdle: opts.Limits.IdleTimeout}),

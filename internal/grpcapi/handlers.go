@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -240,21 +241,37 @@ func revisionHeader(rev uint64) metadata.MD {
 // pump forwards a watcher's events until the caller leaves or the watcher
 // ends; a watcher cut off (too slow, snapshot restored, node shutting down)
 // ends the call with its reason. A slow client only backs up its own
-// watcher's bounded buffer, never Raft's apply.
+// watcher's bounded buffer, never Raft's apply; a client that stops reading
+// altogether ends the call when its watcher falls behind or one send has
+// waited sendTimeout, whichever comes first (streamSender).
 func (a *api) pump(ctx context.Context, w *service.Watcher, send func(watch.Event) error) error {
+	sender := newStreamSender()
+	defer sender.close()
 	events := w.Events()
+	ended := func() error {
+		if err := w.Err(); err != nil {
+			return a.status(ctx, err, nil)
+		}
+		return nil
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return a.status(ctx, ctx.Err(), nil)
 		case e, ok := <-events:
 			if !ok {
-				if err := w.Err(); err != nil {
-					return a.status(ctx, err, nil)
-				}
-				return nil
+				return ended()
 			}
-			if err := send(e); err != nil {
+			err := sender.send(ctx, func() error { return send(e) }, a.sendTimeout, w.Done())
+			switch {
+			case errors.Is(err, errSendStopped):
+				return ended()
+			case errors.Is(err, errSendTimeout):
+				return a.status(ctx, apierror.Wrap(apierror.Unavailable, err,
+					"this stream was cut off: the client took no message for %s; reconnect with from_revision set to the last revision you received (and skip its events you already have)", a.sendTimeout), nil)
+			case err != nil && ctx.Err() != nil:
+				return a.status(ctx, ctx.Err(), nil)
+			case err != nil:
 				return err
 			}
 		}

@@ -44,9 +44,10 @@ type proposalResult struct {
 }
 
 // packer owns the queue of proposals on the leader. One goroutine (run) takes
-// them in arrival order, waits for an in-flight slot, packs whatever queued
-// meanwhile into one entry and proposes it; a goroutine per entry waits for
-// Raft's answer, frees the slot and answers each proposal.
+// them in arrival order, waits until it may propose (mayPropose), packs
+// whatever queued meanwhile into one entry and proposes it; a goroutine per
+// entry waits for Raft's answer, counts the entry out of commit and answers
+// each proposal.
 type packer struct {
 	apply   applier
 	queue   chan *proposal
@@ -203,9 +204,9 @@ func (p *packer) propose(batch []*proposal) {
 	}
 	p.entries.Add(1)
 	p.commands.Add(uint64(len(live)))
+	p.track(len(live), +1)
 	// Raft's timeout only bounds the wait to enter its queue; the answer is
 	// awaited without one (each caller gives up at its own deadline).
-	p.track(len(live), +1)
 	f := p.apply(data, timeout)
 	go func() {
 		err := f.Error()

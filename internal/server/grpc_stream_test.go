@@ -5,16 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/grpcapi"
+	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -276,4 +280,121 @@ func TestGRPCStreams(t *testing.T) {
 			t.Fatalf("watch on a stopping node ended with %v", err)
 		}
 	})
+}
+
+// A gRPC watch whose client stops reading does not hold its stream and its
+// watcher slot for as long as the connection lives (gRPC flow control blocks
+// the server's send for good): the call ends as soon as its watcher falls
+// behind, or when one message has waited the write budget, as an HTTP stream
+// does at its write deadline. With one watch allowed per connection, a
+// second watch on the connection is refused until the first has ended. The
+// client, once it reads again, gets what was sent, then UNAVAILABLE with the
+// reason.
+func TestGRPCWatchOfClientThatStopsReading(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits server.Limits
+		buffer int
+		cycles int // lock/unlock cycles written meanwhile; 0: until the stream ends
+		reason string
+	}{
+		{"falls behind", server.Limits{}, 64, 0, "fell behind"},
+		// Enough to fill the client's window and the server's send quota
+		// (about 2 × 64 KiB of events), far fewer than the watcher's buffer.
+		{"send waits too long", server.Limits{WriteTimeout: time.Second}, 0, 300, "took no message"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.limits.Service.MaxWatchersPerConn = 1
+			c := testcluster.NewWith(t, 1, testcluster.Options{WatchBuffer: tc.buffer, Limits: tc.limits})
+			id := c.WaitLeader(10 * time.Second)
+			// A small fixed window (no BDP growth), so the server's sends
+			// block after a few hundred events.
+			cc, err := grpc.NewClient(c.GRPCAddr(id), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			// watch opens a watch: an open stream sends its revision header
+			// first; a refused one has none and ends with the refusal.
+			watch := func(ctx context.Context) (grpc.ServerStreamingClient[dlockv1.WatchResponse], error) {
+				ws, err := dlockv1.NewWatchServiceClient(cc).Watch(ctx, &dlockv1.WatchRequest{Prefix: "slow/"})
+				if err != nil {
+					return nil, err
+				}
+				md, err := ws.Header()
+				if err == nil && len(md.Get(grpcapi.RevisionKey)) == 0 {
+					_, err = ws.Recv()
+				}
+				return ws, err
+			}
+			ws, err := watch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// slotFree opens a second watch on the connection: refused while
+			// the first holds the connection's one slot.
+			slotFree := func() bool {
+				sctx, scancel := context.WithCancel(ctx)
+				defer scancel()
+				_, err := watch(sctx)
+				if err != nil && status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("a second watch: %v", err)
+				}
+				return err == nil
+			}
+			if slotFree() {
+				t.Fatal("a second watch on the connection was accepted while the first is open")
+			}
+			name := "slow/" + strings.Repeat("n", 240) // large events: fewer needed
+			cycle := func(i int) {
+				var out map[string]any
+				code, err := c.Do(ctx, http.MethodPost, c.URL(id)+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": "w", "ttl_ms": 5000}, &out)
+				if err != nil || code != 200 {
+					t.Fatalf("acquire %d: %d %v", i, code, err)
+				}
+				code, err = c.Do(ctx, http.MethodPost, c.URL(id)+"/api/v1/locks/"+name+"/release",
+					map[string]any{"client_id": "w", "lease_id": out["lease_id"], "fencing_token": out["fencing_token"]}, nil)
+				if err != nil || code != 200 {
+					t.Fatalf("release %d: %d %v", i, code, err)
+				}
+			}
+			if tc.cycles == 0 {
+				for i := 0; i%25 != 0 || !slotFree(); i++ {
+					if i == 5000 {
+						t.Fatal("5000 lock/unlock cycles unread, and the watch still holds its slot")
+					}
+					cycle(i)
+				}
+			} else {
+				for i := range tc.cycles {
+					cycle(i)
+				}
+				for deadline := time.Now().Add(20 * time.Second); !slotFree(); time.Sleep(50 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the watch of a client that reads nothing still holds its slot 20 s after the last event")
+					}
+				}
+			}
+			// Reading again: what was sent, then the reason.
+			n := 0
+			for {
+				_, err := ws.Recv()
+				if err == nil {
+					n++
+					continue
+				}
+				st := status.Convert(err)
+				if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), tc.reason) {
+					t.Fatalf("after %d events the stream ended with %v; want UNAVAILABLE saying %q", n, err, tc.reason)
+				}
+				break
+			}
+			if n == 0 {
+				t.Fatal("the client got no events before the end")
+			}
+		})
+	}
 }

@@ -147,7 +147,7 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if grpcLn != nil {
 		s.grpcLn = grpcLn
-		gopts := grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc()}
+		gopts := grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc(), SendTimeout: cfg.Limits.WriteTimeout}
 		if cfg.TLS != nil {
 			pn := &peerNames{Listener: grpcLn}
 			grpcLn, gopts.PeerIdentity = pn, pn.name

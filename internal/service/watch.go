@@ -24,6 +24,10 @@ type Watcher struct {
 // Events delivers events in revision order; it is closed when the stream ends.
 func (w *Watcher) Events() <-chan watch.Event { return w.sub.Events() }
 
+// Done is closed as soon as the stream ends (Err says why), even while events
+// are still queued on Events.
+func (w *Watcher) Done() <-chan struct{} { return w.sub.Done() }
+
 // Close ends the stream. Every watcher must be closed, even one that ended by
 // itself: that frees its slot under the watcher limits.
 func (w *Watcher) Close() {

@@ -75,8 +75,12 @@ func FreePort(t testing.TB) string {
 
 // Options tunes a test cluster.
 type Options struct {
-	// WatchHistory is each node's kept event count (0: the default).
-	WatchHistory int
+	// WatchHistory is each node's kept event count, WatchBuffer how far
+	// one watcher may fall behind (0: the defaults).
+	WatchHistory, WatchBuffer int
+	// Limits are each node's abuse limits and timeouts (zero values: the
+	// defaults).
+	Limits server.Limits
 	// Prepare runs before a node's first start with its data dir and the
 	// cluster's raft addresses (to seed it, e.g. from a snapshot).
 	Prepare func(id, dataDir string, raftAddrs map[string]string)
@@ -167,7 +171,8 @@ func (c *Cluster) Start(id string) {
 	if c.Tune != nil {
 		c.Tune(&rc)
 	}
-	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, Join: join, ACL: c.opts.ACL}
+	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL}
+	cfg.Limits = c.opts.Limits
 	if c.opts.TLS != nil {
 		cfg.TLS, cfg.JoinTLS = c.opts.TLS.API, c.opts.TLS.Join
 	}

@@ -103,6 +103,10 @@ type Subscription struct {
 // subscription ends; Err then says why.
 func (s *Subscription) Events() <-chan Event { return s.ch }
 
+// Done is closed as soon as the subscription ends, even while events it had
+// queued are still unread.
+func (s *Subscription) Done() <-chan struct{} { return s.done }
+
 // Err is why the subscription ended (nil while open or after Close).
 func (s *Subscription) Err() error {
 	s.hub.mu.Lock()
@@ -122,6 +126,7 @@ func (s *Subscription) endLocked(err error) {
 		s.err = err
 		delete(s.hub.subs, s)
 		close(s.ch)
+		close(s.done)
 	})
 }
 

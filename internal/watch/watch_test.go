@@ -54,8 +54,20 @@ func TestBacklogLiveAndFilter(t *testing.T) {
 func TestSlowWatcherIsCutOffNotSkipped(t *testing.T) {
 	h := NewHub(100, 2)
 	sub, _, _ := h.Subscribe(Filter{}, 0)
+	select {
+	case <-sub.Done():
+		t.Fatal("Done closed on a live subscription")
+	default:
+	}
 	for i := uint64(1); i <= 5; i++ {
 		h.Applied(i, []state.Event{ev(i, state.EventAcquired, "x")})
+	}
+	// Done says it ended before its queued events are read: a sender stuck
+	// on a client that reads nothing learns it without reading them.
+	select {
+	case <-sub.Done():
+	default:
+		t.Fatal("Done not closed on a watcher cut off")
 	}
 	n := 0
 	for range sub.Events() {
