@@ -58,8 +58,8 @@ type Result struct {
 	ExpiresAt int64
 	TTLms     int64
 	Revision  uint64
-	// Seq identifies the acquire (Seq: its log index and place in the entry);
-	// a queued wait keeps it.
+	// Seq names the acquire (see the function Seq: its entry's index and
+	// its place in the entry); a queued wait keeps it.
 	Seq    uint64
 	Holder Holder
 	// Message explains StatusInvalid.

@@ -39,6 +39,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		"dlock_raft_applied_index ",
 		"dlock_fencing_token_last ",
 		"dlock_watchers 0",
+		"dlock_raft_proposed_entries_total ",
+		"dlock_raft_proposed_commands_total ",
 		"go_goroutines ",
 		fmt.Sprintf("dlock_process_id %d\n", os.Getpid()),
 	} {
