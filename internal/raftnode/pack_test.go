@@ -101,6 +101,15 @@ func encodedRequest(id string) []byte {
 	return command.Encode(&command.Envelope{ClientID: "c", RequestID: id, Body: &command.Tick{}})
 }
 
+// submitEach submits one request per id, in order (submitAsync).
+func submitEach(ctx context.Context, p *packer, ids ...string) []chan submitted {
+	chs := make([]chan submitted, len(ids))
+	for i, id := range ids {
+		chs[i] = submitAsync(ctx, p, encodedRequest(id))
+	}
+	return chs
+}
+
 type submitted struct {
 	resp *fsm.Response
 	err  error
@@ -172,10 +181,7 @@ func TestPackerPipelinesOnlyBesideLoneWrites(t *testing.T) {
 		a := submitAsync(ctx, p, encodedRequest("a"))
 		b := submitAsync(ctx, p, encodedRequest("b"))
 		fs := r.settled(t, 2) // b went out beside the lone a
-		var cde []chan submitted
-		for _, id := range []string{"c", "d", "e"} {
-			cde = append(cde, submitAsync(ctx, p, encodedRequest(id)))
-		}
+		cde := submitEach(ctx, p, "c", "d", "e")
 		r.settled(t, 2) // two under commit: c, d, e wait
 		answerAll(t, fs[0])
 		if s := <-a; s.err != nil || s.resp.Result.Message != "a" {
@@ -277,12 +283,10 @@ func TestPackerPassesRaftErrorsToEveryCommand(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p, r := startPacker(t, 1)
 				ctx := context.Background()
-				first := submitAsync(ctx, p, encodedRequest("a"))
-				b := submitAsync(ctx, p, encodedRequest("b"))
-				c := submitAsync(ctx, p, encodedRequest("c"))
+				writes := submitEach(ctx, p, "a", "b", "c")
 				r.settled(t, 1)[0].done(tc.raftErr)
 				r.settled(t, 2)[1].done(tc.raftErr)
-				for _, ch := range []chan submitted{first, b, c} {
+				for _, ch := range writes {
 					s := <-ch
 					switch {
 					case tc.want != nil && !errors.Is(s.err, tc.want):
@@ -344,15 +348,13 @@ func TestPackerRejectsMismatchedAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, r := startPacker(t, 1)
 		ctx := context.Background()
-		first := submitAsync(ctx, p, encodedRequest("a"))
-		b := submitAsync(ctx, p, encodedRequest("b"))
-		c := submitAsync(ctx, p, encodedRequest("c"))
+		writes := submitEach(ctx, p, "a", "b", "c")
 		answerAll(t, r.settled(t, 1)[0])
-		<-first
+		<-writes[0]
 		f2 := r.settled(t, 2)[1]
 		f2.resp = []fsm.Response{{Index: 1}} // one answer for two commands
 		f2.done(nil)
-		for _, ch := range []chan submitted{b, c} {
+		for _, ch := range writes[1:] {
 			if s := <-ch; s.err == nil {
 				t.Fatalf("a command of a two-command entry answered with one response got %+v", s.resp)
 			}
