@@ -77,7 +77,7 @@ type Options struct {
 	// closing its TCP connection is noticed, so that its waiting acquires are
 	// withdrawn and its streams end instead of lingering.
 	KeepaliveTime time.Duration
-	// SendTimeout bounds how long one message of a stream (watch, observe,
+	// SendTimeout bounds how long one message of a stream (watch or
 	// observe) may wait for the client to take it — gRPC flow control
 	// holds a send while the client reads nothing — before the stream ends
 	// UNAVAILABLE (default 30 s, as the HTTP streams' write deadline). A

@@ -262,7 +262,11 @@ func (a *api) pump(ctx context.Context, w *service.Watcher, send func(watch.Even
 			if !ok {
 				return ended()
 			}
-			err := sender.send(ctx, func() error { return send(e) }, a.sendTimeout, w.Done())
+			// A watcher cut off as too slow abandons its send at once: its
+			// client reads nothing. Any other end (shutdown, no leader,
+			// restore) still delivers what was queued, as over HTTP.
+			slow := func() bool { return errors.Is(w.Err(), watch.ErrSlow) }
+			err := sender.send(ctx, func() error { return send(e) }, a.sendTimeout, w.Done(), slow)
 			switch {
 			case errors.Is(err, errSendStopped):
 				return ended()

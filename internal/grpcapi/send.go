@@ -35,22 +35,27 @@ func newStreamSender() *streamSender {
 }
 
 // send runs fn (one Send on the stream) and waits for it, but no longer than
-// timeout, nor past ctx or stop. After an error other than fn's own the send
-// may still be running: the stream is done, and the handler must return
-// without sending again.
-func (s *streamSender) send(ctx context.Context, fn func() error, timeout time.Duration, stop <-chan struct{}) error {
+// timeout, nor past ctx, nor — once stop is closed — past giveUp() saying so.
+// After an error other than fn's own the send may still be running: the
+// stream is done, and the handler must return without sending again.
+func (s *streamSender) send(ctx context.Context, fn func() error, timeout time.Duration, stop <-chan struct{}, giveUp func() bool) error {
 	s.in <- fn // the goroutine is idle: every send waits for the one before
 	t := time.NewTimer(timeout)
 	defer t.Stop()
-	select {
-	case err := <-s.result:
-		return err
-	case <-t.C:
-		return errSendTimeout
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-stop:
-		return errSendStopped
+	for {
+		select {
+		case err := <-s.result:
+			return err
+		case <-t.C:
+			return errSendTimeout
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stop:
+			if giveUp() {
+				return errSendStopped
+			}
+			stop = nil // let this send finish
+		}
 	}
 }
 
