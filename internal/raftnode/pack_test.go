@@ -61,8 +61,9 @@ func (r *fakeRaft) settled(t *testing.T, want int) []*fakeFuture {
 	return append([]*fakeFuture(nil), r.proposed...)
 }
 
-// answerAll answers an entry as the FSM would: one Response per command,
-// each naming its command by the payload's first byte after the type.
+// answerAll answers an entry as the FSM would: one Response per command, in
+// order, each carrying its command's request id (Result.Message) so a test
+// can tell whose answer a caller got, and the Seq of its place in entry 7.
 func answerAll(t *testing.T, f *fakeFuture) {
 	t.Helper()
 	envs, packed, err := command.DecodeEntry(f.data)
