@@ -5,7 +5,8 @@
 # 3-node `dlock serve` cluster (raft-wal, fsync on: its default) on 127.0.0.1,
 # runs the same `dlock bench` workloads through each with 1, 8, 64 and 256
 # workers, alternating which system goes first on every row so machine noise
-# hits both, then the held, watch and failover workloads and a million held
+# hits both, then the uncontended workload through a follower (1 and 8
+# workers), the held, watch and failover workloads and a million held
 # dlock locks. Beside the uncontended and contended rows at 64 and 256 (8 and
 # 64) workers it also runs a one-node dlock (BENCH_ONE_NODE=0 skips it): no
 # replication at all, the bound for any change to replication. It writes the tables into docs/benchmarks.md (between the
@@ -222,11 +223,12 @@ run() { # target row workers [extra flags...]; target "one" is the one-node dloc
 	case $row in
 	ttl-per-acquire) wl=uncontended; extra=(--ttl-per-acquire) ;;
 	watch-light) wl=watch ;;
+	via-follower) wl=uncontended; extra=(--via-follower) ;;
 	esac
 	local tag="$row-$w-$target"
 	local out="$RES/$tag.json"
 	local proto=() eps=$DLOCK_EPS label=$row
-	[ "$target" = dlock ] && [ "$row" != held ] && [ "$row" != watch ] && [ "$row" != watch-light ] && proto=("${DLOCK_PROTO_FLAGS[@]}")
+	case $row in held | watch | watch-light | via-follower) ;; *) [ "$target" = dlock ] && proto=("${DLOCK_PROTO_FLAGS[@]}") ;; esac
 	if [ "$target" = one ]; then
 		target=dlock eps=$ONE_EPS label="one-node-$row" proto=("${ONE_PROTO_FLAGS[@]}")
 	fi
@@ -262,6 +264,8 @@ for row in uncontended ttl-per-acquire session contended; do
 		esac
 	done
 done
+# A client that reaches a follower (dlock: HTTP, the follower forwards).
+for w in 1 8; do pair via-follower "$w" "$idx"; idx=$((idx + 1)); done
 # Held locks: memory per node and renewal throughput.
 pair held 64 "$idx" --keys "$HELD_KEYS" --held-ttl 60s; idx=$((idx + 1))
 # Watch delivery: light (100 grants/s) and saturated (64 workers, no cap).

@@ -49,6 +49,7 @@ func runBench(args []string) error {
 	fs.IntVar(&cfg.Conns, "conns", 0, "idle keep-alive connections per host (default workers+16)")
 	fs.IntVar(&cfg.GRPCConns, "grpc-conns", 0, "--protocol grpc: gRPC connections to the leader shared by the workers (default one per 32 workers)")
 	fs.IntVar(&cfg.EtcdClients, "etcd-clients", 0, "etcd clients (gRPC connections) shared by the workers (default one per 32 workers)")
+	fs.BoolVar(&cfg.ViaFollower, "via-follower", false, "send every call to one follower instead of the leader (dlock over http: it forwards writes; etcd: a follower member); not for held or failover")
 	fs.BoolVar(&cfg.EtcdAllEndpoints, "etcd-all-endpoints", false, "let the etcd client balance over all endpoints instead of talking to the leader only")
 	fs.StringVar(&cfg.Label, "label", "", "free text copied into the result")
 	cdf := fs.Bool("cdf", false, "add latency CDF points to the JSON output")

@@ -74,6 +74,11 @@ type Config struct {
 	// EtcdClients is how many etcd clients (gRPC connections) the workers
 	// share; 0 picks one per 32 workers.
 	EtcdClients int
+	// ViaFollower sends every call to one follower instead of the leader
+	// (dlock over HTTP: the follower forwards writes to the leader and
+	// answers once it has applied them; etcd: the client talks to one
+	// follower member), as a client that happens to reach a follower does.
+	ViaFollower bool
 
 	Workers  int
 	Duration time.Duration
@@ -192,6 +197,16 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("target %q: use dlock or etcd", c.Target)
+	}
+	if c.ViaFollower {
+		switch {
+		case c.Target != "etcd" && c.Protocol == "grpc":
+			return errors.New("--via-follower: dlock is driven through a follower over HTTP only; leave --protocol at http")
+		case c.Workload == "failover" || c.Workload == "held":
+			return fmt.Errorf("--via-follower does not apply to the %s workload", c.Workload)
+		case c.Target == "etcd" && c.EtcdAllEndpoints:
+			return errors.New("--via-follower and --etcd-all-endpoints contradict each other")
+		}
 	}
 	if c.TTLPerAcquire && c.Workload != "uncontended" {
 		return errors.New("--ttl-per-acquire applies to the uncontended workload only")

@@ -219,6 +219,10 @@ func TestValidate(t *testing.T) {
 		{Workload: "uncontended", Protocol: "quic", Endpoints: []string{"x"}},
 		{Workload: "failover", Protocol: "grpc", GRPCEndpoints: []string{"x"}},
 		{Workload: "uncontended", Target: "etcd", Protocol: "grpc", EtcdEndpoints: []string{"x"}},
+		{Workload: "uncontended", Protocol: "grpc", GRPCEndpoints: []string{"x"}, ViaFollower: true},
+		{Workload: "held", Endpoints: []string{"x"}, ViaFollower: true},
+		{Workload: "failover", ViaFollower: true},
+		{Workload: "uncontended", Target: "etcd", EtcdEndpoints: []string{"x"}, EtcdAllEndpoints: true, ViaFollower: true},
 	} {
 		c.defaults()
 		if err := c.Validate(); err == nil {
@@ -317,6 +321,17 @@ func TestWorkloadsInProcess(t *testing.T) {
 			}
 		})
 	}
+	// Through a follower: every call goes to a node that is not the leader.
+	t.Run("via-follower", func(t *testing.T) {
+		var logs bytes.Buffer
+		cfg := Config{Target: "dlock", Workload: "uncontended", Endpoints: eps, Workers: 2, Duration: time.Second,
+			Warmup: 100 * time.Millisecond, ViaFollower: true, Log: &logs}
+		res := runClean(t, cfg, &logs)
+		via, leader := res.Config["via_follower"], c.URL(c.WaitLeader(5*time.Second))
+		if via == "" || via == leader || res.Config["leader"] != "" {
+			t.Fatalf("config %v: want the calls sent to a follower, not the leader %s", res.Config, leader)
+		}
+	})
 	// An interrupted run (Ctrl-C) has no result: its counts cover part of
 	// the window, its rates would be divided by all of it.
 	t.Run("interrupted", func(t *testing.T) {

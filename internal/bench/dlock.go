@@ -78,9 +78,11 @@ var (
 type dlockClient struct {
 	hc        *http.Client
 	endpoints []string
+	// viaFollower sends every call to a follower instead (Config.ViaFollower).
+	viaFollower bool
 
 	mu     sync.Mutex
-	leader string // base URL, e.g. http://127.0.0.1:7070
+	leader string // base URL calls go to, e.g. http://127.0.0.1:7070
 	search leaderSearch
 }
 
@@ -171,6 +173,18 @@ type clusterMember struct {
 	APIAddr string `json:"api_addr"`
 }
 
+// follower is the API address of the first member, by id, that is not the
+// leader.
+func (ci *clusterInfo) follower() (string, bool) {
+	best := clusterMember{}
+	for _, m := range ci.Members {
+		if m.ID != ci.LeaderID && m.APIAddr != "" && (best.ID == "" || m.ID < best.ID) {
+			best = m
+		}
+	}
+	return best.APIAddr, best.ID != ""
+}
+
 func (c *dlockClient) cluster(ctx context.Context, base string) (*clusterInfo, error) {
 	var ci clusterInfo
 	if err := c.do(ctx, http.MethodGet, base+"/api/v1/cluster", nil, &ci); err != nil {
@@ -195,6 +209,14 @@ func (c *dlockClient) discover(ctx context.Context) (string, *clusterInfo, error
 			continue
 		}
 		leader := normalizeURL(ci.LeaderAPI)
+		if c.viaFollower {
+			f, ok := ci.follower()
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s: no follower with an API address among %d members", ep, len(ci.Members)))
+				continue
+			}
+			leader = normalizeURL(f)
+		}
 		c.mu.Lock()
 		c.leader = leader
 		c.mu.Unlock()

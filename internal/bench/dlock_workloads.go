@@ -34,16 +34,25 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 		}
 	default:
 		hc := newDlockClient(cfg.Endpoints, cfg.Conns)
+		hc.viaFollower = cfg.ViaFollower
 		c = hc
 		leader, ci, err = hc.waitLeader(ctx, 15*time.Second)
-		res.Notes = append(res.Notes, "requests go to the leader's API address (GET /api/v1/cluster leader_api_addr) over HTTP/1.1 keep-alive")
+		if cfg.ViaFollower {
+			res.Notes = append(res.Notes, "requests go to one follower's API address (the first member by id that is not the leader) over HTTP/1.1 keep-alive; it forwards writes to the leader")
+		} else {
+			res.Notes = append(res.Notes, "requests go to the leader's API address (GET /api/v1/cluster leader_api_addr) over HTTP/1.1 keep-alive")
+		}
 	}
 	if err != nil {
 		return err
 	}
 	res.Config["leader"] = leader
+	if cfg.ViaFollower {
+		delete(res.Config, "leader")
+		res.Config["via_follower"] = leader
+	}
 	id := runID()
-	logf(cfg, "dlock %s over %s: %d workers, leader %s (node %s), run %s", cfg.Workload, cfg.Protocol, cfg.Workers, leader, ci.LeaderID, id)
+	logf(cfg, "dlock %s over %s: %d workers, calls to %s (leader node %s), run %s", cfg.Workload, cfg.Protocol, cfg.Workers, leader, ci.LeaderID, id)
 	switch cfg.Workload {
 	case "uncontended", "session", "contended":
 		meter := startCPUMeter(ctx, cfg, metricsURLs(ci.memberURLs()))

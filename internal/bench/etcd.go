@@ -15,7 +15,9 @@ import (
 // etcdTarget is a connected etcd cluster.
 type etcdTarget struct {
 	clients []*clientv3.Client
-	leader  string
+	// leader is the endpoint the clients use: the leader's, or with
+	// Config.ViaFollower a follower's.
+	leader string
 	// members maps member name to its first client URL.
 	members map[string]string
 	ttlSec  int
@@ -48,13 +50,16 @@ func connectEtcd(ctx context.Context, cfg *Config) (*etcdTarget, error) {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			st, err := probe.Status(cctx, ep)
 			cancel()
-			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+			if err == nil && st.Leader != 0 && (st.Leader == st.Header.MemberId) != cfg.ViaFollower {
 				t.leader = ep
 				break
 			}
 		}
 		if t.leader == "" {
 			if time.Now().After(deadline) {
+				if cfg.ViaFollower {
+					return nil, fmt.Errorf("no etcd follower that knows a leader among %v", eps)
+				}
 				return nil, fmt.Errorf("no etcd leader among %v", eps)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -102,9 +107,14 @@ func runEtcd(ctx context.Context, cfg *Config, res *Result) error {
 	defer t.close()
 	res.Config["leader"] = t.leader
 	res.Config["etcd_clients"] = fmt.Sprint(len(t.clients))
-	if cfg.EtcdAllEndpoints {
+	switch {
+	case cfg.EtcdAllEndpoints:
 		res.Notes = append(res.Notes, "the etcd clients balance over every endpoint")
-	} else {
+	case cfg.ViaFollower:
+		res.Config["via_follower"] = t.leader
+		delete(res.Config, "leader")
+		res.Notes = append(res.Notes, "requests go to one follower member's endpoint only (found with the Status RPC); it forwards proposals to the leader")
+	default:
 		res.Notes = append(res.Notes, "requests go to the etcd leader's endpoint only (found with the Status RPC), as dlock's go to its leader")
 	}
 	id := runID()

@@ -63,7 +63,7 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		var resp *fsm.Response
 		var err error
 		if n.raft.State() == raft.Leader {
-			resp, err = n.applyLocal(ctx, e)
+			resp, err = n.applyLocal(ctx, e, false)
 		} else {
 			resp, err = n.forwardApply(ctx, e)
 		}
@@ -135,7 +135,7 @@ func (n *Node) unavailable(cause error) error {
 // Propose applies a command only if this node is the ready leader, without
 // forwarding or retrying. The lease reaper uses it.
 func (n *Node) Propose(ctx context.Context, e *command.Envelope) error {
-	_, err := n.applyLocal(ctx, e)
+	_, err := n.applyLocal(ctx, e, false)
 	return err
 }
 
@@ -171,7 +171,10 @@ func (n *Node) stamped(e *command.Envelope) *command.Envelope {
 	return c
 }
 
-func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+// applyLocal proposes e on this node, the ready leader; forwarded says a
+// follower proposes it for its client, and answers only once it has applied
+// the entry itself (packer.notice).
+func (n *Node) applyLocal(ctx context.Context, e *command.Envelope, forwarded bool) (*fsm.Response, error) {
 	if !n.ready.Load() {
 		return nil, errRetry
 	}
@@ -185,7 +188,7 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 		// fires, and callers would take (nil, nil) for a success.
 		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
-	return n.packer.submit(ctx, data)
+	return n.packer.submit(ctx, data, forwarded)
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -292,7 +295,7 @@ func (n *Node) forwardHandler() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		resp, err := n.applyLocal(r.Context(), e)
+		resp, err := n.applyLocal(r.Context(), e, true)
 		switch {
 		case err == nil:
 		case errors.Is(err, errRetry):

@@ -61,6 +61,15 @@ type Config struct {
 	// once; writes that find it busy are packed into the next entry
 	// (default DefaultPackInFlight; 1 packs the most).
 	PackInFlight int
+	// CommitNoticeDelay is how long the leader lets its last commit go
+	// unannounced to the followers before it appends a barrier to announce
+	// it (default DefaultCommitNoticeDelay; see packer.notice).
+	CommitNoticeDelay time.Duration
+	// CommitTimeout is hashicorp/raft's: how long a follower may go without
+	// an AppendEntries (and so without news of commits) while no entries
+	// flow, before the leader sends an empty one. Default Raft's 50 ms; the
+	// commit notice makes it a fallback.
+	CommitTimeout time.Duration
 	// RaftLogLevel is hclog's level for Raft's own logs (default "warn").
 	RaftLogLevel string
 	Logger       *slog.Logger
@@ -100,6 +109,9 @@ func (c *Config) Defaults() {
 	}
 	if c.PackInFlight <= 0 {
 		c.PackInFlight = DefaultPackInFlight
+	}
+	if c.CommitNoticeDelay <= 0 {
+		c.CommitNoticeDelay = DefaultCommitNoticeDelay
 	}
 	if c.RaftLogLevel == "" {
 		c.RaftLogLevel = "warn"
@@ -238,6 +250,9 @@ func Open(cfg Config) (*Node, error) {
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
 	rc.ElectionTimeout = cfg.ElectionTimeout
 	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	if cfg.CommitTimeout > 0 {
+		rc.CommitTimeout = cfg.CommitTimeout
+	}
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
@@ -266,7 +281,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
-	n.packer = newPacker(r.Apply, cfg.PackInFlight, n.ctx.Done())
+	n.packer = newPacker(r.Apply, r.Barrier, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
 	if !hasState && len(cfg.InitialCluster) > 0 {
 		if _, self := cfg.InitialCluster[cfg.ID]; !self {
 			return nil, fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)

@@ -30,6 +30,18 @@ func freeRaftAddr(t *testing.T) string {
 // for the default), and waits for a ready leader, whose id it returns.
 func openTestCluster(t *testing.T, ids []string, applyTimeout time.Duration, obs func(id string) []fsm.Observer) (map[string]*Node, string) {
 	t.Helper()
+	return openTestClusterWith(t, ids, func(cfg *Config) {
+		cfg.ApplyTimeout = applyTimeout
+		if obs != nil {
+			cfg.Observers = obs(cfg.ID)
+		}
+	})
+}
+
+// openTestClusterWith is openTestCluster with each node's Config adjusted by
+// set before it opens.
+func openTestClusterWith(t *testing.T, ids []string, set func(*Config)) (map[string]*Node, string) {
+	t.Helper()
 	addrs := map[string]string{}
 	for _, id := range ids {
 		addrs[id] = freeRaftAddr(t)
@@ -37,11 +49,8 @@ func openTestCluster(t *testing.T, ids []string, applyTimeout time.Duration, obs
 	nodes := map[string]*Node{}
 	for _, id := range ids {
 		cfg := Config{ID: id, DataDir: t.TempDir(), RaftAddr: addrs[id], InitialCluster: addrs,
-			RaftLogLevel: "off", ApplyTimeout: applyTimeout,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		if obs != nil {
-			cfg.Observers = obs(id)
-		}
+			RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		set(&cfg)
 		n, err := Open(cfg)
 		if err != nil {
 			t.Fatal(err)

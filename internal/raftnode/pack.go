@@ -28,14 +28,23 @@ import (
 // write never waits for anything but an entry under commit.
 const DefaultPackInFlight = 2
 
-// applier is the one call the packer makes into Raft (raft.Raft.Apply).
+// DefaultCommitNoticeDelay is how long the leader lets a commit go
+// unannounced to the followers before it appends a barrier to announce it
+// (packer.notice).
+const DefaultCommitNoticeDelay = time.Millisecond
+
+// applier is the call the packer makes into Raft to propose (raft.Raft.Apply).
 type applier func(data []byte, timeout time.Duration) raft.ApplyFuture
+
+// barrierer appends an entry the state machine never sees (raft.Raft.Barrier).
+type barrierer func(timeout time.Duration) raft.Future
 
 // proposal is one encoded command on its way into a log entry.
 type proposal struct {
-	data     []byte
-	deadline time.Time
-	done     chan proposalResult // buffered: answering never waits for the caller
+	data      []byte
+	deadline  time.Time
+	forwarded bool                // a follower waits to apply it (packer.notice)
+	done      chan proposalResult // buffered: answering never waits for the caller
 }
 
 type proposalResult struct {
@@ -47,19 +56,28 @@ type proposalResult struct {
 // them in arrival order, waits until it may propose (mayPropose), packs
 // whatever queued meanwhile into one entry and proposes it; a goroutine per
 // entry waits for Raft's answer, counts the entry out of commit and answers
-// each proposal.
+// each proposal. When the writes stop, run announces the last commit to the
+// followers (notice).
 type packer struct {
 	apply   applier
 	queue   chan *proposal
 	maxCmds int
 
 	// Entries under commit: how many, and how many of them carry more than
-	// one write. freed is signalled when one is answered.
+	// one write. freed is signalled when one is answered. owed says an entry
+	// ended since the last notice: once none is under commit, no entry is
+	// left to carry the news of its commit to the followers. urgent says
+	// one of those carried a forwarded write: its follower is waiting.
 	mu          sync.Mutex
 	inFlight    int
 	packed      int
 	maxInFlight int
+	owed        bool
+	urgent      bool
 	freed       chan struct{}
+
+	barrier     barrierer
+	noticeDelay time.Duration
 
 	maxBytes int
 	stopped  <-chan struct{}
@@ -67,14 +85,18 @@ type packer struct {
 	// Counters for metrics: entries proposed and the commands in them.
 	entries  atomic.Uint64
 	commands atomic.Uint64
+	notices  atomic.Uint64
 }
 
-func newPacker(apply applier, inFlight int, stopped <-chan struct{}) *packer {
+func newPacker(apply applier, barrier barrierer, inFlight int, noticeDelay time.Duration, stopped <-chan struct{}) *packer {
 	return &packer{
 		apply:   apply,
 		queue:   make(chan *proposal),
 		maxCmds: command.MaxPacked,
 		freed:   make(chan struct{}, 1),
+
+		barrier:     barrier,
+		noticeDelay: noticeDelay,
 
 		maxInFlight: inFlight,
 		maxBytes:    command.MaxEntryBytes,
@@ -85,8 +107,8 @@ func newPacker(apply applier, inFlight int, stopped <-chan struct{}) *packer {
 // submit hands one encoded command (within command.MaxEntryBytes) to the
 // packer and waits for the state machine's answer. Errors are apply.go's:
 // errRetry if it certainly was not proposed, errUnknown if it may have been.
-func (p *packer) submit(ctx context.Context, data []byte) (*fsm.Response, error) {
-	pr := &proposal{data: data, deadline: deadline(ctx), done: make(chan proposalResult, 1)}
+func (p *packer) submit(ctx context.Context, data []byte, forwarded bool) (*fsm.Response, error) {
+	pr := &proposal{data: data, deadline: deadline(ctx), forwarded: forwarded, done: make(chan proposalResult, 1)}
 	select {
 	case p.queue <- pr:
 	case <-ctx.Done():
@@ -108,10 +130,30 @@ func (p *packer) submit(ctx context.Context, data []byte) (*fsm.Response, error)
 // down, hashicorp/raft #498, by their callers' deadlines).
 func (p *packer) run() {
 	var next *proposal // taken from the queue but did not fit in the last entry
+	notice := time.NewTimer(p.noticeDelay)
+	notice.Stop()
+	defer notice.Stop()
+	var noticeC <-chan time.Time // notice's channel while it is armed
 	for {
 		if next == nil {
+			if owed, urgent := p.noticeOwed(); urgent {
+				notice.Stop()
+				noticeC = nil
+				p.notice()
+			} else if owed && noticeC == nil {
+				notice.Reset(p.noticeDelay)
+				noticeC = notice.C
+			}
 			select {
 			case next = <-p.queue:
+				notice.Stop()
+				noticeC = nil
+			case <-p.freed: // maybe the last entry under commit ended
+				continue
+			case <-noticeC:
+				noticeC = nil
+				p.notice()
+				continue
 			case <-p.stopped:
 				return
 			}
@@ -159,12 +201,60 @@ func (p *packer) mayPropose() bool {
 	return p.inFlight == 0 || (p.inFlight < p.maxInFlight && p.packed == 0)
 }
 
-// track counts an entry of n writes in (+1) or out (-1) of commit.
-func (p *packer) track(n, delta int) {
+// noticeOwed says whether the followers have yet to learn of a commit while
+// no entry is under commit (whose own answer would come first), and whether
+// a follower is waiting for it.
+func (p *packer) noticeOwed() (owed, urgent bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight > 0 {
+		return false, false
+	}
+	return p.owed, p.urgent
+}
+
+// notice tells the followers about the last commit. hashicorp/raft sends
+// the leader's commit index only with AppendEntries, and when no new entry
+// follows, only after its CommitTimeout (50–100 ms): until then a follower's
+// watchers do not see the write, and a write or linearizable read answered
+// through that follower waits for it (it answers from its own applied
+// state). A barrier is the cheapest entry that makes Raft send at once: the
+// state machine never sees it, and reads wait for the state machine's index,
+// not Raft's, so nothing waits for the barrier's own commit. run sends it
+// only after noticeDelay of quiet, so a client that writes again at once
+// (its next entry carries the news) pays nothing — except for an entry with a
+// forwarded write: the follower that forwarded it answers its client only
+// once it has applied the entry, so that one is announced at once.
+func (p *packer) notice() {
+	if owed, _ := p.noticeOwed(); !owed {
+		return
+	}
+	p.mu.Lock()
+	p.owed, p.urgent = false, false
+	p.mu.Unlock()
+	p.notices.Add(1)
+	// Not awaited: if leadership was lost meanwhile it fails, and the new
+	// leader's own entries carry its commits. The timeout bounds only the
+	// wait to enter Raft's queue, which is nearly empty when the leader is
+	// this quiet.
+	_ = p.barrier(p.noticeDelay)
+}
+
+// track counts the entry of batch in (+1) or out (-1) of commit.
+func (p *packer) track(batch []*proposal, delta int) {
 	p.mu.Lock()
 	p.inFlight += delta
-	if n > 1 {
+	if len(batch) > 1 {
 		p.packed += delta
+	}
+	// An entry that ends owes a notice even if it failed: when it never
+	// reached the log (ErrEnqueueTimeout), an earlier commit may still be
+	// unannounced; when leadership was lost, the barrier simply fails.
+	if delta < 0 {
+		p.owed = true
+		for _, pr := range batch {
+			p.urgent = p.urgent || pr.forwarded
+		}
 	}
 	p.mu.Unlock()
 	if delta < 0 {
@@ -204,13 +294,13 @@ func (p *packer) propose(batch []*proposal) {
 	}
 	p.entries.Add(1)
 	p.commands.Add(uint64(len(live)))
-	p.track(len(live), +1)
+	p.track(live, +1)
 	// Raft's timeout only bounds the wait to enter its queue; the answer is
 	// awaited without one (each caller gives up at its own deadline).
 	f := p.apply(data, timeout)
 	go func() {
 		err := f.Error()
-		p.track(len(live), -1)
+		p.track(live, -1)
 		if err != nil {
 			err = applyError(err)
 			for _, pr := range live {

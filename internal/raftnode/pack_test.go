@@ -33,10 +33,30 @@ func (f *fakeFuture) Response() any  { return f.resp }
 func (f *fakeFuture) Index() uint64  { return 0 }
 func (f *fakeFuture) done(err error) { f.err = err; close(f.answer) }
 
-// fakeRaft records what the packer proposes.
+// fakeRaft records what the packer proposes, and counts its barriers.
 type fakeRaft struct {
 	mu       sync.Mutex
 	proposed []*fakeFuture
+	barriers int
+}
+
+func (r *fakeRaft) barrier(timeout time.Duration) raft.Future {
+	r.mu.Lock()
+	r.barriers++
+	r.mu.Unlock()
+	f := &fakeFuture{answer: make(chan struct{})}
+	f.done(nil)
+	return f
+}
+
+// barriersAfter lets fake time pass (everyone else blocked) and returns
+// how many barriers went out in all.
+func (r *fakeRaft) barriersAfter(d time.Duration) int {
+	time.Sleep(d)
+	synctest.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.barriers
 }
 
 func (r *fakeRaft) apply(data []byte, timeout time.Duration) raft.ApplyFuture {
@@ -88,7 +108,7 @@ func startPacker(t *testing.T, inFlight int) (*packer, *fakeRaft) {
 	t.Helper()
 	r := &fakeRaft{}
 	stop := make(chan struct{})
-	p := newPacker(r.apply, inFlight, stop)
+	p := newPacker(r.apply, r.barrier, inFlight, time.Millisecond, stop)
 	done := make(chan struct{})
 	go func() { defer close(done); p.run() }()
 	t.Cleanup(func() {
@@ -121,7 +141,7 @@ type submitted struct {
 func submitAsync(ctx context.Context, p *packer, data []byte) chan submitted {
 	ch := make(chan submitted, 1)
 	go func() {
-		resp, err := p.submit(ctx, data)
+		resp, err := p.submit(ctx, data, false)
 		ch <- submitted{resp, err}
 	}()
 	synctest.Wait()
@@ -363,6 +383,74 @@ func TestPackerRejectsMismatchedAnswer(t *testing.T) {
 	})
 }
 
+// Once writes stop, the last commit is announced with one barrier after the
+// notice delay, and only then: not while a later write is on its way (its
+// entry carries the news), not again while idle. An entry that failed also
+// ends with one: it may never have reached the log to carry an earlier
+// commit's news. An entry with a forwarded write is announced without delay.
+// (The packers here use a 1 ms delay.)
+func TestPackerAnnouncesTheLastCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, r := startPacker(t, 2)
+		ctx := context.Background()
+		a := submitAsync(ctx, p, encodedRequest("a"))
+		answerAll(t, r.settled(t, 1)[0])
+		<-a
+		if n := r.barriersAfter(500 * time.Microsecond); n != 0 {
+			t.Fatalf("%d barriers before the delay passed", n)
+		}
+		b := submitAsync(ctx, p, encodedRequest("b")) // carries a's commit
+		if n := r.barriersAfter(time.Millisecond); n != 0 {
+			t.Fatalf("%d barriers while b is under commit", n)
+		}
+		answerAll(t, r.settled(t, 2)[1])
+		<-b
+		if n := r.barriersAfter(time.Millisecond); n != 1 {
+			t.Fatalf("%d barriers after b committed and the writes stopped; want 1", n)
+		}
+		if n := r.barriersAfter(time.Second); n != 1 {
+			t.Fatalf("%d barriers after a quiet second; want still 1", n)
+		}
+
+		c := submitAsync(ctx, p, encodedRequest("c"))
+		r.settled(t, 3)[2].done(raft.ErrLeadershipLost)
+		<-c
+		if n := r.barriersAfter(time.Second); n != 2 {
+			t.Fatalf("%d barriers after an entry that failed; want 2", n)
+		}
+
+		// Two entries under commit: the first one's commit waits for the
+		// second's answer (which would carry it), then both are announced.
+		d := submitAsync(ctx, p, encodedRequest("d"))
+		e := submitAsync(ctx, p, encodedRequest("e"))
+		fs := r.settled(t, 5)
+		answerAll(t, fs[3])
+		<-d
+		if n := r.barriersAfter(time.Second); n != 2 {
+			t.Fatalf("%d barriers while e is still under commit; want still 2", n)
+		}
+		answerAll(t, fs[4])
+		<-e
+		if n := r.barriersAfter(time.Millisecond); n != 3 {
+			t.Fatalf("%d barriers after d and e committed; want 3", n)
+		}
+		// A forwarded write's follower waits to apply it: announced at once.
+		fw := make(chan submitted, 1)
+		go func() {
+			resp, err := p.submit(ctx, encodedRequest("f"), true)
+			fw <- submitted{resp, err}
+		}()
+		answerAll(t, r.settled(t, 6)[5])
+		<-fw
+		if n := r.barriersAfter(0); n != 4 {
+			t.Fatalf("%d barriers right after a forwarded write committed; want 4", n)
+		}
+		if got := p.notices.Load(); got != 4 {
+			t.Fatalf("notice counter %d, want 4", got)
+		}
+	})
+}
+
 // Stopping answers what the packer holds but never proposed as retriable,
 // and a write submitted afterwards is refused at once; what was proposed is
 // still answered by Raft.
@@ -370,7 +458,7 @@ func TestPackerStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &fakeRaft{}
 		stop := make(chan struct{})
-		p := newPacker(r.apply, 1, stop)
+		p := newPacker(r.apply, r.barrier, 1, time.Millisecond, stop)
 		ran := make(chan struct{})
 		go func() { defer close(ran); p.run() }()
 		ctx := context.Background()
@@ -395,6 +483,31 @@ func TestPackerStop(t *testing.T) {
 // Concurrent writes on a real three-node cluster share log entries, and every
 // caller — on the leader, or through a follower that forwards — gets its own
 // command's answer, named by its own Seq (a grant's Result.Seq equals it).
+// With Raft's commit timeout out of the way (an hour: the leader never sends
+// an empty AppendEntries), the followers still learn of a commit no later
+// entry carries, from the leader's commit notice: a follower applies the
+// leader's last write, and the write it forwarded itself, well within
+// CatchUp's 2 s. The writes are Ticks, which start no lease, so the leader's
+// reaper stays quiet; without the notice each CatchUp would wait the hour.
+func TestFollowersLearnOfTheLastCommit(t *testing.T) {
+	nodes, leader := openTestClusterWith(t, []string{"n1", "n2", "n3"}, func(cfg *Config) { cfg.CommitTimeout = time.Hour })
+	follower := followerKnowingLeader(t, nodes, leader)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, via := range []string{leader, follower} {
+		r, err := nodes[via].Apply(ctx, &command.Envelope{ClientID: "c", Body: &command.Tick{}})
+		if err != nil {
+			t.Fatalf("tick through %s: %v", via, err)
+		}
+		if err := nodes[follower].CatchUp(ctx, r.Index); err != nil {
+			t.Fatalf("the follower did not apply the last write (through %s): %v", via, err)
+		}
+	}
+	if n := nodes[leader].Status().CommitNotices; n == 0 {
+		t.Fatal("the leader counts no commit notices")
+	}
+}
+
 func TestConcurrentWritesArePacked(t *testing.T) {
 	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
 	follower := followerKnowingLeader(t, nodes, leader)

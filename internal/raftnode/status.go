@@ -46,6 +46,9 @@ type Status struct {
 	// when the packer packs them).
 	ProposedEntries  uint64
 	ProposedCommands uint64
+	// CommitNotices counts the barriers this node appended as leader to tell
+	// the followers of a commit no later entry was carrying (packer.notice).
+	CommitNotices uint64
 }
 
 // Status reports the node's current view of the cluster.
@@ -65,6 +68,7 @@ func (n *Node) Status() Status {
 
 		ProposedEntries:  n.packer.entries.Load(),
 		ProposedCommands: n.packer.commands.Load(),
+		CommitNotices:    n.packer.notices.Load(),
 	}
 	members := map[string]state.Member{}
 	n.fsm.Read(func(s *state.State) {

@@ -41,6 +41,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"dlock_watchers 0",
 		"dlock_raft_proposed_entries_total ",
 		"dlock_raft_proposed_commands_total ",
+		"dlock_raft_commit_notices_total ",
 		"go_goroutines ",
 		fmt.Sprintf("dlock_process_id %d\n", os.Getpid()),
 	} {
