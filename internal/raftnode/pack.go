@@ -226,12 +226,15 @@ func (p *packer) noticeOwed() (owed, urgent bool) {
 // forwarded write: the follower that forwarded it answers its client only
 // once it has applied the entry, so that one is announced at once.
 func (p *packer) notice() {
-	if owed, _ := p.noticeOwed(); !owed {
+	p.mu.Lock()
+	owed := p.owed && p.inFlight == 0
+	if owed {
+		p.owed, p.urgent = false, false
+	}
+	p.mu.Unlock()
+	if !owed {
 		return
 	}
-	p.mu.Lock()
-	p.owed, p.urgent = false, false
-	p.mu.Unlock()
 	p.notices.Add(1)
 	// Not awaited: if leadership was lost meanwhile it fails, and the new
 	// leader's own entries carry its commits. The timeout bounds only the
