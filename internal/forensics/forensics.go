@@ -103,8 +103,16 @@ func Replay(stateFile, dataDir string, kind raftnode.LogStoreKind, to uint64, re
 		if err := logs.GetLog(i, &l); err != nil {
 			return nil, fmt.Errorf("log entry %d: %w (is it compacted away? replay from a later snapshot)", i, err)
 		}
-		if l.Type != raft.LogCommand {
+		switch l.Type {
+		case raft.LogCommand:
+		case raft.LogConfiguration:
+			// Raft hands these to the FSM, which records their index.
 			st.SetIndex(i)
+			continue
+		default:
+			// Barriers (the leader's commit notices among them) and no-ops
+			// never reach the FSM: the node's state keeps the index of the
+			// entry before, and so must the replay.
 			continue
 		}
 		if _, _, err := fsm.ApplyEntry(st, &l); err != nil {
