@@ -82,7 +82,7 @@ type dlockClient struct {
 	viaFollower bool
 
 	mu     sync.Mutex
-	leader string // base URL calls go to, e.g. http://127.0.0.1:7070
+	target string // base URL calls go to (the leader's, or a follower's), e.g. http://127.0.0.1:7070
 	search leaderSearch
 }
 
@@ -193,7 +193,8 @@ func (c *dlockClient) cluster(ctx context.Context, base string) (*clusterInfo, e
 	return &ci, nil
 }
 
-// discover finds the leader's API URL through any endpoint.
+// discover finds the leader through any endpoint and sets the URL calls go
+// to: the leader's API address, or with viaFollower a follower's.
 func (c *dlockClient) discover(ctx context.Context) (string, *clusterInfo, error) {
 	var errs []error
 	for _, ep := range c.endpoints {
@@ -208,20 +209,20 @@ func (c *dlockClient) discover(ctx context.Context) (string, *clusterInfo, error
 			errs = append(errs, fmt.Errorf("%s: no leader known yet", ep))
 			continue
 		}
-		leader := normalizeURL(ci.LeaderAPI)
+		target := normalizeURL(ci.LeaderAPI)
 		if c.viaFollower {
 			f, ok := ci.follower()
 			if !ok {
 				errs = append(errs, fmt.Errorf("%s: no follower with an API address among %d members", ep, len(ci.Members)))
 				continue
 			}
-			leader = normalizeURL(f)
+			target = normalizeURL(f)
 		}
 		c.mu.Lock()
-		c.leader = leader
+		c.target = target
 		c.mu.Unlock()
 		c.search.mark()
-		return leader, ci, nil
+		return target, ci, nil
 	}
 	return "", nil, fmt.Errorf("find the dlock leader: %w", errors.Join(errs...))
 }
@@ -231,12 +232,13 @@ func (c *dlockClient) waitLeader(ctx context.Context, within time.Duration) (str
 	return c.search.wait(ctx, within, c.discover)
 }
 
-// base is the leader URL to send writes to (the first endpoint until found).
+// base is the URL to send calls to: the leader's, or with viaFollower a
+// follower's (the first endpoint until found).
 func (c *dlockClient) base() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.leader != "" {
-		return c.leader
+	if c.target != "" {
+		return c.target
 	}
 	return c.endpoints[0]
 }
