@@ -139,7 +139,7 @@ var mainRows = []struct{ row, title, unit, desc string }{
 		"Each worker creates one session (10 s TTL, kept alive) and locks/unlocks 16 names in turn under it. dlock: `acquire` with `session_id`. etcd: `concurrency.Mutex` on the session."},
 	{"via-follower", "Through a follower", "cycles/s",
 		"The uncontended workload with every call sent to one **follower** instead of the leader, as a client that happens to reach a follower is served " +
-			"(the tables above all talk to the leader). dlock: the follower forwards each write to the leader and answers once it has applied the entry itself. " +
+			"(the tables above all talk to the leader). dlock: the follower forwards each write to the leader and answers with the leader's answer (a grant's proof signed by the leader). " +
 			"etcd: the client talks to one follower member, which forwards proposals to its leader."},
 	{"contended", "Contended: every worker on one lock", "hand-offs/s",
 		"All workers wait in line for one lock and release it as soon as they get it; hand-offs/s counts grants and the acquire latency is the wait. " +

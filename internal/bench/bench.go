@@ -76,7 +76,7 @@ type Config struct {
 	EtcdClients int
 	// ViaFollower sends every call to one follower instead of the leader
 	// (dlock over HTTP: the follower forwards writes to the leader and
-	// answers once it has applied them; etcd: the client talks to one
+	// answers with the leader's answer; etcd: the client talks to one
 	// follower member), as a client that happens to reach a follower does.
 	ViaFollower bool
 

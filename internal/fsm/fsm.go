@@ -39,6 +39,10 @@ type Response struct {
 	// has Result.Seq == Seq.
 	Seq    uint64
 	Result command.Result
+	// Endorsement is not the state machine's: it is what the leader's
+	// service added to its answer to a write a follower forwarded
+	// (raftnode.Endorser), empty everywhere else.
+	Endorsement string
 }
 
 // ApplyEntry applies one command log entry to st: its lone command, or each

@@ -63,7 +63,7 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 		var resp *fsm.Response
 		var err error
 		if n.raft.State() == raft.Leader {
-			resp, err = n.applyLocal(ctx, e, false)
+			resp, err = n.applyLocal(ctx, e)
 		} else {
 			resp, err = n.forwardApply(ctx, e)
 		}
@@ -135,7 +135,7 @@ func (n *Node) unavailable(cause error) error {
 // Propose applies a command only if this node is the ready leader, without
 // forwarding or retrying. The lease reaper uses it.
 func (n *Node) Propose(ctx context.Context, e *command.Envelope) error {
-	_, err := n.applyLocal(ctx, e, false)
+	_, err := n.applyLocal(ctx, e)
 	return err
 }
 
@@ -171,10 +171,30 @@ func (n *Node) stamped(e *command.Envelope) *command.Envelope {
 	return c
 }
 
-// applyLocal proposes e on this node, the ready leader; forwarded says a
-// follower proposes it for its client, and answers only once it has applied
-// the entry itself (packer.notice).
-func (n *Node) applyLocal(ctx context.Context, e *command.Envelope, forwarded bool) (*fsm.Response, error) {
+// An Endorser adds to the leader's answer to a forwarded write what only the
+// layer above knows how to make — a grant's token proof, which must be signed
+// with the key current once the grant is applied. The leader has applied the
+// entry when it answers; the follower has not, and without the endorsement it
+// would have to wait until it has (a second commit round: it hears of the
+// commit only from the leader's next AppendEntries) before it could sign.
+// It runs on the leader's forwarding handler, once per forwarded write, and
+// returns "" when it has nothing to add.
+type Endorser func(e *command.Envelope, resp *fsm.Response) string
+
+// SetEndorser installs the endorser; until it is set, forwarded writes are
+// answered without endorsements.
+func (n *Node) SetEndorser(f Endorser) { n.endorser.Store(&f) }
+
+// endorse is the endorsement of resp, the answer to the forwarded write e.
+func (n *Node) endorse(e *command.Envelope, resp *fsm.Response) string {
+	if f := n.endorser.Load(); f != nil {
+		return (*f)(e, resp)
+	}
+	return ""
+}
+
+// applyLocal proposes e on this node, the ready leader.
+func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
 	if !n.ready.Load() {
 		return nil, errRetry
 	}
@@ -188,7 +208,7 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope, forwarded bo
 		// fires, and callers would take (nil, nil) for a success.
 		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
-	return n.packer.submit(ctx, data, forwarded)
+	return n.packer.submit(ctx, data)
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -248,13 +268,16 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	resp.Result = command.DecodeResult(r)
 	// The trailing fields are absent from leaders of earlier versions: the
 	// Replayed flag, then the Seq (a leader that does not pack names each
-	// command by its entry's index).
+	// command by its entry's index), then the endorsement (SetEndorser).
 	resp.Seq = resp.Index
 	if r.Len() > 0 {
 		resp.Result.Replayed = r.Bool()
 	}
 	if r.Len() > 0 {
 		resp.Seq = r.Uvarint()
+	}
+	if r.Len() > 0 {
+		resp.Endorsement = r.String()
 	}
 	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("forward to leader %s: bad answer: %w", addr, err)
@@ -295,7 +318,7 @@ func (n *Node) forwardHandler() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		resp, err := n.applyLocal(r.Context(), e, true)
+		resp, err := n.applyLocal(r.Context(), e)
 		switch {
 		case err == nil:
 		case errors.Is(err, errRetry):
@@ -324,6 +347,8 @@ func (n *Node) forwardHandler() http.Handler {
 		// out; the forwarding node needs it (Service.replayedGrant).
 		wr.Bool(resp.Result.Replayed)
 		wr.Uvarint(resp.Seq)
+		// Followers of earlier versions stop reading before it.
+		wr.String(n.endorse(e, resp))
 		_, _ = w.Write(wr.Buf)
 	})
 	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(r.ID, r.RaftAddr) }))

@@ -3,6 +3,7 @@ package raftnode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -282,5 +283,36 @@ func TestForwardedAnswerSaysReplayed(t *testing.T) {
 	again, err := nodes[follower].Apply(context.Background(), env())
 	if err != nil || !again.Result.Replayed || again.Result.Token != first.Result.Token {
 		t.Fatalf("the same request again through the follower: %+v, %v; want the first answer (token %d) marked Replayed", again, err, first.Result.Token)
+	}
+}
+
+// The leader's endorsement of a forwarded write (SetEndorser) reaches the
+// forwarding node's Apply with the answer; a write the leader proposes for
+// its own client, or a leader without an endorser, carries none.
+func TestForwardedAnswerCarriesTheLeadersEndorsement(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	follower := followerKnowingLeader(t, nodes, leader)
+	tick := func(via string) *fsm.Response {
+		t.Helper()
+		r, err := nodes[via].Apply(context.Background(), &command.Envelope{ClientID: "c", Body: &command.Tick{}})
+		if err != nil {
+			t.Fatalf("tick through %s: %v", via, err)
+		}
+		return r
+	}
+	if r := tick(follower); r.Endorsement != "" {
+		t.Fatalf("endorsed %q by a leader without an endorser", r.Endorsement)
+	}
+	for id, n := range nodes {
+		n.SetEndorser(func(e *command.Envelope, resp *fsm.Response) string {
+			return fmt.Sprintf("%s endorses %s's entry %d", id, e.ClientID, resp.Index)
+		})
+	}
+	r := tick(follower)
+	if want := fmt.Sprintf("%s endorses c's entry %d", leader, r.Index); r.Endorsement != want {
+		t.Fatalf("endorsement through the follower: %q, want %q", r.Endorsement, want)
+	}
+	if r := tick(leader); r.Endorsement != "" {
+		t.Fatalf("the leader's own write carries endorsement %q", r.Endorsement)
 	}
 }

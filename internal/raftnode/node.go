@@ -157,6 +157,9 @@ type Node struct {
 
 	fwdServer *http.Server
 	fwdClient *http.Client
+	// endorser, once the service has set it, adds to this leader's answers
+	// to forwarded writes (SetEndorser).
+	endorser atomic.Pointer[Endorser]
 
 	// ready is true while this node is the leader and its barrier has been
 	// applied: only then may it stamp, propose and answer reads.

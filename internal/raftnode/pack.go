@@ -41,10 +41,9 @@ type barrierer func(timeout time.Duration) raft.Future
 
 // proposal is one encoded command on its way into a log entry.
 type proposal struct {
-	data      []byte
-	deadline  time.Time
-	forwarded bool                // a follower waits to apply it (packer.notice)
-	done      chan proposalResult // buffered: answering never waits for the caller
+	data     []byte
+	deadline time.Time
+	done     chan proposalResult // buffered: answering never waits for the caller
 }
 
 type proposalResult struct {
@@ -66,14 +65,12 @@ type packer struct {
 	// Entries under commit: how many, and how many of them carry more than
 	// one write. freed is signalled when one is answered. owed says an entry
 	// ended since the last notice: once none is under commit, no entry is
-	// left to carry the news of its commit to the followers. urgent says
-	// one of those carried a forwarded write: its follower is waiting.
+	// left to carry the news of its commit to the followers.
 	mu          sync.Mutex
 	inFlight    int
 	packed      int
 	maxInFlight int
 	owed        bool
-	urgent      bool
 	freed       chan struct{}
 
 	barrier     barrierer
@@ -107,8 +104,8 @@ func newPacker(apply applier, barrier barrierer, inFlight int, noticeDelay time.
 // submit hands one encoded command (within command.MaxEntryBytes) to the
 // packer and waits for the state machine's answer. Errors are apply.go's:
 // errRetry if it certainly was not proposed, errUnknown if it may have been.
-func (p *packer) submit(ctx context.Context, data []byte, forwarded bool) (*fsm.Response, error) {
-	pr := &proposal{data: data, deadline: deadline(ctx), forwarded: forwarded, done: make(chan proposalResult, 1)}
+func (p *packer) submit(ctx context.Context, data []byte) (*fsm.Response, error) {
+	pr := &proposal{data: data, deadline: deadline(ctx), done: make(chan proposalResult, 1)}
 	select {
 	case p.queue <- pr:
 	case <-ctx.Done():
@@ -136,11 +133,7 @@ func (p *packer) run() {
 	var noticeC <-chan time.Time // notice's channel while it is armed
 	for {
 		if next == nil {
-			if owed, urgent := p.noticeOwed(); urgent {
-				notice.Stop()
-				noticeC = nil
-				p.notice()
-			} else if owed && noticeC == nil {
+			if p.noticeOwed() && noticeC == nil {
 				notice.Reset(p.noticeDelay)
 				noticeC = notice.C
 			}
@@ -202,34 +195,33 @@ func (p *packer) mayPropose() bool {
 }
 
 // noticeOwed says whether the followers have yet to learn of a commit while
-// no entry is under commit (whose own answer would come first), and whether
-// a follower is waiting for it.
-func (p *packer) noticeOwed() (owed, urgent bool) {
+// no entry is under commit (whose own answer would come first).
+func (p *packer) noticeOwed() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.inFlight > 0 {
-		return false, false
-	}
-	return p.owed, p.urgent
+	return p.owed && p.inFlight == 0
 }
 
 // notice tells the followers about the last commit. hashicorp/raft sends
 // the leader's commit index only with AppendEntries, and when no new entry
 // follows, only after its CommitTimeout (50–100 ms): until then a follower's
-// watchers do not see the write, and a write or linearizable read answered
-// through that follower waits for it (it answers from its own applied
-// state). A barrier is the cheapest entry that makes Raft send at once: the
-// state machine never sees it, and reads wait for the state machine's index,
-// not Raft's, so nothing waits for the barrier's own commit. run sends it
-// only after noticeDelay of quiet, so a client that writes again at once
-// (its next entry carries the news) pays nothing — except for an entry with a
-// forwarded write: the follower that forwarded it answers its client only
-// once it has applied the entry, so that one is announced at once.
+// watchers do not see the write, and a linearizable read — or a write whose
+// answer it reads from its own state (a place in line, an election's
+// leader) — through that follower waits for it. A barrier is the cheapest
+// entry that makes Raft send at once: the state machine never sees it, and
+// reads wait for the state machine's index, not Raft's, so nothing waits for
+// the barrier's own commit. run sends it only after noticeDelay of quiet, so
+// a client that writes again at once (its next entry carries the news) pays
+// nothing. A forwarded grant does not wait for it either: the leader signs
+// it and the follower answers at once (Endorser). (Announcing every
+// forwarded write at once, as the eleventh session did, put a barrier's
+// fsync in front of the same client's next write: docs/benchmarks.md,
+// "Twelfth session".)
 func (p *packer) notice() {
 	p.mu.Lock()
 	owed := p.owed && p.inFlight == 0
 	if owed {
-		p.owed, p.urgent = false, false
+		p.owed = false
 	}
 	p.mu.Unlock()
 	if !owed {
@@ -255,9 +247,6 @@ func (p *packer) track(batch []*proposal, delta int) {
 	// unannounced; when leadership was lost, the barrier simply fails.
 	if delta < 0 {
 		p.owed = true
-		for _, pr := range batch {
-			p.urgent = p.urgent || pr.forwarded
-		}
 	}
 	p.mu.Unlock()
 	if delta < 0 {

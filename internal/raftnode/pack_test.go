@@ -141,7 +141,7 @@ type submitted struct {
 func submitAsync(ctx context.Context, p *packer, data []byte) chan submitted {
 	ch := make(chan submitted, 1)
 	go func() {
-		resp, err := p.submit(ctx, data, false)
+		resp, err := p.submit(ctx, data)
 		ch <- submitted{resp, err}
 	}()
 	synctest.Wait()
@@ -387,8 +387,7 @@ func TestPackerRejectsMismatchedAnswer(t *testing.T) {
 // notice delay, and only then: not while a later write is on its way (its
 // entry carries the news), not again while idle. An entry that failed also
 // ends with one: it may never have reached the log to carry an earlier
-// commit's news. An entry with a forwarded write is announced without delay.
-// (The packers here use a 1 ms delay.)
+// commit's news. (The packers here use a 1 ms delay.)
 func TestPackerAnnouncesTheLastCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, r := startPacker(t, 2)
@@ -434,19 +433,8 @@ func TestPackerAnnouncesTheLastCommit(t *testing.T) {
 		if n := r.barriersAfter(time.Millisecond); n != 3 {
 			t.Fatalf("%d barriers after d and e committed; want 3", n)
 		}
-		// A forwarded write's follower waits to apply it: announced at once.
-		fw := make(chan submitted, 1)
-		go func() {
-			resp, err := p.submit(ctx, encodedRequest("f"), true)
-			fw <- submitted{resp, err}
-		}()
-		answerAll(t, r.settled(t, 6)[5])
-		<-fw
-		if n := r.barriersAfter(0); n != 4 {
-			t.Fatalf("%d barriers right after a forwarded write committed; want 4", n)
-		}
-		if got := p.notices.Load(); got != 4 {
-			t.Fatalf("notice counter %d, want 4", got)
+		if got := p.notices.Load(); got != 3 {
+			t.Fatalf("notice counter %d, want 3", got)
 		}
 	})
 }

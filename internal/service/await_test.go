@@ -77,6 +77,7 @@ func (n *memNode) ProbeMembers(context.Context, time.Duration) map[string]raftno
 func (n *memNode) Join(context.Context, string, string) error       { return nil }
 func (n *memNode) Remove(context.Context, string) error             { return nil }
 func (n *memNode) TransferLeadership(context.Context, string) error { return nil }
+func (n *memNode) SetEndorser(raftnode.Endorser)                    {}
 
 // heldByHolder is a service over a memNode with "job" held by "holder".
 func heldByHolder(t *testing.T) (*memNode, *Service, *AcquireResponse) {

@@ -43,6 +43,11 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 	}
 	res := &CampaignResponse{Leader: g.granted, FencingToken: g.token, TokenProof: g.proof, LeaseRef: g.leaseRef, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
 	if g.holder != nil {
+		// The election's current value is read from the local state: on a
+		// follower, first apply what the leader answered from.
+		if err := s.catchUp(ctx, g.index); err != nil {
+			return nil, err
+		}
 		var cur ElectionView
 		s.fsm.Read(func(st *state.State) { cur = electionView(st.GetElection(name), st.Revision()) })
 		res.Current = cur.Leader

@@ -10,6 +10,7 @@ import (
 	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/raftnode"
 )
 
 // fsmOnlyNode is a Node with nothing but a state machine: enough for the
@@ -19,7 +20,8 @@ type fsmOnlyNode struct {
 	f *fsm.FSM
 }
 
-func (n fsmOnlyNode) FSM() *fsm.FSM { return n.f }
+func (n fsmOnlyNode) FSM() *fsm.FSM                 { return n.f }
+func (n fsmOnlyNode) SetEndorser(raftnode.Endorser) {}
 
 func (n fsmOnlyNode) LeaderlessFor() time.Duration         { return 0 }
 func (n fsmOnlyNode) LeaderContact() (bool, time.Duration) { return true, 0 }

@@ -43,6 +43,9 @@ type Node interface {
 	Join(ctx context.Context, id, raftAddr string) error
 	Remove(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, id string) error
+	// SetEndorser lets the service add to the leader's answers to writes
+	// forwarded by followers (Service.endorse).
+	SetEndorser(f raftnode.Endorser)
 }
 
 // Service implements the lock, session, election, watch and cluster calls.
@@ -78,6 +81,7 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
+	node.SetEndorser(s.endorse)
 	gone := make(chan struct{})
 	s.leaderGone.Store(&gone)
 	go s.followLeaderless()
@@ -274,9 +278,9 @@ type grantAnswer struct {
 	holder    *command.Holder
 	proof     string
 	leaseRef  string
-	// index is the log entry that made the grant, when this answer comes
-	// straight from it (0 when it was read from the local state, which has
-	// then applied the grant already).
+	// index is the log entry that made the grant, or refused it (holder
+	// set), when this answer comes straight from it (0 when it was read from
+	// the local state, which has then applied the grant already).
 	index uint64
 }
 
@@ -291,16 +295,36 @@ func (s *Service) acquire(ctx context.Context, a acquireArgs) (*grantAnswer, err
 		// published bound (max_token), and resources would refuse the
 		// proof as forged. On the leader the grant is applied already. If
 		// the caller gives up first, it will not read the answer anyway.
-		if g.index > 0 {
+		// A follower need not wait when the leader has signed the grant
+		// for it (endorse), right after applying it.
+		if g.index > 0 && g.proof == "" {
 			if err := s.catchUp(ctx, g.index); err != nil {
 				s.giveBack(a, g)
 				return nil, err
 			}
 		}
 		g.leaseRef = fence.LeaseRef(g.leaseID)
-		g.proof = s.proof(a.key, g.token, a.clientID, g.leaseRef)
+		if g.proof == "" {
+			g.proof = s.proof(a.key, g.token, a.clientID, g.leaseRef)
+		}
 	}
 	return g, err
+}
+
+// endorse runs on the leader for every write a follower forwarded
+// (raftnode.Endorser): a grant made by the command itself is signed here,
+// where it has been applied, so the follower can answer its client at once
+// instead of first applying the grant to sign it. The same bytes either way
+// (Ed25519 is deterministic), unless a key rotation commits in between —
+// then the newer key signs, as on the leader's own path. A replayed grant
+// is not endorsed: the follower reads its fate from its own state.
+func (s *Service) endorse(e *command.Envelope, resp *fsm.Response) string {
+	a, ok := e.Body.(*command.Acquire)
+	r := &resp.Result
+	if !ok || r.Status != command.StatusOK || r.Seq != resp.Seq {
+		return ""
+	}
+	return s.proof(a.Name, r.Token, e.ClientID, fence.LeaseRef(r.LeaseID.String()))
 }
 
 func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer, error) {
@@ -353,15 +377,11 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 			// since; a dead grant must not be handed out as a live one.
 			return s.replayedGrant(ctx, a, r, resp.Index)
 		}
-		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision, index: resp.Index}, nil
+		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision,
+			index: resp.Index, proof: resp.Endorsement}, nil
 	case command.StatusLockHeld:
-		// Callers may describe the holder from local state (an election's
-		// value): on a follower, first apply what the leader answered from.
-		if err := s.catchUp(ctx, resp.Index); err != nil {
-			return nil, err
-		}
 		h := r.Holder
-		return &grantAnswer{holder: &h, revision: r.Revision},
+		return &grantAnswer{holder: &h, revision: r.Revision, index: resp.Index},
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)

@@ -17,6 +17,7 @@ import (
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 )
 
@@ -32,7 +33,27 @@ type logNode struct {
 	shipped int  // entries applied to local
 	lag     bool // hold entries back from local
 	stuck   atomic.Bool
+	// endorser, when set (endorseAsLeader), endorses every answer of a
+	// lagging node as the leader does a forwarded write's.
+	endorser raftnode.Endorser
 }
+
+// SetEndorser is the local service's: this node answers as a follower, whose
+// endorser never runs.
+func (n *logNode) SetEndorser(raftnode.Endorser) {}
+
+// endorseAsLeader gives n's answers the endorsements of a service on the
+// leader's state, as the leader adds them to its answers to forwarded writes.
+func (n *logNode) endorseAsLeader(t *testing.T) {
+	leader := New(leaderView{n}, nil, nil)
+	t.Cleanup(leader.Close)
+}
+
+// leaderView is the node as the leader's service sees it.
+type leaderView struct{ *logNode }
+
+func (v leaderView) FSM() *fsm.FSM                   { return v.leader }
+func (v leaderView) SetEndorser(f raftnode.Endorser) { v.endorser = f }
 
 func newLogNode(lag bool) *logNode {
 	n := &logNode{leader: fsm.New(nil), lag: lag}
@@ -70,6 +91,8 @@ func (n *logNode) Apply(_ context.Context, e *command.Envelope) (*fsm.Response, 
 	resp := n.leader.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: data}).(*fsm.Response)
 	if !n.lag {
 		n.shipped = len(n.log)
+	} else if n.endorser != nil {
+		resp.Endorsement = n.endorser(e, resp)
 	}
 	return resp, nil
 }
@@ -86,6 +109,22 @@ func (n *logNode) ship() {
 func (n *logNode) seed() (seed [32]byte) {
 	n.leader.Read(func(st *state.State) { seed, _, _ = st.SigningKey() })
 	return seed
+}
+
+// leaderKeySet is the key set the leader's state publishes.
+func (n *logNode) leaderKeySet(t *testing.T) *fence.KeySet {
+	t.Helper()
+	var doc fence.KeySetDocument
+	n.leader.Read(func(st *state.State) {
+		for _, k := range st.TokenKeys() {
+			if k.Current {
+				doc.Keys = append(doc.Keys, fence.NewKeyInfo(k.Public, true))
+			} else {
+				doc.Keys = append(doc.Keys, fence.NewRetiredKeyInfo(k.Public, k.MaxToken))
+			}
+		}
+	})
+	return keySet(t, &doc)
 }
 
 // keySet is what a resource does: read the published document as JSON.
@@ -228,17 +267,7 @@ func TestGrantIsSignedWithTheKeyCurrentAtTheGrant(t *testing.T) {
 	if err != nil || !r.Acquired {
 		t.Fatalf("acquire: %+v %v", r, err)
 	}
-	var doc fence.KeySetDocument
-	n.leader.Read(func(st *state.State) {
-		for _, k := range st.TokenKeys() {
-			if k.Current {
-				doc.Keys = append(doc.Keys, fence.NewKeyInfo(k.Public, true))
-			} else {
-				doc.Keys = append(doc.Keys, fence.NewRetiredKeyInfo(k.Public, k.MaxToken))
-			}
-		}
-	})
-	if err := keySet(t, &doc).Verify("jobs/x", r.FencingToken, "w", r.LeaseRef, r.TokenProof); err != nil {
+	if err := n.leaderKeySet(t).Verify("jobs/x", r.FencingToken, "w", r.LeaseRef, r.TokenProof); err != nil {
 		t.Fatalf("the genuine proof of token %d does not verify with the published keys: %v", r.FencingToken, err)
 	}
 }
