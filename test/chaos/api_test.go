@@ -45,6 +45,8 @@ type answer struct {
 
 	Acquired     bool        `json:"acquired"`
 	FencingToken uint64      `json:"fencing_token"`
+	TokenProof   string      `json:"token_proof"`
+	LeaseRef     string      `json:"lease_ref"`
 	LeaseID      string      `json:"lease_id"`
 	Holder       *holderJSON `json:"holder"`
 	Held         bool        `json:"held"`
@@ -280,6 +282,7 @@ func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
 	switch {
 	case status == 200 && ans.Acquired && ans.FencingToken != 0:
 		op.OutToken, op.OutLease = ans.FencingToken, ans.LeaseID
+		op.OutProof, op.OutLeaseRef = ans.TokenProof, ans.LeaseRef
 		a.h.end(op, oOK)
 	case status == 409 && ans.Error != nil && (ans.Error.Code == "lock_held" || ans.Error.Code == "wait_timeout"):
 		if ans.Holder != nil {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/dlock/dlock/fence"
 )
 
 // --- configuration ---
@@ -291,6 +293,7 @@ type runReport struct {
 	waiterTimes  []time.Duration
 	healToReady  time.Duration
 	maxToken     uint64
+	proofs       int // grants whose token_proof verified
 	retries      [4]int64
 	pauses       int64
 	crashes      int64
@@ -406,6 +409,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	// Stop the clients: each finishes its current operation (retrying until a
 	// definitive answer), releases its long locks and abandons some others.
 	// The lock table is watched from now on, to time the expiries.
+	var keys *fence.KeySet // read once the cluster is healthy again
 	fw := r.watchFree()
 	stuck := w.stop(90 * time.Second)
 	stoppedAt := r.clk.now()
@@ -418,6 +422,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		r.livenessExpiry(stoppedAt, fw)
 		r.livenessWaiters()
 		r.durability()
+		keys = r.tokenKeys()
 	}
 	fw.halt()
 	watchersChecked := false
@@ -451,6 +456,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	rep.ops, rep.writes, rep.holds = r.h.snapshot()
 	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops)...)
+	if keys != nil {
+		pa, n := checkProofs(rep.ops, keys)
+		rep.anomalies = append(rep.anomalies, pa...)
+		rep.proofs = n
+	}
 	fa, fs := checkFence(rep.ops, rep.writes)
 	rep.anomalies = append(rep.anomalies, fa...)
 	rep.fence = fs
@@ -833,6 +843,23 @@ func (r *runner) livenessWaiters() {
 // last fencing token, same lock table), no acknowledged token is above the
 // cluster's counter, and a new grant gets a token above every one ever
 // acknowledged.
+// tokenKeys reads the published token keys, which verify every grant's
+// proof offline (checkProofs); a failure is a harness anomaly.
+func (r *runner) tokenKeys() *fence.KeySet {
+	var errs []string
+	for i := range r.c.nodes {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ks, err := fence.FetchKeySet(ctx, nil, r.c.nodes[i].url())
+		cancel()
+		if err == nil {
+			return ks
+		}
+		errs = append(errs, err.Error())
+	}
+	r.anomaly(anomaly{Kind: "harness", What: "read the token keys: " + strings.Join(errs, "; ")})
+	return nil
+}
+
 func (r *runner) durability() {
 	var maxTok uint64
 	for _, o := range r.h.snapshotOps() {
@@ -1002,6 +1029,7 @@ func (r *runner) summary() string {
 		fmt.Fprintf(&b, "  %-15s %-18s %d\n", k.kind, k.out, counts[k])
 	}
 	fmt.Fprintf(&b, "retries: %d on 503/429, %d on other 5xx (%d were 500), %d on connection errors/timeouts\n", rep.retries[0], rep.retries[1], rep.retries[3], rep.retries[2])
+	fmt.Fprintf(&b, "token proofs verified: %d\n", rep.proofs)
 	fmt.Fprintf(&b, "holds: %d; fenced writes: %d (accepted %d, rejected %d); GC-pause writes: %d (rejected %d, accepted after a newer grant because its holder had not written yet %d)\n",
 		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
 	fmt.Fprintf(&b, "watches: %s\n", rep.watch)

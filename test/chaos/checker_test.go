@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/dlock/dlock/fence"
 )
 
 // anomaly is one thing the suite found wrong.
@@ -355,4 +357,41 @@ func checkConflictHolders(ops []Op) []anomaly {
 			Detail: "    " + a.example.String() + "\n"})
 	}
 	return out
+}
+
+// signedKey is the lock-table key a grant's proof is signed over (fence's
+// lock argument): the lock's name, or "@e/" and the election's name.
+func signedKey(lock string) string {
+	if isElection(lock) {
+		return "@e/" + realName(lock)
+	}
+	return lock
+}
+
+// checkProofs: every grant answered carries a token proof that verifies
+// offline with the published keys, for exactly its lock, token, client and
+// lease reference — whichever node answered, whether it signed the grant
+// itself or relayed the leader's signature (a follower's forwarded grant).
+// It returns the anomalies and how many proofs verified.
+func checkProofs(ops []Op, ks *fence.KeySet) ([]anomaly, int) {
+	var out []anomaly
+	verified := 0
+	for _, o := range ops {
+		if o.Kind != kAcquire || o.Out != oOK {
+			continue
+		}
+		if o.OutProof == "" {
+			out = append(out, anomaly{Kind: "safety:proof-missing",
+				What: fmt.Sprintf("op #%d: grant of %s token %d answered without a token_proof (via %v)", o.ID, o.Lock, o.OutToken, o.Via)})
+			continue
+		}
+		if err := ks.Verify(signedKey(o.Lock), o.OutToken, o.Client, o.OutLeaseRef, o.OutProof); err != nil {
+			out = append(out, anomaly{Kind: "safety:proof-invalid",
+				What:   fmt.Sprintf("op #%d: the token_proof of %s token %d does not verify (via %v): %v", o.ID, o.Lock, o.OutToken, o.Via, err),
+				Detail: "    " + o.String() + "\n"})
+			continue
+		}
+		verified++
+	}
+	return out, verified
 }

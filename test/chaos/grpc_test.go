@@ -85,7 +85,8 @@ func (g *grpcConns) send(ctx context.Context, node int, method, path string, bod
 		r, callErr = lc.Acquire(ctx, &dlockv1.AcquireRequest{Name: name, ClientId: b.ClientID, TtlMs: b.TTLms,
 			SessionId: b.SessionID, WaitTimeoutMs: b.WaitTimeoutMs, RequestId: b.RequestID})
 		if callErr == nil {
-			out = map[string]any{"acquired": r.Acquired, "fencing_token": r.FencingToken, "lease_id": r.LeaseId}
+			out = map[string]any{"acquired": r.Acquired, "fencing_token": r.FencingToken, "lease_id": r.LeaseId,
+				"token_proof": r.TokenProof, "lease_ref": r.LeaseRef}
 		}
 	case "release", "renew":
 		b, ok := body.(tokenBody)

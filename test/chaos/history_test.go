@@ -83,7 +83,9 @@ type Op struct {
 	Out          string `json:"out"`
 	OutToken     uint64 `json:"out_token,omitempty"`
 	OutLease     string `json:"out_lease,omitempty"`
-	Held         bool   `json:"held,omitempty"` // get
+	OutProof     string `json:"out_proof,omitempty"`     // a grant's token_proof
+	OutLeaseRef  string `json:"out_lease_ref,omitempty"` // and lease_ref
+	Held         bool   `json:"held,omitempty"`          // get
 	HolderClient string `json:"holder_client,omitempty"`
 	HolderToken  uint64 `json:"holder_token,omitempty"`
 	OutValue     string `json:"out_value,omitempty"` // elections: the leader's value a read saw
