@@ -107,8 +107,12 @@ func TestStaleTermLeaseClockIsIgnored(t *testing.T) {
 	const gap = 1500 * time.Millisecond
 	time.Sleep(gap)
 	transferLeadership(t, nodes, a, b)
-	if nodes[a].leaseClock.Load() != nil {
-		t.Error("a deposed leader kept its lease-clock base")
+	// a learns of its deposition on its own goroutine (LeaderCh or the
+	// 100 ms leadership tick), not before b wins: give it a bounded while.
+	for deadline := time.Now().Add(2 * time.Second); nodes[a].leaseClock.Load() != nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a deposed leader kept its lease-clock base")
+		}
 	}
 
 	const ttl = 4_000
