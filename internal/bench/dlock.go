@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,6 +75,9 @@ var (
 // dlockClient talks to a dlock cluster over HTTP/JSON with keep-alive, sending
 // every write to the leader's API address (found through GET /api/v1/cluster).
 type dlockClient struct {
+	// calls carries the API calls (httpconn.go); hc the event streams and
+	// /metrics scrapes, which are not on the measured path.
+	calls     *httpCaller
 	hc        *http.Client
 	endpoints []string
 	// viaFollower sends every call to a follower instead (Config.ViaFollower).
@@ -146,7 +148,7 @@ func newDlockClient(endpoints []string, conns int) *dlockClient {
 	for _, e := range endpoints {
 		eps = append(eps, normalizeURL(e))
 	}
-	return &dlockClient{hc: newHTTPClient(conns, 2*time.Minute), endpoints: eps}
+	return &dlockClient{calls: newHTTPCaller(conns, 2*time.Minute), hc: newHTTPClient(conns, 2*time.Minute), endpoints: eps}
 }
 
 func normalizeURL(s string) string {
@@ -249,50 +251,35 @@ func (c *dlockClient) rediscover(ctx context.Context) { c.search.again(ctx, c.di
 // do sends a JSON request and decodes a 2xx answer into out; any other answer
 // is an *apiError.
 func (c *dlockClient) do(ctx context.Context, method, u string, body, out any) error {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	res, err := c.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer res.Body.Close()
-	data, err := io.ReadAll(res.Body)
-	if err != nil {
-		return err
-	}
-	if res.StatusCode/100 != 2 {
-		var e struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
+	return c.calls.call(ctx, method, u, b, func(status int, data []byte) error {
+		if status/100 != 2 {
+			var e struct {
+				Error struct {
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			_ = json.Unmarshal(data, &e)
+			if e.Error.Code == "" {
+				e.Error.Code = "http_" + strconv.Itoa(status)
+				e.Error.Message = strings.TrimSpace(string(data))
+			}
+			return &apiError{Status: status, Code: e.Error.Code, Message: e.Error.Message}
 		}
-		_ = json.Unmarshal(data, &e)
-		if e.Error.Code == "" {
-			e.Error.Code = "http_" + strconv.Itoa(res.StatusCode)
-			e.Error.Message = strings.TrimSpace(string(data))
+		if out != nil {
+			if err := json.Unmarshal(data, out); err != nil {
+				return fmt.Errorf("decode %s %s answer %q: %w", method, u, data, err)
+			}
 		}
-		return &apiError{Status: res.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("decode %s %s answer %q: %w", method, u, data, err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 type acquireReq struct {

@@ -34,6 +34,7 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 		}
 	default:
 		hc := newDlockClient(cfg.Endpoints, cfg.Conns)
+		defer hc.calls.close()
 		hc.viaFollower = cfg.ViaFollower
 		c = hc
 		leader, ci, err = hc.waitLeader(ctx, 15*time.Second)

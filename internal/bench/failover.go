@@ -183,7 +183,7 @@ func (d *dlockSystem) leader(ctx context.Context, nodes []*procNode) (*procNode,
 }
 
 func (d *dlockSystem) warm(ctx context.Context, survivors []*procNode) error {
-	d.probeC.hc.CloseIdleConnections()
+	d.probeC.calls.close()
 	for _, n := range survivors {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := d.probeC.do(cctx, http.MethodGet, n.url()+"/healthz", nil, nil)
@@ -252,8 +252,8 @@ func runFailover(ctx context.Context, cfg *Config, res *Result) error {
 		pc.sys = &etcdSystem{initial: strings.Join(initial, ","), extra: cfg.ServeFlags, token: "bench-" + runID(), clients: map[string]*clientv3.Client{}}
 	} else {
 		c := newDlockClient([]string{pc.nodes[0].url()}, 16)
-		c.hc.Timeout = time.Second
-		pc.sys = &dlockSystem{initial: strings.Join(initial, ","), extra: cfg.ServeFlags, c: c, probeC: &dlockClient{hc: newHTTPClient(128, time.Second)}}
+		c.calls.timeout = time.Second
+		pc.sys = &dlockSystem{initial: strings.Join(initial, ","), extra: cfg.ServeFlags, c: c, probeC: &dlockClient{calls: newHTTPCaller(128, time.Second)}}
 	}
 	defer pc.sys.close()
 	defer pc.stop()
