@@ -246,3 +246,21 @@ func BenchmarkHeldMemory(b *testing.B) {
 		runtime.KeepAlive(st)
 	}
 }
+
+// BenchmarkDedupFill is a fresh state's dedup table filling up: every
+// command of a new cluster carries a request id (the client's or the
+// server's), so the first DedupCapacity commands each add an entry.
+func BenchmarkDedupFill(b *testing.B) {
+	keys := make([]dedupKey, DedupCapacity)
+	for i := range keys {
+		keys[i] = dedupKey{"client", fmt.Sprintf("srv-%024d", i)}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s := New()
+		for i, k := range keys {
+			s.remember(k, command.Result{Status: command.StatusOK, Token: uint64(i)})
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*DedupCapacity), "ns/entry")
+}

@@ -290,10 +290,9 @@ func fullDump(s *State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "index=%d ts=%d revision=%d\n", s.index, s.ts, s.revision)
 	b.WriteString(dump(s))
-	for i := 0; i < s.dedupCount; i++ {
-		e := s.dedupRing[(s.dedupHead+i)%len(s.dedupRing)]
+	s.dedupRing.each(func(e *dedupEntry) {
 		fmt.Fprintf(&b, "dedup %q %q %+v\n", e.key.client, e.key.request, e.result)
-	}
+	})
 	return b.String()
 }
 

@@ -205,7 +205,7 @@ func (s *State) Digest() uint64 {
 	h := fnv.New64a()
 	var b [8]byte
 	for _, v := range []uint64{s.index, uint64(s.ts), uint64(s.clock), s.revision, s.lastToken,
-		uint64(s.locks.Len()), uint64(len(s.leases)), uint64(len(s.members)), uint64(s.dedupCount)} {
+		uint64(s.locks.Len()), uint64(len(s.leases)), uint64(len(s.members)), uint64(s.dedupRing.count)} {
 		binary.LittleEndian.PutUint64(b[:], v)
 		h.Write(b[:])
 	}

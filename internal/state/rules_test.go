@@ -555,8 +555,8 @@ func TestDedupTableIsBounded(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		s.Apply(uint64(i), &command.Envelope{TS: int64(i), ClientID: "c", RequestID: itoa(i), Body: &command.RegisterMember{}})
 	}
-	if s.dedupCount != DedupCapacity || len(s.dedup) != DedupCapacity {
-		t.Fatalf("dedup holds %d/%d", s.dedupCount, len(s.dedup))
+	if s.dedupRing.count != DedupCapacity || len(s.dedup) != DedupCapacity {
+		t.Fatalf("dedup holds %d/%d", s.dedupRing.count, len(s.dedup))
 	}
 	for i := 1; i <= 10; i++ {
 		if _, ok := s.Lookup("c", itoa(i)); ok {

@@ -25,7 +25,7 @@ const snapshotVersion = 6
 // byte-identical snapshots. Lease lock/wait sets are not stored: they are
 // derived from the lock table on restore.
 func (s *State) Snapshot() []byte {
-	w := &wire.Writer{Buf: make([]byte, 0, 64+s.locks.Len()*64+len(s.leases)*64+s.dedupCount*48)}
+	w := &wire.Writer{Buf: make([]byte, 0, 64+s.locks.Len()*64+len(s.leases)*64+s.dedupRing.count*48)}
 	w.Fixed(snapshotMagic)
 	w.Byte(snapshotVersion)
 	w.Uvarint(s.index)
@@ -82,8 +82,8 @@ func (s *State) Snapshot() []byte {
 		return true
 	})
 
-	w.Uvarint(uint64(s.dedupCount))
-	s.eachDedup(func(e *dedupEntry) {
+	w.Uvarint(uint64(s.dedupRing.count))
+	s.dedupRing.each(func(e *dedupEntry) {
 		w.String(e.key.client)
 		w.String(e.key.request)
 		command.EncodeResult(w, &e.result)
@@ -91,13 +91,6 @@ func (s *State) Snapshot() []byte {
 	s.writeTokenKeys(w)
 	s.writeACL(w)
 	return w.Buf
-}
-
-// eachDedup visits dedup entries oldest first.
-func (s *State) eachDedup(fn func(*dedupEntry)) {
-	for i := 0; i < s.dedupCount; i++ {
-		fn(&s.dedupRing[(s.dedupHead+i)%len(s.dedupRing)])
-	}
 }
 
 func sortLeaseIDs(ids []command.LeaseID) {

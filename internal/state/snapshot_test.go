@@ -186,10 +186,9 @@ func toRaw(s *State) *rawSnap {
 		r.locks = append(r.locks, rl)
 		return true
 	})
-	for i := 0; i < s.dedupCount; i++ {
-		e := s.dedupRing[(s.dedupHead+i)%len(s.dedupRing)]
+	s.dedupRing.each(func(e *dedupEntry) {
 		r.dedup = append(r.dedup, rawDedup{e.key.client, e.key.request, e.result})
-	}
+	})
 	r.keys = append(r.keys, s.tokenKeys...)
 	r.acl = s.ACLTokens()
 	return r

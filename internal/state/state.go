@@ -137,17 +137,6 @@ type Member struct {
 	APIAddr  string
 }
 
-// DedupCapacity bounds the dedup table; the oldest entries are forgotten first.
-// It is a constant of the replicated state: changing it changes snapshots.
-const DedupCapacity = 100_000
-
-type dedupKey struct{ client, request string }
-
-type dedupEntry struct {
-	key    dedupKey
-	result command.Result
-}
-
 // State is the whole replicated state. The zero value is not usable; call New.
 type State struct {
 	index uint64
@@ -165,10 +154,8 @@ type State struct {
 	aclBySecret map[[32]byte][16]byte
 	aclByCN     map[string][16]byte
 
-	dedup      map[dedupKey]int // key -> position in dedupRing
-	dedupRing  []dedupEntry     // insertion order; dedupHead is the oldest
-	dedupHead  int
-	dedupCount int
+	dedup     map[dedupKey]int // key -> position in dedupRing
+	dedupRing dedupRing
 
 	events  []Event
 	changed bool
@@ -237,7 +224,7 @@ func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 	if e.RequestID != "" {
 		key = dedupKey{e.ClientID, e.RequestID}
 		if pos, ok := s.dedup[key]; ok {
-			r := s.dedupRing[pos].result
+			r := s.dedupRing.at(pos).result
 			r.Replayed = true
 			return r
 		}
@@ -267,40 +254,12 @@ func (s *State) rememberGrant(w Waiter, lk *Lock, lease *Lease) {
 	if !ok {
 		return // forgotten already: the table is bounded
 	}
-	e := &s.dedupRing[pos]
+	e := s.dedupRing.at(pos)
 	if e.result.Status != command.StatusQueued || e.result.LeaseID != lease.ID || e.result.Seq != w.Seq {
 		return
 	}
 	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: w.Seq, Revision: e.result.Revision}
-}
-
-// remember stores a result in the bounded FIFO dedup table.
-func (s *State) remember(key dedupKey, r command.Result) {
-	if s.dedupRing == nil {
-		s.dedupRing = make([]dedupEntry, 0, 1024)
-	}
-	if s.dedupCount == DedupCapacity {
-		old := s.dedupRing[s.dedupHead]
-		delete(s.dedup, old.key)
-		s.dedupRing[s.dedupHead] = dedupEntry{key: key, result: r}
-		s.dedup[key] = s.dedupHead
-		s.dedupHead = (s.dedupHead + 1) % DedupCapacity
-		return
-	}
-	// Not yet full: the ring is a plain slice with head 0.
-	s.dedupRing = append(s.dedupRing, dedupEntry{key: key, result: r})
-	s.dedup[key] = len(s.dedupRing) - 1
-	s.dedupCount++
-}
-
-// Lookup returns the remembered result of (client, request), if any.
-func (s *State) Lookup(clientID, requestID string) (command.Result, bool) {
-	pos, ok := s.dedup[dedupKey{clientID, requestID}]
-	if !ok {
-		return command.Result{}, false
-	}
-	return s.dedupRing[pos].result, true
 }
 
 func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
