@@ -306,7 +306,9 @@ func dlockProtocol(p string) string {
 		return "dlock's lock, session and contended calls go over its gRPC API (dlock.v1) to the leader, " +
 			"held and watch over HTTP/1.1 keep-alive JSON"
 	}
-	return "dlock's client talks HTTP/1.1 keep-alive JSON to the leader"
+	return "dlock's client talks HTTP/1.1 keep-alive JSON to the leader, on connections the load generator owns " +
+		"(fasthttp's request writer and response parser on each worker's goroutine: Go's net/http client cost the load generator " +
+		"about twice the CPU per call, taken from the servers it shares the cores with; thirteenth-session section)"
 }
 
 func (d *data) markdown(pngRel string, plots map[string]string) string {
