@@ -75,10 +75,9 @@ var (
 // dlockClient talks to a dlock cluster over HTTP/JSON with keep-alive, sending
 // every write to the leader's API address (found through GET /api/v1/cluster).
 type dlockClient struct {
-	// calls carries the API calls (httpconn.go); hc the event streams and
-	// /metrics scrapes, which are not on the measured path.
+	// calls carries the API calls (httpconn.go); event streams and /metrics
+	// scrapes, not on the measured path, use net/http clients of their own.
 	calls     *httpCaller
-	hc        *http.Client
 	endpoints []string
 	// viaFollower sends every call to a follower instead (Config.ViaFollower).
 	viaFollower bool
@@ -148,7 +147,7 @@ func newDlockClient(endpoints []string, conns int) *dlockClient {
 	for _, e := range endpoints {
 		eps = append(eps, normalizeURL(e))
 	}
-	return &dlockClient{calls: newHTTPCaller(conns, 2*time.Minute), hc: newHTTPClient(conns, 2*time.Minute), endpoints: eps}
+	return &dlockClient{calls: newHTTPCaller(conns, 2*time.Minute), endpoints: eps}
 }
 
 func normalizeURL(s string) string {
