@@ -28,9 +28,36 @@ const PromoteLag = 256
 var membershipMu sync.Mutex
 
 // wireError carries a leader's client-facing error back to the forwarding node.
+// Unknown marks a change that may or may not take effect (errChangeUnknown);
+// leaders of earlier versions answered that case with a 500 instead.
 type wireError struct {
 	Code    apierror.Code `json:"code"`
 	Message string        `json:"message"`
+	Unknown bool          `json:"unknown,omitempty"`
+}
+
+// errChangeUnknown is the cause of a membership change whose outcome is not
+// known: Raft appended it, then this node lost leadership before it
+// committed. A later leader may still commit it, or not.
+var errChangeUnknown = errors.New("leadership lost while the change was being committed")
+
+// changeErr is the error of a membership change Raft did not finish. With
+// raft.ErrLeadershipLost the outcome is unknown, so the answer says so and
+// onLeader may send the change again where that cannot act twice; anything
+// else keeps its cause (raft.ErrNotLeader: not appended, sent again).
+func changeErr(what string, err error) error {
+	if errors.Is(err, raft.ErrLeadershipLost) {
+		return outcomeUnknown(what+": leadership was lost before the change committed, so it may or may not take effect",
+			fmt.Errorf("%w: %w", errChangeUnknown, err))
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// outcomeUnknown is the client's answer to a membership change that may have
+// been acted on: look, then decide.
+func outcomeUnknown(msg string, cause error) *apierror.Error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: cause,
+		Message: msg + "; read GET /api/v1/cluster to see whether it took effect before you retry"}
 }
 
 type memberRequest struct {
@@ -65,7 +92,7 @@ func (n *Node) joinLocal(id, addr string) error {
 		}
 	}
 	if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
-		return fmt.Errorf("add %s as non-voter: %w", id, err)
+		return changeErr("add "+id+" as non-voter", err)
 	}
 	n.logger.Info("member joined as non-voter; promoting once caught up", "member", id, "raft_addr", addr)
 	return nil
@@ -132,7 +159,7 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 		}
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error(); err != nil {
-		return fmt.Errorf("remove %s: %w", id, err)
+		return changeErr("remove "+id, err)
 	}
 	n.logger.Info("member removed", "member", id)
 	return nil
@@ -211,11 +238,29 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 		}
 		return err
 	}
+	// maybeActed notes an attempt that may have taken effect: repeat it only
+	// where that cannot act twice.
+	maybeActed := func(cause error) error {
+		lost = true
+		if how == once {
+			return outcomeUnknown("the request reached the leader but its outcome is unknown (its answer was lost, or leadership was lost before it committed), so it was not sent again (it would act twice)", cause)
+		}
+		return nil
+	}
 	for {
 		var err error
 		if n.raft.State() == raft.Leader && n.ready.Load() {
 			err = local()
-			if err == nil || !errors.Is(err, raft.ErrNotLeader) {
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, raft.ErrNotLeader):
+				// Not appended: send it to the new leader.
+			case errors.Is(err, errChangeUnknown):
+				if stop := maybeActed(err); stop != nil {
+					return stop
+				}
+			default:
 				return gone(err)
 			}
 		} else if addr, ok := n.leaderAddr(); ok {
@@ -224,29 +269,35 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 			resp, status, err = n.forward(ctx, addr, path, body)
 			var op *net.OpError
 			if err != nil && !(errors.As(err, &op) && op.Op == "dial") {
-				lost = true
-				if how == once {
-					return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
-						Message: "the request reached the leader but its answer was lost, so it was not sent again (it would act twice); read GET /api/v1/cluster to see whether it took effect"}
+				if stop := maybeActed(err); stop != nil {
+					return stop
 				}
 			}
 			if err == nil {
-				switch status {
-				case http.StatusOK:
+				var e wireError
+				known := json.Unmarshal(resp, &e) == nil && e.Code != ""
+				switch {
+				case status == http.StatusOK:
 					return nil
-				case http.StatusServiceUnavailable:
-					err = errRetry
-				default:
-					var e wireError
-					if json.Unmarshal(resp, &e) == nil && e.Code != "" {
-						return gone(&apierror.Error{Code: e.Code, Message: e.Message})
+				case known && e.Unknown:
+					if stop := maybeActed(errChangeUnknown); stop != nil {
+						return stop
 					}
+					err = errRetry
+				case status == http.StatusServiceUnavailable:
+					err = errRetry
+				case known:
+					return gone(&apierror.Error{Code: e.Code, Message: e.Message})
+				default:
 					return fmt.Errorf("leader answered %d: %s", status, resp)
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
+			if lost {
+				return outcomeUnknown("the change may have been made, but no leader confirmed it before the deadline", ctx.Err())
+			}
 			return n.unavailable(ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -269,7 +320,7 @@ func (n *Node) serveMember(do func(memberRequest) error) http.HandlerFunc {
 			ae := apierror.From(err)
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(apierror.HTTPStatus(ae.Code))
-			_ = json.NewEncoder(w).Encode(wireError{Code: ae.Code, Message: ae.Message})
+			_ = json.NewEncoder(w).Encode(wireError{Code: ae.Code, Message: ae.Message, Unknown: errors.Is(err, errChangeUnknown)})
 			return
 		}
 		w.WriteHeader(http.StatusOK)

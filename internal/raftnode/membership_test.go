@@ -2,9 +2,11 @@ package raftnode
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -209,6 +211,145 @@ func TestMemberChangeAfterLostAnswer(t *testing.T) {
 			if c.name == "transfer to a named voter is sent again" && nodes[asked].raft.State() != raft.Leader {
 				t.Fatalf("%s asked to lead but does not", asked)
 			}
+		})
+	}
+}
+
+// answerUnknown lets the first request to path reach the leader (which acts
+// on it) and replaces its answer with the one a leader gives when it lost
+// leadership before the change committed: 503, outcome unknown.
+type answerUnknown struct {
+	next     http.RoundTripper
+	path     string
+	left     atomic.Int32
+	replaced atomic.Int32
+}
+
+func (a *answerUnknown) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := a.next.RoundTrip(r)
+	if err == nil && r.URL.Path == a.path && a.left.Add(-1) >= 0 {
+		a.replaced.Add(1)
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		body := `{"code":"unavailable","message":"remove: leadership was lost before the change committed","unknown":true}`
+		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
+	}
+	return res, err
+}
+
+// A leader that loses leadership after Raft appended a membership change, but
+// before it committed, cannot tell whether it will take effect (a chaos soak
+// found a removal that did, answered 500, and left the operator thinking the
+// member was still in). Asked on the leader, a removal or a join is sent again
+// until a leader answers — a removal that then finds the member gone is done
+// — and a transfer to any voter is not sent again but answers "outcome
+// unknown"; an error that is not about the outcome is returned as it is.
+func TestMemberChangeWhoseLeaderLostLeadership(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1"}, 0, nil)
+	n := nodes[leader]
+	lostErr := changeErr("remove n9", raft.ErrLeadershipLost)
+	if ae := apierror.From(lostErr); ae.Code != apierror.Unavailable || !errors.Is(lostErr, errChangeUnknown) || !errors.Is(lostErr, raft.ErrLeadershipLost) {
+		t.Fatalf("changeErr(ErrLeadershipLost) = %v (code %s); want unavailable wrapping errChangeUnknown and the raft error", lostErr, ae.Code)
+	}
+	if err := changeErr("remove n9", raft.ErrNotLeader); !errors.Is(err, raft.ErrNotLeader) || errors.Is(err, errChangeUnknown) {
+		t.Fatalf("changeErr(ErrNotLeader) = %v; want it to stay ErrNotLeader (not appended: sent again)", err)
+	}
+	notFound := apierror.New(apierror.NotFound, "no member %q", "n9")
+	for _, c := range []struct {
+		name    string
+		how     memberRetry
+		answers []error // what local returns, call by call
+		calls   int
+		want    apierror.Code // "" for success
+	}{
+		{"removal found gone after the loss is done", doneIfGone, []error{lostErr, notFound}, 2, ""},
+		{"removal not made is made again", doneIfGone, []error{lostErr, nil}, 2, ""},
+		{"join is sent again", repeatable, []error{lostErr, nil}, 2, ""},
+		{"transfer to any voter is not sent again", once, []error{lostErr, nil}, 1, apierror.Unavailable},
+		{"a removal of an unknown member without a loss is not_found", doneIfGone, []error{notFound}, 1, apierror.NotFound},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			calls := 0
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := n.onLeader(ctx, "/forward/test", memberRequest{ID: "n9"}, c.how, func() error {
+				calls++
+				return c.answers[min(calls, len(c.answers))-1]
+			})
+			if calls != c.calls {
+				t.Fatalf("local ran %d times, want %d", calls, c.calls)
+			}
+			if got := apierror.CodeOf(err); got != c.want {
+				t.Fatalf("onLeader = %v; want code %q", err, c.want)
+			}
+			if c.want == apierror.Unavailable && !strings.Contains(apierror.From(err).Message, "outcome is unknown") {
+				t.Fatalf("the answer does not say the outcome is unknown: %v", err)
+			}
+		})
+	}
+
+	// The leader's forwarding handler marks such an error for the follower.
+	rec := httptest.NewRecorder()
+	n.serveMember(func(memberRequest) error { return lostErr })(rec, httptest.NewRequest(http.MethodPost, "/forward/remove", strings.NewReader(`{"id":"n9"}`)))
+	var we wireError
+	if err := json.Unmarshal(rec.Body.Bytes(), &we); err != nil || rec.Code != http.StatusServiceUnavailable || !we.Unknown || we.Code != apierror.Unavailable {
+		t.Fatalf("forwarded answer %d %s (%v); want 503 unavailable with unknown:true", rec.Code, rec.Body, err)
+	}
+}
+
+// The same through a follower: the leader made the change but its answer
+// says the outcome is unknown. A removal is sent again and, finding the
+// member gone, is done; a transfer to any voter is not sent again.
+func TestForwardedMemberChangeWithUnknownOutcome(t *testing.T) {
+	for _, c := range []struct {
+		name, path string
+		do         func(ctx context.Context, asked *Node, other string) error
+		check      func(t *testing.T, err error, nodes map[string]*Node, leader, other string)
+	}{
+		{"removal", "/forward/remove",
+			func(ctx context.Context, asked *Node, other string) error { return asked.Remove(ctx, other) },
+			func(t *testing.T, err error, nodes map[string]*Node, leader, other string) {
+				if err != nil {
+					t.Fatalf("remove with an unknown outcome, then found gone: %v", err)
+				}
+				cfg, cerr := nodes[leader].configuration()
+				if cerr != nil {
+					t.Fatal(cerr)
+				}
+				for _, s := range cfg.Servers {
+					if string(s.ID) == other {
+						t.Fatalf("%s is still in the configuration %+v", other, cfg.Servers)
+					}
+				}
+			}},
+		{"transfer to any voter", "/forward/transfer",
+			func(ctx context.Context, asked *Node, _ string) error { return asked.TransferLeadership(ctx, "") },
+			func(t *testing.T, err error, _ map[string]*Node, _, _ string) {
+				if ae := apierror.From(err); err == nil || ae.Code != apierror.Unavailable || !strings.Contains(ae.Message, "outcome is unknown") {
+					t.Fatalf("transfer to any voter with an unknown outcome: %v; want unavailable, outcome unknown", err)
+				}
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+			asked := followerKnowingLeader(t, nodes, leader)
+			var other string
+			for id := range nodes {
+				if id != leader && id != asked {
+					other = id
+				}
+			}
+			swap := &answerUnknown{next: nodes[asked].fwdClient.Transport, path: c.path}
+			swap.left.Store(1)
+			nodes[asked].fwdClient.Transport = swap
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard only
+			defer cancel()
+			err := c.do(ctx, nodes[asked], other)
+			if swap.replaced.Load() != 1 {
+				t.Fatalf("no answer was replaced (the request was never forwarded to %s)", c.path)
+			}
+			c.check(t, err, nodes, leader, other)
 		})
 	}
 }

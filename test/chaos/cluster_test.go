@@ -215,6 +215,31 @@ func (c *cluster) wipe(i int) error {
 	return os.RemoveAll(nd.dataDir)
 }
 
+// removedFromCluster reports whether the leader's configuration no longer
+// lists node i (false when no leader answers: nothing is known).
+func (c *cluster) removedFromCluster(i int) bool {
+	leader := c.leader()
+	if leader < 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var v struct {
+		Members []struct {
+			ID string `json:"id"`
+		} `json:"members"`
+	}
+	if code, err := getJSON(ctx, c.nodes[leader].url()+"/api/v1/cluster", &v); err != nil || code != http.StatusOK {
+		return false
+	}
+	for _, m := range v.Members {
+		if m.ID == c.nodes[i].id {
+			return false
+		}
+	}
+	return true
+}
+
 // voters reports whether the leader's view lists every node as a voter.
 func (c *cluster) voters(leader int) (bool, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

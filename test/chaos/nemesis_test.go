@@ -313,7 +313,16 @@ func (n *nemesis) runCluster() {
 			}
 			heal = func() error {
 				if n.c.running(follower) {
-					return nil // the removal failed: nothing to undo
+					// The removal failed, or answered "outcome unknown" and
+					// took effect after all: an operator reads the members
+					// (as that answer says) and, finding the node gone,
+					// replaces it now.
+					if !n.c.removedFromCluster(follower) {
+						return nil // still a member: nothing to undo
+					}
+					if err := n.c.wipe(follower); err != nil {
+						return err
+					}
 				}
 				return n.c.start(follower)
 			}
