@@ -166,14 +166,18 @@ func TestCPUMeter(t *testing.T) {
 	cfg := &Config{Warmup: 10 * time.Millisecond, Duration: 50 * time.Millisecond}
 	m := startCPUMeter(context.Background(), cfg, map[string]string{
 		"n1": srv.URL + "/a", "n2": srv.URL + "/b", "e0": srv.URL + "/c", "n3": srv.URL + "/missing"})
+	m.unreadable("n4", "no API address")
 	res := &Result{Throughput: 100, Seconds: 1} // 100 operations
 	m.finish(res)
 	got := map[string]ProcessCPU{}
 	for _, c := range res.CPU {
 		got[c.Process] = c
 	}
-	if len(got) != 4 {
-		t.Fatalf("CPU = %+v, want e0, n1+n2, n3 and the load generator", res.CPU)
+	if len(got) != 5 {
+		t.Fatalf("CPU = %+v, want e0, n1+n2, n3, n4 and the load generator", res.CPU)
+	}
+	if c := got["n4"]; c.Error != "no API address" {
+		t.Errorf("n4 (a member without an API address) = %+v, want its error", c)
 	}
 	if c := got["e0"]; c.Seconds != 0.5 || c.PerOpMicros != 5000 || c.Error != "" {
 		t.Errorf("e0 = %+v, want 0.5 s, 5000 µs per op", c)

@@ -102,6 +102,13 @@ func (m *cpuMeter) read(ctx context.Context, hc *http.Client, metricsURLs map[st
 	wg.Wait()
 }
 
+// unreadable records a process the meter cannot read at all.
+func (m *cpuMeter) unreadable(id, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.errs[id] = why
+}
+
 // abandon stops the meter of a run that failed, without waiting out its
 // window.
 func (m *cpuMeter) abandon() {

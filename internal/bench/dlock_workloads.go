@@ -57,6 +57,14 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 	switch cfg.Workload {
 	case "uncontended", "session", "contended":
 		meter := startCPUMeter(ctx, cfg, metricsURLs(ci.memberURLs()))
+		// A member the cluster names no API address for (it has not
+		// registered one yet) cannot be read: say so rather than leave it
+		// out of the sum unnoticed.
+		for _, m := range ci.Members {
+			if m.APIAddr == "" {
+				meter.unreadable(m.ID, "the cluster names no API address for this member (not registered yet), so its CPU was not read")
+			}
+		}
 		switch cfg.Workload {
 		case "uncontended":
 			err = dlockUncontended(ctx, cfg, res, c, id)

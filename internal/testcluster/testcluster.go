@@ -119,20 +119,27 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	}
 	t.Cleanup(c.Stop)
 	leader := c.WaitLeader(20 * time.Second)
-	// Let every node register its API address, so tests start from a quiet log.
-	// A node that never registers leaves clients without its API address
+	// Let every node register its API address, and every node see every
+	// registration, so tests start from a quiet log and any node's cluster
+	// view names every member's address (a test that reads the members
+	// through a follower right away would otherwise race its apply). A node
+	// that never registers leaves clients without its API address
 	// (forwarding, leader redirects): that is a broken start, not a quiet one.
 	deadline := time.Now().Add(20 * time.Second)
-	for registered := 0; registered != n; {
+	for fewest := 0; fewest != n; {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d nodes registered their API address within 20s", registered, n)
+			t.Fatalf("a node sees only %d of %d nodes' API addresses after 20s (leader %s)", fewest, n, leader)
 		}
 		time.Sleep(20 * time.Millisecond)
-		registered = 0
-		for _, m := range c.Server(leader).Node.Status().Servers {
-			if m.APIAddr != "" {
-				registered++
+		fewest = n
+		for _, id := range c.IDs() {
+			registered := 0
+			for _, m := range c.Server(id).Node.Status().Servers {
+				if m.APIAddr != "" {
+					registered++
+				}
 			}
+			fewest = min(fewest, registered)
 		}
 	}
 	return c
