@@ -86,7 +86,9 @@ command -v etcd >/dev/null || apt_install etcd-server
 command -v gnuplot >/dev/null || apt_install gnuplot-nox || log "gnuplot is not available: no PNG plots"
 command -v curl >/dev/null || apt_install curl
 command -v jq >/dev/null || apt_install jq
-ETCD_VERSION=$(etcd --version | head -1 | sed 's/^etcd Version: //')
+# sed reads all of etcd's output: with `head -1` etcd could die of SIGPIPE,
+# and pipefail then ended the script before it printed anything.
+ETCD_VERSION=$(etcd --version | sed -n '1s/^etcd Version: //p')
 
 log "building dlock"
 mkdir -p "$WORK/bin"
