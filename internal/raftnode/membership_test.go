@@ -97,24 +97,64 @@ func TestLeaveRemovesThisNode(t *testing.T) {
 	}
 }
 
-// loseAnswers delivers forwarded requests to path but loses the first n
-// answers: the leader acts, the asking node sees an error (not a dial error).
-type loseAnswers struct {
-	next http.RoundTripper
-	path string
-	left atomic.Int32
-	lost atomic.Int32
+// tamperAnswer delivers the first forwarded request to path to the leader,
+// which acts on it, and gives the asking node answer's result instead of the
+// leader's answer.
+type tamperAnswer struct {
+	next     http.RoundTripper
+	path     string
+	answer   func(r *http.Request) (*http.Response, error)
+	left     atomic.Int32
+	tampered atomic.Int32
 }
 
-func (l *loseAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
-	res, err := l.next.RoundTrip(r)
-	if err == nil && r.URL.Path == l.path && l.left.Add(-1) >= 0 {
-		l.lost.Add(1)
+func (a *tamperAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := a.next.RoundTrip(r)
+	if err == nil && r.URL.Path == a.path && a.left.Add(-1) >= 0 {
+		a.tampered.Add(1)
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
-		return nil, errors.New("test: the leader's answer was lost")
+		return a.answer(r)
 	}
 	return res, err
+}
+
+// loseAnswer: the asking node sees an error (not a dial error).
+func loseAnswer(*http.Request) (*http.Response, error) {
+	return nil, errors.New("test: the leader's answer was lost")
+}
+
+// answerUnknown: the answer of a leader that lost leadership before the
+// change committed (503, outcome unknown).
+func answerUnknown(r *http.Request) (*http.Response, error) {
+	body := `{"code":"unavailable","message":"remove: leadership was lost before the change committed","unknown":true}`
+	return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
+}
+
+// forwardedChange runs do on a follower of a fresh 3-node cluster whose
+// first forward to path the leader acts on but answer replaces; other is the
+// third node. It fails unless that forward was made.
+func forwardedChange(t *testing.T, path string, answer func(*http.Request) (*http.Response, error),
+	do func(ctx context.Context, nodes map[string]*Node, leader, asked, other string) error) (nodes map[string]*Node, leader, asked, other string, err error) {
+	t.Helper()
+	nodes, leader = openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	asked = followerKnowingLeader(t, nodes, leader)
+	for id := range nodes {
+		if id != leader && id != asked {
+			other = id
+		}
+	}
+	tamper := &tamperAnswer{next: nodes[asked].fwdClient.Transport, path: path, answer: answer}
+	tamper.left.Store(1)
+	nodes[asked].fwdClient.Transport = tamper
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard only
+	defer cancel()
+	err = do(ctx, nodes, leader, asked, other)
+	if tamper.tampered.Load() != 1 {
+		t.Fatalf("the leader's answer was not replaced (the request was never forwarded to %s)", path)
+	}
+	return nodes, leader, asked, other, err
 }
 
 // A member change sent through a follower whose forward reached the leader
@@ -190,52 +230,16 @@ func TestMemberChangeAfterLostAnswer(t *testing.T) {
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
-			asked := followerKnowingLeader(t, nodes, leader)
-			var other string
-			for id := range nodes {
-				if id != leader && id != asked {
-					other = id
-				}
-			}
-			lose := &loseAnswers{next: nodes[asked].fwdClient.Transport, path: c.path}
-			lose.left.Store(1)
-			nodes[asked].fwdClient.Transport = lose
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard only
-			defer cancel()
-			err := c.do(ctx, nodes[asked], nodes, leader, other)
-			if lose.lost.Load() != 1 {
-				t.Fatalf("no answer was lost (the request was never forwarded to %s)", c.path)
-			}
+			nodes, leader, asked, other, err := forwardedChange(t, c.path, loseAnswer,
+				func(ctx context.Context, nodes map[string]*Node, leader, asked, other string) error {
+					return c.do(ctx, nodes[asked], nodes, leader, other)
+				})
 			c.check(t, err, nodes, leader, asked, other)
 			if c.name == "transfer to a named voter is sent again" && nodes[asked].raft.State() != raft.Leader {
 				t.Fatalf("%s asked to lead but does not", asked)
 			}
 		})
 	}
-}
-
-// answerUnknown lets the first request to path reach the leader (which acts
-// on it) and replaces its answer with the one a leader gives when it lost
-// leadership before the change committed: 503, outcome unknown.
-type answerUnknown struct {
-	next     http.RoundTripper
-	path     string
-	left     atomic.Int32
-	replaced atomic.Int32
-}
-
-func (a *answerUnknown) RoundTrip(r *http.Request) (*http.Response, error) {
-	res, err := a.next.RoundTrip(r)
-	if err == nil && r.URL.Path == a.path && a.left.Add(-1) >= 0 {
-		a.replaced.Add(1)
-		_, _ = io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-		body := `{"code":"unavailable","message":"remove: leadership was lost before the change committed","unknown":true}`
-		return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
-			Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
-	}
-	return res, err
 }
 
 // A leader that loses leadership after Raft appended a membership change, but
@@ -332,23 +336,10 @@ func TestForwardedMemberChangeWithUnknownOutcome(t *testing.T) {
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
-			asked := followerKnowingLeader(t, nodes, leader)
-			var other string
-			for id := range nodes {
-				if id != leader && id != asked {
-					other = id
-				}
-			}
-			swap := &answerUnknown{next: nodes[asked].fwdClient.Transport, path: c.path}
-			swap.left.Store(1)
-			nodes[asked].fwdClient.Transport = swap
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard only
-			defer cancel()
-			err := c.do(ctx, nodes[asked], other)
-			if swap.replaced.Load() != 1 {
-				t.Fatalf("no answer was replaced (the request was never forwarded to %s)", c.path)
-			}
+			nodes, leader, _, other, err := forwardedChange(t, c.path, answerUnknown,
+				func(ctx context.Context, nodes map[string]*Node, _, asked, other string) error {
+					return c.do(ctx, nodes[asked], other)
+				})
 			c.check(t, err, nodes, leader, other)
 		})
 	}
