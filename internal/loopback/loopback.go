@@ -6,10 +6,12 @@ package loopback
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // PortRange is where ports are picked: below (or above) the kernel's
@@ -80,4 +82,31 @@ func Span(n int) []int {
 		out[i] = i
 	}
 	return out
+}
+
+var (
+	addrsMu    sync.Mutex
+	addrsGiven = map[string]bool{}
+)
+
+// FreeAddr returns a 127.0.0.1 address whose port was free a moment ago,
+// outside the kernel's ephemeral range and never handed out twice in one
+// process: two nodes of one test cluster asking one after the other cannot
+// be given the same port (the kernel's port 0 can hand out a just-closed
+// one again, and did, in CI).
+func FreeAddr() (string, error) {
+	addrsMu.Lock()
+	defer addrsMu.Unlock()
+	for range 100 {
+		base, err := FreeBase([]string{"127.0.0.1"}, []int{0}, rand.IntN)
+		if err != nil {
+			return "", err
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(base))
+		if !addrsGiven[addr] {
+			addrsGiven[addr] = true
+			return addr, nil
+		}
+	}
+	return "", fmt.Errorf("no free port on 127.0.0.1 not handed out before")
 }

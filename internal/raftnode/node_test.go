@@ -4,24 +4,23 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/fsm"
+	"github.com/dlock/dlock/internal/loopback"
 )
 
-// freeRaftAddr is a loopback address that nothing listens on right now.
+// freeRaftAddr is a loopback address that nothing listens on right now and
+// that no other node of this test process was given.
 func freeRaftAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := loopback.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	return addr
 }
 

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -45,32 +44,16 @@ type Cluster struct {
 	mu sync.Mutex
 }
 
-// portsGiven keeps FreePort from handing one port out twice in a process.
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[string]bool{}
-)
-
 // FreePort returns a loopback address with a port that was free a moment ago.
-// It comes from outside the kernel's ephemeral range (package loopback) and is
-// never handed out twice in one process.
+// It comes from outside the kernel's ephemeral range and is never handed out
+// twice in one process (loopback.FreeAddr).
 func FreePort(t testing.TB) string {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for try := 0; try < 100; try++ {
-		base, err := loopback.FreeBase([]string{"127.0.0.1"}, []int{0}, rand.IntN)
-		if err != nil {
-			t.Fatalf("free port: %v", err)
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", base)
-		if !portsGiven[addr] {
-			portsGiven[addr] = true
-			return addr
-		}
+	addr, err := loopback.FreeAddr()
+	if err != nil {
+		t.Fatalf("free port: %v", err)
 	}
-	t.Fatalf("no free port")
-	return ""
+	return addr
 }
 
 // Options tunes a test cluster.
