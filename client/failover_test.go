@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/client"
+	"github.com/dlock/dlock/internal/testcluster"
 )
 
 // TestLeaderKillDoesNotLoseLock kills the leader while a lock is held: the
@@ -434,12 +434,7 @@ func TestUnavailableErrors(t *testing.T) {
 	}
 
 	// A node that is down: connection errors until the context ends.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testcluster.FreePort(t) // nothing listens there
 	cl, err = client.New(client.Config{Endpoints: []string{dead}})
 	if err != nil {
 		t.Fatal(err)
@@ -461,12 +456,7 @@ func TestFailsOverToAnotherEndpoint(t *testing.T) {
 		io.WriteString(w, `{"name":"x","held":false,"waiters":0,"revision":1}`)
 	}))
 	defer srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := "http://" + testcluster.FreePort(t) // nothing listens there
 	cl, err := client.New(client.Config{Endpoints: []string{dead, srv.URL}})
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,10 @@ package bench
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/testcluster"
 )
 
 // A member whose API address refuses connections (down, or advertised at an
@@ -12,12 +13,7 @@ import (
 // for ever for its stream to open: it ends with an error, at the latest when
 // its context does (Ctrl-C).
 func TestWatchWorkloadEndsWhenAMemberIsUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // now refuses connections
+	dead := testcluster.FreePort(t) // nothing listens there
 
 	cfg := Config{Workload: "watch", Endpoints: []string{"http://" + dead}, Duration: time.Second}
 	cfg.defaults()
