@@ -82,6 +82,12 @@ type Config struct {
 	// Token is the ACL token's secret, sent as "Authorization: Bearer" on
 	// every request; needed when the cluster runs with --acl.
 	Token string
+	// UnreachableTimeout, when positive, ends a request with ErrUnavailable
+	// once no node has answered it for this long (every node refused the
+	// connection, or answered 502/503/504), instead of retrying until the
+	// context ends. A wait in line that a node holds open counts as an
+	// answer, so this bounds an unreachable cluster, not a long wait.
+	UnreachableTimeout time.Duration
 }
 
 const (
@@ -97,6 +103,9 @@ const (
 	// distrustFor is how long a leader address that could not be dialled
 	// is not used.
 	distrustFor = 10 * time.Second
+	// heldFor is how long a node must have held an attempt that then failed
+	// for the cluster to count as reachable (see Config.UnreachableTimeout).
+	heldFor = time.Second
 	// cleanupTimeout bounds the clean-up after a cancelled acquire.
 	cleanupTimeout = 3 * time.Second
 	backoffMin     = 20 * time.Millisecond
@@ -116,6 +125,8 @@ type Client struct {
 	log        *slog.Logger
 	id         string
 	reqTimeout time.Duration
+	// unreachable: Config.UnreachableTimeout.
+	unreachable time.Duration
 	token      string
 	locals     localLocks
 
@@ -135,7 +146,7 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, invalidf("Config.Endpoints is empty; give the URL of at least one node, e.g. http://127.0.0.1:7070")
 	}
-	c := &Client{hc: cfg.HTTPClient, log: cfg.Logger, id: cfg.ClientID, reqTimeout: cfg.RequestTimeout, token: cfg.Token,
+	c := &Client{hc: cfg.HTTPClient, log: cfg.Logger, id: cfg.ClientID, reqTimeout: cfg.RequestTimeout, token: cfg.Token, unreachable: cfg.UnreachableTimeout,
 		notBefore: map[string]time.Time{}, distrust: map[string]time.Time{}, live: map[*keeper]struct{}{}}
 	if cfg.TLS != nil && cfg.HTTPClient != nil {
 		return nil, invalidf("Config.TLS and Config.HTTPClient are both set; set TLSClientConfig on your HTTPClient's transport instead")
@@ -319,9 +330,16 @@ func (c *Client) do(ctx context.Context, r call) (time.Time, error) {
 	// hearing of it; nil while every attempt certainly did nothing.
 	var unknown error
 	backoff := backoffMin
+	// reached is when a node last answered or held the request: the start of
+	// the current stretch of unreachability (see Config.UnreachableTimeout).
+	reached := time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			return first, giveUp(r, err, lastErr)
+		}
+		if c.unreachable > 0 && lastErr != nil && time.Since(reached) >= c.unreachable {
+			return first, fmt.Errorf("%s: %w: no node answered for %s; check the endpoints and that the cluster is up (last error: %w)",
+				r.what, ErrUnavailable, c.unreachable.Round(time.Millisecond), lastErr)
 		}
 		c.discover(ctx)
 		base, wait := c.target()
@@ -334,6 +352,10 @@ func (c *Client) do(ctx context.Context, r call) (time.Time, error) {
 		status, hdr, data, err := c.attempt(ctx, base, r, body)
 		if first.IsZero() && !notSent(err) {
 			first = start
+		}
+		if (err == nil && status != http.StatusBadGateway && status != http.StatusServiceUnavailable && status != http.StatusGatewayTimeout) ||
+			(err != nil && !notSent(err) && time.Since(start) >= heldFor) {
+			reached = time.Now()
 		}
 		switch {
 		case err != nil:

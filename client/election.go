@@ -166,6 +166,10 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 		case s != nil && errors.Is(err, ErrSessionExpired):
 			return nil, sessionEnded(e.name, err)
 		default:
+			if errors.Is(err, ErrUnavailable) && !sent.IsZero() {
+				// As Mutex.Lock: an unreachable cluster must not elect nobody.
+				e.withdraw(ctx, p)
+			}
 			return nil, fmt.Errorf("campaign %q: %w", e.name, err)
 		}
 		// s.Err as well as wctx: the session may have ended an instant ago,

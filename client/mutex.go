@@ -218,6 +218,11 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 			backoff = min(2*backoff, backoffMax)
 			continue
 		default:
+			if errors.Is(err, ErrUnavailable) && !sent.IsZero() {
+				// Given up on an unreachable cluster: a wait that did
+				// reach a node must not be granted to nobody.
+				c.withdraw(ctx, p)
+			}
 			return nil, fmt.Errorf("lock %q: %w", name, err)
 		}
 		// s.Err as well as wctx: the session may have ended an instant ago,

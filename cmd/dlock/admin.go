@@ -16,11 +16,20 @@ import (
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
+const recoverUsage = `Usage:
+  dlock recover --data-dir DIR --peers id=host:port,...
+      after a quorum loss, on a STOPPED node: force the member list to the
+      surviving nodes; run it with the same --peers on each survivor, then
+      start them (docs/operations.md, "Quorum loss")
+`
+
 const snapshotUsage = `Usage:
-  dlock snapshot save FILE [--endpoint URL] [--acl-token SECRET] [--cacert F] [--cert F --key F]
+  dlock snapshot save FILE [--endpoints URLS] [--force] [--acl-token SECRET] [--cacert F] [--cert F --key F]
       save a consistent copy of the whole state (locks, leases, queues,
-      counters) from a running cluster to FILE; with --acl the token
-      (or env DLOCK_TOKEN) needs the admin permission
+      counters) from a running cluster to FILE (never overwritten without
+      --force); --endpoints defaults to env DLOCK_ENDPOINTS, then the
+      dlock dev nodes; with --acl the token (or env DLOCK_TOKEN) needs the
+      admin permission
   dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,...
       seed an EMPTY data dir from FILE for a new cluster with these members;
       do it for every member (same FILE, same --initial-cluster), then start
@@ -33,13 +42,21 @@ const snapshotUsage = `Usage:
 
 func runSnapshot(args []string) error {
 	if len(args) < 1 {
-		fmt.Fprint(os.Stderr, snapshotUsage)
-		return errUsage
+		return usageErrorf("name a subcommand: save or restore")
+	}
+	if wantsHelp(args) {
+		return printHelp(snapshotUsage)
 	}
 	switch args[0] {
 	case "save":
 		fs := flag.NewFlagSet("dlock snapshot save", flag.ContinueOnError)
-		endpoint := fs.String("endpoint", "http://127.0.0.1:7070", "API URL of any member")
+		def := os.Getenv("DLOCK_ENDPOINTS")
+		if def == "" {
+			def = defaultEndpoints
+		}
+		endpoints := fs.String("endpoints", def, "comma-separated API URLs of the cluster's members (env DLOCK_ENDPOINTS); the first that answers is used")
+		fs.StringVar(endpoints, "endpoint", def, "same as --endpoints")
+		force := fs.Bool("force", false, "overwrite FILE if it exists")
 		var g globalFlags // only its TLS flags and the ACL token
 		g.registerTLS(fs)
 		fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret with the admin permission (env DLOCK_TOKEN), for clusters run with --acl")
@@ -51,7 +68,26 @@ func runSnapshot(args []string) error {
 		if err != nil {
 			return err
 		}
-		return saveSnapshot(*endpoint, file, tlsCfg, g.token)
+		if !*force {
+			if _, err := os.Lstat(file); err == nil {
+				return fmt.Errorf("%s already exists: name a new file, or pass --force to overwrite it", file)
+			}
+		}
+		var errs []error
+		for ep := range strings.SplitSeq(*endpoints, ",") {
+			if ep = strings.TrimSpace(ep); ep == "" {
+				continue
+			}
+			err := saveSnapshot(ep, file, tlsCfg, g.token)
+			if err == nil {
+				return nil
+			}
+			errs = append(errs, err)
+		}
+		if len(errs) == 0 {
+			return usageErrorf("--endpoints is empty")
+		}
+		return errors.Join(errs...)
 	case "restore":
 		fs := flag.NewFlagSet("dlock snapshot restore", flag.ContinueOnError)
 		dataDir := fs.String("data-dir", "", "empty data dir to seed (required)")
@@ -66,7 +102,7 @@ func runSnapshot(args []string) error {
 			return err
 		}
 		if *dataDir == "" || len(peers) == 0 {
-			return fmt.Errorf("--data-dir and --initial-cluster are required\n\n%s", snapshotUsage)
+			return usageErrorf("--data-dir and --initial-cluster are required")
 		}
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -78,8 +114,7 @@ func runSnapshot(args []string) error {
 		fmt.Printf("seeded %s from %s (%d bytes); start it with dlock serve --data-dir %s (no --initial-cluster)\n", *dataDir, file, len(b), *dataDir)
 		return nil
 	}
-	fmt.Fprint(os.Stderr, snapshotUsage)
-	return errUsage
+	return usageErrorf("unknown snapshot command %q: use save or restore", args[0])
 }
 
 // parseWithFile parses flags that may come before or after the one FILE argument.
@@ -88,16 +123,17 @@ func parseWithFile(fs *flag.FlagSet, args []string) (string, error) {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		file, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return "", errUsage
+	fs.Usage = func() { fmt.Fprint(fs.Output(), snapshotUsage) }
+	if err := parseFlags(fs, args); err != nil {
+		return "", err
 	}
 	if file == "" && fs.NArg() == 1 {
 		file = fs.Arg(0)
 	} else if fs.NArg() != 0 {
-		return "", fmt.Errorf("unexpected arguments %v\n\n%s", fs.Args(), snapshotUsage)
+		return "", usageErrorf("unexpected arguments %v", fs.Args())
 	}
 	if file == "" {
-		return "", fmt.Errorf("name the snapshot FILE\n\n%s", snapshotUsage)
+		return "", usageErrorf("name the snapshot FILE")
 	}
 	return file, nil
 }
@@ -146,20 +182,18 @@ func saveSnapshot(endpoint, file string, tlsCfg *tls.Config, aclToken string) er
 
 func runRecover(args []string) error {
 	fs := flag.NewFlagSet("dlock recover", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), recoverUsage) }
 	dataDir := fs.String("data-dir", "", "data dir of a STOPPED node (required)")
 	peersFlag := fs.String("peers", "", "the surviving members as id=raft-host:port,... (required)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	peers, err := parseCluster(*peersFlag)
 	if err != nil {
 		return err
 	}
 	if *dataDir == "" || len(peers) == 0 {
-		return fmt.Errorf("--data-dir and --peers are required\n\n%s", snapshotUsage)
+		return usageErrorf("--data-dir and --peers are required")
 	}
 	if err := raftnode.Recover(*dataDir, peers); err != nil {
 		return err

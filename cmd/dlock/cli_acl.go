@@ -40,7 +40,10 @@ func (r *ruleFlags) Set(v string) error {
 
 func runACL(args []string) error {
 	if len(args) == 0 {
-		return usageErrorf("want: dlock acl bootstrap | token create|list|revoke\n\n%s", aclUsage)
+		return usageErrorf("want: dlock acl bootstrap | token create|list|revoke")
+	}
+	if wantsHelp(args) || (args[0] == "token" && wantsHelp(args[1:])) {
+		return printHelp(aclUsage)
 	}
 	sub := args[0]
 	if sub == "token" {
@@ -70,14 +73,14 @@ func runACL(args []string) error {
 	case "token revoke":
 		npos = 1
 	default:
-		return usageErrorf("unknown acl command %q\n\n%s", sub, aclUsage)
+		return usageErrorf("unknown acl command %q: use bootstrap or token create|list|revoke", sub)
 	}
 	pos, rest, err := parseCmd(fs, &g, args, npos)
 	if err != nil {
 		return err
 	}
 	if len(rest) != 0 || len(pos) != npos {
-		return usageErrorf("wrong arguments for dlock acl %s\n\n%s", sub, aclUsage)
+		return usageErrorf("wrong arguments for dlock acl %s", sub)
 	}
 	c, ctx, done, err := g.connect(0)
 	if err != nil {

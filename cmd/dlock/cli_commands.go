@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -53,7 +54,7 @@ release it with dlock release. To run a command under a lock, use dlock lock.
 
 func runAcquire(args []string) error {
 	fs := newCmdFlags("acquire", acquireUsage)
-	var g globalFlags
+	g := globalFlags{stableID: true}
 	g.register(fs)
 	ttl := fs.Duration("ttl", 30*time.Second, "lease TTL")
 	wait := fs.Duration("wait", 0, "wait in line up to this long")
@@ -82,7 +83,7 @@ func runAcquire(args []string) error {
 // printHolder says who holds the lock when an acquire was refused.
 func printHolder(err error) {
 	var ae *client.APIError
-	if errors.As(err, &ae) && ae.Holder != nil {
+	if errors.As(err, &ae) && ae.Holder != nil && !strings.Contains(err.Error(), strconv.Quote(ae.Holder.ClientID)) {
 		fmt.Fprintf(os.Stderr, "dlock: held by %s (fencing token %d, expires %s)\n",
 			ae.Holder.ClientID, ae.Holder.FencingToken, showTime(ae.Holder.ExpiresAt))
 	}
@@ -97,7 +98,7 @@ and lease do not hold the lock (it expired or was released).
 
 func runRelease(args []string) error {
 	fs := newCmdFlags("release", releaseUsage)
-	var g globalFlags
+	g := globalFlags{stableID: true}
 	var h holderFlags
 	g.register(fs)
 	h.register(fs)
@@ -114,7 +115,7 @@ func runRelease(args []string) error {
 	}
 	defer done()
 	if err := c.Release(ctx, name, h.token, h.leaseID); err != nil {
-		return err
+		return notHolderHint(err, c)
 	}
 	if g.json() {
 		return printJSONOut(map[string]any{"name": name, "released": true})
@@ -132,7 +133,7 @@ and lease do not hold the lock.
 
 func runRenew(args []string) error {
 	fs := newCmdFlags("renew", renewUsage)
-	var g globalFlags
+	g := globalFlags{stableID: true}
 	var h holderFlags
 	g.register(fs)
 	h.register(fs)
@@ -151,7 +152,7 @@ func runRenew(args []string) error {
 	defer done()
 	exp, err := c.Renew(ctx, name, h.token, h.leaseID, *ttl)
 	if err != nil {
-		return err
+		return notHolderHint(err, c)
 	}
 	if g.json() {
 		return printJSONOut(map[string]any{"name": name, "renewed": true, "expires_at": exp})
@@ -304,4 +305,13 @@ func runMembers(args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact)
 	}
 	return tw.Flush()
+}
+
+// notHolderHint says which client id a not_holder answer was about: the usual
+// cause is a lock acquired under another --client-id.
+func notHolderHint(err error, c *client.Client) error {
+	if errors.Is(err, client.ErrNotHolder) {
+		return fmt.Errorf("%w (asked as client id %q; a lock acquired under another --client-id, or a wrong --token or --lease-id, is not held by this one)", err, c.ClientID())
+	}
+	return err
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/user"
 	"strings"
 	"time"
 
@@ -32,7 +33,9 @@ const defaultEndpoints = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127
 const clientUsageFooter = `
 Common flags:
   --endpoints URLS   comma-separated node URLs (env DLOCK_ENDPOINTS; default ` + defaultEndpoints + `)
-  --client-id ID     holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)
+  --client-id ID     holder id (env DLOCK_CLIENT_ID; default USER@HOSTNAME for
+                     acquire, renew and release, whose lease spans runs, and
+                     hostname-pid-random for the others)
   --cacert FILE      CA of the nodes' https certificates (env DLOCK_CACERT;
                      default: system roots); makes the default endpoints https
   --cert FILE, --key FILE
@@ -58,6 +61,40 @@ type globalFlags struct {
 	output    string
 	timeout   time.Duration
 	verbose   bool
+	// stableID: without --client-id, act as the same client on every run
+	// (acquire, renew and release span runs); see stableClientID.
+	stableID bool
+}
+
+// stableClientID is the default client id of the commands whose lease spans
+// several runs (acquire, renew, release): the same user on the same host is
+// the same client, so a release finds the lock its acquire took. It implies
+// no takeover: another run's acquire under this id waits in line like anyone.
+func stableClientID() string {
+	who := os.Getenv("USER")
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		who = u.Username
+	}
+	host, _ := os.Hostname()
+	id := printable(who) + "@" + printable(host)
+	if len(id) > 128 {
+		id = id[:128]
+	}
+	return id
+}
+
+// printable replaces what a client id may not contain (spaces, non-ASCII).
+func printable(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c < 0x21 || c > 0x7e {
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }
 
 func (g *globalFlags) register(fs *cmdFlags) {
@@ -66,7 +103,7 @@ func (g *globalFlags) register(fs *cmdFlags) {
 		def = defaultEndpoints
 	}
 	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node URLs (env DLOCK_ENDPOINTS)")
-	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default hostname-pid-random)")
+	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default USER@HOSTNAME for acquire, renew and release, else hostname-pid-random)")
 	g.registerTLS(fs.FlagSet)
 	fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret (env DLOCK_TOKEN); --token is the fencing token of release and renew")
 	fs.StringVar(&g.output, "o", "human", "output: human or json")
@@ -96,11 +133,14 @@ func (g *globalFlags) client() (*client.Client, error) {
 			eps = append(eps, e)
 		}
 	}
+	if g.clientID == "" && g.stableID {
+		g.clientID = stableClientID()
+	}
 	level := slog.LevelWarn
 	if g.verbose {
 		level = slog.LevelDebug
 	}
-	return client.New(client.Config{Endpoints: eps, ClientID: g.clientID, TLS: tlsCfg, Token: g.token,
+	return client.New(client.Config{Endpoints: eps, ClientID: g.clientID, TLS: tlsCfg, Token: g.token, UnreachableTimeout: g.timeout,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))})
 }
 
@@ -215,12 +255,51 @@ func runClientCommand(name string, args []string) int {
 		return ec.code
 	case errors.Is(err, flag.ErrHelp):
 		return cliExitOK
+	case err != nil && wantsJSON(args):
+		printJSONError(err)
 	case errors.As(err, &ue):
 		fmt.Fprintf(os.Stderr, "dlock %s: %v (see dlock %s -h)\n", name, err, name)
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "dlock %s: %v\n", name, err)
 	}
 	return exitCode(err)
+}
+
+// wantsJSON reports whether the command line asked for -o json (before any
+// "--": what follows is a command's own arguments).
+func wantsJSON(args []string) bool {
+	for i, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "-o=json", a == "--output=json", a == "-output=json":
+			return true
+		case (a == "-o" || a == "--output" || a == "-output") && i+1 < len(args) && args[i+1] == "json":
+			return true
+		}
+	}
+	return false
+}
+
+// printJSONError prints err in the API's error shape on stdout, where a
+// script reading -o json looks.
+func printJSONError(err error) {
+	code, msg := "error", err.Error()
+	var ae *client.APIError
+	var ue *usageError
+	switch {
+	case errors.As(err, &ae) && ae.Code != "":
+		code = ae.Code
+	case errors.As(err, &ue):
+		code = "usage"
+	case errors.Is(err, client.ErrUnavailable):
+		code = "unavailable"
+	}
+	body := map[string]any{"error": map[string]any{"code": code, "message": msg, "exit_code": exitCode(err)}}
+	if ae != nil && ae.Holder != nil {
+		body["holder"] = ae.Holder
+	}
+	_ = printJSONOut(body)
 }
 
 // exitCodeError ends a command with a given code, its messages already
@@ -238,7 +317,11 @@ func parseCmd(fs *cmdFlags, g *globalFlags, args []string, npos int) (pos, rest 
 		return nil, nil, err
 	}
 	if err != nil {
-		return nil, nil, &usageError{err.Error()}
+		msg := err.Error()
+		if strings.Contains(msg, "parse error") {
+			msg += " (durations need a unit, e.g. 30s, 5m or 1h)"
+		}
+		return nil, nil, &usageError{msg}
 	}
 	return pos, rest, g.check()
 }

@@ -147,7 +147,10 @@ func waitOrSignal[T any](wait time.Duration, sigs <-chan os.Signal, take func(co
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if wait > 0 {
-		ctx, cancel = context.WithTimeout(ctx, wait)
+		// The client asks the server to wait a little less than the time
+		// left (so that a clean wait_timeout beats the deadline); this
+		// margin makes that exactly wait.
+		ctx, cancel = context.WithTimeout(ctx, wait+min(wait/9, time.Second))
 		defer cancel()
 	}
 	type result struct {

@@ -92,6 +92,7 @@ func TestCLI(t *testing.T) {
 	t.Run("ElectRunsOnlyWhileLeader", func(t *testing.T) { testElect(t, e) })
 	t.Run("Watch", func(t *testing.T) { testWatchCommand(t, e) })
 	t.Run("MembersChanges", func(t *testing.T) { testMembersChanges(t, e) })
+	t.Run("NewUserManners", func(t *testing.T) { testNewUserManners(t, e) })
 	// Last: it stops its own cluster.
 	t.Run("LockLostStopsCommand", func(t *testing.T) { testLockLost(t, newCLIEnv(t, bin)) })
 }

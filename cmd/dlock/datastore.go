@@ -53,11 +53,8 @@ func runDatastore(args []string) error {
 		fmt.Fprintf(fs.Output(), "Usage: dlock datastore --data-dir DIR --cluster URL [flags]\n\nRuns the example fenced data store: POST /write appends a record only if its\nfencing token is the newest seen for its lock and its token proof verifies\nwith the cluster's keys; GET /data lists the records.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()

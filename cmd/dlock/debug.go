@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -20,9 +19,11 @@ const debugUsage = `Usage (on a COPY of a stopped node's data dir; docs/reliabil
 `
 
 func runDebug(args []string) error {
+	if wantsHelp(args) {
+		return printHelp(debugUsage)
+	}
 	if len(args) < 1 || (args[0] != "log" && args[0] != "replay") {
-		fmt.Fprint(os.Stderr, debugUsage)
-		return errUsage
+		return usageErrorf("name a subcommand: log or replay")
 	}
 	fs := flag.NewFlagSet("dlock debug "+args[0], flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "", "the node's data dir (a copy: opening it takes its lock)")
@@ -32,21 +33,18 @@ func runDebug(args []string) error {
 	snap := fs.String("snapshot", "", "state.bin of the snapshot to start from")
 	ref := fs.String("compare", "", "state.bin of a snapshot at --to to compare with")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), debugUsage) }
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
 	}
 	if *dataDir == "" {
-		return fmt.Errorf("--data-dir is required")
+		return usageErrorf("--data-dir is required")
 	}
 	ls := raftnode.LogStoreKind(*kind)
 	if args[0] == "log" {
 		return forensics.DumpLog(*dataDir, ls, *from, *to, os.Stdout)
 	}
 	if *snap == "" || *to == ^uint64(0) {
-		return fmt.Errorf("replay needs --snapshot and --to")
+		return usageErrorf("replay needs --snapshot and --to")
 	}
 	res, err := forensics.Replay(*snap, *dataDir, ls, *to, *ref)
 	if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -33,11 +32,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fs.Usage()
@@ -64,11 +60,8 @@ func runDemoWriter(args []string) error {
 	fs.StringVar(&cfg.StoreURL, "datastore", "", "data store base URL")
 	fs.StringVar(&cfg.Data, "data", "", "what to write")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Minute, "bound on the wait for the lock and then for the go-ahead on stdin")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *endpoints != "" {
 		cfg.Endpoints = strings.Split(*endpoints, ",")

@@ -34,11 +34,8 @@ func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Co
 		fmt.Fprintf(fs.Output(), "Usage: dlock dev [flags]\n\nRuns a local cluster in one process with throwaway data, for trying dlock.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *nodes < 1 || *nodes > 9 {
 		return fmt.Errorf("--nodes must be between 1 and 9")

@@ -56,47 +56,46 @@ CMD's exit code.
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(cliExitUsage)
 	}
+	cmd, args := os.Args[1], os.Args[2:]
 	var err error
-	switch os.Args[1] {
+	switch cmd {
 	case "serve":
-		err = runServe(os.Args[2:])
+		err = runServe(args)
 	case "dev":
-		err = runDev(os.Args[2:])
+		err = runDev(args)
 	case "snapshot":
-		err = runSnapshot(os.Args[2:])
+		err = runSnapshot(args)
 	case "recover":
-		err = runRecover(os.Args[2:])
+		err = runRecover(args)
 	case "bench":
-		err = runBench(os.Args[2:])
+		err = runBench(args)
 	case "datastore":
-		err = runDatastore(os.Args[2:])
+		err = runDatastore(args)
 	case "debug":
-		err = runDebug(os.Args[2:])
+		err = runDebug(args)
 	case "demo":
-		err = runDemo(os.Args[2:])
+		err = runDemo(args)
 	case "demo-writer":
-		err = runDemoWriter(os.Args[2:])
-	case "lock", "acquire", "release", "renew", "status", "list", "members":
-		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
-	case "elect", "watch", "acl":
-		os.Exit(runClientCommand(os.Args[1], os.Args[2:]))
-	case "version", "--version", "-v":
+		err = runDemoWriter(args)
+	case "lock", "acquire", "release", "renew", "status", "list", "members", "elect", "watch", "acl":
+		os.Exit(runClientCommand(cmd, args))
+	case "version", "--version":
 		fmt.Println("dlock", version)
 	case "help", "-h", "--help":
+		if len(args) > 0 {
+			// dlock help CMD is dlock CMD --help.
+			os.Args = []string{os.Args[0], args[0], "--help"}
+			main()
+			return
+		}
 		fmt.Print(usage)
 	default:
-		fmt.Fprintf(os.Stderr, "dlock: unknown command %q\n\n%s", os.Args[1], usage)
-		os.Exit(2)
+		fmt.Fprintf(os.Stderr, "dlock: unknown command %q\nRun 'dlock --help' for the commands.\n", cmd)
+		os.Exit(cliExitUsage)
 	}
-	if err != nil {
-		if err == errUsage {
-			os.Exit(2)
-		}
-		fmt.Fprintln(os.Stderr, "dlock:", err)
-		os.Exit(1)
-	}
+	os.Exit(finish(cmd, err))
 }
 
 func newLogger(level string, format string) (*slog.Logger, error) {

@@ -119,15 +119,11 @@ func runServe(args []string) error {
 		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return errUsage
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *id == "" || *dataDir == "" {
-		fs.Usage()
-		return fmt.Errorf("--id and --data-dir are required")
+		return usageErrorf("--id and --data-dir are required")
 	}
 	cluster, err := parseCluster(*initial)
 	if err != nil {

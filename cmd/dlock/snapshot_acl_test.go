@@ -27,7 +27,7 @@ func TestSnapshotSaveSendsACLToken(t *testing.T) {
 	if got != "Bearer s3cret" {
 		t.Errorf("with DLOCK_TOKEN set: Authorization %q, err %v; want Bearer s3cret", got, err)
 	}
-	if err := runSnapshot([]string{"save", file, "--endpoint", srv.URL, "--acl-token", "s3cret"}); err != nil {
+	if err := runSnapshot([]string{"save", file, "--endpoint", srv.URL, "--acl-token", "s3cret", "--force"}); err != nil {
 		t.Errorf("--acl-token: %v", err)
 	}
 }

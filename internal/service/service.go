@@ -382,7 +382,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	case command.StatusLockHeld:
 		h := r.Holder
 		return &grantAnswer{holder: &h, revision: r.Revision, index: resp.Index},
-			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
+			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or wait in line for it", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
 	}
@@ -571,7 +571,7 @@ func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 		h := li.Holder
 		res.holder = &h
 	}
-	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after wait_timeout_ms without getting it; wait longer or try again later", a.what, displayName(a.key))
+	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after %s without getting it; wait longer or try again later", a.what, displayName(a.key), time.Duration(a.waitMs)*time.Millisecond)
 }
 
 // abandon withdraws a wait whose caller went away. If the lock was granted to
