@@ -127,8 +127,8 @@ type Client struct {
 	reqTimeout time.Duration
 	// unreachable: Config.UnreachableTimeout.
 	unreachable time.Duration
-	token      string
-	locals     localLocks
+	token       string
+	locals      localLocks
 
 	mu        sync.Mutex
 	leader    string // base URL of the leader, "" when unknown
