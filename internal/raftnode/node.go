@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/command"
@@ -171,6 +170,7 @@ type Node struct {
 	// Counters for metrics.
 	forwarded     atomic.Uint64
 	leaderChanges atomic.Uint64
+	peers         peerHealth
 	// leaderlessSince is since when this node has known no leader (Unix ns;
 	// 0 while it knows one), also at start-up before the first election.
 	// followLeadership keeps it.
@@ -223,7 +223,7 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.closeLogs = closeLogs
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.LevelFromString(cfg.RaftLogLevel), Output: os.Stderr})
+	hlog := newRaftLogger(n.logger, cfg.RaftLogLevel)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog) // adds "snapshots/"
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
@@ -322,6 +322,8 @@ func Open(cfg Config) (*Node, error) {
 	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.registerSelf() }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.watchPeers() }()
 	ok = true
 	return n, nil
 }
@@ -513,35 +515,67 @@ func (n *Node) ensureTokenKey(ctx context.Context) error {
 }
 
 // registerSelf records this node's API address in the replicated state once a
-// leader exists, so every node can point clients to the leader's API.
+// leader exists, so every node can point clients to the leader's API. It
+// proposes at most one registration per start: a restarted node that is
+// still replaying its log has not yet applied its earlier registration, so
+// it first catches up with what the leader has committed, and a proposal
+// that succeeded is not repeated however late this node applies it.
 func (n *Node) registerSelf() {
 	if n.cfg.APIAddr == "" {
 		return
 	}
-	want := state.Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAdvertise, APIAddr: n.cfg.APIAddr}
+	want := n.selfMember()
 	for n.ctx.Err() == nil {
-		registered := false
-		n.fsm.Read(func(s *state.State) {
-			for _, m := range s.Members() {
-				if m == want {
-					registered = true
-				}
-			}
-		})
-		if registered {
+		if n.leaderCommit(); n.registered(want) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
 		_, err := n.Apply(ctx, &command.Envelope{Body: &command.RegisterMember{ID: want.ID, RaftAddr: want.RaftAddr, APIAddr: want.APIAddr}})
 		cancel()
 		if err == nil {
-			continue
+			return
 		}
 		select {
 		case <-n.ctx.Done():
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// leaderCommit waits (bounded) until this node knows a leader and has
+// applied everything committed when it asked, so that a registration made
+// in an earlier run is seen before a new one is proposed.
+func (n *Node) leaderCommit() {
+	for n.ctx.Err() == nil {
+		if leader, _ := n.raft.LeaderWithID(); leader != "" {
+			ctx, cancel := context.WithTimeout(n.ctx, CatchUpTimeout)
+			_ = n.CatchUp(ctx, n.raft.CommitIndex())
+			cancel()
+			return
+		}
+		select {
+		case <-n.ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// selfMember is this node's own member record as it should be in the state.
+func (n *Node) selfMember() state.Member {
+	return state.Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAdvertise, APIAddr: n.cfg.APIAddr}
+}
+
+// registered reports whether the state holds m exactly.
+func (n *Node) registered(m state.Member) bool {
+	found := false
+	n.fsm.Read(func(s *state.State) {
+		for _, x := range s.Members() {
+			if x == m {
+				found = true
+			}
+		}
+	})
+	return found
 }
 
 // Shutdown stops the node: Raft first (so nothing new commits), then the

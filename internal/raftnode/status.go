@@ -87,6 +87,8 @@ func (n *Node) Status() Status {
 			switch {
 			case string(s.ID) == st.LeaderID:
 				ss.State = "leader"
+			case st.State == raft.Leader.String() && n.peers.unreachable(string(s.ID)):
+				ss.State = "unreachable"
 			case s.Suffrage == raft.Voter:
 				ss.State = "follower"
 			default:
@@ -121,7 +123,7 @@ func (n *Node) Ready() error {
 	}
 	leader, _ := n.raft.LeaderWithID()
 	if leader == "" {
-		return errors.New("no leader known: an election is under way or this node cannot reach a quorum")
+		return n.noLeaderReason()
 	}
 	if n.raft.State() == raft.Leader && !n.ready.Load() {
 		return errors.New("leader is still applying earlier terms' entries")
@@ -130,7 +132,30 @@ func (n *Node) Ready() error {
 	if commit > applied+MaxReadyLag {
 		return fmt.Errorf("applied index %d trails commit index %d by more than %d", applied, commit, MaxReadyLag)
 	}
+	// Clients find nodes through GET /cluster: a node is ready once its own
+	// API address is there for them to find.
+	if n.cfg.APIAddr != "" && !n.registered(n.selfMember()) {
+		return errors.New("this node's API address is not in the replicated member list yet (it registers once a leader is known)")
+	}
 	return nil
+}
+
+// noLeaderReason says why no leader is known, and what to do about it.
+func (n *Node) noLeaderReason() error {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return errors.New("no leader known, and the member list could not be read")
+	}
+	servers := f.Configuration().Servers
+	if len(servers) == 0 {
+		return errors.New("this node is not part of a cluster yet: start it with --initial-cluster to form one or --join to join one, or add it from a member with dlock members add")
+	}
+	for _, s := range servers {
+		if string(s.ID) == n.cfg.ID {
+			return errors.New("no leader known: an election is under way, or this node cannot reach a majority of the members")
+		}
+	}
+	return errors.New("this node is not in the cluster's member list (it was removed): stop it, or add it back from a member with dlock members add")
 }
 
 // Healthy reports whether the process is alive and Raft is running.
