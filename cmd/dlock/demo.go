@@ -22,7 +22,7 @@ func runDemo(args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: dlock demo [--keep] [--dir DIR]
 
-Runs the brief's data-store demo with real processes and checks it: a
+Runs the fencing demo with real processes and checks it: a
 5-node cluster of dlock serve, a dlock datastore, and three clients that
 contend for locks, outlive a leader crash, write late after a pause
 (refused: stale_token) and forge a token (refused: bad_proof). Takes about

@@ -1,4 +1,4 @@
-// Package datastore is the brief's "data store" made safe: an HTTP service
+// Package datastore is the example "data store" of the fencing story, made safe: an HTTP service
 // that appends records written under a dlock lock, and refuses any write
 // whose fencing token is stale or whose token proof does not verify. It is an
 // example of a fenced resource built on package fence, run by

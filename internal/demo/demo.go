@@ -1,4 +1,4 @@
-// Package demo is `dlock demo`: the brief's data-store story, automated and
+// Package demo is `dlock demo`: the fencing demo (a data store, paused writers, a crashed leader), automated and
 // checked. It starts a real cluster of `dlock serve` processes and a real
 // `dlock datastore`, then walks three clients through contention, an expired
 // holder, a leader crash with clients waiting in line, a paused holder whose
@@ -40,7 +40,7 @@ type Config struct {
 	// step b, the paused writer in step d. Default 2 s (the minimum is 1 s).
 	ShortTTL time.Duration
 	// HoldTTL is the TTL of the holders that keep renewing. Default 60 s,
-	// the brief's; it never runs out during the demo.
+	// the script's; it never runs out during the demo.
 	HoldTTL time.Duration
 	// WaitTimeout bounds every wait in a lock's queue. Default 20 s.
 	WaitTimeout time.Duration
@@ -120,7 +120,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}()
 
-	fmt.Fprintf(cfg.Out, "dlock demo: the brief's data-store story with real processes; every step is checked\n")
+	fmt.Fprintf(cfg.Out, "dlock demo: the fencing story with real processes; every step is checked\n")
 	e.heading("setup", "a cluster of %d dlock serve processes and a dlock datastore, in %s", cfg.Nodes, dir)
 	if err := e.timed(ctx, e.setup); err != nil {
 		if ctx.Err() != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/dlock/dlock/client"
 )
 
-// clientIDs are the brief's three clients.
+// clientIDs are the demo's three clients.
 var clientIDs = []string{"client1", "client2", "client3"}
 
 // env is one run of the demo: its processes, clients and what the data
@@ -44,7 +44,7 @@ func newEnv(cfg Config, dir string) *env {
 	return &env{cfg: cfg, dir: dir, hc: &http.Client{Timeout: 5 * time.Second}, clients: map[string]*client.Client{}}
 }
 
-// secs shows a duration as the brief does: "60s", not "1m0s".
+// secs shows a duration as the demo's script does: "60s", not "1m0s".
 func secs(d time.Duration) string {
 	if d%time.Second == 0 {
 		return fmt.Sprintf("%ds", d/time.Second)

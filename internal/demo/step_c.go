@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// stepC is the brief's leader crash: the queue lives in the replicated
+// stepC is the demo's leader crash: the queue lives in the replicated
 // state, so the waiters keep their places and the new leader serves them.
 func (e *env) stepC(ctx context.Context) error {
 	h1, err := e.lock(ctx, "client1", "l2", e.cfg.HoldTTL)

@@ -10,7 +10,7 @@ import (
 	"github.com/dlock/dlock/fence"
 )
 
-// forgedToken is the brief's Byzantine client's "very high fencing token".
+// forgedToken is a Byzantine client's "very high fencing token".
 const forgedToken = 999999
 
 // stepE: tokens are sequential, so anyone can guess a high one; the token

@@ -13,7 +13,7 @@ type step struct {
 	run   func(*env, context.Context) error
 }
 
-// steps are the brief's demo, in its order.
+// steps are the demo's steps, in order.
 var steps = map[rune]step{
 	'a': {"client1 takes l1, writes to the data store, releases", (*env).stepA},
 	'b': {"client2 and client3 contend for l1; client2 stops renewing", (*env).stepB},

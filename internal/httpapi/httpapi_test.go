@@ -935,7 +935,7 @@ func TestRequestID(t *testing.T) {
 		seen[got] = true
 	}
 
-	// One debug line per request, with everything the brief asks for.
+	// One debug line per request, with everything an operator needs.
 	var found bool
 	for line := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
 		var m map[string]any
