@@ -22,7 +22,7 @@ import (
 // more goroutines per connection (its write and read loops) and allocates
 // a request, a response and header maps per call: measured here, it cost the
 // load generator about 130 µs of CPU per lock+unlock cycle against about
-// 70 µs this way (docs/benchmarks.md, "Thirteenth session") — CPU the
+// 70 µs this way (docs/benchmarks.md) — CPU the
 // servers did not get. Per call it is now about what etcd's gRPC client
 // costs the etcd rows.
 //

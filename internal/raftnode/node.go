@@ -273,8 +273,7 @@ func Open(cfg Config) (*Node, error) {
 	// reads every entry it just wrote back from the WAL to replicate it, and
 	// every follower reads back every entry it just stored to apply it (a
 	// pread each). Measured in docs/benchmarks.md: follower CPU per cycle
-	// -20 %, leader -10 %. (It was once suspected in a token-reuse soak
-	// failure; that was bug 4, the heartbeat fast path: docs/reliability.md.)
+	// -20 %, leader -10 %.
 	logs, err := raft.NewLogCache(LogCacheEntries, store)
 	if err != nil {
 		return nil, fmt.Errorf("raft log cache: %w", err)

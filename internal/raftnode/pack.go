@@ -23,9 +23,9 @@ import (
 // entry of a lone write (packer.mayPropose). Writes that arrive meanwhile
 // wait and go out together in the next entry, so under load one log entry
 // carries tens of writes and every replica stores, replicates and bookkeeps
-// one entry instead of one per write (docs/benchmarks.md, "Tenth session":
-// 11–12 % less CPU per lock+unlock cycle at 64–256 workers), while a lone
-// write never waits for anything but an entry under commit.
+// one entry instead of one per write (11–12 % less CPU per lock+unlock cycle
+// at 64–256 workers, docs/benchmarks.md), while a lone write never waits for
+// anything but an entry under commit.
 const DefaultPackInFlight = 2
 
 // DefaultCommitNoticeDelay is how long the leader lets a commit go
@@ -213,10 +213,9 @@ func (p *packer) noticeOwed() bool {
 // the barrier's own commit. run sends it only after noticeDelay of quiet, so
 // a client that writes again at once (its next entry carries the news) pays
 // nothing. A forwarded grant does not wait for it either: the leader signs
-// it and the follower answers at once (Endorser). (Announcing every
-// forwarded write at once, as the eleventh session did, put a barrier's
-// fsync in front of the same client's next write: docs/benchmarks.md,
-// "Twelfth session".)
+// it and the follower answers at once (Endorser). Announcing every
+// forwarded write at once would put a barrier's fsync in front of the same
+// client's next write.
 func (p *packer) notice() {
 	p.mu.Lock()
 	owed := p.owed && p.inFlight == 0

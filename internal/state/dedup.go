@@ -18,10 +18,9 @@ const dedupChunk = 1024
 
 // dedupRing holds the dedup table's entries in insertion order, up to
 // DedupCapacity, in chunks allocated as it fills. Entries never move: a
-// position stays valid until its entry is overwritten. (Growing one flat
-// slice to DedupCapacity entries — 18 MB — by append copied the whole table
-// about twenty times; while a fresh cluster's table filled, that was a fifth
-// of a follower's CPU: docs/benchmarks.md, "Thirteenth session".)
+// position stays valid until its entry is overwritten: growing one flat
+// slice to DedupCapacity entries (18 MB) by append would copy the whole
+// table about twenty times while a fresh cluster's table fills.
 type dedupRing struct {
 	chunks [][]dedupEntry
 	head   int // position of the oldest entry once full (0 until then)
