@@ -28,7 +28,7 @@ const snapshotUsage = `Usage:
       save a consistent copy of the whole state (locks, leases, queues,
       counters) from a running cluster to FILE (never overwritten without
       --force); --endpoints defaults to env DLOCK_ENDPOINTS, then the
-      dlock dev nodes; with --acl the token (or env DLOCK_TOKEN) needs the
+      dlock dev nodes; with --acl the token (or env DLOCK_ACL_TOKEN) needs the
       admin permission
   dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,...
       seed an EMPTY data dir from FILE for a new cluster with these members;
@@ -59,7 +59,7 @@ func runSnapshot(args []string) error {
 		force := fs.Bool("force", false, "overwrite FILE if it exists")
 		var g globalFlags // only its TLS flags and the ACL token
 		g.registerTLS(fs)
-		fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret with the admin permission (env DLOCK_TOKEN), for clusters run with --acl")
+		fs.StringVar(&g.token, "acl-token", aclTokenEnv(), "ACL token secret with the admin permission (env DLOCK_ACL_TOKEN), for clusters run with --acl")
 		file, err := parseWithFile(fs, args[1:])
 		if err != nil {
 			return err

@@ -20,7 +20,7 @@ const aclUsage = `Usage:
   dlock acl token list
   dlock acl token revoke ACCESSOR_ID
 
-Tokens are sent with --acl-token or DLOCK_TOKEN. docs/security.md explains the
+Tokens are sent with --acl-token or DLOCK_ACL_TOKEN. docs/security.md explains the
 permissions.
 `
 
@@ -116,7 +116,7 @@ func runACL(args []string) error {
 			return printJSONOut(t)
 		}
 		fmt.Printf("accessor_id %s\nsecret_id   %s\n", t.AccessorID, t.SecretID)
-		fmt.Println("(the secret is shown only now: pass it with --acl-token or DLOCK_TOKEN)")
+		fmt.Println("(the secret is shown only now: pass it with --acl-token or DLOCK_ACL_TOKEN)")
 	case "token list":
 		ts, err := c.ListACLTokens(ctx)
 		if err != nil {

@@ -41,7 +41,7 @@ Common flags:
   --cert FILE, --key FILE
                      client certificate and its key, for clusters that ask
                      for one (env DLOCK_CERT, DLOCK_KEY)
-  --acl-token SECRET ACL token (env DLOCK_TOKEN), for clusters run with --acl
+  --acl-token SECRET ACL token (env DLOCK_ACL_TOKEN), for clusters run with --acl
   -o, --output FMT   human (default) or json
   --timeout D        give up on an unreachable cluster after D (default 30s)
   -v                 log retries to stderr
@@ -105,7 +105,7 @@ func (g *globalFlags) register(fs *cmdFlags) {
 	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node URLs (env DLOCK_ENDPOINTS)")
 	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default USER@HOSTNAME for acquire, renew and release, else hostname-pid-random)")
 	g.registerTLS(fs.FlagSet)
-	fs.StringVar(&g.token, "acl-token", os.Getenv("DLOCK_TOKEN"), "ACL token secret (env DLOCK_TOKEN); --token is the fencing token of release and renew")
+	fs.StringVar(&g.token, "acl-token", aclTokenEnv(), "ACL token secret (env DLOCK_ACL_TOKEN); --token is the fencing token of release and renew")
 	fs.StringVar(&g.output, "o", "human", "output: human or json")
 	fs.StringVar(&g.output, "output", "human", "output: human or json")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "give up on an unreachable cluster after this long")

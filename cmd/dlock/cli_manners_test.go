@@ -3,11 +3,17 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,4 +141,53 @@ func testNewUserManners(t *testing.T, e *cliEnv) {
 			t.Errorf("snapshot save --force --endpoints: exit %d, %s", code, errOut)
 		}
 	})
+}
+
+// testServeFromEnvironment starts a one-node cluster configured by DLOCK_*
+// variables alone, as a container or a systemd unit with an environment
+// file does, and checks that it tells systemd (NOTIFY_SOCKET) it is ready
+// once it can serve.
+func testServeFromEnvironment(t *testing.T, e *cliEnv) {
+	dir := t.TempDir()
+	sockPath := filepath.Join(dir, "notify.sock")
+	sock, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sockPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	api, raftAddr := testcluster.FreePort(t), testcluster.FreePort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.bin, "serve")
+	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0", "NOTIFY_SOCKET="+sockPath,
+		"DLOCK_ID=solo", "DLOCK_DATA_DIR="+filepath.Join(dir, "data"), "DLOCK_API_ADDR="+api,
+		"DLOCK_RAFT_ADDR="+raftAddr, "DLOCK_INITIAL_CLUSTER=solo="+raftAddr, "DLOCK_LOG_FORMAT=json")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	sock.SetReadDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 256)
+	n, err := sock.Read(buf)
+	if err != nil || string(buf[:n]) != "READY=1" {
+		t.Fatalf("notify socket: %q %v; stderr:\n%s", buf[:n], err, stderr.String())
+	}
+	res, err := http.Get("http://" + api + "/readyz")
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("/readyz after READY=1: %v %v", res, err)
+	}
+	res.Body.Close()
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("with DLOCK_LOG_FORMAT=json, a log line is not JSON: %q", line)
+		}
+	}
+	out, _, code := e.run(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "dlock ") || !strings.Contains(out, " commit ") {
+		t.Errorf("dlock version: exit %d, %q", code, out)
+	}
 }

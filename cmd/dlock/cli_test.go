@@ -93,6 +93,7 @@ func TestCLI(t *testing.T) {
 	t.Run("Watch", func(t *testing.T) { testWatchCommand(t, e) })
 	t.Run("MembersChanges", func(t *testing.T) { testMembersChanges(t, e) })
 	t.Run("NewUserManners", func(t *testing.T) { testNewUserManners(t, e) })
+	t.Run("ServeFromEnvironment", func(t *testing.T) { testServeFromEnvironment(t, e) })
 	// Last: it stops its own cluster.
 	t.Run("LockLostStopsCommand", func(t *testing.T) { testLockLost(t, newCLIEnv(t, bin)) })
 }

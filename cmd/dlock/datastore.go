@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/fence"
+	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/dlock/dlock/internal/datastore"
 )
 
@@ -128,7 +129,7 @@ func runDatastore(args []string) error {
 	if !*insecure {
 		wg.Go(func() { refreshKeys(refreshCtx, clusterURL, store, keys, logger) })
 	}
-	logger.Info("dlock datastore started", "addr", ln.Addr().String(), "data_dir", *dataDir, "cluster", clusterURL, "insecure_no_proof", *insecure, "version", version)
+	logger.Info("dlock datastore started", "addr", ln.Addr().String(), "data_dir", *dataDir, "cluster", clusterURL, "insecure_no_proof", *insecure, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
 	return waitForSignal(func(ctx context.Context) error {
 		stopRefresh()
 		err := hs.Shutdown(ctx)

@@ -30,12 +30,16 @@ func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Co
 	rf.register(fs)
 	var lf limitFlags
 	lf.register(fs)
+	configPath := registerConfig(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: dlock dev [flags]\n\nRuns a local cluster in one process with throwaway data, for trying dlock.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := applyConfig(fs, *configPath); err != nil {
+		return &usageError{err.Error()}
 	}
 	if *nodes < 1 || *nodes > 9 {
 		return fmt.Errorf("--nodes must be between 1 and 9")
@@ -107,7 +111,7 @@ func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Co
 		}
 		fmt.Fprintf(out, `
 ACLs are on. The management token (all permissions; shown only now):
-  export DLOCK_TOKEN=%s
+  export DLOCK_ACL_TOKEN=%s
 Make a worker token: dlock acl token create --rule billing/=lock,read --client-ids 'worker-*'
 `, tok.SecretID)
 		curl += "-H 'Authorization: Bearer " + tok.SecretID + "' "

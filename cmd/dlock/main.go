@@ -10,15 +10,12 @@ import (
 	"strings"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 const usage = `dlock — a distributed lock and leader-election service on Raft
 
 Usage:
   dlock serve [flags]   run one node of a cluster (see dlock serve -h)
   dlock dev [flags]     run a local 3-node cluster in one process (see dlock dev -h)
-  dlock version         print the version
+  dlock version [-o json]   print the version, commit and Go version
   dlock snapshot save|restore ...   back up a cluster, seed a new one from a backup
   dlock recover --data-dir D --peers id=addr,...   force members after a quorum loss
   dlock datastore --data-dir D --cluster URL   run the example fenced data store
@@ -82,7 +79,7 @@ func main() {
 	case "lock", "acquire", "release", "renew", "status", "list", "members", "elect", "watch", "acl":
 		os.Exit(runClientCommand(cmd, args))
 	case "version", "--version":
-		fmt.Println("dlock", version)
+		err = runVersion(args)
 	case "help", "-h", "--help":
 		if len(args) > 0 {
 			// dlock help CMD is dlock CMD --help.

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
 )
@@ -115,12 +116,16 @@ func runServe(args []string) error {
 	rf.register(fs)
 	var lf limitFlags
 	lf.register(fs)
+	configPath := registerConfig(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := applyConfig(fs, *configPath); err != nil {
+		return &usageError{err.Error()}
 	}
 	if *id == "" || *dataDir == "" {
 		return usageErrorf("--id and --data-dir are required")
@@ -166,8 +171,16 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", version)
-	return waitForSignal(func(ctx context.Context) error { return srv.Shutdown(ctx) }, logger.Info)
+	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
+	readyCtx, stopNotify := context.WithCancel(context.Background())
+	notified := make(chan struct{})
+	go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
+	return waitForSignal(func(ctx context.Context) error {
+		stopNotify()
+		<-notified
+		notifyStopping()
+		return srv.Shutdown(ctx)
+	}, logger.Info)
 }
 
 // waitForSignal blocks until SIGINT/SIGTERM, then shuts down within 10 s; a

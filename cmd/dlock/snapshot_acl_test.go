@@ -8,7 +8,7 @@ import (
 )
 
 // docs/security.md: every call but a few needs a bearer token, and the CLI
-// takes it from --acl-token or DLOCK_TOKEN; snapshots need `admin`, so
+// takes it from --acl-token or DLOCK_ACL_TOKEN; snapshots need `admin`, so
 // snapshot save must send it (it once sent none and refused --acl-token).
 func TestSnapshotSaveSendsACLToken(t *testing.T) {
 	var got string

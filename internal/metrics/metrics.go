@@ -15,6 +15,8 @@ import (
 	gometrics "github.com/hashicorp/go-metrics/compat"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -81,7 +83,14 @@ func New() *Metrics {
 		Name: "dlock_process_id",
 		Help: "The operating system's id of the process that serves this node (nodes of one `dlock dev` share it).",
 	}, func() float64 { return float64(os.Getpid()) })
-	m.reg.MustRegister(m.ops, m.events, m.limited, pid,
+	bi := buildinfo.Get()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "dlock_build_info",
+		Help:        "Always 1; its labels say which build of dlock this node runs.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "commit": bi.Commit, "goversion": bi.GoVersion},
+	})
+	build.Set(1)
+	m.reg.MustRegister(m.ops, m.events, m.limited, pid, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -105,7 +105,7 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 	}
 	secret, cn := bearer(ctx), certIdentity(ctx)
 	if secret == "" && cn == "" {
-		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN), or a client certificate bound to a token")
+		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_ACL_TOKEN), or a client certificate bound to a token")
 	}
 	var tok state.ACLToken
 	var ok bool

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A flag on the command line wins over DLOCK_<FLAG>, which wins over the
+// config file; lists in the file become comma-separated values.
+func TestConfigPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "dlock.yaml")
+	if err := os.WriteFile(file, []byte("data-dir: /from/file\napi-addr: 127.0.0.1:1\nttl: 30s\nacl: true\ninitial-cluster:\n  - n1=127.0.0.1:7071\n  - n2=127.0.0.1:7081\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "", "")
+	apiAddr := fs.String("api-addr", "default", "")
+	ttl := fs.Duration("ttl", 0, "")
+	acl := fs.Bool("acl", false, "")
+	initial := fs.String("initial-cluster", "", "")
+	id := fs.String("id", "", "")
+	cfg := registerConfig(fs)
+	t.Setenv("DLOCK_API_ADDR", "127.0.0.1:2")
+	t.Setenv("DLOCK_ID", "from-env")
+	if err := parseFlags(fs, []string{"--config", file, "--id", "from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfig(fs, *cfg); err != nil {
+		t.Fatal(err)
+	}
+	if *id != "from-flag" || *apiAddr != "127.0.0.1:2" || *dataDir != "/from/file" || *ttl != 30*time.Second || !*acl ||
+		*initial != "n1=127.0.0.1:7071,n2=127.0.0.1:7081" {
+		t.Fatalf("id %q api %q data %q ttl %s acl %v initial %q", *id, *apiAddr, *dataDir, *ttl, *acl, *initial)
+	}
+}
+
+func TestConfigRefusesUnknownKeysAndBadValues(t *testing.T) {
+	newFS := func() (*flag.FlagSet, *string) {
+		fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
+		fs.String("data-dir", "", "")
+		fs.Int("nodes", 3, "")
+		return fs, registerConfig(fs)
+	}
+	file := filepath.Join(t.TempDir(), "dlock.yaml")
+	os.WriteFile(file, []byte("data-dir: x\ndatadir: y\n"), 0o600)
+	fs, cfg := newFS()
+	if err := parseFlags(fs, []string{"--config", file}); err != nil {
+		t.Fatal(err)
+	}
+	if err := applyConfig(fs, *cfg); err == nil || !strings.Contains(err.Error(), "unknown key(s) datadir") {
+		t.Fatalf("unknown key: %v", err)
+	}
+	fs, cfg = newFS()
+	t.Setenv("DLOCK_NODES", "three")
+	parseFlags(fs, nil)
+	if err := applyConfig(fs, *cfg); err == nil || !strings.Contains(err.Error(), "DLOCK_NODES") {
+		t.Fatalf("bad env value: %v", err)
+	}
+}
