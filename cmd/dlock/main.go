@@ -16,6 +16,7 @@ Usage:
   dlock serve [flags]   run one node of a cluster (see dlock serve -h)
   dlock dev [flags]     run a local 3-node cluster in one process (see dlock dev -h)
   dlock version [-o json]   print the version, commit and Go version
+  dlock health [--url U]    exit 0 if the node answers /readyz with 200 (container health checks)
   dlock snapshot save|restore ...   back up a cluster, seed a new one from a backup
   dlock recover --data-dir D --peers id=addr,...   force members after a quorum loss
   dlock datastore --data-dir D --cluster URL   run the example fenced data store
@@ -74,6 +75,8 @@ func main() {
 		err = runDebug(args)
 	case "demo":
 		err = runDemo(args)
+	case "health":
+		err = runHealth(args)
 	case "demo-writer":
 		err = runDemoWriter(args)
 	case "lock", "acquire", "release", "renew", "status", "list", "members", "elect", "watch", "acl":
