@@ -134,9 +134,11 @@ func (s *State) setACLToken(b *command.SetACLToken) command.Result {
 	if exists {
 		t.CreatedAt = old.CreatedAt
 		s.unindexACL(old)
+		s.sum -= aclHash(old)
 	}
 	s.aclTokens[t.AccessorID] = t
 	s.indexACL(t)
+	s.sum += aclHash(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
 }
@@ -148,6 +150,7 @@ func (s *State) deleteACLToken(b *command.DeleteACLToken) command.Result {
 	}
 	delete(s.aclTokens, b.AccessorID)
 	s.unindexACL(t)
+	s.sum -= aclHash(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
 }

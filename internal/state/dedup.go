@@ -61,11 +61,15 @@ func (r *dedupRing) each(fn func(*dedupEntry)) {
 
 // remember stores a result in the bounded FIFO dedup table.
 func (s *State) remember(key dedupKey, res command.Result) {
+	if s.dedupRing.count == DedupCapacity {
+		s.dedupOut(s.dedupRing.head) // about to be overwritten
+	}
 	pos, old, evicted := s.dedupRing.push(dedupEntry{key: key, result: res})
 	if evicted {
 		delete(s.dedup, old)
 	}
 	s.dedup[key] = pos
+	s.dedupIn(pos)
 }
 
 // Lookup returns the remembered result of (client, request), if any.

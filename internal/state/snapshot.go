@@ -265,5 +265,7 @@ func Restore(b []byte) (*State, error) {
 			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks().Len()+l.Waits().Len())
 		}
 	}
+	// The restore above went around the digest's hooks (remember aside).
+	s.sum = s.recordsSum()
 	return s, nil
 }
