@@ -170,3 +170,24 @@ func (s *State) readTokenKeys(r *wire.Reader, v byte) error {
 	}
 	return nil
 }
+
+// RetireSigningKey retires the current signing key as a rotation does — its
+// seed dropped, its bound the token counter now — and leaves the state with
+// no current key, so the next leader installs a fresh one (ensureTokenKey)
+// before it grants anything. A cluster seeded from a snapshot calls it: the
+// snapshot holds the old cluster's seed, and two clusters signing with one
+// key from one token counter would mint the same signed tokens, which a
+// fenced resource could not tell apart. The retired key still verifies the
+// proofs of grants the snapshot carries (tokens up to the bound). It is
+// deterministic, so every member seeded from the same snapshot agrees.
+func (s *State) RetireSigningKey() (retired TokenKey, ok bool) {
+	n := len(s.tokenKeys)
+	if n == 0 || !s.tokenKeys[n-1].Current {
+		return TokenKey{}, false
+	}
+	k := &s.tokenKeys[n-1]
+	k.Current = false
+	k.Seed = [32]byte{}
+	k.MaxToken = s.lastToken
+	return TokenKey{ID: k.ID, Public: k.Public, CreatedAt: k.CreatedAt, MaxToken: k.MaxToken}, true
+}
