@@ -872,6 +872,11 @@ func TestCheckpointDigestCatchesAForkedReplica(t *testing.T) {
 		if len(cps) != 2 {
 			t.Fatalf("want 2 checkpoints, got %v", cps)
 		}
+		// The newest one is what the node reports (GET /cluster).
+		last, ok := f.LastCheckpoint()
+		if !ok || last.Index != 2*fsm.CheckpointEvery || fmt.Sprintf("%016x", last.Digest) != cps[fmt.Sprint(last.Index)] {
+			t.Fatalf("LastCheckpoint %+v %v, logged %v", last, ok, cps)
+		}
 		return cps
 	}
 	a, b, forked := run(false, 0), run(false, 100), run(true, 0)

@@ -880,6 +880,9 @@ func (s *Service) cluster(ctx context.Context, probe bool) (*ClusterInfo, error)
 	st := s.node.Status()
 	ci := &ClusterInfo{NodeID: st.ID, LeaderID: st.LeaderID, LeaderAPI: st.LeaderAPI, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, Revision: st.Revision, LastToken: st.LastToken, Members: []Member{}}
+	if st.CheckpointIndex != 0 {
+		ci.CheckpointIndex, ci.CheckpointDigest = st.CheckpointIndex, fmt.Sprintf("%016x", st.CheckpointDigest)
+	}
 	for _, m := range st.Servers {
 		mem := Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State}
 		if probe {
