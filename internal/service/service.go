@@ -360,6 +360,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if err != nil {
 		return nil, err
 	}
+	body.MaxWaiters = s.maxWaiters(a)
 	env := envelope(a.clientID, a.requestID, body)
 	resp, err := s.node.Apply(ctx, env)
 	if err != nil {
@@ -385,6 +386,8 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or pass wait_timeout_ms to wait in line", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
+	case command.StatusQueueFull:
+		return nil, s.queueFullErr(a, body.MaxWaiters)
 	}
 	return nil, statusErr(r, a.what)
 }

@@ -208,6 +208,10 @@ func (g *gen) next() *command.Envelope {
 	} else {
 		e.Body = g.body(e)
 	}
+	if b, ok := e.Body.(*command.Acquire); ok && g.pct(20) {
+		// A node's waiter cap, in the command (negative: none).
+		b.MaxWaiters = g.rng.Int64N(6) - 1
+	}
 	if g.pct(10) {
 		if len(g.reqs) > 0 && g.pct(40) {
 			k := g.reqs[g.rng.IntN(len(g.reqs))]
@@ -669,7 +673,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		t.Fatalf("weak run: %d grants, %d dedup hits (%d answered with a later grant), %d retries, %d cuts", model.lastToken, dedupHits, grantedRetries, retries, len(cuts))
 	}
 	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
-		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting} {
+		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull} {
 		if stats[st] == 0 {
 			t.Fatalf("no %v result in the run: %v", st, stats)
 		}

@@ -1378,3 +1378,56 @@ func replayed(t *testing.T, r command.Result) command.Result {
 	r.Replayed = false
 	return r
 }
+
+// The waiter cap travels in the acquire (Acquire.MaxWaiters) and the state
+// machine enforces it, so acquires that race past the service's early check
+// cannot grow the queue beyond it.
+func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
+	h := newHarness(t)
+	capped := func(client string, lease int, max int64) command.Result {
+		return h.do(client, &command.Acquire{Name: "q", LeaseID: lid(lease), TTLms: 5000, WaitMs: 60_000, MaxWaiters: max})
+	}
+	mustStatus(t, capped("holder", 1, 2), command.StatusOK)
+	mustStatus(t, capped("w1", 2, 2), command.StatusQueued)
+	mustStatus(t, capped("w2", 3, 2), command.StatusQueued)
+
+	// The third waiter is refused and nothing changes.
+	before, rev := dump(h.s), h.s.Revision()
+	r := capped("w3", 4, 2)
+	mustStatus(t, r, command.StatusQueueFull)
+	h.checkNoChange(before, rev)
+	if _, ok := h.s.Lease(lid(4)); ok {
+		t.Fatal("a refused wait left its lease behind")
+	}
+	// Without waiting it is the usual lock_held; a larger cap, or none,
+	// lets it in line.
+	mustStatus(t, h.do("w3", &command.Acquire{Name: "q", LeaseID: lid(5), TTLms: 5000, MaxWaiters: 2}), command.StatusLockHeld)
+
+	// A client already in line takes over its own place with a new lease:
+	// no waiter is added, so the full queue does not refuse it.
+	mustStatus(t, capped("w1", 6, 2), command.StatusQueued)
+	if q := h.s.GetLock("q"); q.Waiters != 2 {
+		t.Fatalf("waiters %d after a re-queue, want 2", q.Waiters)
+	}
+	// The holder's own client takes over at once, cap or not.
+	mustStatus(t, capped("holder", 7, 2), command.StatusOK)
+
+	// One place frees up: the next one fits again.
+	mustStatus(t, h.do("w2", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(3), Name: "q", Seq: 3}}), command.StatusOK)
+	mustStatus(t, capped("w3", 8, 2), command.StatusQueued)
+	mustStatus(t, capped("w4", 9, 2), command.StatusQueueFull)
+	mustStatus(t, capped("w4", 10, 3), command.StatusQueued)
+	mustStatus(t, capped("w5", 11, 0), command.StatusQueued)
+	mustStatus(t, capped("w6", 12, -1), command.StatusQueued)
+	if q := h.s.GetLock("q"); q.Waiters != 5 {
+		t.Fatalf("waiters %d, want 5", q.Waiters)
+	}
+
+	// A retry of the refused request is refused again (the dedup table).
+	r1 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(13), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 1})
+	mustStatus(t, r1, command.StatusQueueFull)
+	r2 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(14), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 100})
+	if r2.Status != command.StatusQueueFull || !r2.Replayed {
+		t.Fatalf("retry of a refused acquire: %+v", r2)
+	}
+}

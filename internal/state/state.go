@@ -448,6 +448,9 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
 	default:
+		if queueFull(lk, e.ClientID, b.MaxWaiters) {
+			return command.Result{Status: command.StatusQueueFull}
+		}
 		if lease == nil {
 			lease = newLease(false)
 		}
@@ -456,6 +459,22 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
+}
+
+// queueFull reports whether a wait by clientID would exceed the cap (0: none)
+// on the lock's queue. A client that already waits takes over its own place
+// (enqueue), so it adds no waiter and is never refused.
+func queueFull(lk *Lock, clientID string, limit int64) bool {
+	q := lk.Queue()
+	if limit <= 0 || int64(len(q)) < limit {
+		return false
+	}
+	for i := range q {
+		if q[i].ClientID == clientID {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueue appends a wait, or, if the same client already waits with another
