@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
-	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/wire"
 )
 
 // The digest fingerprints the WHOLE state — every lock (holder, token, grant,
@@ -47,14 +47,6 @@ func (h *hasher) u64(v uint64) {
 
 func (h *hasher) i64(v int64) { h.u64(uint64(v)) }
 
-func (h *hasher) bool(b bool) {
-	if b {
-		h.u64(1)
-	} else {
-		h.u64(0)
-	}
-}
-
 func (h *hasher) bytes(b []byte) {
 	h.u64(uint64(len(b)))
 	for len(b) >= 8 {
@@ -66,25 +58,6 @@ func (h *hasher) bytes(b []byte) {
 		copy(tail[:], b)
 		h.u64(binary.LittleEndian.Uint64(tail[:]))
 	}
-}
-
-func (h *hasher) str(s string) {
-	h.u64(uint64(len(s)))
-	for len(s) >= 8 {
-		h.u64(uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56)
-		s = s[8:]
-	}
-	if len(s) > 0 {
-		var tail [8]byte
-		copy(tail[:], s)
-		h.u64(binary.LittleEndian.Uint64(tail[:]))
-	}
-}
-
-func (h *hasher) lease(id command.LeaseID) {
-	h.u64(binary.LittleEndian.Uint64(id[:8]))
-	h.u64(binary.LittleEndian.Uint64(id[8:]))
 }
 
 // sum finalises (the splitmix64 finaliser), so records that differ in one
@@ -99,111 +72,80 @@ func (h *hasher) sum() uint64 {
 	return x
 }
 
-// lockHash is a lock's own fields; its waiters are records of their own.
-func lockHash(lk *Lock) uint64 {
-	h := newHasher(recLock)
-	h.str(lk.Name)
-	h.lease(lk.Holder)
-	h.u64(lk.Token)
-	h.i64(lk.GrantedAt)
-	h.u64(lk.GrantSeq)
-	h.str(lk.Value())
+// recordHasher hashes one record: it encodes it with the snapshot's own
+// record writer (snapshot.go), after a kind byte and what places the record
+// (a waiter's lock and predecessor, a dedup entry's position), into a reused
+// buffer, and hashes those bytes. So a field the snapshot holds is a field
+// the digest covers, without a second list of fields to keep in step.
+type recordHasher struct{ w wire.Writer }
+
+func (r *recordHasher) begin(kind uint64) *wire.Writer {
+	r.w.Buf = append(r.w.Buf[:0], byte(kind))
+	return &r.w
+}
+
+func (r *recordHasher) sum() uint64 {
+	h := newHasher(0)
+	h.bytes(r.w.Buf)
 	return h.sum()
 }
 
-// waiterHash is one waiter of the named lock; prev is the Seq of the waiter
+// lock hashes a lock's own fields; its waiters are records of their own.
+func (r *recordHasher) lock(lk *Lock) uint64 {
+	writeLockHead(r.begin(recLock), lk)
+	return r.sum()
+}
+
+// waiter hashes one waiter of the named lock; prev is the Seq of the waiter
 // ahead of it (0 at the head), which pins its place in line.
-func waiterHash(name string, prev uint64, w *Waiter) uint64 {
-	h := newHasher(recWaiter)
-	h.str(name)
-	h.u64(prev)
-	h.lease(w.LeaseID)
-	h.str(w.ClientID)
-	h.u64(w.Seq)
-	h.i64(w.EnqueuedAt)
-	h.i64(w.Deadline)
-	h.i64(w.ClockDeadline)
-	h.str(w.Value)
-	h.str(w.RequestID)
-	return h.sum()
+func (r *recordHasher) waiter(name string, prev uint64, q *Waiter) uint64 {
+	w := r.begin(recWaiter)
+	w.String(name)
+	w.Uvarint(prev)
+	writeWaiter(w, q)
+	return r.sum()
 }
 
-// leaseHash is a lease's fields (its name set is derived from the locks).
-func leaseHash(l *Lease) uint64 {
-	h := newHasher(recLease)
-	h.lease(l.ID)
-	h.str(l.ClientID)
-	h.i64(int64(l.TTLms))
-	h.bool(l.Session)
-	h.bool(l.Active)
-	h.u64(l.Gen)
-	h.i64(l.RenewedAt)
-	h.i64(l.RenewedClock)
-	return h.sum()
+func (r *recordHasher) lease(l *Lease) uint64 {
+	writeLease(r.begin(recLease), l)
+	return r.sum()
 }
 
-func memberHash(m Member) uint64 {
-	h := newHasher(recMember)
-	h.str(m.ID)
-	h.str(m.RaftAddr)
-	h.str(m.APIAddr)
-	return h.sum()
+func (r *recordHasher) member(m Member) uint64 {
+	writeMember(r.begin(recMember), m)
+	return r.sum()
 }
 
-func aclHash(t *ACLToken) uint64 {
-	h := newHasher(recACL)
-	h.bytes(t.AccessorID[:])
-	h.bytes(t.SecretHash[:])
-	h.str(t.Description)
-	h.i64(t.CreatedAt)
-	h.i64(t.ExpiresAt)
-	h.u64(uint64(len(t.Rules)))
-	for _, r := range t.Rules {
-		h.str(r.Prefix)
-		h.u64(uint64(r.Perms))
-	}
-	h.u64(uint64(len(t.ClientIDs)))
-	for _, c := range t.ClientIDs {
-		h.str(c)
-	}
-	h.u64(uint64(len(t.CertCNs)))
-	for _, c := range t.CertCNs {
-		h.str(c)
-	}
-	return h.sum()
+func (r *recordHasher) acl(t *ACLToken) uint64 {
+	writeACLToken(r.begin(recACL), t)
+	return r.sum()
 }
 
-// dedupHash is one dedup entry at its position in the ring; with the ring's
+// dedup hashes one dedup entry at its position in the ring; with the ring's
 // head and count (hashed with the counters) the positions fix the order in
 // which entries are forgotten.
-func dedupHash(pos int, e *dedupEntry) uint64 {
-	h := newHasher(recDedup)
-	h.u64(uint64(pos))
-	h.str(e.key.client)
-	h.str(e.key.request)
-	r := &e.result
-	h.u64(uint64(r.Status))
-	h.lease(r.LeaseID)
-	h.u64(r.Token)
-	h.i64(r.ExpiresAt)
-	h.i64(r.TTLms)
-	h.u64(r.Revision)
-	h.u64(r.Seq)
-	h.str(r.Holder.ClientID)
-	h.u64(r.Holder.Token)
-	h.i64(r.Holder.GrantedAt)
-	h.i64(r.Holder.ExpiresAt)
-	h.str(r.Message)
-	return h.sum()
+func (r *recordHasher) dedup(pos int, e *dedupEntry) uint64 {
+	w := r.begin(recDedup)
+	w.Uvarint(uint64(pos))
+	writeDedupEntry(w, e)
+	return r.sum()
+}
+
+func (r *recordHasher) tokenKey(k *TokenKey) uint64 {
+	writeTokenKey(r.begin(recTokenKey), k)
+	return r.sum()
 }
 
 // Incremental updates. Each out must see the record exactly as its in did.
 
-func (s *State) lockIn(lk *Lock)  { s.sum += lockHash(lk) }
-func (s *State) lockOut(lk *Lock) { s.sum -= lockHash(lk) }
+func (s *State) lockIn(lk *Lock)  { s.sum += s.rh.lock(lk) }
+func (s *State) lockOut(lk *Lock) { s.sum -= s.rh.lock(lk) }
 
-func (s *State) leaseIn(l *Lease)  { s.sum += leaseHash(l) }
-func (s *State) leaseOut(l *Lease) { s.sum -= leaseHash(l) }
+func (s *State) leaseIn(l *Lease)  { s.sum += s.rh.lease(l) }
+func (s *State) leaseOut(l *Lease) { s.sum -= s.rh.lease(l) }
+
+func (s *State) aclIn(t *ACLToken)  { s.sum += s.rh.acl(t) }
+func (s *State) aclOut(t *ACLToken) { s.sum -= s.rh.acl(t) }
 
 // addLease puts a new lease in the table.
 func (s *State) addLease(l *Lease) {
@@ -249,7 +191,7 @@ func prevSeq(q []Waiter, i int) uint64 {
 // queueAppend puts a waiter at the end of a lock's queue.
 func (s *State) queueAppend(lk *Lock, w Waiter) {
 	q := lk.Queue()
-	s.sum += waiterHash(lk.Name, prevSeq(q, len(q)), &w)
+	s.sum += s.rh.waiter(lk.Name, prevSeq(q, len(q)), &w)
 	lk.setQueue(append(q, w))
 }
 
@@ -258,11 +200,11 @@ func (s *State) queueAppend(lk *Lock, w Waiter) {
 func (s *State) queueReplace(lk *Lock, i int, w Waiter) {
 	q := lk.Queue()
 	old := q[i]
-	s.sum -= waiterHash(lk.Name, prevSeq(q, i), &old)
-	s.sum += waiterHash(lk.Name, prevSeq(q, i), &w)
+	s.sum -= s.rh.waiter(lk.Name, prevSeq(q, i), &old)
+	s.sum += s.rh.waiter(lk.Name, prevSeq(q, i), &w)
 	if i+1 < len(q) {
-		s.sum -= waiterHash(lk.Name, old.Seq, &q[i+1])
-		s.sum += waiterHash(lk.Name, w.Seq, &q[i+1])
+		s.sum -= s.rh.waiter(lk.Name, old.Seq, &q[i+1])
+		s.sum += s.rh.waiter(lk.Name, w.Seq, &q[i+1])
 	}
 	q[i] = w
 }
@@ -271,10 +213,10 @@ func (s *State) queueReplace(lk *Lock, i int, w Waiter) {
 func (s *State) queueRemove(lk *Lock, i int) {
 	q := lk.Queue()
 	prev := prevSeq(q, i)
-	s.sum -= waiterHash(lk.Name, prev, &q[i])
+	s.sum -= s.rh.waiter(lk.Name, prev, &q[i])
 	if i+1 < len(q) {
-		s.sum -= waiterHash(lk.Name, q[i].Seq, &q[i+1])
-		s.sum += waiterHash(lk.Name, prev, &q[i+1])
+		s.sum -= s.rh.waiter(lk.Name, q[i].Seq, &q[i+1])
+		s.sum += s.rh.waiter(lk.Name, prev, &q[i+1])
 	}
 	if i == 0 {
 		lk.setQueue(q[1:])
@@ -285,38 +227,40 @@ func (s *State) queueRemove(lk *Lock, i int) {
 
 func (s *State) setMember(m Member) {
 	if old, ok := s.members[m.ID]; ok {
-		s.sum -= memberHash(old)
+		s.sum -= s.rh.member(old)
 	}
 	s.members[m.ID] = m
-	s.sum += memberHash(m)
+	s.sum += s.rh.member(m)
 }
 
 // dedupOut and dedupIn bracket a change to the entry at pos.
-func (s *State) dedupOut(pos int) { s.sum -= dedupHash(pos, s.dedupRing.at(pos)) }
-func (s *State) dedupIn(pos int)  { s.sum += dedupHash(pos, s.dedupRing.at(pos)) }
+func (s *State) dedupOut(pos int) { s.sum -= s.rh.dedup(pos, s.dedupRing.at(pos)) }
+func (s *State) dedupIn(pos int)  { s.sum += s.rh.dedup(pos, s.dedupRing.at(pos)) }
 
-// recordsSum hashes every record from scratch.
+// recordsSum hashes every record from scratch. It only reads the state (its
+// own buffer), so it may run under a read lock.
 func (s *State) recordsSum() uint64 {
+	var rh recordHasher
 	var sum uint64
 	s.locks.Ascend(func(lk *Lock) bool {
-		sum += lockHash(lk)
+		sum += rh.lock(lk)
 		q := lk.Queue()
 		for i := range q {
-			sum += waiterHash(lk.Name, prevSeq(q, i), &q[i])
+			sum += rh.waiter(lk.Name, prevSeq(q, i), &q[i])
 		}
 		return true
 	})
 	for _, l := range s.leases {
-		sum += leaseHash(l)
+		sum += rh.lease(l)
 	}
 	for _, m := range s.members {
-		sum += memberHash(m)
+		sum += rh.member(m)
 	}
 	for _, t := range s.aclTokens {
-		sum += aclHash(t)
+		sum += rh.acl(t)
 	}
 	for i := 0; i < s.dedupRing.count; i++ {
-		sum += dedupHash(i, s.dedupRing.at(i))
+		sum += rh.dedup(i, s.dedupRing.at(i))
 	}
 	return sum
 }
@@ -335,16 +279,9 @@ func (s *State) digestOf(records uint64) uint64 {
 	h.u64(uint64(s.dedupRing.head))
 	h.u64(uint64(s.dedupRing.count))
 	h.u64(uint64(len(s.tokenKeys)))
+	var rh recordHasher // not s.rh: Digest may run under a read lock
 	for i := range s.tokenKeys {
-		k := &s.tokenKeys[i]
-		kh := newHasher(recTokenKey)
-		kh.bytes(k.ID[:])
-		kh.bytes(k.Public)
-		kh.bytes(k.Seed[:])
-		kh.i64(k.CreatedAt)
-		kh.bool(k.Current)
-		kh.u64(k.MaxToken)
-		h.u64(kh.sum())
+		h.u64(rh.tokenKey(&s.tokenKeys[i]))
 	}
 	h.u64(records)
 	return h.sum()

@@ -158,8 +158,9 @@ type State struct {
 	dedupRing dedupRing
 
 	// sum is the sum of every record's hash, kept up to date by each
-	// mutation (digest.go).
+	// mutation (digest.go) with rh, whose buffer only apply uses.
 	sum uint64
+	rh  recordHasher
 
 	events  []Event
 	changed bool

@@ -102,14 +102,18 @@ func (s *State) SigningKey() (seed [32]byte, id [8]byte, ok bool) {
 
 func (s *State) writeTokenKeys(w *wire.Writer) {
 	w.Uvarint(uint64(len(s.tokenKeys)))
-	for _, k := range s.tokenKeys {
-		w.Fixed(k.ID[:])
-		w.Fixed(k.Public)
-		w.Fixed(k.Seed[:])
-		w.Varint(k.CreatedAt)
-		w.Bool(k.Current)
-		w.Uvarint(k.MaxToken) // snapshot version 6
+	for i := range s.tokenKeys {
+		writeTokenKey(w, &s.tokenKeys[i])
 	}
+}
+
+func writeTokenKey(w *wire.Writer, k *TokenKey) {
+	w.Fixed(k.ID[:])
+	w.Fixed(k.Public)
+	w.Fixed(k.Seed[:])
+	w.Varint(k.CreatedAt)
+	w.Bool(k.Current)
+	w.Uvarint(k.MaxToken) // snapshot version 6
 }
 
 // readTokenKeys reads the key table of a snapshot of format version v (3 or
