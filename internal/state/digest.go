@@ -121,12 +121,19 @@ func (r *recordHasher) acl(t *ACLToken) uint64 {
 	return r.sum()
 }
 
-// dedup hashes one dedup entry at its position in the ring; with the ring's
-// head and count (hashed with the counters) the positions fix the order in
-// which entries are forgotten.
-func (r *recordHasher) dedup(pos int, e *dedupEntry) uint64 {
+// dedup hashes one dedup entry with the key of the entry remembered just
+// before it (prev; nil for the oldest), which pins the order in which the
+// entries are forgotten. Not the slot it sits in: a replica restored from a
+// snapshot holds the same entries in the same order in other slots.
+func (r *recordHasher) dedup(prev, e *dedupEntry) uint64 {
 	w := r.begin(recDedup)
-	w.Uvarint(uint64(pos))
+	if prev != nil {
+		w.Bool(true)
+		w.String(prev.key.client)
+		w.String(prev.key.request)
+	} else {
+		w.Bool(false)
+	}
 	writeDedupEntry(w, e)
 	return r.sum()
 }
@@ -233,9 +240,19 @@ func (s *State) setMember(m Member) {
 	s.sum += s.rh.member(m)
 }
 
-// dedupOut and dedupIn bracket a change to the entry at pos.
-func (s *State) dedupOut(pos int) { s.sum -= s.rh.dedup(pos, s.dedupRing.at(pos)) }
-func (s *State) dedupIn(pos int)  { s.sum += s.rh.dedup(pos, s.dedupRing.at(pos)) }
+// dedupOut and dedupIn bracket a change to the result of the entry at pos.
+func (s *State) dedupOut(pos int) { s.sum -= s.rh.dedup(s.dedupRing.prev(pos), s.dedupRing.at(pos)) }
+func (s *State) dedupIn(pos int)  { s.sum += s.rh.dedup(s.dedupRing.prev(pos), s.dedupRing.at(pos)) }
+
+// dedupEvictOldest takes the oldest entry's record out of the digest, before
+// it is overwritten; the next one becomes the oldest.
+func (s *State) dedupEvictOldest() {
+	r := &s.dedupRing
+	oldest, next := r.at(r.head), r.at((r.head+1)%DedupCapacity)
+	s.sum -= s.rh.dedup(nil, oldest)
+	s.sum -= s.rh.dedup(oldest, next)
+	s.sum += s.rh.dedup(nil, next)
+}
 
 // recordsSum hashes every record from scratch. It only reads the state (its
 // own buffer), so it may run under a read lock.
@@ -259,9 +276,11 @@ func (s *State) recordsSum() uint64 {
 	for _, t := range s.aclTokens {
 		sum += rh.acl(t)
 	}
-	for i := 0; i < s.dedupRing.count; i++ {
-		sum += rh.dedup(i, s.dedupRing.at(i))
-	}
+	var prev *dedupEntry
+	s.dedupRing.each(func(e *dedupEntry) {
+		sum += rh.dedup(prev, e)
+		prev = e
+	})
 	return sum
 }
 
@@ -276,7 +295,6 @@ func (s *State) digestOf(records uint64) uint64 {
 	h.u64(s.lastToken)
 	h.u64(uint64(s.locks.Len()))
 	h.u64(uint64(len(s.leases)))
-	h.u64(uint64(s.dedupRing.head))
 	h.u64(uint64(s.dedupRing.count))
 	h.u64(uint64(len(s.tokenKeys)))
 	var rh recordHasher // not s.rh: Digest may run under a read lock

@@ -583,6 +583,11 @@ func TestDedupTableIsBounded(t *testing.T) {
 	if string(r.Snapshot()) != string(s.Snapshot()) {
 		t.Fatal("restored dedup ring evicts differently")
 	}
+	// Eviction keeps the digest: incremental and from scratch agree, and
+	// so do the two replicas.
+	if d := s.Digest(); d != s.FullDigest() || d != r.Digest() || r.Digest() != r.FullDigest() {
+		t.Fatalf("digests after evictions: %016x (from scratch %016x), restored %016x (%016x)", d, s.FullDigest(), r.Digest(), r.FullDigest())
+	}
 	if _, ok := r.Lookup("c", itoa(11)); ok {
 		t.Fatal("restored ring did not evict the oldest")
 	}
