@@ -599,6 +599,11 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 			if coreAfter != coreBefore || len(evA) != 0 || a.revision != revBefore {
 				t.Fatalf("step %d: dedup hit changed the state", i)
 			}
+		} else if env.RequestID != "" && ra.Status == command.StatusQueueFull {
+			// Changed nothing and not remembered: a retry is judged afresh.
+			if _, ok := a.Lookup(key.client, key.request); ok || coreAfter != coreBefore || a.revision != revBefore {
+				t.Fatalf("step %d: a queue_full refusal was remembered or changed the state", i)
+			}
 		} else if env.RequestID != "" {
 			first[key] = ra
 			if got, ok := a.Lookup(key.client, key.request); !ok || got != ra {

@@ -1428,11 +1428,24 @@ func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
 		t.Fatalf("waiters %d, want 5", q.Waiters)
 	}
 
-	// A retry of the refused request is refused again (the dedup table).
-	r1 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(13), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 1})
+	// The refusal is not remembered: a retry of the request (same
+	// request_id) is judged afresh, refused while the queue is full and let
+	// in line once it is not.
+	r1 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(13), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
 	mustStatus(t, r1, command.StatusQueueFull)
-	r2 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(14), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 100})
-	if r2.Status != command.StatusQueueFull || !r2.Replayed {
-		t.Fatalf("retry of a refused acquire: %+v", r2)
+	if _, ok := h.s.Lookup("w9", "req-9"); ok {
+		t.Fatal("a queue_full refusal was remembered")
+	}
+	r2 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(14), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
+	if r2.Status != command.StatusQueueFull || r2.Replayed {
+		t.Fatalf("retry of a refused acquire into a full queue: %+v", r2)
+	}
+	mustStatus(t, h.do("w6", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(12), Name: "q", Seq: 13}}), command.StatusOK)
+	r3 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(15), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
+	if r3.Status != command.StatusQueued || r3.Replayed {
+		t.Fatalf("retry once a place is free: %+v", r3)
+	}
+	if again := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(16), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5}); !again.Replayed || again.Seq != r3.Seq {
+		t.Fatalf("a retry after the wait queued: %+v, want the replayed %+v", again, r3)
 	}
 }

@@ -240,7 +240,10 @@ func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 		s.revision++
 	}
 	r.Revision = s.revision
-	if e.RequestID != "" {
+	// A queue_full refusal changed nothing and holds only while the queue is
+	// full: it is not remembered, so a retry of the request (clients retry a
+	// 429) is judged afresh instead of being refused for ever.
+	if e.RequestID != "" && r.Status != command.StatusQueueFull {
 		s.remember(key, r)
 	}
 	return r
