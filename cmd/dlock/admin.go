@@ -108,10 +108,15 @@ func runSnapshot(args []string) error {
 		if err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
 		}
-		if err := raftnode.RestoreSnapshot(*dataDir, raftnode.LogStoreKind(*logStore), b, peers); err != nil {
+		info, err := raftnode.RestoreSnapshot(*dataDir, raftnode.LogStoreKind(*logStore), b, peers)
+		if err != nil {
 			return err
 		}
 		fmt.Printf("seeded %s from %s (%d bytes); start it with dlock serve --data-dir %s (no --initial-cluster)\n", *dataDir, file, len(b), *dataDir)
+		if info.RetiredKeyOK {
+			fmt.Printf("the old cluster's token-signing key %x is retired here (it verifies proofs of tokens up to %d only); the new cluster's first leader starts a new key. Retire the old cluster, and keep the snapshot file as secret as the cluster: it holds the old key's seed and every lease id\n",
+				info.RetiredKey.ID, info.RetiredKey.MaxToken)
+		}
 		return nil
 	}
 	return usageErrorf("unknown snapshot command %q: use save or restore", args[0])

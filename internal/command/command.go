@@ -40,8 +40,9 @@ const (
 // version up to this one. Version 2 added Acquire.Value (elections), version 3
 // SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
-// and without them); version 4 Envelope.ClockTerm.
-const Version = 4
+// and without them); version 4 Envelope.ClockTerm; version 5
+// Acquire.MaxWaiters.
+const Version = 5
 
 // Limits shared by validation and the state machine.
 const (
@@ -153,6 +154,12 @@ type Acquire struct {
 	TTLms   int64
 	WaitMs  int64
 	Value   string
+	// MaxWaiters (version 5), when positive, caps the lock's queue: an
+	// acquire that would be the queue's MaxWaiters+1-th waiter is refused
+	// with StatusQueueFull. The node that took the request sets it from its
+	// --max-waiters-per-lock; in the command, every replica decides alike
+	// however many such acquires race.
+	MaxWaiters int64
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -430,6 +437,7 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.Varint(b.TTLms)
 	w.Varint(b.WaitMs)
 	w.String(b.Value)
+	w.Varint(b.MaxWaiters) // version 5
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
@@ -439,6 +447,9 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.WaitMs = r.Varint()
 	if v >= 2 {
 		b.Value = r.String()
+	}
+	if v >= 5 {
+		b.MaxWaiters = r.Varint()
 	}
 }
 

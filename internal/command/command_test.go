@@ -54,6 +54,7 @@ func roundTripCases() []struct {
 		{"acquire/campaign", &Envelope{TS: 2, ClientID: "cand",
 			Body: &Acquire{Name: ElectionKey("db/primary"), LeaseID: testLease(4), TTLms: 10_000, WaitMs: 60_000, Value: strings.Repeat("v", MaxValueLen)}}},
 		{"acquire/value-binary", &Envelope{Body: &Acquire{Name: "a", Value: "\x00\xff\n"}}},
+		{"acquire/max-waiters", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, MaxWaiters: 1000}}},
 		{"release/empty", &Envelope{Body: &Release{}}},
 		{"release/full", &Envelope{TS: 3, ClientID: "c", RequestID: "r", Body: &Release{Name: "a", LeaseID: testLease(9), Token: math.MaxUint64}}},
 		{"renew/empty", &Envelope{Body: &Renew{}}},
@@ -128,7 +129,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 4 {
+	if Version != 5 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -214,16 +215,17 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
 // command with those fields empty, and re-encode at the current version.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, old := range []byte{1, 2, 3} {
+	for _, old := range []byte{1, 2, 3, 4} {
 		for _, tc := range roundTripCases() {
 			e := *tc.env
 			switch b := e.Body.(type) {
 			case *Acquire:
+				c := *b
+				c.MaxWaiters = 0 // added with version 5
 				if old < 2 {
-					c := *b
 					c.Value = ""
-					e.Body = &c
 				}
+				e.Body = &c
 			case *Proclaim:
 				if old < 2 {
 					continue // added with version 2
@@ -238,7 +240,9 @@ func TestDecodeOlderVersions(t *testing.T) {
 			if old < 3 {
 				e.Clock = 0 // added with version 3
 			}
-			e.ClockTerm = 0 // added with version 4
+			if old < 4 {
+				e.ClockTerm = 0 // added with version 4
+			}
 			cur := Encode(&e)
 			b := oldEnvelope(t, cur, old)
 			b[1] = old
@@ -247,7 +251,14 @@ func TestDecodeOlderVersions(t *testing.T) {
 			_, isAcquire := e.Body.(*Acquire)
 			_, isSetKey := e.Body.(*SetTokenKey)
 			isSetKey = isSetKey && old < 3
-			if (isAcquire && old < 2) || isSetKey {
+			cut := 0
+			switch {
+			case isAcquire && old < 2:
+				cut = 2 // Value and MaxWaiters
+			case isAcquire || isSetKey:
+				cut = 1
+			}
+			for ; cut > 0; cut-- {
 				if b[len(b)-1] != 0 {
 					t.Fatalf("%s: the field added after version %d is not the last one", tc.name, old)
 				}
@@ -263,7 +274,7 @@ func TestDecodeOlderVersions(t *testing.T) {
 			if !bytes.Equal(Encode(got), cur) {
 				t.Fatalf("%s: version %d entry does not re-encode at version %d", tc.name, old, Version)
 			}
-			if (isAcquire && old < 2) || isSetKey {
+			if isAcquire || isSetKey {
 				// A current entry labelled with the old version has a
 				// trailing field the old version did not have.
 				bad := oldEnvelope(t, cur, old)
@@ -423,6 +434,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.Varint(1000)
 			w.Varint(0)
 			w.String("") // Value (version 2)
+			w.Varint(0)  // MaxWaiters (version 5)
 			return w.Buf
 		},
 		"cancel-wait/bad-bool": func(b byte) []byte {
@@ -728,10 +740,13 @@ func oldEnvelope(t *testing.T, b []byte, v byte) []byte {
 	clockAt := len(b) - r.Len()
 	clock := r.Varint()
 	termAt := len(b) - r.Len()
-	if r.Uvarint() != 0 || r.Err() != nil || b[termAt] != 0 {
+	if term := r.Uvarint(); r.Err() != nil || (v < 4 && (term != 0 || b[termAt] != 0)) {
 		t.Fatalf("oldEnvelope: entry %x has a clock term", b)
 	}
-	out := append(append([]byte(nil), b[:termAt]...), b[termAt+1:]...)
+	out := append([]byte(nil), b...)
+	if v < 4 {
+		out = append(out[:termAt], out[termAt+1:]...)
+	}
 	if v < 3 {
 		if clock != 0 || out[clockAt] != 0 {
 			t.Fatalf("oldEnvelope: entry %x has a clock", b)

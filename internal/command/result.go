@@ -18,6 +18,9 @@ const (
 	StatusSessionNotFound Status = 5
 	StatusInvalid         Status = 6
 	StatusNotWaiting      Status = 7
+	// StatusQueueFull refuses an acquire that would wait in a queue that
+	// already has Acquire.MaxWaiters waiters.
+	StatusQueueFull Status = 8
 )
 
 func (s Status) String() string {
@@ -36,6 +39,8 @@ func (s Status) String() string {
 		return "invalid"
 	case StatusNotWaiting:
 		return "not_waiting"
+	case StatusQueueFull:
+		return "queue_full"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }

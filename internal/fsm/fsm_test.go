@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -811,4 +812,80 @@ func TestApplyPanicsOnMalformedPackedEntry(t *testing.T) {
 		}
 	}()
 	f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: bad})
+}
+
+// checkpoints returns the digest of every "fsm checkpoint" line, by index.
+func checkpoints(t *testing.T, logs string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, `msg="fsm checkpoint"`) {
+			continue
+		}
+		var index, digest string
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "index="); ok {
+				index = v
+			}
+			if v, ok := strings.CutPrefix(f, "digest="); ok {
+				digest = v
+			}
+		}
+		out[index] = digest
+	}
+	return out
+}
+
+// A replica that forked — here, one entry granted a lock to another client,
+// so every count and counter still matches — logs a different checkpoint
+// digest than the others; replicas that applied the same log (one of them
+// restored from a snapshot on the way) log the same one.
+func TestCheckpointDigestCatchesAForkedReplica(t *testing.T) {
+	run := func(fork bool, snapshotAt uint64) map[string]string {
+		var buf bytes.Buffer
+		logger := slog.New(slog.NewTextHandler(&buf, nil))
+		f := fsm.New(logger)
+		for i := uint64(1); i <= 2*fsm.CheckpointEvery; i++ {
+			client := fmt.Sprintf("c%d", i%7)
+			if fork && i == 10 {
+				client = "forked"
+			}
+			id := lease(byte(i))
+			id[14] = byte(i >> 8)
+			f.Apply(cmdLog(i, client, &command.Acquire{Name: fmt.Sprintf("lock/%d", i), LeaseID: id, TTLms: 60_000}))
+			if i == snapshotAt {
+				snap, err := f.Snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink := &fakeSink{}
+				if err := snap.Persist(sink); err != nil {
+					t.Fatal(err)
+				}
+				f = fsm.New(logger)
+				if err := f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		cps := checkpoints(t, buf.String())
+		if len(cps) != 2 {
+			t.Fatalf("want 2 checkpoints, got %v", cps)
+		}
+		// The newest one is what the node reports (GET /cluster).
+		last, ok := f.LastCheckpoint()
+		if !ok || last.Index != 2*fsm.CheckpointEvery || fmt.Sprintf("%016x", last.Digest) != cps[fmt.Sprint(last.Index)] {
+			t.Fatalf("LastCheckpoint %+v %v, logged %v", last, ok, cps)
+		}
+		return cps
+	}
+	a, b, forked := run(false, 0), run(false, 100), run(true, 0)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("replicas that applied the same log checkpoint differently: %v vs %v", a, b)
+	}
+	for index, d := range a {
+		if forked[index] == d {
+			t.Fatalf("a forked replica logged the same digest %s at index %s", d, index)
+		}
+	}
 }

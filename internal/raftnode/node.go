@@ -509,7 +509,15 @@ func (n *Node) ensureTokenKey(ctx context.Context) error {
 	if err := awaitFuture(ctx, n.raft.Apply(data, 5*time.Second)); err != nil {
 		return fmt.Errorf("propose the token key: %w", err)
 	}
-	n.logger.Info("installed the cluster's token-signing key")
+	var id [8]byte
+	retired := 0
+	n.fsm.Read(func(s *state.State) {
+		_, id, _ = s.SigningKey()
+		retired = len(s.TokenKeys()) - 1
+	})
+	// retired_keys > 0 on a new key: a cluster restored from a snapshot,
+	// whose old cluster's key now only verifies older proofs.
+	n.logger.Info("installed the cluster's token-signing key", "key_id", fmt.Sprintf("%x", id), "retired_keys", retired)
 	return nil
 }
 

@@ -75,22 +75,46 @@ func Recover(dataDir string, peers map[string]string) error {
 	return nil
 }
 
+// Restored says what RestoreSnapshot seeded.
+type Restored struct {
+	// Index is the log index the snapshot was taken at.
+	Index uint64
+	// RetiredKey is the old cluster's signing key, retired in the seeded
+	// state (RetiredKeyOK false if the snapshot had no current key): the
+	// new cluster's first leader installs a new key, and the old one only
+	// verifies proofs of tokens up to RetiredKey.MaxToken.
+	RetiredKey   state.TokenKey
+	RetiredKeyOK bool
+}
+
 // RestoreSnapshot seeds an EMPTY data dir with a state snapshot saved by
 // `dlock snapshot save`, under a new member list. Seed every member of the
 // new cluster the same way, then start them: they form the cluster with the
 // saved locks, leases, queues and counters (fencing tokens continue upwards).
-func RestoreSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, peers map[string]string) error {
+// The old cluster's signing key is retired in the seeded state, so the new
+// cluster signs with a key of its own (state.RetireSigningKey).
+func RestoreSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, peers map[string]string) (Restored, error) {
 	cfg, err := peersConfiguration(peers)
 	if err != nil {
-		return err
+		return Restored{}, err
 	}
 	st, err := state.Restore(snapshot)
 	if err != nil {
-		return fmt.Errorf("the snapshot file is not a valid dlock snapshot: %w", err)
+		return Restored{}, fmt.Errorf("the snapshot file is not a valid dlock snapshot: %w", err)
 	}
 	if entries, err := os.ReadDir(dataDir); err == nil && len(entries) > 0 {
-		return fmt.Errorf("data dir %s is not empty; restore into a new, empty directory", dataDir)
+		return Restored{}, fmt.Errorf("data dir %s is not empty; restore into a new, empty directory", dataDir)
 	}
+	info := Restored{Index: st.Index()}
+	info.RetiredKey, info.RetiredKeyOK = st.RetireSigningKey()
+	snapshot = st.Snapshot()
+	if err := seedSnapshot(dataDir, kind, snapshot, st.Index(), cfg); err != nil {
+		return Restored{}, err
+	}
+	return info, nil
+}
+
+func seedSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, snapIndex uint64, cfg raft.Configuration) error {
 	if err := os.MkdirAll(dataDir, 0o750); err != nil {
 		return fmt.Errorf("create data dir %s: %w", dataDir, err)
 	}
@@ -110,7 +134,7 @@ func RestoreSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, peers m
 	if err != nil {
 		return fmt.Errorf("open snapshot store in %s: %w", dataDir, err)
 	}
-	index := max(st.Index(), 1)
+	index := max(snapIndex, 1)
 	_, trans := raft.NewInmemTransport("")
 	sink, err := snaps.Create(raft.SnapshotVersionMax, index, 1, cfg, 1, trans)
 	if err != nil {

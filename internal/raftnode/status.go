@@ -49,6 +49,11 @@ type Status struct {
 	// CommitNotices counts the barriers this node appended as leader to tell
 	// the followers of a commit no later entry was carrying (packer.notice).
 	CommitNotices uint64
+	// CheckpointIndex and CheckpointDigest are the newest FSM checkpoint
+	// (fsm.LastCheckpoint; 0 before the first): the whole-state digest after
+	// that index, the same on every replica that applied the same log.
+	CheckpointIndex  uint64
+	CheckpointDigest uint64
 }
 
 // Status reports the node's current view of the cluster.
@@ -69,6 +74,9 @@ func (n *Node) Status() Status {
 		ProposedEntries:  n.packer.entries.Load(),
 		ProposedCommands: n.packer.commands.Load(),
 		CommitNotices:    n.packer.notices.Load(),
+	}
+	if cp, ok := n.fsm.LastCheckpoint(); ok {
+		st.CheckpointIndex, st.CheckpointDigest = cp.Index, cp.Digest
 	}
 	members := map[string]state.Member{}
 	n.fsm.Read(func(s *state.State) {

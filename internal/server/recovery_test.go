@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"encoding/base64"
+	"errors"
 	"io"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -65,7 +68,7 @@ func TestSnapshotSaveAndRestoreIntoNewCluster(t *testing.T) {
 	src.Stop()
 
 	dst := testcluster.NewWith(t, 3, testcluster.Options{Prepare: func(id, dir string, peers map[string]string) {
-		if err := raftnode.RestoreSnapshot(dir, "", snap, peers); err != nil {
+		if _, err := raftnode.RestoreSnapshot(dir, "", snap, peers); err != nil {
 			t.Fatalf("restore into %s: %v", id, err)
 		}
 	}})
@@ -79,7 +82,87 @@ func TestSnapshotSaveAndRestoreIntoNewCluster(t *testing.T) {
 		t.Fatalf("token in restored cluster %d (code %d), want > %d", b.FencingToken, code, a.FencingToken)
 	}
 	// Refuses a non-empty dir.
-	if err := raftnode.RestoreSnapshot(dst.DataDir("n1"), "", snap, map[string]string{"n1": "x:1"}); err == nil {
+	if _, err := raftnode.RestoreSnapshot(dst.DataDir("n1"), "", snap, map[string]string{"n1": "x:1"}); err == nil {
 		t.Fatalf("restore into a used data dir was accepted")
+	}
+}
+
+// proofKeyID is the id of the key that signed a token proof (its first 8
+// bytes, fence.SignProof).
+func proofKeyID(t *testing.T, proof string) string {
+	t.Helper()
+	raw, err := base64.RawURLEncoding.DecodeString(proof)
+	if err != nil || len(raw) < 8 {
+		t.Fatalf("bad proof %q: %v", proof, err)
+	}
+	return fence.KeyID(raw[:8]).String()
+}
+
+// A cluster restored from a snapshot signs with a key of its own. The old
+// cluster, still running after the backup (as it may be, by mistake or
+// until it is retired), and the restored one both grant the next token of
+// the same counter; before, both signed it with the same key, so a fence
+// checker accepted both. Now each cluster's key set refuses the other's
+// new grant, and the restored cluster's still verifies the grants the
+// snapshot carried.
+func TestRestoredClusterSignsWithANewKey(t *testing.T) {
+	src := testcluster.New(t, 3)
+	leader := src.WaitLeader(10 * time.Second)
+	code, a := acquire(t, src, leader, "backup/held", map[string]any{"client_id": "h", "ttl_ms": 300000})
+	if code != 200 || a.TokenProof == "" {
+		t.Fatalf("acquire: %d %+v", code, a)
+	}
+	oldKeys, _ := keySet(t, src, leader)
+	res, err := http.Get(src.URL(leader) + "/api/v1/cluster/snapshot")
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("snapshot save: %v %v", err, res)
+	}
+	snap, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+
+	// The old cluster goes on granting after the backup.
+	code, o := acquire(t, src, leader, "fenced/x", map[string]any{"client_id": "old", "ttl_ms": 60000})
+	if code != 200 {
+		t.Fatalf("acquire on the old cluster: %d", code)
+	}
+
+	var retired raftnode.Restored
+	dst := testcluster.NewWith(t, 3, testcluster.Options{Prepare: func(id, dir string, peers map[string]string) {
+		info, err := raftnode.RestoreSnapshot(dir, "", snap, peers)
+		if err != nil {
+			t.Fatalf("restore into %s: %v", id, err)
+		}
+		retired = info
+	}})
+	l := dst.WaitLeader(20 * time.Second)
+	code, n := acquire(t, dst, l, "fenced/x", map[string]any{"client_id": "new", "ttl_ms": 60000})
+	if code != 200 || n.TokenProof == "" {
+		t.Fatalf("acquire on the restored cluster: %d %+v", code, n)
+	}
+	if got, old := proofKeyID(t, n.TokenProof), proofKeyID(t, a.TokenProof); got == old {
+		t.Fatalf("the restored cluster signs with the old cluster's key %s", old)
+	}
+	if !retired.RetiredKeyOK || fence.KeyID(retired.RetiredKey.ID).String() != proofKeyID(t, a.TokenProof) || retired.RetiredKey.MaxToken != a.FencingToken {
+		t.Fatalf("restore reported %+v, want the old key retired at token %d", retired, a.FencingToken)
+	}
+	// A checker that trusts the old cluster's keys refuses the new grant.
+	if err := oldKeys.Verify("fenced/x", n.FencingToken, "new", n.LeaseRef, n.TokenProof); !errors.Is(err, fence.ErrUnknownKey) {
+		t.Fatalf("the old cluster's keys accept the restored cluster's grant: %v", err)
+	}
+	// The restored cluster publishes a new current key and the old one
+	// retired: it verifies what the snapshot carried, not what the old
+	// cluster signed after it.
+	newKeys, doc := keySet(t, dst, l)
+	if len(doc.Keys) != 2 || !doc.Keys[0].Current || doc.Keys[1].Current || doc.Keys[1].ID != proofKeyID(t, a.TokenProof) {
+		t.Fatalf("restored cluster's keys: %+v", doc)
+	}
+	if err := newKeys.Verify("fenced/x", n.FencingToken, "new", n.LeaseRef, n.TokenProof); err != nil {
+		t.Fatalf("the restored cluster's grant does not verify with its keys: %v", err)
+	}
+	if err := newKeys.Verify("backup/held", a.FencingToken, "h", a.LeaseRef, a.TokenProof); err != nil {
+		t.Fatalf("a grant carried by the snapshot no longer verifies: %v", err)
+	}
+	if err := newKeys.Verify("fenced/x", o.FencingToken, "old", o.LeaseRef, o.TokenProof); !errors.Is(err, fence.ErrTokenAboveKeyBound) {
+		t.Fatalf("the restored cluster's keys accept a grant the old cluster made after the backup: %v", err)
 	}
 }

@@ -13,8 +13,11 @@ import (
 // checkCaps refuses an acquire or campaign that would add a waiter to a full
 // queue or a lease to a client at its cap. A retry of a request the cluster
 // already answered (same client_id and request_id) is let through: it
-// creates nothing and must get its first answer. The caps are soft: requests
-// that race (here or on other nodes) may pass them by a few.
+// creates nothing and must get its first answer. The waiter cap is checked
+// here only to refuse early: requests that race (here or on other nodes) all
+// pass this check, so the cap also travels in the command (maxWaiters) and
+// the state machine enforces it. The lease cap is soft: racing requests may
+// pass it by a few.
 //
 // counts says whether a lease the request creates counts against the lease
 // cap (then call leaseCreated).
@@ -41,15 +44,28 @@ func (s *Service) checkCaps(a acquireArgs, newLease bool) (counts bool, _ error)
 			full = li.Held && n >= c.MaxWaitersPerLock && li.Holder.ClientID != a.clientID && !st.ClientQueued(a.key, a.clientID)
 		})
 		if full {
-			s.limited(limitWaiters)
-			return false, limitErr(time.Second, "%s %q already has %d waiters, the most one %s may have (dlock serve --max-waiters-per-lock); retry later, or ask without wait_timeout_ms",
-				a.what, displayName(a.key), n, a.what)
+			return false, s.queueFullErr(a, int64(n))
 		}
 	}
 	if wantLease {
 		return true, s.checkLeaseCap(a.clientID)
 	}
 	return false, nil
+}
+
+// maxWaiters is the waiter cap an acquire carries into the log (0: none).
+func (s *Service) maxWaiters(a acquireArgs) int64 {
+	if s.lim == nil || a.waitMs <= 0 || s.lim.cfg.MaxWaitersPerLock <= 0 {
+		return 0
+	}
+	return int64(s.lim.cfg.MaxWaitersPerLock)
+}
+
+// queueFullErr refuses a wait in a queue that has n waiters, the cap.
+func (s *Service) queueFullErr(a acquireArgs, n int64) error {
+	s.limited(limitWaiters)
+	return limitErr(time.Second, "%s %q already has %d waiters, the most one %s may have (dlock serve --max-waiters-per-lock); retry later, or ask without wait_timeout_ms",
+		a.what, displayName(a.key), n, a.what)
 }
 
 // checkLeaseCap refuses a new session or implicit lease for a client that

@@ -11,16 +11,19 @@ import (
 )
 
 // Limits are this node's abuse limits (DESIGN §5: 429 rate_limited). They are
-// per-node configuration, checked here before anything is proposed, and never
-// reach the replicated state: Apply must not depend on a node's flags. Zero
-// means no limit for every field.
+// per-node configuration, checked here before anything is proposed. Apply
+// must not depend on a node's flags: the one limit the state machine
+// enforces, the waiter cap, travels inside the acquire it limits. Zero means
+// no limit for every field.
 type Limits struct {
 	// Rate is the requests per second allowed to one client (a client_id
 	// from one remote IP, or a remote IP for requests without a client_id;
 	// see admit); Burst is the bucket size (0: two seconds' worth, at least 1).
 	Rate  float64
 	Burst int
-	// MaxWaitersPerLock caps a lock's (or election's) queue.
+	// MaxWaitersPerLock caps a lock's (or election's) queue. Each waiting
+	// acquire carries it (command.Acquire.MaxWaiters), so the state machine
+	// holds the cap exactly however many waits race (caps.go).
 	MaxWaitersPerLock int
 	// MaxLeasesPerClient caps the sessions and implicit leases one client_id
 	// owns.

@@ -360,6 +360,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if err != nil {
 		return nil, err
 	}
+	body.MaxWaiters = s.maxWaiters(a)
 	env := envelope(a.clientID, a.requestID, body)
 	resp, err := s.node.Apply(ctx, env)
 	if err != nil {
@@ -385,6 +386,8 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or wait in line for it", a.what, displayName(a.key), r.Holder.ClientID)
 	case command.StatusQueued:
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
+	case command.StatusQueueFull:
+		return nil, s.queueFullErr(a, body.MaxWaiters)
 	}
 	return nil, statusErr(r, a.what)
 }
@@ -880,6 +883,9 @@ func (s *Service) cluster(ctx context.Context, probe bool) (*ClusterInfo, error)
 	st := s.node.Status()
 	ci := &ClusterInfo{NodeID: st.ID, LeaderID: st.LeaderID, LeaderAPI: st.LeaderAPI, Term: st.Term,
 		CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex, Revision: st.Revision, LastToken: st.LastToken, Members: []Member{}}
+	if st.CheckpointIndex != 0 {
+		ci.CheckpointIndex, ci.CheckpointDigest = st.CheckpointIndex, fmt.Sprintf("%016x", st.CheckpointDigest)
+	}
 	for _, m := range st.Servers {
 		mem := Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State}
 		if probe {

@@ -190,6 +190,11 @@ type ClusterInfo struct {
 	AppliedIndex uint64   `json:"applied_index"`
 	Revision     uint64   `json:"revision"`
 	LastToken    uint64   `json:"last_fencing_token"`
+	// CheckpointIndex and CheckpointDigest are this node's newest state
+	// checkpoint (every 256 indexes): nodes that show the same index must
+	// show the same digest, or their states diverged.
+	CheckpointIndex  uint64 `json:"checkpoint_index,omitempty"`
+	CheckpointDigest string `json:"checkpoint_digest,omitempty"`
 }
 
 // CampaignRequest joins an election: wait in its FIFO queue (WaitTimeoutMs) to

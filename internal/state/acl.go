@@ -134,9 +134,11 @@ func (s *State) setACLToken(b *command.SetACLToken) command.Result {
 	if exists {
 		t.CreatedAt = old.CreatedAt
 		s.unindexACL(old)
+		s.aclOut(old)
 	}
 	s.aclTokens[t.AccessorID] = t
 	s.indexACL(t)
+	s.aclIn(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
 }
@@ -148,6 +150,7 @@ func (s *State) deleteACLToken(b *command.DeleteACLToken) command.Result {
 	}
 	delete(s.aclTokens, b.AccessorID)
 	s.unindexACL(t)
+	s.aclOut(t)
 	s.changed = true
 	return command.Result{Status: command.StatusOK}
 }
@@ -210,25 +213,28 @@ func (s *State) writeACL(w *wire.Writer) {
 	ids := s.aclIDs()
 	w.Uvarint(uint64(len(ids)))
 	for _, id := range ids {
-		t := s.aclTokens[id]
-		w.Fixed(t.AccessorID[:])
-		w.Fixed(t.SecretHash[:])
-		w.String(t.Description)
-		w.Varint(t.CreatedAt)
-		w.Varint(t.ExpiresAt)
-		w.Uvarint(uint64(len(t.Rules)))
-		for _, r := range t.Rules {
-			w.String(r.Prefix)
-			w.Byte(r.Perms)
-		}
-		w.Uvarint(uint64(len(t.ClientIDs)))
-		for _, c := range t.ClientIDs {
-			w.String(c)
-		}
-		w.Uvarint(uint64(len(t.CertCNs)))
-		for _, c := range t.CertCNs {
-			w.String(c)
-		}
+		writeACLToken(w, s.aclTokens[id])
+	}
+}
+
+func writeACLToken(w *wire.Writer, t *ACLToken) {
+	w.Fixed(t.AccessorID[:])
+	w.Fixed(t.SecretHash[:])
+	w.String(t.Description)
+	w.Varint(t.CreatedAt)
+	w.Varint(t.ExpiresAt)
+	w.Uvarint(uint64(len(t.Rules)))
+	for _, r := range t.Rules {
+		w.String(r.Prefix)
+		w.Byte(r.Perms)
+	}
+	w.Uvarint(uint64(len(t.ClientIDs)))
+	for _, c := range t.ClientIDs {
+		w.String(c)
+	}
+	w.Uvarint(uint64(len(t.CertCNs)))
+	for _, c := range t.CertCNs {
+		w.String(c)
 	}
 }
 

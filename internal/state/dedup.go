@@ -51,6 +51,15 @@ func (r *dedupRing) push(e dedupEntry) (pos int, old dedupKey, evicted bool) {
 	return pos, dedupKey{}, false
 }
 
+// prev is the entry remembered just before the one at pos, nil for the
+// oldest.
+func (r *dedupRing) prev(pos int) *dedupEntry {
+	if pos == r.head {
+		return nil
+	}
+	return r.at((pos - 1 + DedupCapacity) % DedupCapacity)
+}
+
 // each visits the entries oldest first.
 func (r *dedupRing) each(fn func(*dedupEntry)) {
 	for i := 0; i < r.count; i++ {
@@ -60,11 +69,15 @@ func (r *dedupRing) each(fn func(*dedupEntry)) {
 
 // remember stores a result in the bounded FIFO dedup table.
 func (s *State) remember(key dedupKey, res command.Result) {
+	if s.dedupRing.count == DedupCapacity {
+		s.dedupEvictOldest()
+	}
 	pos, old, evicted := s.dedupRing.push(dedupEntry{key: key, result: res})
 	if evicted {
 		delete(s.dedup, old)
 	}
 	s.dedup[key] = pos
+	s.dedupIn(pos)
 }
 
 // Lookup returns the remembered result of (client, request), if any.

@@ -208,6 +208,10 @@ func (g *gen) next() *command.Envelope {
 	} else {
 		e.Body = g.body(e)
 	}
+	if b, ok := e.Body.(*command.Acquire); ok && g.pct(20) {
+		// A node's waiter cap, in the command (negative: none).
+		b.MaxWaiters = g.rng.Int64N(6) - 1
+	}
 	if g.pct(10) {
 		if len(g.reqs) > 0 && g.pct(40) {
 			k := g.reqs[g.rng.IntN(len(g.reqs))]
@@ -497,9 +501,10 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		first   = map[dedupKey]command.Result{}
 	)
 	type cut struct {
-		at   int // entries applied
-		snap []byte
-		dump string
+		at     int // entries applied
+		snap   []byte
+		dump   string
+		digest uint64
 	}
 	var cuts []cut
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -546,6 +551,11 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		if !bytes.Equal(sa, b.Snapshot()) {
 			t.Fatalf("step %d: snapshots differ", i)
 		}
+		// The digest covers the whole state incrementally: both replicas
+		// agree, and each agrees with a digest computed from scratch.
+		if da, fa, db := a.Digest(), a.FullDigest(), b.Digest(); da != fa || da != db {
+			t.Fatalf("step %d: digests: incremental %016x, from scratch %016x, other replica %016x", i, da, fa, db)
+		}
 		// (d) Invariants, revision and event rules.
 		checkInvariants(t, a)
 		coreAfter := dump(a)
@@ -589,6 +599,11 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 			if coreAfter != coreBefore || len(evA) != 0 || a.revision != revBefore {
 				t.Fatalf("step %d: dedup hit changed the state", i)
 			}
+		} else if env.RequestID != "" && ra.Status == command.StatusQueueFull {
+			// Changed nothing and not remembered: a retry is judged afresh.
+			if _, ok := a.Lookup(key.client, key.request); ok || coreAfter != coreBefore || a.revision != revBefore {
+				t.Fatalf("step %d: a queue_full refusal was remembered or changed the state", i)
+			}
 		} else if env.RequestID != "" {
 			first[key] = ra
 			if got, ok := a.Lookup(key.client, key.request); !ok || got != ra {
@@ -617,7 +632,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		maxLocks, maxLeases = max(maxLocks, a.locks.Len()), max(maxLeases, len(a.leases))
 		a.locks.Ascend(func(lk *Lock) bool { maxQueue = max(maxQueue, len(lk.Queue())); return true })
 		if rng.IntN(steps/15+1) == 0 || i == steps/2 {
-			cuts = append(cuts, cut{at: i + 1, snap: sa, dump: fullDump(a)})
+			cuts = append(cuts, cut{at: i + 1, snap: sa, dump: fullDump(a), digest: a.Digest()})
 		}
 	}
 	final := a.Snapshot()
@@ -625,7 +640,8 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 
 	// (b) Snapshot at a point, restore, replay the rest: identical to never
 	// having snapshotted, including every result and event along the way.
-	cuts = append(cuts, cut{at: 0, snap: New().Snapshot(), dump: fullDump(New())})
+	cuts = append(cuts, cut{at: 0, snap: New().Snapshot(), dump: fullDump(New()), digest: New().Digest()})
+	finalDigest := a.Digest()
 	for _, c := range cuts {
 		r, err := Restore(c.snap)
 		if err != nil {
@@ -637,16 +653,22 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		if !bytes.Equal(r.Snapshot(), c.snap) {
 			t.Fatalf("restore at %d: re-snapshot differs", c.at)
 		}
+		if r.Digest() != c.digest {
+			t.Fatalf("restore at %d: digest %016x, the replica's was %016x", c.at, r.Digest(), c.digest)
+		}
 		checkInvariants(t, r)
 		for j := c.at; j < len(log); j++ {
 			e, _ := command.Decode(log[j])
 			res := r.Apply(uint64(j+1), e)
 			ev := r.TakeEvents()
+			if d, full := r.Digest(), r.FullDigest(); d != full {
+				t.Fatalf("replay from %d: entry %d: incremental digest %016x, from scratch %016x", c.at, j, d, full)
+			}
 			if res != records[j].result || !reflect.DeepEqual(ev, records[j].events) {
 				t.Fatalf("replay from %d: entry %d gives %+v %+v, straight run gave %+v %+v", c.at, j, res, ev, records[j].result, records[j].events)
 			}
 		}
-		if !bytes.Equal(r.Snapshot(), final) || fullDump(r) != finalDump {
+		if !bytes.Equal(r.Snapshot(), final) || fullDump(r) != finalDump || r.Digest() != finalDigest {
 			t.Fatalf("replay from %d: final state differs", c.at)
 		}
 	}
@@ -656,7 +678,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		t.Fatalf("weak run: %d grants, %d dedup hits (%d answered with a later grant), %d retries, %d cuts", model.lastToken, dedupHits, grantedRetries, retries, len(cuts))
 	}
 	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
-		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting} {
+		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull} {
 		if stats[st] == 0 {
 			t.Fatalf("no %v result in the run: %v", st, stats)
 		}

@@ -320,6 +320,11 @@ func checkInvariants(t testing.TB, s *State) {
 		t.Helper()
 		t.Fatalf("invariant broken at index %d: %s\nstate:\n%s", s.index, fmt.Sprintf(format, args...), dump(s))
 	}
+	// The incremental digest must equal one computed from scratch: a
+	// mutation that skipped its digest hook shows here.
+	if d, full := s.Digest(), s.FullDigest(); d != full {
+		fail("incremental digest %016x, from scratch %016x", d, full)
+	}
 	// A retired token key is bounded by the token counter at its
 	// retirement: at most today's, and no lower than an older key's.
 	var bound uint64

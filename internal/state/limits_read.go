@@ -1,9 +1,10 @@
 package state
 
 // Read-only accessors for the service's abuse caps (waiters per lock, leases
-// per client). They change nothing and are called under fsm.Read; the caps
-// are per-node configuration and stay out of Apply, which must not depend on
-// it.
+// per client). They change nothing and are called under fsm.Read, for the
+// service's early refusals. The caps are per-node configuration, which Apply
+// must not read; the waiter cap is enforced in Apply too, from the value the
+// node wrote into the command (command.Acquire.MaxWaiters).
 
 // LeaseCount is the number of live leases (sessions and implicit leases).
 // It is O(1), so the service can skip counting one client's leases while the

@@ -1,8 +1,6 @@
 package state
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"sort"
 
 	"github.com/dlock/dlock/internal/command"
@@ -196,18 +194,4 @@ func (s *State) Members() []Member {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-// Digest is a cheap fingerprint of the state (constant time, not a hash of
-// every lock): replicas at the same index must have the same digest, so a
-// difference proves they diverged. Equal digests do not prove the opposite.
-func (s *State) Digest() uint64 {
-	h := fnv.New64a()
-	var b [8]byte
-	for _, v := range []uint64{s.index, uint64(s.ts), uint64(s.clock), s.revision, s.lastToken,
-		uint64(s.locks.Len()), uint64(len(s.leases)), uint64(len(s.members)), uint64(s.dedupRing.count)} {
-		binary.LittleEndian.PutUint64(b[:], v)
-		h.Write(b[:])
-	}
-	return h.Sum64()
 }

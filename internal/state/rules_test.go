@@ -583,6 +583,11 @@ func TestDedupTableIsBounded(t *testing.T) {
 	if string(r.Snapshot()) != string(s.Snapshot()) {
 		t.Fatal("restored dedup ring evicts differently")
 	}
+	// Eviction keeps the digest: incremental and from scratch agree, and
+	// so do the two replicas.
+	if d := s.Digest(); d != s.FullDigest() || d != r.Digest() || r.Digest() != r.FullDigest() {
+		t.Fatalf("digests after evictions: %016x (from scratch %016x), restored %016x (%016x)", d, s.FullDigest(), r.Digest(), r.FullDigest())
+	}
 	if _, ok := r.Lookup("c", itoa(11)); ok {
 		t.Fatal("restored ring did not evict the oldest")
 	}
@@ -1377,4 +1382,70 @@ func replayed(t *testing.T, r command.Result) command.Result {
 	}
 	r.Replayed = false
 	return r
+}
+
+// The waiter cap travels in the acquire (Acquire.MaxWaiters) and the state
+// machine enforces it, so acquires that race past the service's early check
+// cannot grow the queue beyond it.
+func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
+	h := newHarness(t)
+	capped := func(client string, lease int, max int64) command.Result {
+		return h.do(client, &command.Acquire{Name: "q", LeaseID: lid(lease), TTLms: 5000, WaitMs: 60_000, MaxWaiters: max})
+	}
+	mustStatus(t, capped("holder", 1, 2), command.StatusOK)
+	mustStatus(t, capped("w1", 2, 2), command.StatusQueued)
+	mustStatus(t, capped("w2", 3, 2), command.StatusQueued)
+
+	// The third waiter is refused and nothing changes.
+	before, rev := dump(h.s), h.s.Revision()
+	r := capped("w3", 4, 2)
+	mustStatus(t, r, command.StatusQueueFull)
+	h.checkNoChange(before, rev)
+	if _, ok := h.s.Lease(lid(4)); ok {
+		t.Fatal("a refused wait left its lease behind")
+	}
+	// Without waiting it is the usual lock_held; a larger cap, or none,
+	// lets it in line.
+	mustStatus(t, h.do("w3", &command.Acquire{Name: "q", LeaseID: lid(5), TTLms: 5000, MaxWaiters: 2}), command.StatusLockHeld)
+
+	// A client already in line takes over its own place with a new lease:
+	// no waiter is added, so the full queue does not refuse it.
+	mustStatus(t, capped("w1", 6, 2), command.StatusQueued)
+	if q := h.s.GetLock("q"); q.Waiters != 2 {
+		t.Fatalf("waiters %d after a re-queue, want 2", q.Waiters)
+	}
+	// The holder's own client takes over at once, cap or not.
+	mustStatus(t, capped("holder", 7, 2), command.StatusOK)
+
+	// One place frees up: the next one fits again.
+	mustStatus(t, h.do("w2", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(3), Name: "q", Seq: 3}}), command.StatusOK)
+	mustStatus(t, capped("w3", 8, 2), command.StatusQueued)
+	mustStatus(t, capped("w4", 9, 2), command.StatusQueueFull)
+	mustStatus(t, capped("w4", 10, 3), command.StatusQueued)
+	mustStatus(t, capped("w5", 11, 0), command.StatusQueued)
+	mustStatus(t, capped("w6", 12, -1), command.StatusQueued)
+	if q := h.s.GetLock("q"); q.Waiters != 5 {
+		t.Fatalf("waiters %d, want 5", q.Waiters)
+	}
+
+	// The refusal is not remembered: a retry of the request (same
+	// request_id) is judged afresh, refused while the queue is full and let
+	// in line once it is not.
+	r1 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(13), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
+	mustStatus(t, r1, command.StatusQueueFull)
+	if _, ok := h.s.Lookup("w9", "req-9"); ok {
+		t.Fatal("a queue_full refusal was remembered")
+	}
+	r2 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(14), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
+	if r2.Status != command.StatusQueueFull || r2.Replayed {
+		t.Fatalf("retry of a refused acquire into a full queue: %+v", r2)
+	}
+	mustStatus(t, h.do("w6", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(12), Name: "q", Seq: 13}}), command.StatusOK)
+	r3 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(15), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
+	if r3.Status != command.StatusQueued || r3.Replayed {
+		t.Fatalf("retry once a place is free: %+v", r3)
+	}
+	if again := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(16), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5}); !again.Replayed || again.Seq != r3.Seq {
+		t.Fatalf("a retry after the wait queued: %+v, want the replayed %+v", again, r3)
+	}
 }

@@ -157,6 +157,11 @@ type State struct {
 	dedup     map[dedupKey]int // key -> position in dedupRing
 	dedupRing dedupRing
 
+	// sum is the sum of every record's hash, kept up to date by each
+	// mutation (digest.go) with rh, whose buffer only apply uses.
+	sum uint64
+	rh  recordHasher
+
 	events  []Event
 	changed bool
 }
@@ -235,7 +240,10 @@ func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 		s.revision++
 	}
 	r.Revision = s.revision
-	if e.RequestID != "" {
+	// A queue_full refusal changed nothing and holds only while the queue is
+	// full: it is not remembered, so a retry of the request (clients retry a
+	// 429) is judged afresh instead of being refused for ever.
+	if e.RequestID != "" && r.Status != command.StatusQueueFull {
 		s.remember(key, r)
 	}
 	return r
@@ -258,8 +266,10 @@ func (s *State) rememberGrant(w Waiter, lk *Lock, lease *Lease) {
 	if e.result.Status != command.StatusQueued || e.result.LeaseID != lease.ID || e.result.Seq != w.Seq {
 		return
 	}
+	s.dedupOut(pos)
 	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: w.Seq, Revision: e.result.Revision}
+	s.dedupIn(pos)
 }
 
 func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
@@ -311,7 +321,7 @@ func (s *State) registerMember(b *command.RegisterMember) command.Result {
 	}
 	m := Member(*b)
 	if old, ok := s.members[b.ID]; !ok || old != m {
-		s.members[b.ID] = m
+		s.setMember(m)
 		s.changed = true
 	}
 	return command.Result{Status: command.StatusOK}
@@ -326,7 +336,7 @@ func (s *State) createSession(e *command.Envelope, b *command.CreateSession) com
 	}
 	l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: int32(b.TTLms), Session: true, Active: true,
 		RenewedAt: s.ts, RenewedClock: s.clock}
-	s.leases[l.ID] = l
+	s.addLease(l)
 	s.touch(l)
 	s.emit(Event{Type: EventSessionCreated, ClientID: l.ClientID})
 	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: int64(l.TTLms), ExpiresAt: l.ExpiresAt()}
@@ -337,7 +347,6 @@ func (s *State) keepAlive(e *command.Envelope, b *command.KeepAlive) command.Res
 	if l == nil || !l.Session || (e.ClientID != "" && e.ClientID != l.ClientID) {
 		return command.Result{Status: command.StatusSessionNotFound}
 	}
-	l.RenewedAt, l.RenewedClock = s.ts, s.clock
 	s.touch(l)
 	return command.Result{Status: command.StatusOK, LeaseID: l.ID, TTLms: int64(l.TTLms), ExpiresAt: l.ExpiresAt()}
 }
@@ -385,11 +394,10 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 
 	// The same lease already holds it: idempotent, same token, lease refreshed.
 	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
-		lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
 		s.touch(lease)
 		if election && lk.Value() != b.Value {
 			// Campaigning again with a new value proclaims it, as in etcd.
-			lk.setValue(b.Value)
+			s.setLockValue(lk, b.Value)
 			s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
 		}
 		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
@@ -404,7 +412,9 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 				q := lk.Queue()
 				for i := range q {
 					if q[i].LeaseID == lease.ID && q[i].Value != b.Value {
-						q[i].Value = b.Value
+						w := q[i]
+						w.Value = b.Value
+						s.queueReplace(lk, i, w)
 						s.changed = true
 					}
 				}
@@ -416,7 +426,7 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	newLease := func(active bool) *Lease {
 		l := &Lease{ID: b.LeaseID, ClientID: e.ClientID, TTLms: int32(b.TTLms), Active: active,
 			RenewedAt: s.ts, RenewedClock: s.clock}
-		s.leases[l.ID] = l
+		s.addLease(l)
 		return l
 	}
 
@@ -426,8 +436,7 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 			lease = newLease(true)
 		}
 		if lk == nil {
-			lk = &Lock{Name: name}
-			s.locks.ReplaceOrInsert(lk)
+			lk = s.newLock(name)
 		}
 		s.grant(lk, lease, seq, b.Value, CauseAcquire)
 	case s.leases[lk.Holder].ClientID == e.ClientID:
@@ -443,6 +452,9 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
 	default:
+		if queueFull(lk, e.ClientID, b.MaxWaiters) {
+			return command.Result{Status: command.StatusQueueFull}
+		}
 		if lease == nil {
 			lease = newLease(false)
 		}
@@ -451,6 +463,22 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
+}
+
+// queueFull reports whether a wait by clientID would exceed the cap (0: none)
+// on the lock's queue. A client that already waits takes over its own place
+// (enqueue), so it adds no waiter and is never refused.
+func queueFull(lk *Lock, clientID string, limit int64) bool {
+	q := lk.Queue()
+	if limit <= 0 || int64(len(q)) < limit {
+		return false
+	}
+	for i := range q {
+		if q[i].ClientID == clientID {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueue appends a wait, or, if the same client already waits with another
@@ -463,7 +491,7 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value,
 	for i := range q {
 		if q[i].ClientID == lease.ClientID {
 			prev := q[i]
-			q[i] = w
+			s.queueReplace(lk, i, w)
 			if old := s.leases[prev.LeaseID]; old != nil {
 				old.Waits().Delete(lk.Name)
 				s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: prev.LeaseID, Seq: prev.Seq})
@@ -473,7 +501,7 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value,
 			return
 		}
 	}
-	lk.setQueue(append(q, w))
+	s.queueAppend(lk, w)
 	s.emit(Event{Type: EventQueued, Name: lk.Name, ClientID: lease.ClientID, LeaseID: lease.ID, Seq: seq})
 	s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: waitMs})
 }
@@ -481,18 +509,21 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value,
 // grant gives a free lock to a lease with a new fencing token.
 func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	s.lastToken++
+	s.lockOut(lk)
 	lk.Holder = lease.ID
 	lk.Token = s.lastToken
 	lk.GrantedAt = s.ts
 	lk.GrantSeq = seq
 	lk.setValue(value)
+	s.lockIn(lk)
 	lease.Locks().Set(lk.Name, 0)
 	s.changed = true
 	if !lease.Session {
 		// An implicit lease's TTL counts from its grant. A session's does not
 		// change: a grant is not a keepalive.
+		s.leaseOut(lease)
 		lease.Active = true
-		lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
+		s.leaseIn(lease)
 		s.touch(lease)
 	}
 	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
@@ -507,9 +538,11 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 	}
 	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, LeaseID: holder.ID})
 	holder.Locks().Delete(lk.Name)
+	s.lockOut(lk)
 	lk.Holder = command.LeaseID{}
 	lk.GrantSeq = 0
 	lk.setValue("")
+	s.lockIn(lk)
 	s.changed = true
 	s.dropIfIdle(holder)
 }
@@ -517,7 +550,7 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
 // dropIfIdle ends an implicit lease that no longer holds or waits for anything.
 func (s *State) dropIfIdle(l *Lease) {
 	if !l.Session && l.Locks().Len() == 0 && l.Waits().Len() == 0 {
-		delete(s.leases, l.ID)
+		s.deleteLease(l)
 		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
 	}
 }
@@ -527,7 +560,7 @@ func (s *State) dropIfIdle(l *Lease) {
 func (s *State) handOff(lk *Lock) {
 	for q := lk.Queue(); len(q) > 0; q = lk.Queue() {
 		w := q[0]
-		lk.setQueue(q[1:])
+		s.queueRemove(lk, 0)
 		lease := s.leases[w.LeaseID]
 		if lease == nil {
 			continue // cannot happen: waits end with their lease
@@ -538,7 +571,7 @@ func (s *State) handOff(lk *Lock) {
 		s.rememberGrant(w, lk, lease)
 		return
 	}
-	s.locks.Delete(lk)
+	s.deleteLock(lk)
 }
 
 func (s *State) release(e *command.Envelope, b *command.Release) command.Result {
@@ -561,7 +594,7 @@ func (s *State) proclaim(e *command.Envelope, b *command.Proclaim) command.Resul
 		return command.Result{Status: command.StatusNotHolder}
 	}
 	if lk.Value() != b.Value {
-		lk.setValue(b.Value)
+		s.setLockValue(lk, b.Value)
 		s.changed = true
 		s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
 	}
@@ -577,9 +610,10 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 		return command.Result{Status: command.StatusNotHolder}
 	}
 	if b.TTLms != 0 {
+		s.leaseOut(lease)
 		lease.TTLms = int32(b.TTLms)
+		s.leaseIn(lease)
 	}
-	lease.RenewedAt, lease.RenewedClock = s.ts, s.clock
 	s.touch(lease)
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms)}
 }
@@ -623,7 +657,7 @@ func (s *State) endLease(l *Lease, cause string) {
 		s.removeWait(l, name, cause)
 	}
 	if _, still := s.leases[l.ID]; still {
-		delete(s.leases, l.ID)
+		s.deleteLease(l)
 		s.emit(Event{Type: EventLeaseGone, LeaseID: l.ID})
 	}
 	if l.Session {
@@ -645,12 +679,12 @@ func (s *State) removeWait(l *Lease, name, cause string) {
 		q := lk.Queue()
 		for i := range q {
 			if q[i].LeaseID == l.ID {
-				lk.setQueue(append(q[:i], q[i+1:]...))
+				s.queueRemove(lk, i)
 				break
 			}
 		}
 		if !lk.Held() && len(lk.Queue()) == 0 {
-			s.locks.Delete(lk)
+			s.deleteLock(lk)
 		}
 	}
 	s.changed = true
@@ -696,10 +730,14 @@ func (s *State) cancelWait(b *command.CancelWait) command.Result {
 	return command.Result{Status: command.StatusNotWaiting}
 }
 
-// touch records that a lease was (re)started: a new generation and, for the
-// leader's reaper, the time left counted from this command.
+// touch records that a lease was (re)started: its TTL counts from this
+// command, with a new generation and, for the leader's reaper, the time left
+// counted from now.
 func (s *State) touch(l *Lease) {
+	s.leaseOut(l)
+	l.RenewedAt, l.RenewedClock = s.ts, s.clock
 	l.Gen++
+	s.leaseIn(l)
 	s.changed = true
 	if l.Active {
 		s.emit(Event{Type: EventLeaseTimer, LeaseID: l.ID, Gen: l.Gen, RemainingMs: l.RenewedClock + int64(l.TTLms) - s.clock})

@@ -102,14 +102,18 @@ func (s *State) SigningKey() (seed [32]byte, id [8]byte, ok bool) {
 
 func (s *State) writeTokenKeys(w *wire.Writer) {
 	w.Uvarint(uint64(len(s.tokenKeys)))
-	for _, k := range s.tokenKeys {
-		w.Fixed(k.ID[:])
-		w.Fixed(k.Public)
-		w.Fixed(k.Seed[:])
-		w.Varint(k.CreatedAt)
-		w.Bool(k.Current)
-		w.Uvarint(k.MaxToken) // snapshot version 6
+	for i := range s.tokenKeys {
+		writeTokenKey(w, &s.tokenKeys[i])
 	}
+}
+
+func writeTokenKey(w *wire.Writer, k *TokenKey) {
+	w.Fixed(k.ID[:])
+	w.Fixed(k.Public)
+	w.Fixed(k.Seed[:])
+	w.Varint(k.CreatedAt)
+	w.Bool(k.Current)
+	w.Uvarint(k.MaxToken) // snapshot version 6
 }
 
 // readTokenKeys reads the key table of a snapshot of format version v (3 or
@@ -169,4 +173,25 @@ func (s *State) readTokenKeys(r *wire.Reader, v byte) error {
 		}
 	}
 	return nil
+}
+
+// RetireSigningKey retires the current signing key as a rotation does — its
+// seed dropped, its bound the token counter now — and leaves the state with
+// no current key, so the next leader installs a fresh one (ensureTokenKey)
+// before it grants anything. A cluster seeded from a snapshot calls it: the
+// snapshot holds the old cluster's seed, and two clusters signing with one
+// key from one token counter would mint the same signed tokens, which a
+// fenced resource could not tell apart. The retired key still verifies the
+// proofs of grants the snapshot carries (tokens up to the bound). It is
+// deterministic, so every member seeded from the same snapshot agrees.
+func (s *State) RetireSigningKey() (retired TokenKey, ok bool) {
+	n := len(s.tokenKeys)
+	if n == 0 || !s.tokenKeys[n-1].Current {
+		return TokenKey{}, false
+	}
+	k := &s.tokenKeys[n-1]
+	k.Current = false
+	k.Seed = [32]byte{}
+	k.MaxToken = s.lastToken
+	return TokenKey{ID: k.ID, Public: k.Public, CreatedAt: k.CreatedAt, MaxToken: k.MaxToken}, true
 }

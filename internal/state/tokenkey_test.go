@@ -263,3 +263,43 @@ func TestRestoreChecksTokenKeyBounds(t *testing.T) {
 		})
 	}
 }
+
+// A state seeded from a snapshot retires the old cluster's key: no current
+// key (the first leader installs a new one), the old one bounded by the
+// token counter, and the result restores.
+func TestRetireSigningKeyForARestoredCluster(t *testing.T) {
+	h := newHarness(t)
+	mustStatus(t, h.do("dlock", &command.SetTokenKey{Seed: [32]byte{7}}), command.StatusOK)
+	r := h.acquire("c", "a", lid(1), 5000, 0)
+	mustStatus(t, r, command.StatusOK)
+	_, oldID, _ := h.s.SigningKey()
+
+	s, err := Restore(h.s.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := s.RetireSigningKey()
+	if !ok || k.ID != oldID || k.MaxToken != r.Token || k.Current {
+		t.Fatalf("retired %+v %v, want key %x bounded at %d", k, ok, oldID, r.Token)
+	}
+	if _, _, has := s.SigningKey(); has {
+		t.Fatal("a current key is left")
+	}
+	if _, again := s.RetireSigningKey(); again {
+		t.Fatal("retired twice")
+	}
+	s, err = Restore(s.Snapshot())
+	if err != nil {
+		t.Fatalf("the seeded state does not restore: %v", err)
+	}
+	checkInvariants(t, s)
+	// The new cluster's first leader bootstraps a key of its own.
+	res := s.Apply(s.Index()+1, &command.Envelope{TS: startTS + 1000, ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{8}}})
+	mustStatus(t, res, command.StatusOK)
+	_, newID, has := s.SigningKey()
+	keys := s.TokenKeys()
+	if !has || newID == oldID || len(keys) != 2 || keys[0].ID != oldID || keys[0].MaxToken != r.Token {
+		t.Fatalf("after the new key: current %x (%v), keys %+v", newID, has, keys)
+	}
+	checkInvariants(t, s)
+}
