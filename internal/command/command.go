@@ -40,8 +40,9 @@ const (
 // version up to this one. Version 2 added Acquire.Value (elections), version 3
 // SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
-// and without them); version 4 Envelope.ClockTerm.
-const Version = 4
+// and without them); version 4 Envelope.ClockTerm; version 5 Acquire.Takeover
+// (earlier acquires decode with Takeover true: they always took over).
+const Version = 5
 
 // Limits shared by validation and the state machine.
 const (
@@ -153,6 +154,12 @@ type Acquire struct {
 	TTLms   int64
 	WaitMs  int64
 	Value   string
+	// Takeover lets the acquire take the lock, or its place in the queue,
+	// from another lease of the same client_id. Without it that lease is
+	// like any other holder or waiter, so knowing a client_id takes
+	// nothing. Entries before Version 5 decode with Takeover true: they
+	// always took over, and a replay must do what they did.
+	Takeover bool
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -430,6 +437,7 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.Varint(b.TTLms)
 	w.Varint(b.WaitMs)
 	w.String(b.Value)
+	w.Bool(b.Takeover)
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
@@ -439,6 +447,11 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.WaitMs = r.Varint()
 	if v >= 2 {
 		b.Value = r.String()
+	}
+	if v >= 5 {
+		b.Takeover = r.Bool()
+	} else {
+		b.Takeover = true
 	}
 }
 

@@ -430,9 +430,11 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 			s.locks.ReplaceOrInsert(lk)
 		}
 		s.grant(lk, lease, seq, b.Value, CauseAcquire)
-	case s.leases[lk.Holder].ClientID == e.ClientID:
-		// The same client with a new lease: its previous incarnation crashed and
-		// it came back. Take over at once, with a new token.
+	case b.Takeover && s.leases[lk.Holder].ClientID == e.ClientID:
+		// The same client with a new lease asked to take over: its previous
+		// incarnation crashed and it came back. Take over at once, with a new
+		// token. Without the flag a client_id alone takes nothing: the
+		// holder is like any other.
 		old := s.leases[lk.Holder]
 		s.unhold(lk, old, CauseTakeover)
 		if lease == nil {
@@ -446,22 +448,23 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID)
+		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID, b.Takeover)
 		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
 }
 
-// enqueue appends a wait, or, if the same client already waits with another
-// lease (it restarted), moves that place in line to the new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
+// enqueue appends a wait, or, with takeover, if the same client already
+// waits with another lease (it restarted), moves that place in line to the
+// new lease.
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string, takeover bool) {
 	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, ClockDeadline: s.clock + waitMs, Value: value, RequestID: requestID}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
 	for i := range q {
-		if q[i].ClientID == lease.ClientID {
+		if takeover && q[i].ClientID == lease.ClientID {
 			prev := q[i]
 			q[i] = w
 			if old := s.leases[prev.LeaseID]; old != nil {
