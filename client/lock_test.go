@@ -30,6 +30,77 @@ func TestLocks(t *testing.T) {
 	t.Run("WithLock", func(t *testing.T) { testWithLock(t, c) })
 	t.Run("MutexesOfOneClientExclude", func(t *testing.T) { testLocalExclusion(t, c) })
 	t.Run("FIFOAcrossClients", func(t *testing.T) { testFIFO(t, c) })
+	t.Run("TakeoverOnlyWhenAsked", func(t *testing.T) { testTakeover(t, c) })
+}
+
+// testTakeover: two Clients with one ClientID (a process that restarted
+// while its old lease runs). The new one waits for the lock like anyone
+// unless it asks to take over; then the old lease is lost.
+func testTakeover(t *testing.T, c *cluster) {
+	old, restarted := c.client("stable-id"), c.client("stable-id")
+	mo := old.NewMutex("takeover/x", client.WithTTL(30*time.Second))
+	lo, err := mo.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.NewMutex("takeover/x").TryLock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrLockHeld) {
+		t.Fatalf("TryLock by the same ClientID without takeover = %v, want ErrLockHeld", err)
+	}
+	if _, err := restarted.NewMutex("takeover/x").Lock(ctxTimeout(t, 400*time.Millisecond)); !errors.Is(err, client.ErrWaitTimeout) {
+		t.Fatalf("Lock by the same ClientID without takeover = %v, want ErrWaitTimeout", err)
+	}
+	checkHeld(t, c.get("takeover/x"), "stable-id", lo.Token())
+
+	mn := restarted.NewMutex("takeover/x", client.WithTakeover())
+	ln, err := mn.TryLock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("TryLock with WithTakeover: %v", err)
+	}
+	if ln.Token() <= lo.Token() {
+		t.Fatalf("takeover token %d, old %d", ln.Token(), lo.Token())
+	}
+	checkHeld(t, c.get("takeover/x"), "stable-id", ln.Token())
+	if err := mo.Unlock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrNotHolder) {
+		t.Fatalf("Unlock of the lease taken over = %v, want ErrNotHolder", err)
+	}
+	if err := mn.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("Unlock after the takeover: %v", err)
+	}
+	checkFree(t, c.get("takeover/x"))
+
+	// The low-level Acquire: the same, with AcquireOptions.Takeover.
+	g1, err := old.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second}); !errors.Is(err, client.ErrLockHeld) {
+		t.Fatalf("Acquire by the same ClientID without takeover = %v, want ErrLockHeld", err)
+	}
+	g2, err := restarted.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second, Takeover: true})
+	if err != nil || g2.FencingToken <= g1.FencingToken {
+		t.Fatalf("Acquire with Takeover: %v %+v", err, g2)
+	}
+	if err := restarted.Release(ctxTimeout(t, 5*time.Second), "takeover/y", g2.FencingToken, g2.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+
+	// An Election: the same candidate id waits behind its own old seat
+	// unless it takes over.
+	lead, err := old.NewElection("takeover/e").Campaign(ctxTimeout(t, 5*time.Second), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.NewElection("takeover/e").Campaign(ctxTimeout(t, 400*time.Millisecond), "new"); !errors.Is(err, client.ErrWaitTimeout) {
+		t.Fatalf("Campaign by the same candidate id without takeover = %v, want ErrWaitTimeout", err)
+	}
+	lead2, err := restarted.NewElection("takeover/e", client.WithTakeover()).Campaign(ctxTimeout(t, 5*time.Second), "new")
+	if err != nil || lead2.Token() <= lead.Token() || lead2.Value() != "new" {
+		t.Fatalf("Campaign with WithTakeover: %v", err)
+	}
+	if err := lead2.Resign(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	_ = lead.Resign(ctxTimeout(t, 5*time.Second))
 }
 
 func testAutoRenew(t *testing.T, c *cluster) {
