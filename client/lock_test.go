@@ -681,3 +681,117 @@ func TestLockUnderLostSessionFails(t *testing.T) {
 		t.Fatalf("the lock was granted %d times and never released: the server holds it until the session expires there", grants)
 	}
 }
+
+// TestLockGivesBackAnUnconfirmedGrant: a grant that came too late to trust
+// its bound is confirmed by a renewal; when that fails, Lock gives the grant
+// back before it queues again. A new acquire of the same ClientID takes
+// nothing over unless asked to, so without the give-back the next attempt
+// would wait behind its own grant until the TTL ran out.
+func TestLockGivesBackAnUnconfirmedGrant(t *testing.T) {
+	const ttl = time.Second
+	var mu sync.Mutex
+	var calls []string
+	acquires := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		var body struct {
+			FencingToken uint64 `json:"fencing_token"`
+			Takeover     bool   `json:"takeover"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		action := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
+		if r.Method != http.MethodPost {
+			io.WriteString(w, `{}`) // the leader question
+			return
+		}
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("%s token=%d takeover=%v", action, body.FencingToken, body.Takeover))
+		if action == "acquire" {
+			acquires++
+		}
+		n := acquires
+		mu.Unlock()
+		switch action {
+		case "acquire":
+			if n == 1 {
+				// Answered after more than TTL/3: Lock confirms it first.
+				time.Sleep(ttl/3 + 150*time.Millisecond)
+				io.WriteString(w, grantJSON("acquired", 1))
+				return
+			}
+			io.WriteString(w, grantJSON("acquired", 2))
+		case "renew":
+			if body.FencingToken == 1 {
+				w.WriteHeader(http.StatusInternalServerError)
+				io.WriteString(w, `{"error":{"code":"internal","message":"confirming failed"}}`)
+				return
+			}
+			fmt.Fprintf(w, `{"renewed":true,"ttl_ms":1000,"expires_at":%q}`, time.Now().Add(ttl).UTC().Format(time.RFC3339Nano))
+		default:
+			io.WriteString(w, `{}`) // release
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	m := cl.NewMutex("x", client.WithTTL(ttl))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	defer m.Unlock(context.Background())
+	mu.Lock()
+	seq := append([]string(nil), calls...)
+	mu.Unlock()
+	want := []string{"acquire token=0 takeover=false", "renew token=1 takeover=false", "release token=1 takeover=false", "acquire token=0 takeover=false"}
+	if l.Token() != 2 || len(seq) < len(want) || fmt.Sprint(seq[:len(want)]) != fmt.Sprint(want) {
+		t.Fatalf("token %d after calls %q; want the unconfirmed grant released before the next acquire: %q", l.Token(), seq, want)
+	}
+}
+
+// TestWithdrawNeverTakesOver: with WithTakeover, the acquire asks to take
+// over, but its withdrawal (the same request again, without waiting, after
+// the caller gave up) does not: should the cluster have forgotten the
+// request, the withdrawal must not take the lock from anyone.
+func TestWithdrawNeverTakesOver(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.HasSuffix(r.URL.Path, "/acquire") {
+			io.WriteString(w, `{}`)
+			return
+		}
+		var body struct {
+			WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+			Takeover      bool  `json:"takeover"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("wait=%v takeover=%v", body.WaitTimeoutMs > 0, body.Takeover))
+		mu.Unlock()
+		if body.WaitTimeoutMs > 0 {
+			<-r.Context().Done() // waits until the caller gives up
+			return
+		}
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"error":{"code":"lock_held","message":"held"},"holder":{"client_id":"other","fencing_token":1}}`)
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}, ClientID: "stable"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	if _, err := cl.NewMutex("x", client.WithTakeover()).Lock(ctxTimeout(t, 300*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock = %v, want the deadline", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(calls) != "[wait=true takeover=true wait=false takeover=false]" {
+		t.Fatalf("acquires sent: %q; want the wait with takeover, then its withdrawal without", calls)
+	}
+}
