@@ -688,47 +688,68 @@ func TestLockUnderLostSessionFails(t *testing.T) {
 // nothing over unless asked to, so without the give-back the next attempt
 // would wait behind its own grant until the TTL ran out.
 func TestLockGivesBackAnUnconfirmedGrant(t *testing.T) {
-	const ttl = time.Second
+	cl, calls := unconfirmedGrantNode(t, "acquire", "acquired")
+	m := cl.NewMutex("x", client.WithTTL(time.Second))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	defer m.Unlock(context.Background())
+	checkGaveBack(t, l.Token(), calls(), "acquire", "release")
+}
+
+// TestCampaignGivesBackAnUnconfirmedSeat: the same for Campaign.
+func TestCampaignGivesBackAnUnconfirmedSeat(t *testing.T) {
+	cl, calls := unconfirmedGrantNode(t, "campaign", "leader")
+	l, err := cl.NewElection("x", client.WithTTL(time.Second)).Campaign(ctxTimeout(t, 10*time.Second), "v")
+	if err != nil {
+		t.Fatalf("Campaign: %v", err)
+	}
+	defer l.Resign(context.Background())
+	checkGaveBack(t, l.Token(), calls(), "campaign", "resign")
+}
+
+// unconfirmedGrantNode is a node that answers the first acquire (or
+// campaign) after more than TTL/3 of a 1 s TTL with token 1, refuses to
+// renew that grant, and grants token 2 at once to the next one. It records
+// every write with its token and takeover flag.
+func unconfirmedGrantNode(t *testing.T, action, granted string) (*client.Client, func() []string) {
+	t.Helper()
 	var mu sync.Mutex
 	var calls []string
 	acquires := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodPost {
+			io.WriteString(w, `{}`) // the leader question
+			return
+		}
 		var body struct {
 			FencingToken uint64 `json:"fencing_token"`
 			Takeover     bool   `json:"takeover"`
 		}
 		_ = json.NewDecoder(r.Body).Decode(&body)
-		action := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
-		if r.Method != http.MethodPost {
-			io.WriteString(w, `{}`) // the leader question
-			return
-		}
+		verb := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
 		mu.Lock()
-		calls = append(calls, fmt.Sprintf("%s token=%d takeover=%v", action, body.FencingToken, body.Takeover))
-		if action == "acquire" {
+		calls = append(calls, fmt.Sprintf("%s token=%d takeover=%v", verb, body.FencingToken, body.Takeover))
+		if verb == action {
 			acquires++
 		}
 		n := acquires
 		mu.Unlock()
-		switch action {
-		case "acquire":
-			if n == 1 {
-				// Answered after more than TTL/3: Lock confirms it first.
-				time.Sleep(ttl/3 + 150*time.Millisecond)
-				io.WriteString(w, grantJSON("acquired", 1))
-				return
-			}
-			io.WriteString(w, grantJSON("acquired", 2))
-		case "renew":
-			if body.FencingToken == 1 {
-				w.WriteHeader(http.StatusInternalServerError)
-				io.WriteString(w, `{"error":{"code":"internal","message":"confirming failed"}}`)
-				return
-			}
-			fmt.Fprintf(w, `{"renewed":true,"ttl_ms":1000,"expires_at":%q}`, time.Now().Add(ttl).UTC().Format(time.RFC3339Nano))
+		switch {
+		case verb == action && n == 1:
+			time.Sleep(time.Second/3 + 150*time.Millisecond) // past TTL/3: confirm first
+			io.WriteString(w, grantJSON(granted, 1))
+		case verb == action:
+			io.WriteString(w, grantJSON(granted, 2))
+		case verb == "renew" && body.FencingToken == 1:
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"code":"internal","message":"confirming failed"}}`)
+		case verb == "renew":
+			fmt.Fprintf(w, `{"renewed":true,"ttl_ms":1000,"expires_at":%q}`, time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano))
 		default:
-			io.WriteString(w, `{}`) // release
+			io.WriteString(w, `{}`) // release, resign
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -737,18 +758,16 @@ func TestLockGivesBackAnUnconfirmedGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cl.Close() })
-	m := cl.NewMutex("x", client.WithTTL(ttl))
-	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
-	if err != nil {
-		t.Fatalf("Lock: %v", err)
-	}
-	defer m.Unlock(context.Background())
-	mu.Lock()
-	seq := append([]string(nil), calls...)
-	mu.Unlock()
-	want := []string{"acquire token=0 takeover=false", "renew token=1 takeover=false", "release token=1 takeover=false", "acquire token=0 takeover=false"}
-	if l.Token() != 2 || len(seq) < len(want) || fmt.Sprint(seq[:len(want)]) != fmt.Sprint(want) {
-		t.Fatalf("token %d after calls %q; want the unconfirmed grant released before the next acquire: %q", l.Token(), seq, want)
+	return cl, func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), calls...) }
+}
+
+// checkGaveBack wants the unconfirmed grant given back before the next
+// attempt, which asks for no takeover and is the grant handed out.
+func checkGaveBack(t *testing.T, token uint64, seq []string, action, giveBack string) {
+	t.Helper()
+	want := []string{action + " token=0 takeover=false", "renew token=1 takeover=false", giveBack + " token=1 takeover=false", action + " token=0 takeover=false"}
+	if token != 2 || len(seq) < len(want) || fmt.Sprint(seq[:len(want)]) != fmt.Sprint(want) {
+		t.Fatalf("token %d after calls %q; want the unconfirmed grant given back before the next %s: %q", token, seq, action, want)
 	}
 }
 
