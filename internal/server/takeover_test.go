@@ -113,17 +113,7 @@ func TestACLTakeoverNeedsATokenNamingTheClient(t *testing.T) {
 	}
 
 	// gRPC: the same answers.
-	cc, err := grpc.NewClient(c.GRPCAddr(node), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	locks := dlockv1.NewLockServiceClient(cc)
-	with := func(tok string) context.Context {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		t.Cleanup(cancel)
-		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
-	}
+	locks, with := aclGRPC(t, c, node)
 	g1, err := locks.Acquire(with(named), &dlockv1.AcquireRequest{Name: "jobs/g", ClientId: "svc-a", TtlMs: 60000})
 	if err != nil {
 		t.Fatalf("gRPC acquire: %v", err)
@@ -145,6 +135,26 @@ func TestACLTakeoverNeedsATokenNamingTheClient(t *testing.T) {
 	_, err = locks.Renew(with(named), &dlockv1.RenewRequest{Name: "jobs/g", ClientId: "svc-a", FencingToken: g1.FencingToken, LeaseId: g1.LeaseId})
 	if o := grpcOutcome[*dlockv1.RenewResponse](nil, err, nil, nil); o.code != "not_holder" {
 		t.Fatalf("gRPC: the lease taken over renews: %v, want not_holder", err)
+	}
+}
+
+// aclGRPC dials node's gRPC API (closed at the end of the test) and returns
+// its lock service and a context maker that sends a bearer token ("" for
+// none) in the metadata, bounded to 10 s.
+func aclGRPC(t *testing.T, c *testcluster.Cluster, node string) (dlockv1.LockServiceClient, func(token string) context.Context) {
+	t.Helper()
+	cc, err := grpc.NewClient(c.GRPCAddr(node), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return dlockv1.NewLockServiceClient(cc), func(token string) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		t.Cleanup(cancel)
+		if token == "" {
+			return ctx
+		}
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 	}
 }
 
