@@ -246,10 +246,8 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
-	if req.Takeover {
-		if err := s.authorizeTakeover(ctx, req.ClientID); err != nil {
-			return nil, err
-		}
+	if err := s.authorizeTakeover(ctx, req.Takeover, req.ClientID); err != nil {
+		return nil, err
 	}
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
 		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, takeover: req.Takeover})

@@ -19,9 +19,9 @@ import (
 // name), which could mint such a token anyway.
 
 // authorizeTakeover checks, after authorize has admitted the call, that the
-// caller's token may take over clientID's leases.
-func (s *Service) authorizeTakeover(ctx context.Context, clientID string) error {
-	if !s.aclOn {
+// caller's token may take over clientID's leases, if the call asks to.
+func (s *Service) authorizeTakeover(ctx context.Context, takeover bool, clientID string) error {
+	if !takeover || !s.aclOn {
 		return nil
 	}
 	var tok state.ACLToken
