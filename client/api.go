@@ -45,6 +45,10 @@ type AcquireOptions struct {
 	// Wait is how long to wait in the lock's FIFO queue (at most an hour);
 	// 0 does not wait.
 	Wait time.Duration
+	// Takeover takes the lock (or a place in its queue) at once from
+	// another lease of this client's ClientID, as WithTakeover does for a
+	// Mutex. Never set by default.
+	Takeover bool
 }
 
 type acquireParams struct {
@@ -53,6 +57,7 @@ type acquireParams struct {
 	sessionID string
 	wait      time.Duration
 	requestID string
+	takeover  bool
 }
 
 // acquire sends one logical acquire (retried under p.requestID) and returns
@@ -62,7 +67,7 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID}
+	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover}
 	if p.sessionID == "" {
 		req.TTLms = p.ttl.Milliseconds()
 	}
@@ -89,7 +94,9 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 func (c *Client) withdraw(ctx context.Context, p acquireParams) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, c.reqTimeout))
 	defer cancel()
-	p.wait = 0
+	// The repeat is answered from the dedup table; should the table have
+	// forgotten the request, a withdrawal must not take anything over.
+	p.wait, p.takeover = 0, false
 	g, _, err := c.acquire(ctx, p)
 	if err == nil {
 		c.giveBack(ctx, g)
@@ -105,7 +112,7 @@ func (c *Client) withdraw(ctx context.Context, p acquireParams) {
 // the low-level call under Mutex: the grant is not renewed (see Renew) and
 // not coordinated with Mutexes of this client. Prefer Mutex or WithLock.
 func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) (*Grant, error) {
-	p := acquireParams{name: name, ttl: opts.TTL, wait: opts.Wait, requestID: newRequestID()}
+	p := acquireParams{name: name, ttl: opts.TTL, wait: opts.Wait, requestID: newRequestID(), takeover: opts.Takeover}
 	if opts.Session != nil {
 		p.sessionID = opts.Session.id
 	} else if err := checkTTL(opts.TTL); err != nil {

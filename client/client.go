@@ -71,10 +71,12 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives retries (debug) and lost leases (warn). Default: none.
 	Logger *slog.Logger
-	// ClientID names this holder to the cluster. It must be unique per
-	// process: an acquire by the same client id with a new lease takes a lock
-	// over from its holder at once (the holder crashed and came back).
-	// Default: hostname-pid-random.
+	// ClientID names this holder to the cluster. It should be unique per
+	// process: holders are shown by it, and a process that restarts with
+	// the same ClientID may take its previous incarnation's locks over at
+	// once, but only when it asks to (WithTakeover; with ACLs, a token
+	// naming this ClientID). Without that, the same ClientID under a new
+	// lease waits like anyone else. Default: hostname-pid-random.
 	ClientID string
 	// RequestTimeout bounds one attempt of a request that does not wait in
 	// line. Default 10 s.

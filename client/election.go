@@ -42,22 +42,25 @@ type LeaderView struct {
 // elected in the same step, with a new fencing token. An Election holds no
 // state of its own; every Campaign returns its own Leadership.
 type Election struct {
-	c       *Client
-	name    string
-	ttl     time.Duration
-	session *Session
+	c        *Client
+	name     string
+	ttl      time.Duration
+	session  *Session
+	takeover bool
 }
 
 // NewElection returns the election called name (slash-separated segments of
 // A-Z a-z 0-9 . _ : -; elections and locks have separate namespaces). It
 // takes the options of NewMutex: WithTTL for the leader's own lease (default
-// 30 s), or WithSession to hold the seat under a session.
+// 30 s), or WithSession to hold the seat under a session, and WithTakeover
+// to take the seat (or a place in line) from another lease of the same
+// candidate id.
 func (c *Client) NewElection(name string, opts ...MutexOption) *Election {
 	m := Mutex{ttl: DefaultTTL}
 	for _, o := range opts {
 		o(&m)
 	}
-	return &Election{c: c, name: strings.TrimPrefix(name, "/"), ttl: m.ttl, session: m.session}
+	return &Election{c: c, name: strings.TrimPrefix(name, "/"), ttl: m.ttl, session: m.session, takeover: m.takeover}
 }
 
 // Name is the election's name.
@@ -118,6 +121,7 @@ type campaignParams struct {
 	sessionID string
 	wait      time.Duration
 	requestID string
+	takeover  bool
 }
 
 func (e *Election) campaign(ctx context.Context, value string) (*Leadership, error) {
@@ -144,7 +148,7 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 		if wctx.Err() != nil {
 			return nil, stopped(nil)
 		}
-		p := campaignParams{value: value, sessionID: sessionID, requestID: newRequestID(), wait: waitFor(ctx)}
+		p := campaignParams{value: value, sessionID: sessionID, requestID: newRequestID(), wait: waitFor(ctx), takeover: e.takeover}
 		g, sent, err := e.send(wctx, p)
 		switch {
 		case err == nil:
@@ -189,9 +193,10 @@ func (e *Election) campaign(ctx context.Context, value string) (*Leadership, err
 					e.giveBack(ctx, g)
 					return nil, stopped(rerr)
 				}
-				// Campaign again; if the server still counts us as leader,
-				// the new request takes the seat over at once.
+				// Resign and campaign again, as Lock does: a new lease of
+				// the same candidate id takes no seat over unless asked to.
 				c.log.Debug("dlock: could not confirm an election; campaigning again", "election", e.name, "err", rerr)
+				e.giveBack(ctx, g)
 				continue
 			}
 			sent = rsent
@@ -219,7 +224,7 @@ func (e *Election) send(ctx context.Context, p campaignParams) (*Grant, time.Tim
 		return nil, time.Time{}, err
 	}
 	req := campaignRequest{CandidateID: e.c.id, Value: p.value, SessionID: p.sessionID,
-		WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID}
+		WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover}
 	if p.sessionID == "" {
 		req.TTLms = e.ttl.Milliseconds()
 	}
@@ -243,7 +248,7 @@ func (e *Election) send(ctx context.Context, p campaignParams) (*Grant, time.Tim
 func (e *Election) withdraw(ctx context.Context, p campaignParams) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(cleanupTimeout, e.c.reqTimeout))
 	defer cancel()
-	p.wait = 0
+	p.wait, p.takeover = 0, false // as Client.withdraw
 	g, _, err := e.send(ctx, p)
 	if err == nil {
 		e.giveBack(ctx, g)
@@ -530,6 +535,7 @@ type campaignRequest struct {
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
+	Takeover      bool   `json:"takeover,omitempty"`
 }
 
 type campaignResponse struct {

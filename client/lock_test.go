@@ -30,6 +30,77 @@ func TestLocks(t *testing.T) {
 	t.Run("WithLock", func(t *testing.T) { testWithLock(t, c) })
 	t.Run("MutexesOfOneClientExclude", func(t *testing.T) { testLocalExclusion(t, c) })
 	t.Run("FIFOAcrossClients", func(t *testing.T) { testFIFO(t, c) })
+	t.Run("TakeoverOnlyWhenAsked", func(t *testing.T) { testTakeover(t, c) })
+}
+
+// testTakeover: two Clients with one ClientID (a process that restarted
+// while its old lease runs). The new one waits for the lock like anyone
+// unless it asks to take over; then the old lease is lost.
+func testTakeover(t *testing.T, c *cluster) {
+	old, restarted := c.client("stable-id"), c.client("stable-id")
+	mo := old.NewMutex("takeover/x", client.WithTTL(30*time.Second))
+	lo, err := mo.Lock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.NewMutex("takeover/x").TryLock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrLockHeld) {
+		t.Fatalf("TryLock by the same ClientID without takeover = %v, want ErrLockHeld", err)
+	}
+	if _, err := restarted.NewMutex("takeover/x").Lock(ctxTimeout(t, 400*time.Millisecond)); !errors.Is(err, client.ErrWaitTimeout) {
+		t.Fatalf("Lock by the same ClientID without takeover = %v, want ErrWaitTimeout", err)
+	}
+	checkHeld(t, c.get("takeover/x"), "stable-id", lo.Token())
+
+	mn := restarted.NewMutex("takeover/x", client.WithTakeover())
+	ln, err := mn.TryLock(ctxTimeout(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("TryLock with WithTakeover: %v", err)
+	}
+	if ln.Token() <= lo.Token() {
+		t.Fatalf("takeover token %d, old %d", ln.Token(), lo.Token())
+	}
+	checkHeld(t, c.get("takeover/x"), "stable-id", ln.Token())
+	if err := mo.Unlock(ctxTimeout(t, 5*time.Second)); !errors.Is(err, client.ErrNotHolder) {
+		t.Fatalf("Unlock of the lease taken over = %v, want ErrNotHolder", err)
+	}
+	if err := mn.Unlock(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatalf("Unlock after the takeover: %v", err)
+	}
+	checkFree(t, c.get("takeover/x"))
+
+	// The low-level Acquire: the same, with AcquireOptions.Takeover.
+	g1, err := old.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second}); !errors.Is(err, client.ErrLockHeld) {
+		t.Fatalf("Acquire by the same ClientID without takeover = %v, want ErrLockHeld", err)
+	}
+	g2, err := restarted.Acquire(ctxTimeout(t, 5*time.Second), "takeover/y", client.AcquireOptions{TTL: 30 * time.Second, Takeover: true})
+	if err != nil || g2.FencingToken <= g1.FencingToken {
+		t.Fatalf("Acquire with Takeover: %v %+v", err, g2)
+	}
+	if err := restarted.Release(ctxTimeout(t, 5*time.Second), "takeover/y", g2.FencingToken, g2.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+
+	// An Election: the same candidate id waits behind its own old seat
+	// unless it takes over.
+	lead, err := old.NewElection("takeover/e").Campaign(ctxTimeout(t, 5*time.Second), "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := restarted.NewElection("takeover/e").Campaign(ctxTimeout(t, 400*time.Millisecond), "new"); !errors.Is(err, client.ErrWaitTimeout) {
+		t.Fatalf("Campaign by the same candidate id without takeover = %v, want ErrWaitTimeout", err)
+	}
+	lead2, err := restarted.NewElection("takeover/e", client.WithTakeover()).Campaign(ctxTimeout(t, 5*time.Second), "new")
+	if err != nil || lead2.Token() <= lead.Token() || lead2.Value() != "new" {
+		t.Fatalf("Campaign with WithTakeover: %v", err)
+	}
+	if err := lead2.Resign(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	_ = lead.Resign(ctxTimeout(t, 5*time.Second))
 }
 
 func testAutoRenew(t *testing.T, c *cluster) {
@@ -608,5 +679,138 @@ func TestLockUnderLostSessionFails(t *testing.T) {
 	defer mu.Unlock()
 	if grants > 0 && releases == 0 {
 		t.Fatalf("the lock was granted %d times and never released: the server holds it until the session expires there", grants)
+	}
+}
+
+// TestLockGivesBackAnUnconfirmedGrant: a grant that came too late to trust
+// its bound is confirmed by a renewal; when that fails, Lock gives the grant
+// back before it queues again. A new acquire of the same ClientID takes
+// nothing over unless asked to, so without the give-back the next attempt
+// would wait behind its own grant until the TTL ran out.
+func TestLockGivesBackAnUnconfirmedGrant(t *testing.T) {
+	cl, calls := unconfirmedGrantNode(t, "acquire", "acquired")
+	m := cl.NewMutex("x", client.WithTTL(time.Second))
+	l, err := m.Lock(ctxTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatalf("Lock: %v", err)
+	}
+	defer m.Unlock(context.Background())
+	checkGaveBack(t, l.Token(), calls(), "acquire", "release")
+}
+
+// TestCampaignGivesBackAnUnconfirmedSeat: the same for Campaign.
+func TestCampaignGivesBackAnUnconfirmedSeat(t *testing.T) {
+	cl, calls := unconfirmedGrantNode(t, "campaign", "leader")
+	l, err := cl.NewElection("x", client.WithTTL(time.Second)).Campaign(ctxTimeout(t, 10*time.Second), "v")
+	if err != nil {
+		t.Fatalf("Campaign: %v", err)
+	}
+	defer l.Resign(context.Background())
+	checkGaveBack(t, l.Token(), calls(), "campaign", "resign")
+}
+
+// unconfirmedGrantNode is a node that answers the first acquire (or
+// campaign) after more than TTL/3 of a 1 s TTL with token 1, refuses to
+// renew that grant, and grants token 2 at once to the next one. It records
+// every write with its token and takeover flag.
+func unconfirmedGrantNode(t *testing.T, action, granted string) (*client.Client, func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var calls []string
+	acquires := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodPost {
+			io.WriteString(w, `{}`) // the leader question
+			return
+		}
+		var body struct {
+			FencingToken uint64 `json:"fencing_token"`
+			Takeover     bool   `json:"takeover"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		verb := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("%s token=%d takeover=%v", verb, body.FencingToken, body.Takeover))
+		if verb == action {
+			acquires++
+		}
+		n := acquires
+		mu.Unlock()
+		switch {
+		case verb == action && n == 1:
+			time.Sleep(time.Second/3 + 150*time.Millisecond) // past TTL/3: confirm first
+			io.WriteString(w, grantJSON(granted, 1))
+		case verb == action:
+			io.WriteString(w, grantJSON(granted, 2))
+		case verb == "renew" && body.FencingToken == 1:
+			w.WriteHeader(http.StatusInternalServerError)
+			io.WriteString(w, `{"error":{"code":"internal","message":"confirming failed"}}`)
+		case verb == "renew":
+			fmt.Fprintf(w, `{"renewed":true,"ttl_ms":1000,"expires_at":%q}`, time.Now().Add(time.Second).UTC().Format(time.RFC3339Nano))
+		default:
+			io.WriteString(w, `{}`) // release, resign
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl, func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), calls...) }
+}
+
+// checkGaveBack wants the unconfirmed grant given back before the next
+// attempt, which asks for no takeover and is the grant handed out.
+func checkGaveBack(t *testing.T, token uint64, seq []string, action, giveBack string) {
+	t.Helper()
+	want := []string{action + " token=0 takeover=false", "renew token=1 takeover=false", giveBack + " token=1 takeover=false", action + " token=0 takeover=false"}
+	if token != 2 || len(seq) < len(want) || fmt.Sprint(seq[:len(want)]) != fmt.Sprint(want) {
+		t.Fatalf("token %d after calls %q; want the unconfirmed grant given back before the next %s: %q", token, seq, action, want)
+	}
+}
+
+// TestWithdrawNeverTakesOver: with WithTakeover, the acquire asks to take
+// over, but its withdrawal (the same request again, without waiting, after
+// the caller gave up) does not: should the cluster have forgotten the
+// request, the withdrawal must not take the lock from anyone.
+func TestWithdrawNeverTakesOver(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.HasSuffix(r.URL.Path, "/acquire") {
+			io.WriteString(w, `{}`)
+			return
+		}
+		var body struct {
+			WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+			Takeover      bool  `json:"takeover"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("wait=%v takeover=%v", body.WaitTimeoutMs > 0, body.Takeover))
+		mu.Unlock()
+		if body.WaitTimeoutMs > 0 {
+			<-r.Context().Done() // waits until the caller gives up
+			return
+		}
+		w.WriteHeader(http.StatusConflict)
+		io.WriteString(w, `{"error":{"code":"lock_held","message":"held"},"holder":{"client_id":"other","fencing_token":1}}`)
+	}))
+	t.Cleanup(srv.Close)
+	cl, err := client.New(client.Config{Endpoints: []string{srv.URL}, ClientID: "stable"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	if _, err := cl.NewMutex("x", client.WithTakeover()).Lock(ctxTimeout(t, 300*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock = %v, want the deadline", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(calls) != "[wait=true takeover=true wait=false takeover=false]" {
+		t.Fatalf("acquires sent: %q; want the wait with takeover, then its withdrawal without", calls)
 	}
 }

@@ -24,13 +24,26 @@ func WithTTL(ttl time.Duration) MutexOption { return func(m *Mutex) { m.ttl = tt
 // the session's keepalive keeps it, and it is lost when the session is.
 func WithSession(s *Session) MutexOption { return func(m *Mutex) { m.session = s } }
 
+// WithTakeover lets Lock and TryLock take the lock — or a place in its
+// queue — at once from another lease of this client's ClientID: the
+// instant recovery of a process that restarted with the same ClientID while
+// its previous incarnation's lease still runs. The previous holder's lease
+// loses the lock (its renewals fail with ErrNotHolder), so use it only when
+// that incarnation is certainly gone. Without it (the default), a lock held
+// under the same ClientID is like any held lock: Lock waits for it, TryLock
+// fails with ErrLockHeld. With ACLs, takeover needs a token whose
+// client_ids name this ClientID (docs/security.md). For an Election it
+// takes over the seat, or the place in line, of the same candidate id.
+func WithTakeover() MutexOption { return func(m *Mutex) { m.takeover = true } }
+
 // Mutex is a distributed lock. Mutexes of one Client also exclude each other
 // locally, so two goroutines sharing a Client cannot both hold a name.
 type Mutex struct {
-	c       *Client
-	name    string
-	ttl     time.Duration
-	session *Session
+	c        *Client
+	name     string
+	ttl      time.Duration
+	session  *Session
+	takeover bool
 
 	mu     sync.Mutex
 	lease  *Lease
@@ -89,7 +102,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	} else if unlock = m.c.locals.tryLock(m.name); unlock == nil {
 		return nil, fmt.Errorf("%w: %q is held by another Mutex of this client", ErrLockHeld, m.name)
 	}
-	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait)
+	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -168,8 +181,9 @@ func waitAgain(ctx context.Context, sent time.Time, asked time.Duration) bool {
 	return !ok || time.Since(sent) < asked*9/10 || time.Until(dl) > waitMargin
 }
 
-// lockLease acquires a lock and starts keeping its lease.
-func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait bool) (*Lease, error) {
+// lockLease acquires a lock and starts keeping its lease; takeover as
+// WithTakeover.
+func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool) (*Lease, error) {
 	sessionID := ""
 	// wctx ends when ctx does, and when the session does: a wait under a
 	// session the client counts as lost must not turn into a lease, which
@@ -195,7 +209,7 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 		if wctx.Err() != nil {
 			return nil, stopped(nil)
 		}
-		p := acquireParams{name: name, ttl: ttl, sessionID: sessionID, requestID: newRequestID()}
+		p := acquireParams{name: name, ttl: ttl, sessionID: sessionID, requestID: newRequestID(), takeover: takeover}
 		if wait {
 			p.wait = waitFor(ctx)
 		}
@@ -249,9 +263,12 @@ func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, 
 					c.giveBack(ctx, g)
 					return nil, fmt.Errorf("lock %q: confirming a slow grant: %w", name, rerr)
 				}
-				// Queue again. If the server still counts us as holder, the
-				// new request takes the lock over at once (same client id).
+				// Give the grant back and queue again. A grant the server
+				// still counts as ours (the give-back failed too) holds the
+				// new request up until its TTL ends: a new lease of the same
+				// client id takes nothing over unless asked to (WithTakeover).
 				c.log.Debug("dlock: could not confirm a grant; acquiring again", "lock", name, "err", rerr)
+				c.giveBack(ctx, g)
 				continue
 			}
 			sent = rsent

@@ -77,6 +77,7 @@ type acquireRequest struct {
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
+	Takeover      bool   `json:"takeover,omitempty"`
 }
 
 type acquireResponse struct {

@@ -42,7 +42,7 @@ func (h *holderFlags) check() error {
 	return nil
 }
 
-const acquireUsage = `Usage: dlock acquire NAME [--ttl 30s] [--wait D] [flags]
+const acquireUsage = `Usage: dlock acquire NAME [--ttl 30s] [--wait D] [--takeover] [flags]
 
 Takes a lock and prints its fencing token and lease id. Nothing renews it:
 renew it with dlock renew (same --client-id) before the TTL runs out, and
@@ -50,7 +50,7 @@ release it with dlock release. To run a command under a lock, use dlock lock.
 
   --ttl D    lease TTL, 1s to 10m (default 30s)
   --wait D   wait in line up to D, at most 1h (default 0: do not wait)
-`
+` + takeoverUsage
 
 func runAcquire(args []string) error {
 	fs := newCmdFlags("acquire", acquireUsage)
@@ -58,8 +58,12 @@ func runAcquire(args []string) error {
 	g.register(fs)
 	ttl := fs.Duration("ttl", 30*time.Second, "lease TTL")
 	wait := fs.Duration("wait", 0, "wait in line up to this long")
+	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
 	name, err := parseNamed(fs, &g, args)
 	if err != nil {
+		return err
+	}
+	if _, err := takeoverOpts(&g, *takeover); err != nil {
 		return err
 	}
 	c, ctx, done, err := g.connect(*wait)
@@ -67,7 +71,7 @@ func runAcquire(args []string) error {
 		return err
 	}
 	defer done()
-	gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: *ttl, Wait: *wait})
+	gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: *ttl, Wait: *wait, Takeover: *takeover})
 	if err != nil {
 		printHolder(err)
 		return err

@@ -13,7 +13,7 @@ import (
 	"github.com/dlock/dlock/client"
 )
 
-const electUsage = `Usage: dlock elect NAME [--value V] [--ttl 15s] [--wait D] [--grace 10s] [flags] -- CMD [ARGS...]
+const electUsage = `Usage: dlock elect NAME [--value V] [--ttl 15s] [--wait D] [--grace 10s] [--takeover] [flags] -- CMD [ARGS...]
 
 Runs CMD only while this process is the leader of the election NAME: it
 campaigns (waits in line behind the leader and earlier candidates), starts
@@ -32,7 +32,7 @@ campaigning they withdraw the candidacy.
   --wait D    give up after campaigning D (exit 3); default: as long as it
               takes
   --grace D   time between SIGTERM and SIGKILL when leadership is lost (10s)
-`
+` + takeoverUsage
 
 func runElect(args []string) error {
 	fs := newCmdFlags("elect", electUsage)
@@ -42,6 +42,7 @@ func runElect(args []string) error {
 	ttl := fs.Duration("ttl", 15*time.Second, "lease TTL")
 	wait := fs.Duration("wait", 0, "give up after campaigning this long (0: no limit)")
 	grace := fs.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL delay when leadership is lost")
+	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
 	pos, argv, err := parseCmd(fs, &g, args, 1)
 	if err != nil {
 		return err
@@ -51,6 +52,10 @@ func runElect(args []string) error {
 	}
 	if *wait < 0 || *grace < 0 {
 		return usageErrorf("--wait and --grace must not be negative")
+	}
+	opts, err := takeoverOpts(&g, *takeover)
+	if err != nil {
+		return err
 	}
 	name := pos[0]
 	c, err := g.client()
@@ -68,7 +73,7 @@ func runElect(args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	e := c.NewElection(name, client.WithTTL(*ttl))
+	e := c.NewElection(name, append(opts, client.WithTTL(*ttl))...)
 	l, err := waitOrSignal(*wait, sigs, func(ctx context.Context) (*client.Leadership, error) {
 		return e.Campaign(ctx, *value)
 	}, func(ctx context.Context, l *client.Leadership) { l.Resign(ctx) })

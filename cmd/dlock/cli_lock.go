@@ -14,7 +14,7 @@ import (
 	"github.com/dlock/dlock/client"
 )
 
-const lockUsage = `Usage: dlock lock NAME [--ttl 30s] [--wait D | --no-wait] [--grace 10s] [flags] -- CMD [ARGS...]
+const lockUsage = `Usage: dlock lock NAME [--ttl 30s] [--wait D | --no-wait] [--grace 10s] [--takeover] [flags] -- CMD [ARGS...]
 
 Runs CMD while holding the lock NAME, waiting in line for it first. CMD gets
 DLOCK_NAME and DLOCK_FENCING_TOKEN in its environment and runs in its own
@@ -30,7 +30,7 @@ is released when CMD exits.
               long as it takes
   --no-wait   exit 3 at once if the lock is held
   --grace D   time between SIGTERM and SIGKILL when the lock is lost (10s)
-`
+` + takeoverUsage
 
 func runLockCommand(args []string) error {
 	fs := newCmdFlags("lock", lockUsage)
@@ -40,6 +40,7 @@ func runLockCommand(args []string) error {
 	wait := fs.Duration("wait", 0, "give up after waiting this long (0: no limit)")
 	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
 	grace := fs.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL delay when the lock is lost")
+	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
 	pos, argv, err := parseCmd(fs, &g, args, 1)
 	if err != nil {
 		return err
@@ -49,6 +50,10 @@ func runLockCommand(args []string) error {
 	}
 	if *wait < 0 || *grace < 0 {
 		return usageErrorf("--wait and --grace must not be negative")
+	}
+	opts, err := takeoverOpts(&g, *takeover)
+	if err != nil {
+		return err
 	}
 	name := pos[0]
 	c, err := g.client()
@@ -63,7 +68,7 @@ func runLockCommand(args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	m := c.NewMutex(name, client.WithTTL(*ttl))
+	m := c.NewMutex(name, append(opts, client.WithTTL(*ttl))...)
 	l, err := lockOrSignal(m, *wait, *noWait, sigs)
 	if err != nil {
 		var sig *signalled

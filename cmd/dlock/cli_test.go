@@ -237,6 +237,32 @@ func testLowLevel(t *testing.T, e *cliEnv) {
 	if _, _, code := e.run(t, "renew", "cli/low", "--token", tok, "--lease-id", g.LeaseID, "--client-id", "script-1", "--ttl", "30s"); code != 0 {
 		t.Fatalf("renew: exit %d", code)
 	}
+	// The holder's own client id takes nothing without --takeover, and
+	// --takeover needs a client id chosen on purpose.
+	if _, errOut, code := e.run(t, "acquire", "cli/low", "--ttl", "20s", "--client-id", "script-1"); code != 3 || !strings.Contains(errOut, "script-1") {
+		t.Fatalf("acquire by the holder's client id without --takeover: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := e.run(t, "acquire", "cli/low", "--ttl", "20s", "--takeover"); code != 2 || !strings.Contains(errOut, "--client-id") {
+		t.Fatalf("--takeover without --client-id: exit %d, %s", code, errOut)
+	}
+	out, errOut, code = e.run(t, "acquire", "cli/takeover", "--ttl", "20s", "--client-id", "script-2", "-o", "json")
+	var t1, t2 struct {
+		FencingToken uint64 `json:"fencing_token"`
+		LeaseID      string `json:"lease_id"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &t1) != nil {
+		t.Fatalf("acquire cli/takeover: exit %d: %s", code, errOut)
+	}
+	out, errOut, code = e.run(t, "acquire", "cli/takeover", "--ttl", "20s", "--client-id", "script-2", "--takeover", "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(out), &t2) != nil || t2.FencingToken <= t1.FencingToken || t2.LeaseID == t1.LeaseID {
+		t.Fatalf("acquire --takeover: exit %d: %s %s", code, out, errOut)
+	}
+	if _, _, code := e.run(t, "renew", "cli/takeover", "--token", strconv.FormatUint(t1.FencingToken, 10), "--lease-id", t1.LeaseID, "--client-id", "script-2"); code != 4 {
+		t.Fatalf("renew of the lease taken over: exit %d, want 4", code)
+	}
+	if _, _, code := e.run(t, "release", "cli/takeover", "--token", strconv.FormatUint(t2.FencingToken, 10), "--lease-id", t2.LeaseID, "--client-id", "script-2"); code != 0 {
+		t.Fatalf("release after the takeover: exit %d", code)
+	}
 	if _, _, code := e.run(t, "release", "cli/low", "--token", tok, "--lease-id", g.LeaseID); code != 4 {
 		t.Fatalf("release under another client id: exit %d, want 4 (not the holder)", code)
 	}

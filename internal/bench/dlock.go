@@ -286,6 +286,11 @@ type acquireReq struct {
 	TTLms         int64  `json:"ttl_ms,omitempty"`
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
+	// Takeover is set by the workloads: each client id belongs to one
+	// sequential worker, so a lock (or wait) it already has is a leftover of
+	// its own attempt whose answer was lost (a failover, a timeout), which
+	// it takes over at once instead of waiting out the TTL.
+	Takeover bool `json:"takeover,omitempty"`
 }
 
 type acquireResp struct {

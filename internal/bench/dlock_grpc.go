@@ -163,7 +163,7 @@ func grpcCall[Req, Resp any](ctx context.Context, extra time.Duration, call func
 
 func (c *grpcClient) acquire(ctx context.Context, name string, req acquireReq) (*acquireResp, error) {
 	r, err := grpcCall(ctx, time.Duration(req.WaitTimeoutMs)*time.Millisecond, c.lockStub().Acquire, &dlockv1.AcquireRequest{
-		Name: name, ClientId: req.ClientID, TtlMs: req.TTLms, SessionId: req.SessionID, WaitTimeoutMs: req.WaitTimeoutMs})
+		Name: name, ClientId: req.ClientID, TtlMs: req.TTLms, SessionId: req.SessionID, WaitTimeoutMs: req.WaitTimeoutMs, Takeover: req.Takeover})
 	if err != nil {
 		return nil, err
 	}

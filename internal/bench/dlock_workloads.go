@@ -109,7 +109,7 @@ func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c lockAPI, 
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
 		for pace.wait(stop) {
 			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl})
+			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, Takeover: true})
 			if err != nil {
 				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
 					return
@@ -180,7 +180,7 @@ func dlockSession(ctx context.Context, cfg *Config, res *Result, c lockAPI, id s
 		for j := 0; pace.wait(stop); j++ {
 			name := fmt.Sprintf("bench/%s/s/w%d/k%d", id, w, j%cfg.Names)
 			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, SessionID: sid})
+			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, SessionID: sid, Takeover: true})
 			if err != nil {
 				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
 					return
@@ -215,7 +215,7 @@ func dlockContended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
 		for stop.Err() == nil {
 			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, WaitTimeoutMs: wait})
+			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, WaitTimeoutMs: wait, Takeover: true})
 			if err != nil {
 				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
 					return
@@ -270,7 +270,7 @@ func dlockHeld(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *clu
 				hl := heldLock{name: fmt.Sprintf("bench/%s/h/k%d", id, j), cid: fmt.Sprintf("bench-%s-k%d", id, j)}
 				for try := 0; ; try++ {
 					t0 := time.Now()
-					a, err := c.acquire(ctx, hl.name, acquireReq{ClientID: hl.cid, TTLms: ttl})
+					a, err := c.acquire(ctx, hl.name, acquireReq{ClientID: hl.cid, TTLms: ttl, Takeover: true})
 					if err == nil {
 						acq.observe("acquire", t0)
 						hl.token, hl.lease = a.FencingToken, a.LeaseID
@@ -516,7 +516,7 @@ func dlockWatch(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *cl
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
 		for pace.wait(stop) {
 			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl})
+			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, Takeover: true})
 			if err != nil {
 				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
 					return

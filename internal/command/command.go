@@ -40,8 +40,9 @@ const (
 // version up to this one. Version 2 added Acquire.Value (elections), version 3
 // SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
-// and without them); version 4 Envelope.ClockTerm; version 5
-// Acquire.MaxWaiters.
+// and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters
+// and Acquire.Takeover (earlier acquires decode with Takeover true: they
+// always took over).
 const Version = 5
 
 // Limits shared by validation and the state machine.
@@ -160,6 +161,12 @@ type Acquire struct {
 	// --max-waiters-per-lock; in the command, every replica decides alike
 	// however many such acquires race.
 	MaxWaiters int64
+	// Takeover lets the acquire take the lock, or its place in the queue,
+	// from another lease of the same client_id. Without it that lease is
+	// like any other holder or waiter, so knowing a client_id takes
+	// nothing. Entries before version 5 decode with Takeover true: they
+	// always took over, and a replay must do what they did.
+	Takeover bool
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -438,6 +445,7 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.Varint(b.WaitMs)
 	w.String(b.Value)
 	w.Varint(b.MaxWaiters) // version 5
+	w.Bool(b.Takeover)     // version 5
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
@@ -450,6 +458,9 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 	}
 	if v >= 5 {
 		b.MaxWaiters = r.Varint()
+		b.Takeover = r.Bool()
+	} else {
+		b.Takeover = true
 	}
 }
 

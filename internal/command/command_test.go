@@ -55,6 +55,8 @@ func roundTripCases() []struct {
 			Body: &Acquire{Name: ElectionKey("db/primary"), LeaseID: testLease(4), TTLms: 10_000, WaitMs: 60_000, Value: strings.Repeat("v", MaxValueLen)}}},
 		{"acquire/value-binary", &Envelope{Body: &Acquire{Name: "a", Value: "\x00\xff\n"}}},
 		{"acquire/max-waiters", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, MaxWaiters: 1000}}},
+		{"acquire/takeover", &Envelope{TS: 3, ClientID: "c", RequestID: "r",
+			Body: &Acquire{Name: "a", LeaseID: testLease(5), TTLms: 10_000, Takeover: true}}},
 		{"release/empty", &Envelope{Body: &Release{}}},
 		{"release/full", &Envelope{TS: 3, ClientID: "c", RequestID: "r", Body: &Release{Name: "a", LeaseID: testLease(9), Token: math.MaxUint64}}},
 		{"renew/empty", &Envelope{Body: &Renew{}}},
@@ -214,6 +216,8 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // A newer node reads an older log: version 1 entries (before Acquire.Value)
 // and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
 // command with those fields empty, and re-encode at the current version.
+// Acquires before version 5 decode with Takeover true (they always took
+// over).
 func TestDecodeOlderVersions(t *testing.T) {
 	for _, old := range []byte{1, 2, 3, 4} {
 		for _, tc := range roundTripCases() {
@@ -222,6 +226,7 @@ func TestDecodeOlderVersions(t *testing.T) {
 			case *Acquire:
 				c := *b
 				c.MaxWaiters = 0 // added with version 5
+				c.Takeover = true
 				if old < 2 {
 					c.Value = ""
 				}
@@ -247,8 +252,15 @@ func TestDecodeOlderVersions(t *testing.T) {
 			b := oldEnvelope(t, cur, old)
 			b[1] = old
 			// Cut the fields the old version did not have; each was the
-			// last field of its command, and empty here.
+			// last field of its command, and empty here (Takeover, last
+			// of all, is true).
 			_, isAcquire := e.Body.(*Acquire)
+			if isAcquire {
+				if b[len(b)-1] != 1 {
+					t.Fatalf("%s: Acquire.Takeover is not the last field", tc.name)
+				}
+				b = b[:len(b)-1]
+			}
 			_, isSetKey := e.Body.(*SetTokenKey)
 			isSetKey = isSetKey && old < 3
 			cut := 0
@@ -435,6 +447,19 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.Varint(0)
 			w.String("") // Value (version 2)
 			w.Varint(0)  // MaxWaiters (version 5)
+			w.Byte(0)    // Takeover (version 5)
+			return w.Buf
+		},
+		"acquire/bad-takeover": func(b byte) []byte {
+			w := hdr(TypeAcquire)
+			w.String("a")
+			w.Fixed(make([]byte, 16))
+			w.Byte(0)
+			w.Varint(1000)
+			w.Varint(0)
+			w.String("")
+			w.Varint(0)
+			w.Byte(b)
 			return w.Buf
 		},
 		"cancel-wait/bad-bool": func(b byte) []byte {
@@ -735,6 +760,9 @@ func TestResultRoundTrip(t *testing.T) {
 // Clock (version 3, right after TS) below 3; the fields dropped must be 0.
 func oldEnvelope(t *testing.T, b []byte, v byte) []byte {
 	t.Helper()
+	if v >= 4 {
+		return append([]byte(nil), b...)
+	}
 	r := wire.NewReader(b[2:])
 	r.Varint() // TS
 	clockAt := len(b) - r.Len()

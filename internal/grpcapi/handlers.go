@@ -24,7 +24,7 @@ type lockServer struct{ *api }
 
 func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
 	resp, err := s.svc.Acquire(ctx, service.AcquireRequest{Name: req.Name, ClientID: req.ClientId, TTLms: req.TtlMs,
-		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId})
+		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId, Takeover: req.Takeover})
 	if err != nil {
 		// lock_held and wait_timeout come with who holds the lock, lock_lost
 		// with the token of the grant that was lost.
@@ -147,7 +147,7 @@ type electionServer struct{ *api }
 
 func (s *electionServer) Campaign(ctx context.Context, req *dlockv1.CampaignRequest) (*dlockv1.CampaignResponse, error) {
 	resp, err := s.svc.Campaign(ctx, service.CampaignRequest{Name: req.Name, CandidateID: req.CandidateId, Value: req.Value,
-		TTLms: req.TtlMs, SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId})
+		TTLms: req.TtlMs, SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId, Takeover: req.Takeover})
 	if err != nil {
 		var d dlockv1.ErrorDetail
 		if resp != nil {

@@ -12,8 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
@@ -128,20 +126,7 @@ func TestACLWhoMayDoWhat(t *testing.T) {
 	}
 
 	// gRPC enforces the same rules with the same token in metadata.
-	cc, err := grpc.NewClient(c.GRPCAddr(node), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	locks := dlockv1.NewLockServiceClient(cc)
-	with := func(token string) context.Context {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		t.Cleanup(cancel)
-		if token == "" {
-			return ctx
-		}
-		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
-	}
+	locks, with := aclGRPC(t, c, node)
 	if _, err := locks.Acquire(with(w), &dlockv1.AcquireRequest{Name: "billing/grpc", ClientId: "worker-3", TtlMs: 30000}); err != nil {
 		t.Fatalf("gRPC acquire in its prefix: %v", err)
 	}

@@ -211,7 +211,7 @@ var bg = context.Background()
 
 func (g *grpcTransport) acquire(r service.AcquireRequest) outcome {
 	resp, err := g.locks.Acquire(bg, &dlockv1.AcquireRequest{Name: r.Name, ClientId: r.ClientID, TtlMs: r.TTLms, SessionId: r.SessionID,
-		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID})
+		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID, Takeover: r.Takeover})
 	return grpcOutcome(resp, err, func(p *dlockv1.AcquireResponse) any {
 		return &service.AcquireResponse{Acquired: p.Acquired, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
 	}, func(d *dlockv1.ErrorDetail) any { return &service.AcquireResponse{Holder: holderOf(d.Holder)} })
@@ -270,7 +270,7 @@ func (g *grpcTransport) deleteSession(r service.DeleteSessionRequest) outcome {
 
 func (g *grpcTransport) campaign(r service.CampaignRequest) outcome {
 	resp, err := g.elections.Campaign(bg, &dlockv1.CampaignRequest{Name: r.Name, CandidateId: r.CandidateID, Value: r.Value, TtlMs: r.TTLms,
-		SessionId: r.SessionID, WaitTimeoutMs: r.WaitTimeoutMs})
+		SessionId: r.SessionID, WaitTimeoutMs: r.WaitTimeoutMs, Takeover: r.Takeover})
 	return grpcOutcome(resp, err, func(p *dlockv1.CampaignResponse) any {
 		return &service.CampaignResponse{Leader: p.Leader, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
 	}, func(d *dlockv1.ErrorDetail) any { return &service.CampaignResponse{Current: leaderOf(d.Current)} })
@@ -315,6 +315,9 @@ type fixture struct {
 	session       string
 	electionToken uint64
 	electionLease string
+	// oldToken and oldLease are a grant taken over since.
+	oldToken uint64
+	oldLease string
 }
 
 type parityStep struct {
@@ -347,15 +350,38 @@ func parityTable() []parityStep {
 				t.Fatalf("retry answered %+v, first was token %d", a, f.token)
 			}
 		}},
-		{"same client with a new lease takes over", func(tr transport, f *fixture) outcome {
+		// Knowing the holder's client_id takes nothing: a new lease of the
+		// same client_id is refused like anyone else's...
+		{"same client with a new lease, without takeover: lock_held", func(tr transport, f *fixture) outcome {
 			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "owner", TTLms: 60000})
+		}, "lock_held", func(t *testing.T, f *fixture, b any) {
+			if h := b.(*service.AcquireResponse).Holder; h == nil || h.ClientID != "owner" || h.FencingToken != f.token {
+				t.Fatalf("holder %+v", h)
+			}
+		}},
+		{"same client with a new lease, without takeover: wait_timeout", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "owner", TTLms: 60000, WaitTimeoutMs: 200})
+		}, "wait_timeout", nil},
+		{"the holder still renews", func(tr transport, f *fixture) outcome {
+			return tr.renew(service.RenewRequest{Name: lock(f), ClientID: "owner", FencingToken: f.token, LeaseID: f.lease})
+		}, "", nil},
+		// ...and takes over only when it asks to.
+		{"same client with a new lease and takeover takes over", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "owner", TTLms: 60000, Takeover: true})
 		}, "", func(t *testing.T, f *fixture, b any) {
 			a := b.(*service.AcquireResponse)
 			if a.FencingToken <= f.token || a.LeaseID == f.lease {
 				t.Fatalf("takeover %+v after token %d", a, f.token)
 			}
+			f.oldToken, f.oldLease = f.token, f.lease
 			f.token, f.lease = a.FencingToken, a.LeaseID
 		}},
+		{"the lease taken over no longer renews", func(tr transport, f *fixture) outcome {
+			return tr.renew(service.RenewRequest{Name: lock(f), ClientID: "owner", FencingToken: f.oldToken, LeaseID: f.oldLease})
+		}, "not_holder", nil},
+		{"takeover by another client is an ordinary acquire", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "other", TTLms: 5000, Takeover: true})
+		}, "lock_held", nil},
 		{"held: lock_held with the holder", func(tr transport, f *fixture) outcome {
 			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "other", TTLms: 5000})
 		}, "lock_held", func(t *testing.T, f *fixture, b any) {
@@ -508,6 +534,22 @@ func parityTable() []parityStep {
 			if c := b.(*service.CampaignResponse).Current; c == nil || c.CandidateID != "A" || c.Value != "a:1" || c.FencingToken != f.electionToken {
 				t.Fatalf("current %+v", c)
 			}
+		}},
+		{"campaign by the leader's candidate id, without takeover: lock_held", func(tr transport, f *fixture) outcome {
+			return tr.campaign(service.CampaignRequest{Name: f.ns + "/e", CandidateID: "A", Value: "a:9", TTLms: 30000})
+		}, "lock_held", func(t *testing.T, f *fixture, b any) {
+			if c := b.(*service.CampaignResponse).Current; c == nil || c.CandidateID != "A" || c.Value != "a:1" || c.FencingToken != f.electionToken {
+				t.Fatalf("current %+v", c)
+			}
+		}},
+		{"campaign by the leader's candidate id with takeover", func(tr transport, f *fixture) outcome {
+			return tr.campaign(service.CampaignRequest{Name: f.ns + "/e", CandidateID: "A", Value: "a:1", TTLms: 30000, Takeover: true})
+		}, "", func(t *testing.T, f *fixture, b any) {
+			c := b.(*service.CampaignResponse)
+			if !c.Leader || c.FencingToken <= f.electionToken || c.LeaseID == f.electionLease {
+				t.Fatalf("takeover %+v after token %d", c, f.electionToken)
+			}
+			f.electionToken, f.electionLease = c.FencingToken, c.LeaseID
 		}},
 		{"campaign without candidate id", func(tr transport, f *fixture) outcome {
 			return tr.campaign(service.CampaignRequest{Name: f.ns + "/e", Value: "x", TTLms: 30000})

@@ -236,6 +236,20 @@ func TestCapsOnWaitersAndLeases(t *testing.T) {
 	if a := n.do("POST", "/locks/other/acquire", map[string]any{"client_id": "w3", "ttl_ms": 30000, "wait_timeout_ms": 1000}); a.status != 200 {
 		t.Fatalf("another lock: %d %s", a.status, a.msg)
 	}
+	// A waiter's or the holder's own client_id under a new lease would add a
+	// waiter unless it takes over: the cap applies to it like to anyone.
+	n.do("POST", "/locks/q/acquire", map[string]any{"client_id": "w1", "ttl_ms": 30000, "wait_timeout_ms": 30000}).
+		mustLimit(t, "a waiter's client_id queuing again without takeover", "--max-waiters-per-lock")
+	n.do("POST", "/locks/q/acquire", map[string]any{"client_id": "holder", "ttl_ms": 30000, "wait_timeout_ms": 30000}).
+		mustLimit(t, "the holder's client_id queuing without takeover", "--max-waiters-per-lock")
+	// With takeover it adds none: it takes w1's place (and then times out) ...
+	if a := n.do("POST", "/locks/q/acquire", map[string]any{"client_id": "w1", "ttl_ms": 30000, "wait_timeout_ms": 300, "takeover": true}); a.status != 409 || a.code != "wait_timeout" {
+		t.Fatalf("a waiter's takeover of its place: %d %s %s", a.status, a.code, a.msg)
+	}
+	// ... or the lock itself.
+	if a := n.do("POST", "/locks/q/acquire", map[string]any{"client_id": "holder", "ttl_ms": 30000, "wait_timeout_ms": 30000, "takeover": true}); a.status != 200 {
+		t.Fatalf("the holder's takeover with a full queue: %d %s %s", a.status, a.code, a.msg)
+	}
 	hangUp()
 	for range 2 {
 		<-done
@@ -270,7 +284,7 @@ func TestCapsOnWaitersAndLeases(t *testing.T) {
 		t.Fatalf("below the cap again: %d %s", s.status, s.msg)
 	}
 	m := n.metrics()
-	for _, want := range []string{`dlock_limited_requests_total{limit="waiters_per_lock"} 1`, `dlock_limited_requests_total{limit="leases_per_client"} 2`} {
+	for _, want := range []string{`dlock_limited_requests_total{limit="waiters_per_lock"} 3`, `dlock_limited_requests_total{limit="leases_per_client"} 2`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q", want)
 		}

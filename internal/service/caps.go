@@ -39,9 +39,11 @@ func (s *Service) checkCaps(a acquireArgs, newLease bool) (counts bool, _ error)
 		s.fsm.Read(func(st *state.State) {
 			li := st.GetLock(a.key)
 			n = li.Waiters
-			// Only a held lock queues; its holder's own client takes over
-			// instead, and a client that waits already keeps its place.
-			full = li.Held && n >= c.MaxWaitersPerLock && li.Holder.ClientID != a.clientID && !st.ClientQueued(a.key, a.clientID)
+			// Only a held lock queues. A takeover by the holder's own
+			// client takes the lock instead, and one by a client that
+			// waits already takes its place: neither adds a waiter.
+			replaces := a.takeover && (li.Holder.ClientID == a.clientID || st.ClientQueued(a.key, a.clientID))
+			full = li.Held && n >= c.MaxWaitersPerLock && !replaces
 		})
 		if full {
 			return false, s.queueFullErr(a, int64(n))

@@ -36,8 +36,11 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
 		return nil, err
 	}
+	if err := s.authorizeTakeover(ctx, req.Takeover, req.CandidateID); err != nil {
+		return nil, err
+	}
 	g, err := s.acquire(ctx, acquireArgs{key: command.ElectionKey(name), what: "election", clientID: req.CandidateID,
-		requestID: req.RequestID, ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, value: req.Value})
+		requestID: req.RequestID, ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, value: req.Value, takeover: req.Takeover})
 	if g == nil {
 		return nil, err
 	}

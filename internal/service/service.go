@@ -246,8 +246,11 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
 		return nil, err
 	}
+	if err := s.authorizeTakeover(ctx, req.Takeover, req.ClientID); err != nil {
+		return nil, err
+	}
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
-		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs})
+		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, takeover: req.Takeover})
 	if g == nil {
 		return nil, err
 	}
@@ -265,6 +268,7 @@ type acquireArgs struct {
 	sessionID           string
 	waitMs              int64
 	value               string
+	takeover            bool
 }
 
 // grantAnswer is the protocol-neutral outcome of an acquire or campaign. With a
@@ -337,7 +341,7 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if len(a.value) > command.MaxValueLen {
 		return nil, invalid("value is %d bytes; the limit is %d", len(a.value), command.MaxValueLen)
 	}
-	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value}
+	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value, Takeover: a.takeover}
 	switch {
 	case a.sessionID != "" && a.ttlMs != 0:
 		return nil, invalid("give either ttl_ms (a lease for this %s alone) or session_id, not both", a.what)

@@ -12,6 +12,10 @@ type AcquireRequest struct {
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
+	// Takeover takes the lock (or a place in its queue) from another lease
+	// of the same client_id at once; without it that lease is like any
+	// other holder. Under ACLs it needs a token naming the client_id.
+	Takeover bool `json:"takeover,omitempty"`
 }
 
 // Holder is the public view of who holds a lock.
@@ -207,6 +211,9 @@ type CampaignRequest struct {
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
+	// Takeover is AcquireRequest.Takeover for the candidate_id's other
+	// leases.
+	Takeover bool `json:"takeover,omitempty"`
 }
 
 // ElectionLeader is the current winner of an election.

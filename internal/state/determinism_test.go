@@ -241,9 +241,16 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		case g.pct(1):
 			b.LeaseID = command.LeaseID{}
 		}
-		// Often the same client as the holder (a restarted holder).
+		// Often the same client as the holder (a restarted holder), or as a
+		// waiter; half of those ask to take over.
 		if lk, _ := g.s.locks.Get(&Lock{Name: b.Name}); lk != nil && lk.Held() && g.pct(25) {
 			e.ClientID = g.s.leases[lk.Holder].ClientID
+			if q := lk.Queue(); len(q) > 0 && g.pct(30) {
+				e.ClientID = q[g.rng.IntN(len(q))].ClientID
+			}
+			b.Takeover = g.pct(50)
+		} else {
+			b.Takeover = g.pct(5)
 		}
 		return b
 	case p < 36: // acquire under a session
@@ -257,7 +264,7 @@ func (g *gen) body(e *command.Envelope) command.Body {
 			e.ClientID = l.ClientID
 		}
 		name := g.name()
-		return &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: g.wait(), TTLms: g.rng.Int64N(2) * 5000, Value: g.value(name)}
+		return &command.Acquire{Name: name, LeaseID: id, Session: true, WaitMs: g.wait(), TTLms: g.rng.Int64N(2) * 5000, Value: g.value(name), Takeover: g.pct(50)}
 	case p < 48, p < 56: // release / renew
 		held := g.heldLocks()
 		var name string

@@ -22,8 +22,9 @@ func (s *State) LeasesByClient() map[string]int {
 }
 
 // ClientQueued reports whether clientID already waits in the lock's queue:
-// queuing again (a restarted client with a new lease) takes over that place
-// instead of adding a waiter, so it must not count against the queue's cap.
+// queuing again with takeover (a restarted client with a new lease) takes
+// that place instead of adding a waiter, so it must not count against the
+// queue's cap.
 func (s *State) ClientQueued(name, clientID string) bool {
 	lk, _ := s.locks.Get(&Lock{Name: name})
 	if lk == nil {

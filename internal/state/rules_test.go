@@ -337,7 +337,7 @@ func TestSameClientNewLeaseTakesOver(t *testing.T) {
 	for _, wait := range []int64{0, 60_000} {
 		old := h.s.LockHolder("a")
 		newID := lid(int(10 + wait/1000))
-		r := h.acquire("c1", "a", newID, 12_000, wait)
+		r := h.takeover("c1", "a", newID, 12_000, wait)
 		mustStatus(t, r, command.StatusOK)
 		if r.Token != old.Token+1 || r.LeaseID != newID || r.Seq != h.idx || r.TTLms != 12_000 {
 			t.Fatalf("takeover result %+v", r)
@@ -368,7 +368,7 @@ func TestSameClientNewLeaseTakesOver(t *testing.T) {
 	mustStatus(t, h.session("c5", lid(50), ttl), command.StatusOK)
 	mustStatus(t, h.sacquire("c5", "s", lid(50), 0), command.StatusOK)
 	mustStatus(t, h.sacquire("c5", "t", lid(50), 0), command.StatusOK)
-	r := h.acquire("c5", "s", lid(51), ttl, 0)
+	r := h.takeover("c5", "s", lid(51), ttl, 0)
 	mustStatus(t, r, command.StatusOK)
 	l, ok := h.s.Lease(lid(50))
 	if !ok || h.s.LockHolder("s").Holder != lid(51) || h.s.LockHolder("t").Holder != lid(50) {
@@ -376,13 +376,140 @@ func TestSameClientNewLeaseTakesOver(t *testing.T) {
 	}
 	// And a different session of the same client takes over from an implicit lease.
 	mustStatus(t, h.session("c5", lid(52), ttl), command.StatusOK)
-	r2 := h.sacquire("c5", "s", lid(52), 0)
+	r2 := h.stakeover("c5", "s", lid(52), 0)
 	mustStatus(t, r2, command.StatusOK)
 	if r2.Token <= r.Token || h.s.LockHolder("s").Holder != lid(52) {
 		t.Fatalf("session takeover %+v", r2)
 	}
-	// Another client never takes over.
+	// Another client never takes over, even when it asks to.
 	mustStatus(t, h.acquire("c6", "s", lid(60), ttl, 0), command.StatusLockHeld)
+	mustStatus(t, h.takeover("c6", "s", lid(61), ttl, 0), command.StatusLockHeld)
+}
+
+// Without Takeover, an acquire by the holder's (or a waiter's) client_id
+// under another lease is an ordinary acquirer: it is refused or waits, and
+// the lease that holds the lock keeps it. Knowing a client_id takes nothing.
+func TestSameClientWithoutTakeoverIsAnOrdinaryAcquirer(t *testing.T) {
+	h := newHarness(t)
+	first := h.acquire("c1", "a", lid(1), ttl, 0)
+	mustStatus(t, first, command.StatusOK)
+
+	// No wait: lock_held, naming the holder, and nothing changes.
+	before, rev := dump(h.s), h.s.Revision()
+	r := h.acquire("c1", "a", lid(2), ttl, 0)
+	mustStatus(t, r, command.StatusLockHeld)
+	if r.Holder.ClientID != "c1" || r.Holder.Token != first.Token {
+		t.Fatalf("lock_held holder %+v", r.Holder)
+	}
+	h.checkNoChange(before, rev)
+	// Under a session of the same client: the same.
+	mustStatus(t, h.session("c1", lid(3), ttl), command.StatusOK)
+	before, rev = dump(h.s), h.s.Revision()
+	mustStatus(t, h.sacquire("c1", "a", lid(3), 0), command.StatusLockHeld)
+	h.checkNoChange(before, rev)
+
+	// With a wait: queued behind the holder, who still renews.
+	q1 := h.acquire("c1", "a", lid(4), ttl, 60_000)
+	mustStatus(t, q1, command.StatusQueued)
+	mustStatus(t, h.acquire("c2", "a", lid(5), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.renew("c1", "a", lid(1), first.Token, 0), command.StatusOK)
+	if hl := h.s.LockHolder("a"); hl.Holder != lid(1) || hl.Token != first.Token {
+		t.Fatalf("holder changed to %+v", hl)
+	}
+	// The holder releases: FIFO hand-off to c1's wait, then c2's.
+	mustStatus(t, h.release("c1", "a", lid(1), first.Token), command.StatusOK)
+	if hl := h.s.LockHolder("a"); hl.Holder != lid(4) || hl.GrantSeq != q1.Seq {
+		t.Fatalf("hand-off went to %+v", hl)
+	}
+	// Taking over the lock itself needs the flag; with it, a new token and
+	// the old holder can no longer renew.
+	cur := h.s.LockHolder("a")
+	mustStatus(t, h.acquire("c1", "a", lid(8), ttl, 0), command.StatusLockHeld)
+	r = h.takeover("c1", "a", lid(8), ttl, 0)
+	mustStatus(t, r, command.StatusOK)
+	if r.Token != h.s.LastToken() || r.Token <= cur.Token || r.LeaseID != lid(8) {
+		t.Fatalf("takeover %+v after token %d", r, cur.Token)
+	}
+	mustStatus(t, h.renew("c1", "a", lid(4), cur.Token, 0), command.StatusNotHolder)
+
+	// A place in line: a second wait by the same client without the flag is
+	// appended behind c2; it takes no one's place, not even its own
+	// client's. With the flag, the client's place moves to the new lease.
+	mustStatus(t, h.acquire("other", "b", lid(10), ttl, 0), command.StatusOK)
+	mustStatus(t, h.acquire("c1", "b", lid(11), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.acquire("c2", "b", lid(12), ttl, 60_000), command.StatusQueued)
+	mustStatus(t, h.acquire("c1", "b", lid(13), ttl, 60_000), command.StatusQueued)
+	lk, _ := h.s.locks.Get(&Lock{Name: "b"})
+	if q := lk.Queue(); len(q) != 3 || q[0].LeaseID != lid(11) || q[1].LeaseID != lid(12) || q[2].LeaseID != lid(13) {
+		t.Fatalf("queue %+v", q)
+	}
+	q3 := h.takeover("c1", "b", lid(14), ttl, 60_000)
+	mustStatus(t, q3, command.StatusQueued)
+	lk, _ = h.s.locks.Get(&Lock{Name: "b"})
+	if q := lk.Queue(); len(q) != 3 || q[0].LeaseID != lid(14) || q[1].LeaseID != lid(12) || q[2].LeaseID != lid(13) {
+		t.Fatalf("queue after takeover of the place %+v", q)
+	}
+	if _, ok := h.s.Lease(lid(11)); ok {
+		t.Fatal("the wait taken over kept its lease")
+	}
+	mustStatus(t, h.release("other", "b", lid(10), h.s.LockHolder("b").Token), command.StatusOK)
+	if hl := h.s.LockHolder("b"); hl.Holder != lid(14) || hl.GrantSeq != q3.Seq {
+		t.Fatalf("hand-off of b went to %+v", hl)
+	}
+
+	// Elections share the rule: a campaign by the leader's candidate id
+	// under another lease waits behind it unless it takes over.
+	key := command.ElectionKey("db/primary")
+	el := h.do("cand", &command.Acquire{Name: key, LeaseID: lid(20), TTLms: ttl, Value: "v1"})
+	mustStatus(t, el, command.StatusOK)
+	mustStatus(t, h.do("cand", &command.Acquire{Name: key, LeaseID: lid(21), TTLms: ttl, WaitMs: 60_000, Value: "v2"}), command.StatusQueued)
+	if e := h.s.GetElection("db/primary"); e.Token != el.Token || e.Value != "v1" {
+		t.Fatalf("election leader changed without takeover: %+v", e)
+	}
+	mustStatus(t, h.do("cand", &command.Acquire{Name: key, LeaseID: lid(22), TTLms: ttl, Value: "v3", Takeover: true}), command.StatusOK)
+	if e := h.s.GetElection("db/primary"); e.Token == el.Token || e.Value != "v3" {
+		t.Fatalf("election after takeover %+v", e)
+	}
+}
+
+// Acquires logged before command version 5 had no Takeover field and always
+// took over from the same client's other lease: replaying them must do what
+// they did then, so they decode with Takeover set.
+func TestVersion4AcquireStillTakesOver(t *testing.T) {
+	h := newHarness(t)
+	first := h.acquire("c1", "a", lid(1), ttl, 0)
+	mustStatus(t, first, command.StatusOK)
+	mustStatus(t, h.acquire("holder", "q", lid(2), ttl, 0), command.StatusOK)
+	mustStatus(t, h.acquire("c1", "q", lid(3), ttl, 60_000), command.StatusQueued)
+
+	v4 := func(b *command.Acquire) command.Result {
+		h.idx++
+		h.ts += h.step
+		raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "c1", Body: b})
+		// Version 4 wrote the same layout without the trailing Takeover byte.
+		if raw[1] != 5 || raw[len(raw)-1] != 0 {
+			t.Fatalf("unexpected current encoding %x", raw)
+		}
+		raw = raw[:len(raw)-1]
+		raw[1] = 4
+		dec, err := command.Decode(raw)
+		if err != nil {
+			t.Fatalf("version 4 acquire refused: %v", err)
+		}
+		return h.applyEnv(dec)
+	}
+	r := v4(&command.Acquire{Name: "a", LeaseID: lid(4), TTLms: ttl})
+	mustStatus(t, r, command.StatusOK)
+	if r.Token <= first.Token || h.s.LockHolder("a").Holder != lid(4) {
+		t.Fatalf("version 4 acquire did not take over: %+v", r)
+	}
+	mustStatus(t, h.renew("c1", "a", lid(1), first.Token, 0), command.StatusNotHolder)
+	// And a version 4 queued acquire moves the same client's place.
+	q := v4(&command.Acquire{Name: "q", LeaseID: lid(5), TTLms: ttl, WaitMs: 60_000})
+	mustStatus(t, q, command.StatusQueued)
+	if _, ok := h.s.WaitSeq(lid(3), "q"); ok || h.s.GetLock("q").Waiters != 1 {
+		t.Fatal("version 4 queued acquire did not move the place in line")
+	}
 }
 
 func TestSameClientRequeueKeepsPlace(t *testing.T) {
@@ -391,7 +518,7 @@ func TestSameClientRequeueKeepsPlace(t *testing.T) {
 	r1 := h.acquire("c1", "a", lid(2), ttl, 10_000)
 	mustStatus(t, r1, command.StatusQueued)
 	mustStatus(t, h.acquire("c2", "a", lid(3), ttl, 10_000), command.StatusQueued)
-	r1b := h.acquire("c1", "a", lid(4), 7_000, 20_000)
+	r1b := h.takeover("c1", "a", lid(4), 7_000, 20_000)
 	mustStatus(t, r1b, command.StatusQueued)
 	if r1b.Seq != h.idx || r1b.LeaseID != lid(4) {
 		t.Fatalf("requeue %+v", r1b)
@@ -430,7 +557,7 @@ func TestSameClientRequeueKeepsPlace(t *testing.T) {
 	mustStatus(t, h.acquire("c7", "q", lid(70), ttl, 10_000), command.StatusOK)
 	mustStatus(t, h.acquire("c8", "q", lid(80), ttl, 10_000), command.StatusQueued)
 	mustStatus(t, h.session("c8", lid(81), ttl), command.StatusOK)
-	rs := h.sacquire("c8", "q", lid(81), 10_000)
+	rs := h.stakeover("c8", "q", lid(81), 10_000)
 	mustStatus(t, rs, command.StatusQueued)
 	if _, ok := h.s.Lease(lid(80)); ok {
 		t.Fatal("implicit wait replaced by a session wait survived")
@@ -481,7 +608,7 @@ func TestDedupReturnsFirstResult(t *testing.T) {
 		t.Fatalf("other client's r1 returned %+v", r)
 	}
 	// No request id: never deduplicated.
-	mustStatus(t, h.acquire("c4", "b", lid(10), ttl, 0), command.StatusOK) // takeover, new token
+	mustStatus(t, h.takeover("c4", "b", lid(10), ttl, 0), command.StatusOK) // takeover, new token
 	if h.s.LockHolder("b").Holder != lid(10) {
 		t.Fatal("acquire without request id deduplicated")
 	}
@@ -501,7 +628,7 @@ func TestDedupOfQueuedAcquireFollowsItsGrant(t *testing.T) {
 	q4 := h.req("d", "d-1", &command.Acquire{Name: "l", LeaseID: lid(4), TTLms: ttl, WaitMs: 60_000})
 	mustStatus(t, q4, command.StatusQueued)
 	// d restarts and queues again with a new lease: its first request's wait is gone.
-	q5 := h.req("d", "d-2", &command.Acquire{Name: "l", LeaseID: lid(5), TTLms: ttl, WaitMs: 60_000})
+	q5 := h.req("d", "d-2", &command.Acquire{Name: "l", LeaseID: lid(5), TTLms: ttl, WaitMs: 60_000, Takeover: true})
 	mustStatus(t, q5, command.StatusQueued)
 	// c's wait times out.
 	mustStatus(t, h.do("dlock", &command.ExpireWaits{Waits: []command.WaitRef{{LeaseID: lid(3), Name: "l", Seq: q3.Seq}}}), command.StatusOK)
@@ -1207,7 +1334,7 @@ func TestElections(t *testing.T) {
 	}
 	// A restarted leader (same candidate id, new lease) takes over with its new value.
 	tok := h.s.LastToken()
-	r = h.do("cand-2", &command.Acquire{Name: key, LeaseID: lid(5), TTLms: 5_000, Value: "10.0.0.22"})
+	r = h.do("cand-2", &command.Acquire{Name: key, LeaseID: lid(5), TTLms: 5_000, Value: "10.0.0.22", Takeover: true})
 	mustStatus(t, r, command.StatusOK)
 	if el := h.s.GetElection("db/primary"); el.Value != "10.0.0.22" || el.Token != tok+1 {
 		t.Fatalf("after takeover %+v", el)

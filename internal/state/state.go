@@ -439,9 +439,11 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 			lk = s.newLock(name)
 		}
 		s.grant(lk, lease, seq, b.Value, CauseAcquire)
-	case s.leases[lk.Holder].ClientID == e.ClientID:
-		// The same client with a new lease: its previous incarnation crashed and
-		// it came back. Take over at once, with a new token.
+	case b.Takeover && s.leases[lk.Holder].ClientID == e.ClientID:
+		// The same client with a new lease asked to take over: its previous
+		// incarnation crashed and it came back. Take over at once, with a new
+		// token. Without the flag a client_id alone takes nothing: the
+		// holder is like any other.
 		old := s.leases[lk.Holder]
 		s.unhold(lk, old, CauseTakeover)
 		if lease == nil {
@@ -452,13 +454,13 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
 	default:
-		if queueFull(lk, e.ClientID, b.MaxWaiters) {
+		if queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover) {
 			return command.Result{Status: command.StatusQueueFull}
 		}
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID)
+		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID, b.Takeover)
 		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
@@ -466,30 +468,31 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 }
 
 // queueFull reports whether a wait by clientID would exceed the cap (0: none)
-// on the lock's queue. A client that already waits takes over its own place
-// (enqueue), so it adds no waiter and is never refused.
-func queueFull(lk *Lock, clientID string, limit int64) bool {
+// on the lock's queue. A client that already waits and takes over moves its
+// own place (enqueue), so it adds no waiter and is never refused.
+func queueFull(lk *Lock, clientID string, limit int64, takeover bool) bool {
 	q := lk.Queue()
 	if limit <= 0 || int64(len(q)) < limit {
 		return false
 	}
 	for i := range q {
-		if q[i].ClientID == clientID {
+		if takeover && q[i].ClientID == clientID {
 			return false
 		}
 	}
 	return true
 }
 
-// enqueue appends a wait, or, if the same client already waits with another
-// lease (it restarted), moves that place in line to the new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string) {
+// enqueue appends a wait, or, with takeover, if the same client already
+// waits with another lease (it restarted), moves that place in line to the
+// new lease.
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string, takeover bool) {
 	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, ClockDeadline: s.clock + waitMs, Value: value, RequestID: requestID}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
 	for i := range q {
-		if q[i].ClientID == lease.ClientID {
+		if takeover && q[i].ClientID == lease.ClientID {
 			prev := q[i]
 			s.queueReplace(lk, i, w)
 			if old := s.leases[prev.LeaseID]; old != nil {

@@ -32,6 +32,7 @@ type message struct {
 	FromRevision  uint64 `json:"from_revision"`
 	WatchID       string `json:"watch_id"`
 	TargetID      string `json:"target_id"`
+	Takeover      bool   `json:"takeover"`
 }
 
 // Ops.
@@ -46,7 +47,7 @@ const (
 )
 
 var fields = map[string][]string{
-	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id"},
+	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover"},
 	opRelease: {"id", "op", "name", "client_id", "fencing_token", "lease_id", "request_id"},
 	opRenew:   {"id", "op", "name", "client_id", "fencing_token", "lease_id", "ttl_ms", "request_id"},
 	opWatch:   {"id", "op", "prefix", "from_revision"},
@@ -271,7 +272,7 @@ func (c *conn) acquire(m *message) {
 	go func() {
 		defer c.finish(m.ID, o)
 		resp, err := c.h.svc.Acquire(ctx, service.AcquireRequest{Name: m.Name, ClientID: m.ClientID, TTLms: m.TTLms,
-			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID})
+			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID, Takeover: m.Takeover})
 		if err != nil {
 			a := &answer{ID: m.ID, Op: m.Op, Error: c.publicError(ctx, err)}
 			if resp != nil {

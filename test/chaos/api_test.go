@@ -208,6 +208,7 @@ type acquireBody struct {
 	SessionID     string `json:"session_id,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id"`
+	Takeover      bool   `json:"takeover,omitempty"`
 }
 
 type tokenBody struct {
@@ -237,6 +238,7 @@ type campaignBody struct {
 	TTLms         int64  `json:"ttl_ms,omitempty"`
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id"`
+	Takeover      bool   `json:"takeover,omitempty"`
 }
 
 type electionTokenBody struct {
@@ -250,10 +252,10 @@ type electionTokenBody struct {
 // acquire sends an acquire (wait > 0: a blocking one) and fills op's outcome;
 // for an election, a campaign.
 func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
-	var body any = acquireBody{ClientID: op.Client, RequestID: op.ReqID, WaitTimeoutMs: op.Wait / 1e6}
+	var body any = acquireBody{ClientID: op.Client, RequestID: op.ReqID, WaitTimeoutMs: op.Wait / 1e6, Takeover: op.Takeover}
 	action := "acquire"
 	if isElection(op.Lock) {
-		body = campaignBody{CandidateID: op.Client, Value: op.Value, TTLms: op.TTL / 1e6, WaitTimeoutMs: op.Wait / 1e6, RequestID: op.ReqID}
+		body = campaignBody{CandidateID: op.Client, Value: op.Value, TTLms: op.TTL / 1e6, WaitTimeoutMs: op.Wait / 1e6, RequestID: op.ReqID, Takeover: op.Takeover}
 		action = "campaign"
 	} else if op.Session != "" {
 		b := body.(acquireBody)

@@ -34,6 +34,12 @@ func acq(client, lock string, ttl, call, ret int64, out string, token uint64, le
 	return Op{Client: client, Kind: kAcquire, Lock: lock, TTL: ttl, Call: call, Return: ret, Out: out, OutToken: token, OutLease: lease}
 }
 
+// takeover marks an acquire as asking to take over.
+func takeover(o Op) Op {
+	o.Takeover = true
+	return o
+}
+
 func rel(client, lock string, token uint64, lease string, call, ret int64, out string) Op {
 	return Op{Client: client, Kind: kRelease, Lock: lock, Token: token, Lease: lease, Call: call, Return: ret, Out: out}
 }
@@ -85,11 +91,16 @@ func TestModelAcceptsCorrectHistories(t *testing.T) {
 		"lost answer bound by a later read": (&hb{}).
 			add(acq("a", "L", long, 0, 0, oUnknown, 0, "")).
 			add(get("L", 2*s, 2*s+1, true, "a", 7)).
-			add(acq("a", "L", long, 3*s, 3*s+1, oOK, 8, "la2")).ops,
+			add(takeover(acq("a", "L", long, 3*s, 3*s+1, oOK, 8, "la2"))).ops,
 		"takeover by the same client": (&hb{}).
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
-			add(acq("a", "L", long, s, s+1, oOK, 2, "la2")).
+			add(takeover(acq("a", "L", long, s, s+1, oOK, 2, "la2"))).
 			add(rel("a", "L", 1, "la", 2*s, 2*s+1, oNotHolder)).ops,
+		"the same client without takeover is refused": (&hb{}).
+			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
+			add(Op{Client: "a", Kind: kAcquire, Lock: "L", TTL: long, Call: s, Return: s + 1, Out: oHeld, HolderClient: "a", HolderToken: 1}).
+			add(Op{Client: "a", Kind: kAcquire, Lock: "L", TTL: long, Wait: s, Call: 2 * s, Return: 3 * s, Out: oWaitTimeout}).
+			add(ren("a", "L", 1, "la", 4*s, 4*s+1, oOK)).ops,
 		// The soak's seed-20261124 anomaly, as the service now answers it: a
 		// retried wait granted (others see token 590) and lapsed before the
 		// answer, which says so (lock_lost) instead of wait_timeout.
@@ -117,6 +128,9 @@ func TestModelCatchesViolations(t *testing.T) {
 		"two holders": (&hb{}).
 			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
 			add(acq("b", "L", long, 2*s/10, 3*s/10, oOK, 2, "lb")).ops,
+		"the same client took over without asking": (&hb{}).
+			add(acq("a", "L", long, 0, s/10, oOK, 1, "la")).
+			add(acq("a", "L", long, 2*s/10, 3*s/10, oOK, 2, "la2")).ops,
 		"expired before its bound": (&hb{}).
 			add(acq("a", "L", 2*s, 0, s/10, oOK, 1, "la")).
 			add(acq("b", "L", 2*s, s, s+s/10, oOK, 2, "lb")).ops,

@@ -83,7 +83,7 @@ func (g *grpcConns) send(ctx context.Context, node int, method, path string, bod
 		}
 		var r *dlockv1.AcquireResponse
 		r, callErr = lc.Acquire(ctx, &dlockv1.AcquireRequest{Name: name, ClientId: b.ClientID, TtlMs: b.TTLms,
-			SessionId: b.SessionID, WaitTimeoutMs: b.WaitTimeoutMs, RequestId: b.RequestID})
+			SessionId: b.SessionID, WaitTimeoutMs: b.WaitTimeoutMs, RequestId: b.RequestID, Takeover: b.Takeover})
 		if callErr == nil {
 			out = map[string]any{"acquired": r.Acquired, "fencing_token": r.FencingToken, "lease_id": r.LeaseId,
 				"token_proof": r.TokenProof, "lease_ref": r.LeaseRef}

@@ -76,9 +76,12 @@ type Op struct {
 	TTL     int64  `json:"ttl,omitempty"`     // ns: the lease TTL asked for (acquire, session create)
 	Wait    int64  `json:"wait,omitempty"`    // ns: wait_timeout of a blocking acquire
 	Value   string `json:"value,omitempty"`   // elections: campaign/proclaim value
-	ReqID   string `json:"req_id,omitempty"`
-	Call    int64  `json:"call"`   // first send
-	Return  int64  `json:"return"` // definitive answer; MaxInt64 when unknown
+	// Takeover: an acquire that may take the lock (or a place in line)
+	// from another lease of the same client_id.
+	Takeover bool   `json:"takeover,omitempty"`
+	ReqID    string `json:"req_id,omitempty"`
+	Call     int64  `json:"call"`   // first send
+	Return   int64  `json:"return"` // definitive answer; MaxInt64 when unknown
 
 	Out          string `json:"out"`
 	OutToken     uint64 `json:"out_token,omitempty"`
@@ -120,6 +123,9 @@ func (o Op) String() string {
 	}
 	if o.Wait != 0 {
 		fmt.Fprintf(&b, " wait=%s", time.Duration(o.Wait))
+	}
+	if o.Takeover {
+		b.WriteString(" takeover")
 	}
 	fmt.Fprintf(&b, " -> %s", o.Out)
 	if o.OutToken != 0 {

@@ -53,7 +53,10 @@ type mIn struct {
 	Token   uint64 // release/renew
 	TTL     int64
 	Wait    bool
-	Value   string // elections: campaign/proclaim value
+	// Takeover: the acquire may take the lock from the same client's
+	// other lease.
+	Takeover bool
+	Value    string // elections: campaign/proclaim value
 	// Election: the key is an election.
 	Election bool
 	Call     int64
@@ -207,6 +210,10 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 				FreeAfter: m.freeAfterGrant(in, lease), Last: max(p.Last, token), Value: in.Value}
 		}
 		sameLease := in.Session != "" && p.Held && p.Lease == in.Session
+		// takesOver: held by this client under another lease, and the
+		// acquire asked to take it over. Without the flag the same
+		// client_id is like any other: it is refused or waits.
+		takesOver := in.Takeover && p.Held && p.Client == in.Client
 		switch out.Out {
 		case oOK:
 			switch {
@@ -215,7 +222,7 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 				if s, ok := bindUnknown(p, in.Client, out.Token); ok {
 					return one(s)
 				}
-			case !p.Held, p.Client == in.Client:
+			case !p.Held, takesOver:
 				// A free lock, or a takeover by the same client_id with a new lease.
 				if out.Token > p.Last {
 					return one(grant(out.Token, out.Lease))
@@ -223,7 +230,7 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 			}
 			return nil
 		case oHeld:
-			if in.Wait || !p.Held || p.Client == in.Client {
+			if in.Wait || !p.Held || takesOver || sameLease {
 				return nil
 			}
 			if in.Election {
@@ -240,12 +247,12 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 			// Granted with this token, and ended before the answer: the grant
 			// is a step like any other; its lease (unknown to the client, which
 			// never held it) may end from its promise on.
-			if (!p.Held || p.Client == in.Client) && out.Token > p.Last {
+			if (!p.Held || takesOver) && out.Token > p.Last {
 				return one(grant(out.Token, ""))
 			}
 			return nil
 		case oWaitTimeout:
-			if in.Wait && p.Held && p.Client != in.Client {
+			if in.Wait && p.Held && !takesOver && !sameLease {
 				return one(p)
 			}
 			return nil
@@ -259,7 +266,7 @@ func (m *lockModel) apply(p mState, in mIn, out mOut) []any {
 			lease := in.Session
 			switch {
 			case sameLease && p.Client == in.Client:
-			case !p.Held, p.Client == in.Client:
+			case !p.Held, takesOver:
 				g := grant(0, lease)
 				g.Last = p.Last
 				if lease == "" {
@@ -336,6 +343,9 @@ func (m *lockModel) porcupine() porcupine.Model {
 			if in.Wait {
 				s += " (wait)"
 			}
+			if in.Takeover {
+				s += " (takeover)"
+			}
 			s += " → " + out.Out
 			switch {
 			case out.Token != 0:
@@ -364,7 +374,7 @@ func toPorcupine(ops []Op) map[string][]porcupine.Operation {
 			continue
 		}
 		in := mIn{Kind: o.Kind, Client: o.Client, Session: o.Session, Lease: o.Lease, Token: o.Token,
-			TTL: o.TTL, Wait: o.Wait > 0, Value: o.Value, Election: isElection(o.Lock), Call: o.Call, Return: o.Return}
+			TTL: o.TTL, Wait: o.Wait > 0, Takeover: o.Takeover, Value: o.Value, Election: isElection(o.Lock), Call: o.Call, Return: o.Return}
 		if o.Kind == kRelease && o.Session != "" {
 			in.Session = ""
 		}

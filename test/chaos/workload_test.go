@@ -239,6 +239,9 @@ func (c *client) job(spec lockSpec) {
 	if c.rng.IntN(100) < 40 {
 		op.Wait = int64(c.jitter(500*time.Millisecond, 4*time.Second))
 	}
+	// Some acquires take over what an earlier incarnation of this client_id
+	// left behind; the others wait for it or are refused like anyone.
+	op.Takeover = c.rng.IntN(100) < 25
 	o := c.opts()
 	if op.Wait > 0 {
 		o.attempt = time.Second // plus the wait
@@ -467,6 +470,7 @@ func (c *client) runCleanup(final bool) {
 			case g.Out == oOK && g.Held && g.HolderClient == c.id:
 				op := c.newOp(kAcquire, lock)
 				op.TTL = int64(longTTL)
+				op.Takeover = true
 				if isElection(lock) {
 					op.Value = c.id + "@cleanup"
 				}
@@ -590,6 +594,7 @@ func (c *client) sessionJob(lock string) {
 	if c.rng.IntN(100) < 40 {
 		op.Wait = int64(c.jitter(200*time.Millisecond, c.sttl/3))
 	}
+	op.Takeover = c.rng.IntN(100) < 25 // as job
 	o := c.opts()
 	if op.Wait > 0 {
 		o.attempt = time.Second

@@ -40,6 +40,9 @@ func wsSend(ctx context.Context, url string, method, path string, body any) (cod
 		if b.WaitTimeoutMs > 0 {
 			msg["wait_timeout_ms"] = b.WaitTimeoutMs
 		}
+		if b.Takeover {
+			msg["takeover"] = true
+		}
 	case tokenBody:
 		if action != "release" && action != "renew" {
 			return 0, nil, false, nil

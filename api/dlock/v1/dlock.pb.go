@@ -203,6 +203,12 @@ type AcquireRequest struct {
 	// 0 (the default) answers lock_held at once when the lock is held.
 	WaitTimeoutMs int64  `protobuf:"varint,5,opt,name=wait_timeout_ms,json=waitTimeoutMs,proto3" json:"wait_timeout_ms,omitempty"`
 	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// true takes over the lock (or the place in its queue) from another lease
+	// of this same client_id: a restarted client recovering at once. Without
+	// it, a lock held by the same client_id under another lease is like any
+	// held lock (lock_held, or wait). With ACLs it needs a token whose
+	// client_ids names this client_id (or a management token).
+	Takeover      bool `protobuf:"varint,7,opt,name=takeover,proto3" json:"takeover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +283,13 @@ func (x *AcquireRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *AcquireRequest) GetTakeover() bool {
+	if x != nil {
+		return x.Takeover
+	}
+	return false
 }
 
 type AcquireResponse struct {
@@ -1599,6 +1612,8 @@ type CampaignRequest struct {
 	SessionId     string                 `protobuf:"bytes,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	WaitTimeoutMs int64                  `protobuf:"varint,6,opt,name=wait_timeout_ms,json=waitTimeoutMs,proto3" json:"wait_timeout_ms,omitempty"`
 	RequestId     string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// As AcquireRequest.takeover, for this candidate_id's other leases.
+	Takeover      bool `protobuf:"varint,8,opt,name=takeover,proto3" json:"takeover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1680,6 +1695,13 @@ func (x *CampaignRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *CampaignRequest) GetTakeover() bool {
+	if x != nil {
+		return x.Takeover
+	}
+	return false
 }
 
 type CampaignResponse struct {
@@ -3405,7 +3427,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
 	"granted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xbe\x01\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xda\x01\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x15\n" +
@@ -3414,7 +3436,8 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"session_id\x18\x04 \x01(\tR\tsessionId\x12&\n" +
 	"\x0fwait_timeout_ms\x18\x05 \x01(\x03R\rwaitTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\x82\x02\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1a\n" +
+	"\btakeover\x18\a \x01(\bR\btakeover\"\x82\x02\n" +
 	"\x0fAcquireResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
@@ -3523,7 +3546,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x06leader\x18\x02 \x01(\v2\x18.dlock.v1.ElectionLeaderR\x06leader\x12 \n" +
 	"\vcampaigners\x18\x03 \x01(\x03R\vcampaigners\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"\xdb\x01\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\xf7\x01\n" +
 	"\x0fCampaignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\fcandidate_id\x18\x02 \x01(\tR\vcandidateId\x12\x14\n" +
@@ -3533,7 +3556,8 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\tR\tsessionId\x12&\n" +
 	"\x0fwait_timeout_ms\x18\x06 \x01(\x03R\rwaitTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"\xff\x01\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12\x1a\n" +
+	"\btakeover\x18\b \x01(\bR\btakeover\"\xff\x01\n" +
 	"\x10CampaignResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\bR\x06leader\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
