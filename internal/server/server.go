@@ -85,6 +85,7 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
+	warnACLWithoutPeerTLS(cfg)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
@@ -211,6 +212,17 @@ func (s *Server) join(ctx context.Context, id, raftAddr string) {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// warnACLWithoutPeerTLS says at start-up what ACLs do not cover: the raft
+// port authenticates peers only by TLS, so without it anyone who reaches that
+// port can forward writes that no ACL check sees (docs/security.md).
+func warnACLWithoutPeerTLS(cfg Config) {
+	if cfg.ACL && cfg.Raft.PeerTLS == nil {
+		cfg.Logger.Warn("ACLs are on but the raft port has no peer TLS: anyone who can reach "+cfg.Raft.RaftAddr+
+			" can forge forwarded writes (take locks, revoke tokens) past every ACL check; give --peer-cert, --peer-key and --peer-ca, or firewall the raft port to the cluster's nodes",
+			"raft_addr", cfg.Raft.RaftAddr)
 	}
 }
 
