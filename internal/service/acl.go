@@ -220,7 +220,7 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 	}
 	if resp.Result.Status != command.StatusOK {
 		if bootstrap {
-			return nil, apierror.New(apierror.PermissionDenied, "ACLs are already bootstrapped: use a management token to create more tokens")
+			return nil, errBootstrapped()
 		}
 		return nil, invalid("%s", resp.Result.Message)
 	}
@@ -231,10 +231,28 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 	return &v, nil
 }
 
+func errBootstrapped() error {
+	return apierror.New(apierror.PermissionDenied, "ACLs are already bootstrapped: use a management token to create more tokens")
+}
+
 // ACLBootstrap creates the first management token (all permissions on every
 // name) and returns its secret. It works once: while no token exists.
+//
+// It is the one write anyone may send without a token, so it counts against
+// the caller's rate limit and, once this node knows of a token, is refused
+// before anything is proposed: a repeated call must not cost a Raft entry.
+// Two first calls racing on different nodes are settled by the state
+// machine, which grants only the first.
 func (s *Service) ACLBootstrap(ctx context.Context) (_ *ACLTokenView, err error) {
 	defer s.observe("acl_bootstrap", time.Now(), &err)
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	var done bool
+	s.fsm.Read(func(st *state.State) { done = st.ACLBootstrapped() })
+	if done {
+		return nil, errBootstrapped()
+	}
 	return s.putToken(ctx, ACLTokenRequest{Description: "bootstrap management token", Rules: []ACLRule{{Prefix: "", Permissions: []string{"all"}}}}, true)
 }
 
