@@ -83,6 +83,9 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	if s.leaderless() {
 		return nil, watchErr(errNoLeaderHere)
 	}
+	if err := s.checkFromRevision(ctx, req.FromRevision); err != nil {
+		return nil, err
+	}
 	release, err := s.watchSlot(ctx)
 	if err != nil {
 		return nil, err
@@ -93,6 +96,37 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 		return nil, watchErr(err)
 	}
 	return &Watcher{sub: sub, Revision: cur, release: release}, nil
+}
+
+// checkFromRevision refuses a watch from a revision the cluster has not
+// reached: it would wait silently until the cluster got there, which for
+// a mistyped or hostile from_revision is for ever. The rule is
+// from_revision <= committed revision + 1. This node's own revision is
+// checked first; only a from_revision beyond it costs a linearizable read,
+// after which this node has applied every revision any client can have
+// seen on any node (each was committed before the read began), so a client
+// that moved here from a node ahead of this one is still served.
+func (s *Service) checkFromRevision(ctx context.Context, from uint64) error {
+	if from == 0 {
+		return nil
+	}
+	cur := s.revision()
+	if from <= cur+1 {
+		return nil
+	}
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		return err
+	}
+	if cur = s.revision(); from <= cur+1 {
+		return nil
+	}
+	return invalid("from_revision %d is ahead of the cluster, whose current revision is %d: watch from at most %d (the next change), or omit from_revision to watch from now", from, cur, cur+1)
+}
+
+func (s *Service) revision() uint64 {
+	var rev uint64
+	s.fsm.Read(func(st *state.State) { rev = st.Revision() })
+	return rev
 }
 
 // Observe follows one election: it returns the current view and a stream of
