@@ -100,12 +100,19 @@ func ParsePerms(names []string) (uint8, error) {
 // authorize checks the caller's token: perm on name (perm 0: any valid
 // token), and clientID ("" skips the check) among the ids it may act as.
 func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID string) error {
+	_, err := s.authToken(ctx, perm, name, clientID)
+	return err
+}
+
+// authToken is authorize that also returns the token that allowed the call
+// (nil with ACLs off), for calls that last (trackToken).
+func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID string) (*state.ACLToken, error) {
 	if !s.aclOn {
-		return nil
+		return nil, nil
 	}
 	secret, cn := bearer(ctx), certIdentity(ctx)
 	if secret == "" && cn == "" {
-		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN), or a client certificate bound to a token")
+		return nil, apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_TOKEN), or a client certificate bound to a token")
 	}
 	var tok state.ACLToken
 	var ok bool
@@ -116,20 +123,20 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
 	}
 	if !ok {
-		return apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
+		return nil, apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
 	}
 	if tok.Expired(time.Now().UnixMilli()) {
-		return apierror.New(apierror.Unauthenticated, "the ACL token expired at %s; ask an operator for a new one", ms(tok.ExpiresAt).Format(time.RFC3339))
+		return nil, apierror.New(apierror.Unauthenticated, "the ACL token expired at %s; ask an operator for a new one", ms(tok.ExpiresAt).Format(time.RFC3339))
 	}
 	if perm != 0 && !tok.Allows(perm, name) {
 		s.logger.Warn("acl: permission denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "permission", permString(perm), "name", name)
-		return apierror.New(apierror.PermissionDenied, "this token may not %s %q; ask for a token with a rule granting %q on a prefix of it", permString(perm), name, permString(perm))
+		return nil, apierror.New(apierror.PermissionDenied, "this token may not %s %q; ask for a token with a rule granting %q on a prefix of it", permString(perm), name, permString(perm))
 	}
 	if clientID != "" && !tok.AllowsClient(clientID) {
 		s.logger.Warn("acl: client id denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "client_id", clientID)
-		return apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
+		return nil, apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
 	}
-	return nil
+	return &tok, nil
 }
 
 // ACLRule is one rule in the API.

@@ -1,0 +1,212 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/testcluster"
+)
+
+// sseWithToken opens an SSE stream with a bearer token and delivers its
+// records until the stream ends (the channel is then closed).
+func sseWithToken(t *testing.T, ctx context.Context, url, token string) <-chan sseRecord {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("open %s: %v", url, err)
+	}
+	if res.StatusCode != 200 {
+		res.Body.Close()
+		t.Fatalf("open %s: status %d", url, res.StatusCode)
+	}
+	out := make(chan sseRecord, 1024)
+	go func() {
+		defer close(out)
+		defer res.Body.Close()
+		sc := bufio.NewScanner(res.Body)
+		var rec sseRecord
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if rec.event != "" {
+					out <- rec
+				}
+				rec = sseRecord{}
+			case strings.HasPrefix(line, "id: "):
+				rec.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				rec.event = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				rec.data = line[6:]
+			}
+		}
+	}()
+	return out
+}
+
+// wsDialToken is wsDial with a bearer token on the upgrade request.
+func wsDialToken(t *testing.T, c *testcluster.Cluster, node, token string) *wsClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+token)
+	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(c.URL(node), "http")+"/api/v1/ws", &websocket.DialOptions{HTTPHeader: h})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	w := &wsClient{t: t, conn: conn, in: make(chan wsAnswer, 64)}
+	go func() {
+		defer close(w.in)
+		for {
+			_, b, err := conn.Read(context.Background())
+			if err != nil {
+				return
+			}
+			var a wsAnswer
+			if err := json.Unmarshal(b, &a); err != nil {
+				t.Errorf("bad message %s: %v", b, err)
+				return
+			}
+			w.in <- a
+		}
+	}()
+	t.Cleanup(func() { conn.CloseNow() })
+	return w
+}
+
+// Revoking a token ends what it started: its open watch streams (SSE, gRPC,
+// WebSocket) end with permission_denied, and its queued acquire is withdrawn
+// through Raft and answered permission_denied — so releasing the holder
+// grants nothing to it.
+func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
+	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true})
+	leader := c.WaitLeader(10 * time.Second)
+	node := c.Follower()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var root service.ACLTokenView
+	if code, ec := aclDo(t, c, leader, "", "POST", "/api/v1/acl/bootstrap", nil, &root); code != 200 {
+		t.Fatalf("bootstrap: %d %s", code, ec)
+	}
+	var tok service.ACLTokenView
+	if code, ec := aclDo(t, c, leader, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules: []service.ACLRule{{Prefix: "jobs/", Permissions: []string{"lock", "watch", "read"}}}}, &tok); code != 200 {
+		t.Fatalf("create token: %d %s", code, ec)
+	}
+	T := tok.SecretID
+	// The holder uses the root token, which stays valid.
+	var held service.AcquireResponse
+	if code, ec := aclDo(t, c, leader, root.SecretID, "POST", "/api/v1/locks/jobs/x/acquire", map[string]any{"client_id": "holder", "ttl_ms": 60000}, &held); code != 200 {
+		t.Fatalf("holder acquires: %d %s", code, ec)
+	}
+	// Let the follower know the token before it is used there.
+	waitFor(t, 5*time.Second, "token applied on "+node, func() bool {
+		code, _ := aclDo(t, c, node, T, "GET", "/api/v1/locks/jobs/x", nil, nil)
+		return code == 200
+	})
+
+	sseEvents := sseWithToken(t, ctx, c.URL(node)+"/api/v1/watch?prefix=jobs/", T)
+	gctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+T)
+	gw, err := dlockv1.NewWatchServiceClient(dialGRPC(t, c.GRPCAddr(node))).Watch(gctx, &dlockv1.WatchRequest{Prefix: "jobs/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.Header(); err != nil {
+		t.Fatalf("gRPC watch: %v", err)
+	}
+	ws := wsDialToken(t, c, node, T)
+	ws.send(map[string]any{"id": "w", "op": "watch", "prefix": "jobs/"})
+	if a := ws.answer("w"); a.Error != nil {
+		t.Fatalf("WebSocket watch: %+v", a.Error)
+	}
+
+	type result struct {
+		code int
+		ec   string
+	}
+	waited := make(chan result, 1)
+	go func() {
+		code, ec := aclDo(t, c, node, T, "POST", "/api/v1/locks/jobs/x/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 60000, "wait_timeout_ms": 50000}, nil)
+		waited <- result{code, ec}
+	}()
+	waitFor(t, 10*time.Second, "the acquire queued", func() bool {
+		var v service.LockView
+		code, _ := aclDo(t, c, leader, root.SecretID, "GET", "/api/v1/locks/jobs/x", nil, &v)
+		return code == 200 && v.Waiters == 1
+	})
+	// The queued event reached every stream.
+	if rec := <-sseEvents; rec.event != "queued" {
+		t.Fatalf("SSE: %+v", rec)
+	}
+
+	if code, ec := aclDo(t, c, leader, root.SecretID, "DELETE", "/api/v1/acl/tokens/"+tok.AccessorID, nil, nil); code != 200 {
+		t.Fatalf("revoke: %d %s", code, ec)
+	}
+
+	select {
+	case r := <-waited:
+		if r.code != 403 || r.ec != "permission_denied" {
+			t.Fatalf("queued acquire after revocation: %d %s, want 403 permission_denied", r.code, r.ec)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the queued acquire of a revoked token still waits")
+	}
+	sawErr := false
+	for rec := range sseEvents {
+		if rec.event == "error" {
+			sawErr = strings.Contains(rec.data, "permission_denied")
+		}
+	}
+	if !sawErr {
+		t.Fatal("the SSE stream ended without a permission_denied error record")
+	}
+	for {
+		_, err := gw.Recv()
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("gRPC watch after revocation: %v", err)
+		}
+		break
+	}
+	for {
+		a := ws.next("the WebSocket watch's end")
+		if a.Op == "event" {
+			continue
+		}
+		if a.ID != "w" || a.Error == nil || a.Error.Code != "permission_denied" {
+			t.Fatalf("WebSocket watch after revocation: %+v", a)
+		}
+		break
+	}
+
+	// The wait is gone: releasing the holder leaves the lock free.
+	var v service.LockView
+	if code, _ := aclDo(t, c, leader, root.SecretID, "GET", "/api/v1/locks/jobs/x", nil, &v); code != 200 || v.Waiters != 0 {
+		t.Fatalf("after revocation the lock still has %d waiters", v.Waiters)
+	}
+	if code, ec := aclDo(t, c, leader, root.SecretID, "POST", "/api/v1/locks/jobs/x/release", map[string]any{"client_id": "holder", "fencing_token": held.FencingToken, "lease_id": held.LeaseID}, nil); code != 200 {
+		t.Fatalf("release: %d %s", code, ec)
+	}
+	if code, _ := aclDo(t, c, leader, root.SecretID, "GET", "/api/v1/locks/jobs/x", nil, &v); code != 200 || v.Held {
+		t.Fatalf("after the release the withdrawn wait was granted: %+v", v)
+	}
+}
