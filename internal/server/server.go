@@ -124,9 +124,9 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
 	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
-		WriteTimeout: cfg.Limits.WriteTimeout})
+		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin})
 	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes,
-		MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited})
+		MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited, AllowOrigin: svc.MemberOrigin})
 	s.http = &http.Server{
 		// The WebSocket endpoint is matched on the exact escaped path, so
 		// httpapi keeps its own routing (no ServeMux path cleaning).
