@@ -125,8 +125,12 @@ func Start(cfg Config) (*Server, error) {
 		cfg: cfg, joined: make(chan struct{})}
 	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
 		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin})
-	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes,
-		MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited, AllowOrigin: svc.MemberOrigin})
+	wsOpts := wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes, MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited,
+		AllowOrigin: svc.MemberOrigin, AuthTimeout: cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: cfg.Limits.MaxUnauthenticatedPerIP}
+	if cfg.ACL {
+		wsOpts.Authenticate = svc.Authenticate
+	}
+	s.ws = wsapi.New(svc, s.logger, wsOpts)
 	s.http = &http.Server{
 		// The WebSocket endpoint is matched on the exact escaped path, so
 		// httpapi keeps its own routing (no ServeMux path cleaning).

@@ -104,6 +104,13 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 	return err
 }
 
+// Authenticate checks that ctx carries a valid ACL token, whatever it may
+// do (nil with ACLs off): for a connection that must authenticate before it
+// is served (the WebSocket API).
+func (s *Service) Authenticate(ctx context.Context) error {
+	return s.authorize(ctx, 0, "", "")
+}
+
 // authToken is authorize that also returns the token that allowed the call
 // (nil with ACLs off), for calls that last (trackToken).
 func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID string) (*state.ACLToken, error) {

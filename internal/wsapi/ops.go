@@ -32,6 +32,8 @@ type message struct {
 	FromRevision  uint64 `json:"from_revision"`
 	WatchID       string `json:"watch_id"`
 	TargetID      string `json:"target_id"`
+	// Token is the ACL token secret of an auth message (auth.go).
+	Token string `json:"token"`
 }
 
 // Ops.
@@ -52,6 +54,7 @@ var fields = map[string][]string{
 	opWatch:   {"id", "op", "prefix", "from_revision"},
 	opUnwatch: {"id", "op", "watch_id"},
 	opCancel:  {"id", "op", "target_id"},
+	opAuth:    {"id", "op", "token"},
 }
 
 // maxID bounds a message id, which is echoed in every answer to it.
@@ -85,6 +88,11 @@ func (c *conn) handle(b []byte) {
 	}
 	if m.Op == opAcquire {
 		c.acquire(m)
+		return
+	}
+	if m.Op == opAuth {
+		c.send(c.ctx, &answer{ID: m.ID, Op: m.Op, Error: errorOf(apierror.New(apierror.InvalidArgument,
+			"auth comes first, once, and only on a cluster that requires a token and a connection opened without one; open a new connection to use another token"))})
 		return
 	}
 	select {
@@ -174,7 +182,7 @@ func decode(b []byte) (*message, error) {
 	}
 	allowed, ok := fields[m.Op]
 	if !ok {
-		return m, bad("unknown op %q; use acquire, release, renew, watch, unwatch or cancel", m.Op)
+		return m, bad("unknown op %q; use acquire, release, renew, watch, unwatch, cancel or (first, when the cluster requires a token) auth", m.Op)
 	}
 	seen := map[string]bool{}
 	for _, k := range keys {

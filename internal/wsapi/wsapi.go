@@ -15,6 +15,7 @@ package wsapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -76,6 +77,15 @@ type Options struct {
 	// Limited, when set, counts each message refused by a per-connection
 	// limit (the metrics).
 	Limited func(limit string)
+	// Authenticate, when set (ACLs on), checks the token a connection's
+	// context carries; a connection must pass it before anything is served
+	// (auth.go). AuthTimeout bounds the wait for the first-message
+	// authentication (default 5 s); MaxUnauthenticatedPerIP caps the
+	// connections one client IP holds while not yet authenticated
+	// (default 16).
+	Authenticate            func(ctx context.Context) error
+	AuthTimeout             time.Duration
+	MaxUnauthenticatedPerIP int
 }
 
 // Handler serves WebSocket connections. Close ends them all.
@@ -92,6 +102,8 @@ type Handler struct {
 	mu     sync.Mutex
 	closed bool
 	conns  sync.WaitGroup
+	// unauth counts the connections still to authenticate, per client IP.
+	unauth *ipSlots
 }
 
 // New returns the handler. A nil logger discards logs.
@@ -117,8 +129,15 @@ func New(svc Service, logger *slog.Logger, opts Options) *Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 10 * time.Second
 	}
+	if opts.AuthTimeout <= 0 {
+		opts.AuthTimeout = DefaultAuthTimeout
+	}
+	if opts.MaxUnauthenticatedPerIP <= 0 {
+		opts.MaxUnauthenticatedPerIP = DefaultMaxUnauthenticatedPerIP
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Handler{svc: svc, log: logger, opts: opts, ctx: ctx, cancel: cancel}
+	return &Handler{svc: svc, log: logger, opts: opts, ctx: ctx, cancel: cancel,
+		unauth: &ipSlots{max: opts.MaxUnauthenticatedPerIP, n: map[string]int{}}}
 }
 
 // Close closes every connection (status 1001, going away), withdrawing their
@@ -155,6 +174,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	defer h.conns.Done()
 
+	// Every operation on the connection runs with the token it was opened
+	// with (Authorization: Bearer, or the auth message); the service checks
+	// it when ACLs are on.
+	base := service.WithBearer(h.ctx, bearerOf(r))
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		base = service.WithCertIdentity(base, r.TLS.VerifiedChains[0][0].Subject.CommonName)
+	}
+	needAuth := false
+	releaseUnauth := func() {}
+	if h.opts.Authenticate != nil {
+		if hasCredentials(r) {
+			if err := h.opts.Authenticate(base); err != nil {
+				writeHTTPError(w, apierror.From(err))
+				return
+			}
+		} else {
+			release, ok := h.unauth.take(clientIP(r))
+			if !ok {
+				h.limited(limitUnauthenticated)
+				writeHTTPError(w, &apierror.Error{Code: apierror.RateLimited, RetryAfter: h.opts.AuthTimeout,
+					Message: fmt.Sprintf("this address already has %d WebSocket connections that have not authenticated (the limit); send Authorization: Bearer <secret> on the upgrade, or authenticate the open ones", h.opts.MaxUnauthenticatedPerIP)})
+				return
+			}
+			needAuth, releaseUnauth = true, release
+			defer release()
+		}
+	}
+
 	liftDeadlines(w)
 	hw := &handshakeWriter{ResponseWriter: w}
 	accept := &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns}
@@ -170,11 +217,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
-	// Every operation on the connection runs with the token it was opened
-	// with (Authorization: Bearer); the service checks it when ACLs are on.
-	base := service.WithBearer(h.ctx, bearerOf(r))
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
-		base = service.WithCertIdentity(base, r.TLS.VerifiedChains[0][0].Subject.CommonName)
+	if needAuth {
+		authed, ok := h.authenticate(ws, base)
+		releaseUnauth()
+		if !ok {
+			_ = ws.CloseNow()
+			return
+		}
+		base = authed
 	}
 	ctx, cancel := context.WithCancel(base)
 	ctx = service.WithRemote(ctx, "ws", r.RemoteAddr)
