@@ -1,15 +1,12 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -19,75 +16,8 @@ import (
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
-// sseWithToken opens an SSE stream with a bearer token and delivers its
-// records until the stream ends (the channel is then closed).
-func sseWithToken(t *testing.T, ctx context.Context, url, token string) <-chan sseRecord {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("open %s: %v", url, err)
-	}
-	if res.StatusCode != 200 {
-		res.Body.Close()
-		t.Fatalf("open %s: status %d", url, res.StatusCode)
-	}
-	out := make(chan sseRecord, 1024)
-	go func() {
-		defer close(out)
-		defer res.Body.Close()
-		sc := bufio.NewScanner(res.Body)
-		var rec sseRecord
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case line == "":
-				if rec.event != "" {
-					out <- rec
-				}
-				rec = sseRecord{}
-			case strings.HasPrefix(line, "id: "):
-				rec.id = line[4:]
-			case strings.HasPrefix(line, "event: "):
-				rec.event = line[7:]
-			case strings.HasPrefix(line, "data: "):
-				rec.data = line[6:]
-			}
-		}
-	}()
-	return out
-}
-
-// wsDialToken is wsDial with a bearer token on the upgrade request.
-func wsDialToken(t *testing.T, c *testcluster.Cluster, node, token string) *wsClient {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	h := http.Header{}
-	h.Set("Authorization", "Bearer "+token)
-	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(c.URL(node), "http")+"/api/v1/ws", &websocket.DialOptions{HTTPHeader: h})
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	w := &wsClient{t: t, conn: conn, in: make(chan wsAnswer, 64)}
-	go func() {
-		defer close(w.in)
-		for {
-			_, b, err := conn.Read(context.Background())
-			if err != nil {
-				return
-			}
-			var a wsAnswer
-			if err := json.Unmarshal(b, &a); err != nil {
-				t.Errorf("bad message %s: %v", b, err)
-				return
-			}
-			w.in <- a
-		}
-	}()
-	t.Cleanup(func() { conn.CloseNow() })
-	return w
+func bearerHeader(token string) http.Header {
+	return http.Header{"Authorization": {"Bearer " + token}}
 }
 
 // Revoking a token ends what it started: its open watch streams (SSE, gRPC,
@@ -122,7 +52,10 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 		return code == 200
 	})
 
-	sseEvents := sseWithToken(t, ctx, c.URL(node)+"/api/v1/watch?prefix=jobs/", T)
+	code, sseEvents := sseWith(t, ctx, c.URL(node)+"/api/v1/watch?prefix=jobs/", bearerHeader(T))
+	if code != 200 {
+		t.Fatalf("SSE watch: %d", code)
+	}
 	gctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+T)
 	gw, err := dlockv1.NewWatchServiceClient(dialGRPC(t, c.GRPCAddr(node))).Watch(gctx, &dlockv1.WatchRequest{Prefix: "jobs/"})
 	if err != nil {
@@ -131,7 +64,7 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 	if _, err := gw.Header(); err != nil {
 		t.Fatalf("gRPC watch: %v", err)
 	}
-	ws := wsDialToken(t, c, node, T)
+	ws := wsDialWith(t, c, node, bearerHeader(T))
 	ws.send(map[string]any{"id": "w", "op": "watch", "prefix": "jobs/"})
 	if a := ws.answer("w"); a.Error != nil {
 		t.Fatalf("WebSocket watch: %+v", a.Error)

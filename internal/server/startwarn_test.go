@@ -1,12 +1,12 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,29 +16,16 @@ import (
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
-// syncBuffer is a log sink several goroutines may write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startLogged starts a one-node server and returns what it logged at start.
 func startLogged(t *testing.T, acl bool, peer *tls.Config) string {
 	t.Helper()
-	var buf syncBuffer
-	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// A file takes writes from every goroutine of the node safely.
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	raftAddr := testcluster.FreePort(t)
 	s, err := server.Start(server.Config{
 		Raft: raftnode.Config{ID: "n1", DataDir: t.TempDir(), RaftAddr: raftAddr, InitialCluster: map[string]string{"n1": raftAddr},
@@ -52,7 +39,11 @@ func startLogged(t *testing.T, acl bool, peer *tls.Config) string {
 	if err := s.Shutdown(ctx); err != nil {
 		t.Logf("shutdown: %v", err)
 	}
-	return buf.String()
+	out, err := os.ReadFile(logFile.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
 
 // ACLs do not cover the raft port: a node run with --acl and no peer TLS
