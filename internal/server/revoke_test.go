@@ -143,3 +143,33 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 		t.Fatalf("after the release the withdrawn wait was granted: %+v", v)
 	}
 }
+
+// A token that reaches its ttl_ms ends its streams as a revoked one does.
+func TestExpiredTokenEndsItsStreams(t *testing.T) {
+	c := testcluster.NewWith(t, 1, testcluster.Options{ACL: true})
+	node := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var root, brief service.ACLTokenView
+	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/acl/bootstrap", nil, &root); code != 200 {
+		t.Fatalf("bootstrap: %d %s", code, ec)
+	}
+	if code, ec := aclDo(t, c, node, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules: []service.ACLRule{{Prefix: "", Permissions: []string{"watch"}}}, TTLms: 1500}, &brief); code != 200 {
+		t.Fatalf("create token: %d %s", code, ec)
+	}
+	code, events := sseWith(t, ctx, c.URL(node)+"/api/v1/watch", bearerHeader(brief.SecretID))
+	if code != 200 {
+		t.Fatalf("watch: %d", code)
+	}
+	var last sseRecord
+	for rec := range events {
+		last = rec
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the stream of an expired token is still open")
+	}
+	if last.event != "error" || !strings.Contains(last.data, "permission_denied") {
+		t.Fatalf("last record of the stream: %+v", last)
+	}
+}
