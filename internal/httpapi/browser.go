@@ -17,28 +17,49 @@ import (
 // request can declare. Clients other than browsers send neither header and
 // are unaffected.
 
-// CheckOrigin refuses a cross-origin browser request: one whose Origin is
+// checkOrigin refuses a cross-origin browser request: one whose Origin is
 // neither this server's own (its Host) nor accepted by allow (nil: none is),
 // or whose Sec-Fetch-Site says another site sent it without an Origin. A
 // request without both headers is not from a browser page and passes.
-func CheckOrigin(r *http.Request, allow func(origin string) bool) *apierror.Error {
+// member reports a foreign origin that allow accepted: its page needs CORS
+// headers to read the answer (corsHeaders).
+func checkOrigin(r *http.Request, allow func(origin string) bool) (member bool, _ *apierror.Error) {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
 		switch r.Header.Get("Sec-Fetch-Site") {
 		case "cross-site", "same-site":
-			return apierror.New(apierror.PermissionDenied,
+			return false, apierror.New(apierror.PermissionDenied,
 				"cross-origin request refused: browser pages may call this API only from the node's own origin or another member's API address")
 		}
-		return nil
+		return false, nil
 	}
 	if u, err := url.Parse(origin); err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host) {
-		return nil
+		return false, nil
 	}
 	if allow != nil && allow(origin) {
-		return nil
+		return true, nil
 	}
-	return apierror.New(apierror.PermissionDenied,
+	return false, apierror.New(apierror.PermissionDenied,
 		"cross-origin request from %q refused: browser pages may call this API only from the node's own origin or another member's API address (clients other than browsers send no Origin header)", truncate(origin, 200))
+}
+
+// corsHeaders lets a page served by another member read this node's
+// answers, and answers its preflight (reported by preflight: nothing more
+// to do). Credentials are not allowed: a page sends its token in
+// Authorization itself, and no cookie means anything here.
+func corsHeaders(w http.ResponseWriter, r *http.Request) (preflight bool) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+	h.Add("Vary", "Origin")
+	h.Set("Access-Control-Expose-Headers", "X-Request-Id, Retry-After, X-Dlock-Known-Leader, X-Dlock-Last-Contact")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, DELETE")
+	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Request-Id")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 func truncate(s string, n int) string {
@@ -55,13 +76,19 @@ func hasBody(r *http.Request) bool {
 }
 
 // browserChecks runs before routing: the origin rule, then the JSON rule for
-// every request that has a body, whatever the endpoint does with it.
-func (a *api) browserChecks(r *http.Request) *apierror.Error {
-	if aerr := CheckOrigin(r, a.allowOrigin); aerr != nil {
-		return aerr
+// every request that has a body, whatever the endpoint does with it. It
+// reports false when it has answered the request itself.
+func (a *api) browserChecks(w http.ResponseWriter, r *http.Request) bool {
+	member, aerr := checkOrigin(r, a.allowOrigin)
+	if aerr == nil && member && corsHeaders(w, r) {
+		return false
 	}
-	if hasBody(r) {
-		return checkContentType(r.Header.Get("Content-Type"))
+	if aerr == nil && hasBody(r) {
+		aerr = checkContentType(r.Header.Get("Content-Type"))
 	}
-	return nil
+	if aerr != nil {
+		a.writeError(w, r, aerr)
+		return false
+	}
+	return true
 }

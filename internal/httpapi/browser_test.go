@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -64,5 +65,38 @@ func TestBrowserRequests(t *testing.T) {
 				t.Fatalf("service called: %v, want %v", called, tc.called)
 			}
 		})
+	}
+}
+
+// A page served by another member may read the answers: its preflight is
+// approved and its requests carry Access-Control-Allow-Origin; a foreign
+// page's preflight is refused, and the node's own page needs no CORS.
+func TestMemberPagesGetCORS(t *testing.T) {
+	member := func(o string) bool { return o == "http://10.0.0.2:7070" }
+	f := &fakeService{}
+	h, _ := newHandler(f, Options{AllowOrigin: member})
+
+	pre := do(h, request{method: "OPTIONS", target: "/api/v1/locks/a/acquire", header: map[string]string{
+		"Origin": "http://10.0.0.2:7070", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"}})
+	if pre.Code != 204 || pre.Header().Get("Access-Control-Allow-Origin") != "http://10.0.0.2:7070" ||
+		!strings.Contains(pre.Header().Get("Access-Control-Allow-Headers"), "Content-Type") || !strings.Contains(pre.Header().Get("Access-Control-Allow-Methods"), "POST") {
+		t.Fatalf("member preflight: %d %v", pre.Code, pre.Header())
+	}
+	rec := do(h, request{method: "POST", target: "/api/v1/locks/a/acquire", body: `{"client_id":"c1","ttl_ms":1000}`,
+		header: map[string]string{"Origin": "http://10.0.0.2:7070"}})
+	if rec.Code != 200 || rec.Header().Get("Access-Control-Allow-Origin") != "http://10.0.0.2:7070" {
+		t.Fatalf("member request: %d %v", rec.Code, rec.Header())
+	}
+	foreign := do(h, request{method: "OPTIONS", target: "/api/v1/locks/a/acquire", header: map[string]string{
+		"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}})
+	if foreign.Code != 403 || foreign.Header().Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("foreign preflight: %d %v", foreign.Code, foreign.Header())
+	}
+	own := do(h, request{method: "GET", target: "/api/v1/locks/a", header: map[string]string{"Origin": "http://example.com"}})
+	if own.Code != 200 || own.Header().Get("Access-Control-Allow-Origin") != "" {
+		t.Fatalf("same-origin request: %d %v", own.Code, own.Header())
+	}
+	if calls := f.recorded(); len(calls) != 2 {
+		t.Fatalf("service calls %+v, want the member's acquire and the own page's read", calls)
 	}
 }

@@ -154,8 +154,7 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 // purpose; see New.
 func (a *api) route(w http.ResponseWriter, r *http.Request) {
 	r = withBearer(r)
-	if aerr := a.browserChecks(r); aerr != nil {
-		a.writeError(w, r, aerr)
+	if !a.browserChecks(w, r) {
 		return
 	}
 	p := r.URL.EscapedPath()
