@@ -26,6 +26,11 @@ import (
 func checkOrigin(r *http.Request, allow func(origin string) bool) (member bool, _ *apierror.Error) {
 	origin := r.Header.Get("Origin")
 	if origin == "" {
+		if r.Header.Get("Sec-Fetch-Mode") == "navigate" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			// Someone followed a link: the answer is shown to them, not to
+			// the page that linked here, and a GET changes nothing.
+			return false, nil
+		}
 		switch r.Header.Get("Sec-Fetch-Site") {
 		case "cross-site", "same-site":
 			return false, apierror.New(apierror.PermissionDenied,
