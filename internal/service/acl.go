@@ -105,10 +105,17 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 }
 
 // Authenticate checks that ctx carries a valid ACL token, whatever it may
-// do (nil with ACLs off): for a connection that must authenticate before it
-// is served (the WebSocket API).
-func (s *Service) Authenticate(ctx context.Context) error {
-	return s.authorize(ctx, 0, "", "")
+// do, for a connection that must authenticate before it is served (the
+// WebSocket API). The returned context ends once that token is revoked,
+// replaced or expires, so the connection can end with it; stop must be
+// called when the connection ends. With ACLs off it returns ctx.
+func (s *Service) Authenticate(ctx context.Context) (_ context.Context, stop func(), _ error) {
+	tok, err := s.authToken(ctx, 0, "", "")
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, stop = s.trackToken(ctx, tok)
+	return ctx, stop, nil
 }
 
 // authToken is authorize that also returns the token that allowed the call

@@ -75,9 +75,9 @@ func hasCredentials(r *http.Request) bool {
 }
 
 // authenticate runs the first-message authentication of a connection that
-// brought no credentials. It returns the context to serve it with, or false
-// after closing the connection.
-func (h *Handler) authenticate(ws *websocket.Conn, base context.Context) (context.Context, bool) {
+// brought no credentials. It returns the context to serve it with and the
+// stop of Options.Authenticate, or false after closing the connection.
+func (h *Handler) authenticate(ws *websocket.Conn, base context.Context) (context.Context, func(), bool) {
 	ctx, cancel := context.WithTimeout(h.ctx, h.opts.AuthTimeout)
 	defer cancel()
 	typ, b, err := ws.Read(ctx)
@@ -85,12 +85,12 @@ func (h *Handler) authenticate(ws *websocket.Conn, base context.Context) (contex
 		// The deadline passed (the library has closed the connection), the
 		// client left, or the node is shutting down.
 		_ = ws.Close(websocket.StatusPolicyViolation, "authenticate first: send {\"op\":\"auth\",\"token\":...} within "+h.opts.AuthTimeout.String())
-		return nil, false
+		return nil, nil, false
 	}
-	refuse := func(id string, e *apierror.Error) (context.Context, bool) {
+	refuse := func(id string, e *apierror.Error) (context.Context, func(), bool) {
 		h.writeNow(ws, &answer{ID: id, Op: opAuth, Error: errorOf(e)})
 		_ = ws.Close(websocket.StatusPolicyViolation, "not authenticated")
-		return nil, false
+		return nil, nil, false
 	}
 	if typ != websocket.MessageText {
 		return refuse("", apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send {\"id\":\"1\",\"op\":\"auth\",\"token\":\"<secret>\"} first, as a JSON text message"))
@@ -102,12 +102,12 @@ func (h *Handler) authenticate(ws *websocket.Conn, base context.Context) (contex
 	if derr != nil {
 		return refuse(m.ID, apierror.From(derr))
 	}
-	authed := service.WithBearer(base, m.Token)
-	if err := h.opts.Authenticate(authed); err != nil {
+	authed, stop, err := h.opts.Authenticate(service.WithBearer(base, m.Token))
+	if err != nil {
 		return refuse(m.ID, apierror.From(err))
 	}
 	h.writeNow(ws, &answer{ID: m.ID, Op: opAuth, Result: map[string]bool{"authenticated": true}})
-	return authed, true
+	return authed, stop, true
 }
 
 // writeNow writes one answer before the connection's writer runs.

@@ -79,11 +79,12 @@ type Options struct {
 	Limited func(limit string)
 	// Authenticate, when set (ACLs on), checks the token a connection's
 	// context carries; a connection must pass it before anything is served
-	// (auth.go). AuthTimeout bounds the wait for the first-message
+	// (auth.go), and is closed when the returned context ends (its token
+	// was revoked); stop is called when the connection ends. AuthTimeout bounds the wait for the first-message
 	// authentication (default 5 s); MaxUnauthenticatedPerIP caps the
 	// connections one client IP holds while not yet authenticated
 	// (default 16).
-	Authenticate            func(ctx context.Context) error
+	Authenticate            func(ctx context.Context) (authed context.Context, stop func(), err error)
 	AuthTimeout             time.Duration
 	MaxUnauthenticatedPerIP int
 }
@@ -185,10 +186,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	releaseUnauth := func() {}
 	if h.opts.Authenticate != nil {
 		if hasCredentials(r) {
-			if err := h.opts.Authenticate(base); err != nil {
+			authed, stop, err := h.opts.Authenticate(base)
+			if err != nil {
 				writeHTTPError(w, apierror.From(err))
 				return
 			}
+			defer stop()
+			base = authed
 		} else {
 			release, ok := h.unauth.take(clientIP(r))
 			if !ok {
@@ -218,17 +222,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
 	if needAuth {
-		authed, ok := h.authenticate(ws, base)
+		authed, stop, ok := h.authenticate(ws, base)
 		releaseUnauth()
 		if !ok {
 			_ = ws.CloseNow()
 			return
 		}
+		defer stop()
 		base = authed
 	}
 	ctx, cancel := context.WithCancel(base)
 	ctx = service.WithRemote(ctx, "ws", r.RemoteAddr)
-	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, out: make(chan []byte, outQueue),
+	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, auth: base, out: make(chan []byte, outQueue),
 		serial: make(chan *message, h.opts.MaxPending), ops: map[string]*op{}}
 	h.log.Debug("websocket connected", "remote", r.RemoteAddr)
 	c.serve()
@@ -246,6 +251,9 @@ type conn struct {
 	ws     *websocket.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
+	// auth is the connection's context before its own cancel: under ACLs
+	// it ends when the connection's token is revoked (Options.Authenticate).
+	auth context.Context
 	out    chan []byte
 	// serial queues the ops that run in arrival order (all but acquire).
 	serial chan *message
@@ -319,8 +327,11 @@ func (c *conn) supervise() {
 			// The read loop waits on the socket, not on the context: on a
 			// shutdown the socket must be closed here. (Every other way the
 			// context ends has already closed it.)
-			if c.h.ctx.Err() != nil {
+			switch {
+			case c.h.ctx.Err() != nil:
 				_ = c.ws.Close(websocket.StatusGoingAway, "dlock node shutting down; reconnect to another node")
+			case c.auth.Err() != nil:
+				_ = c.ws.Close(websocket.StatusPolicyViolation, "the ACL token of this connection was revoked, replaced or has expired; reconnect with a valid token")
 			}
 			return
 		case <-t.C:
