@@ -254,7 +254,7 @@ type conn struct {
 	// auth is the connection's context before its own cancel: under ACLs
 	// it ends when the connection's token is revoked (Options.Authenticate).
 	auth context.Context
-	out    chan []byte
+	out  chan []byte
 	// serial queues the ops that run in arrival order (all but acquire).
 	serial chan *message
 	wg     sync.WaitGroup
