@@ -80,10 +80,10 @@ type Options struct {
 	// Authenticate, when set (ACLs on), checks the token a connection's
 	// context carries; a connection must pass it before anything is served
 	// (auth.go), and is closed when the returned context ends (its token
-	// was revoked); stop is called when the connection ends. AuthTimeout bounds the wait for the first-message
-	// authentication (default 5 s); MaxUnauthenticatedPerIP caps the
-	// connections one client IP holds while not yet authenticated
-	// (default 16).
+	// was revoked); stop is called when the connection ends. AuthTimeout
+	// bounds the wait for the first-message authentication (default 5 s);
+	// MaxUnauthenticatedPerIP caps the connections one client IP holds
+	// while not yet authenticated (default 16).
 	Authenticate            func(ctx context.Context) (authed context.Context, stop func(), err error)
 	AuthTimeout             time.Duration
 	MaxUnauthenticatedPerIP int
