@@ -280,7 +280,9 @@ func TestACLClientCertificateIdentity(t *testing.T) {
 // once bootstrapped, calls to it are refused before anything is proposed
 // (the log does not grow), and they count against the rate limit.
 func TestACLBootstrapRefusedWithoutProposing(t *testing.T) {
-	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true, Limits: server.Limits{Service: service.Limits{Rate: 5, Burst: 20}}})
+	// One request a second with a burst of 5: 60 calls are limited even
+	// on a machine slow enough to take a second for ten of them.
+	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true, Limits: server.Limits{Service: service.Limits{Rate: 1, Burst: 5}}})
 	leader := c.WaitLeader(10 * time.Second)
 	node := c.Follower()
 	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/acl/bootstrap", nil, nil); code != 200 {
@@ -302,6 +304,6 @@ func TestACLBootstrapRefusedWithoutProposing(t *testing.T) {
 		t.Fatalf("60 refused bootstraps proposed %d commands", after-before)
 	}
 	if limited == 0 {
-		t.Fatal("60 bootstraps in a burst of 20 at 5/s were never rate limited")
+		t.Fatal("60 bootstraps in a burst of 5 at 1/s were never rate limited")
 	}
 }

@@ -161,7 +161,7 @@ func TestExpiredTokenEndsItsStreams(t *testing.T) {
 		t.Fatalf("bootstrap: %d %s", code, ec)
 	}
 	if code, ec := aclDo(t, c, node, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
-		Rules: []service.ACLRule{{Prefix: "", Permissions: []string{"watch"}}}, TTLms: 1500}, &brief); code != 200 {
+		Rules: []service.ACLRule{{Prefix: "", Permissions: []string{"watch"}}}, TTLms: 3000}, &brief); code != 200 {
 		t.Fatalf("create token: %d %s", code, ec)
 	}
 	code, events := sseWith(t, ctx, c.URL(node)+"/api/v1/watch", bearerHeader(brief.SecretID))
