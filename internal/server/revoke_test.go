@@ -76,8 +76,20 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 	}
 	waited := make(chan result, 1)
 	go func() {
-		code, ec := aclDo(t, c, node, T, "POST", "/api/v1/locks/jobs/x/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 60000, "wait_timeout_ms": 50000}, nil)
-		waited <- result{code, ec}
+		// Not aclDo: it may call t.Fatal, which only the test's goroutine may.
+		req, _ := http.NewRequest("POST", c.URL(node)+"/api/v1/locks/jobs/x/acquire",
+			strings.NewReader(`{"client_id":"waiter","ttl_ms":60000,"wait_timeout_ms":50000}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+T)
+		res, err := c.Client.Do(req)
+		if err != nil {
+			waited <- result{0, err.Error()}
+			return
+		}
+		defer res.Body.Close()
+		var e errBody
+		_ = decodeInto(readAll(res.Body), &e)
+		waited <- result{res.StatusCode, e.Error.Code}
 	}()
 	waitFor(t, 10*time.Second, "the acquire queued", func() bool {
 		var v service.LockView
