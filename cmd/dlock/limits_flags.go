@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/wsapi"
 )
 
 // limitFlags are the abuse limits and listener timeouts shared by serve and
@@ -18,6 +19,8 @@ type limitFlags struct {
 	waiters, leases, watchers, perConn int
 	readHeader, read, write, idle      time.Duration
 	maxHeader                          int
+	wsAuth                             time.Duration
+	unauthPerIP                        int
 }
 
 func (f *limitFlags) register(fs *flag.FlagSet) {
@@ -34,6 +37,8 @@ func (f *limitFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.write, "write-timeout", server.DefaultWriteTimeout, "time to answer a plain request (blocking acquires and streams get their own)")
 	fs.DurationVar(&f.idle, "idle-timeout", server.DefaultIdleTimeout, "close a kept-alive HTTP connection, or a gRPC connection without calls, idle this long")
 	fs.IntVar(&f.maxHeader, "max-header-bytes", server.DefaultMaxHeaderBytes, "largest accepted request headers (gRPC: metadata)")
+	fs.DurationVar(&f.wsAuth, "ws-auth-timeout", wsapi.DefaultAuthTimeout, "with --acl, time a WebSocket opened without a token has to send its auth message before it is closed")
+	fs.IntVar(&f.unauthPerIP, "max-unauthenticated-per-ip", wsapi.DefaultMaxUnauthenticatedPerIP, "with --acl, most WebSocket connections one client IP may hold before they authenticate")
 }
 
 func (f *limitFlags) limits() (server.Limits, error) {
@@ -52,10 +57,13 @@ func (f *limitFlags) limits() (server.Limits, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"read-header-timeout", f.readHeader}, {"read-timeout", f.read}, {"write-timeout", f.write}, {"idle-timeout", f.idle}} {
+	}{{"read-header-timeout", f.readHeader}, {"read-timeout", f.read}, {"write-timeout", f.write}, {"idle-timeout", f.idle}, {"ws-auth-timeout", f.wsAuth}} {
 		if d.v <= 0 {
 			return server.Limits{}, fmt.Errorf("--%s %s: give a positive duration such as 30s", d.name, d.v)
 		}
+	}
+	if f.unauthPerIP < 1 {
+		return server.Limits{}, fmt.Errorf("--max-unauthenticated-per-ip %d: give at least 1", f.unauthPerIP)
 	}
 	if f.maxHeader < 4096 {
 		return server.Limits{}, fmt.Errorf("--max-header-bytes %d: give at least 4096", f.maxHeader)
@@ -64,5 +72,6 @@ func (f *limitFlags) limits() (server.Limits, error) {
 		Service: service.Limits{Rate: f.rate, Burst: f.burst, MaxWaitersPerLock: f.waiters, MaxLeasesPerClient: f.leases,
 			MaxWatchers: f.watchers, MaxWatchersPerConn: f.perConn},
 		ReadHeaderTimeout: f.readHeader, ReadTimeout: f.read, WriteTimeout: f.write, IdleTimeout: f.idle, MaxHeaderBytes: f.maxHeader,
+		WSAuthTimeout: f.wsAuth, MaxUnauthenticatedPerIP: f.unauthPerIP,
 	}, nil
 }

@@ -35,6 +35,8 @@ const (
 	Unauthenticated  Code = "unauthenticated"
 	MethodNotAllowed Code = "method_not_allowed"
 	Internal         Code = "internal"
+	// UnsupportedMediaType: a request body not declared as JSON.
+	UnsupportedMediaType Code = "unsupported_media_type"
 )
 
 type mapping struct {
@@ -44,22 +46,23 @@ type mapping struct {
 
 // table is the single mapping from error code to protocol status.
 var table = map[Code]mapping{
-	InvalidArgument:  {http.StatusBadRequest, codes.InvalidArgument},
-	NotFound:         {http.StatusNotFound, codes.NotFound},
-	SessionNotFound:  {http.StatusNotFound, codes.NotFound},
-	LockHeld:         {http.StatusConflict, codes.FailedPrecondition},
-	WaitTimeout:      {http.StatusConflict, codes.DeadlineExceeded},
-	LockLost:         {http.StatusConflict, codes.Aborted},
-	NotHolder:        {http.StatusConflict, codes.FailedPrecondition},
-	TooLarge:         {http.StatusRequestEntityTooLarge, codes.InvalidArgument},
-	RateLimited:      {http.StatusTooManyRequests, codes.ResourceExhausted},
-	NoLeader:         {http.StatusServiceUnavailable, codes.Unavailable},
-	Unavailable:      {http.StatusServiceUnavailable, codes.Unavailable},
-	Compacted:        {http.StatusGone, codes.OutOfRange},
-	PermissionDenied: {http.StatusForbidden, codes.PermissionDenied},
-	Unauthenticated:  {http.StatusUnauthorized, codes.Unauthenticated},
-	MethodNotAllowed: {http.StatusMethodNotAllowed, codes.Unimplemented},
-	Internal:         {http.StatusInternalServerError, codes.Internal},
+	InvalidArgument:      {http.StatusBadRequest, codes.InvalidArgument},
+	NotFound:             {http.StatusNotFound, codes.NotFound},
+	SessionNotFound:      {http.StatusNotFound, codes.NotFound},
+	LockHeld:             {http.StatusConflict, codes.FailedPrecondition},
+	WaitTimeout:          {http.StatusConflict, codes.DeadlineExceeded},
+	LockLost:             {http.StatusConflict, codes.Aborted},
+	NotHolder:            {http.StatusConflict, codes.FailedPrecondition},
+	TooLarge:             {http.StatusRequestEntityTooLarge, codes.InvalidArgument},
+	RateLimited:          {http.StatusTooManyRequests, codes.ResourceExhausted},
+	NoLeader:             {http.StatusServiceUnavailable, codes.Unavailable},
+	Unavailable:          {http.StatusServiceUnavailable, codes.Unavailable},
+	Compacted:            {http.StatusGone, codes.OutOfRange},
+	PermissionDenied:     {http.StatusForbidden, codes.PermissionDenied},
+	Unauthenticated:      {http.StatusUnauthorized, codes.Unauthenticated},
+	MethodNotAllowed:     {http.StatusMethodNotAllowed, codes.Unimplemented},
+	Internal:             {http.StatusInternalServerError, codes.Internal},
+	UnsupportedMediaType: {http.StatusUnsupportedMediaType, codes.InvalidArgument},
 }
 
 // HTTPStatus is the HTTP status for a code.

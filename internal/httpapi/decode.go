@@ -60,13 +60,13 @@ func (a *api) decodeBody(w http.ResponseWriter, r *http.Request, v any, required
 	return decodeJSON(b, v)
 }
 
-// checkContentType lets a missing Content-Type through, for curl users, but
-// refuses anything else that is not JSON. Besides catching mistakes, this
-// keeps browsers from posting cross-site "simple" form or text requests at
-// the API without a CORS preflight.
+// checkContentType accepts only JSON (application/json or application/*+json,
+// in UTF-8), and answers anything else — a missing Content-Type too — with
+// 415 unsupported_media_type: a browser cannot send such a body cross-site
+// without asking the server first (browser.go).
 func checkContentType(ct string) *apierror.Error {
 	if ct == "" {
-		return nil
+		return apierror.New(apierror.UnsupportedMediaType, "a request with a body must say Content-Type: application/json (curl: --json, or -H 'Content-Type: application/json')")
 	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err == nil && (mt == "application/json" || strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json")) {
@@ -74,7 +74,7 @@ func checkContentType(ct string) *apierror.Error {
 			return nil
 		}
 	}
-	return badRequest("Content-Type %q is not JSON; send application/json (curl: --json, or -H 'Content-Type: application/json')", ct)
+	return apierror.New(apierror.UnsupportedMediaType, "Content-Type %q is not JSON; send application/json (curl: --json, or -H 'Content-Type: application/json')", ct)
 }
 
 func trimJSONSpace(b []byte) []byte { return bytes.Trim(b, " \t\r\n") }

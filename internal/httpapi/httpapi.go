@@ -75,6 +75,9 @@ type Options struct {
 	// (default DefaultWriteTimeout); blocking acquires and event streams move
 	// their own deadlines by it (deadlines.go).
 	WriteTimeout time.Duration
+	// AllowOrigin accepts browser origins other than the server's own
+	// (browser.go); the server passes Service.MemberOrigin. nil: none.
+	AllowOrigin func(origin string) bool
 }
 
 // API paths. Fixed segments are matched in their escaped form: only lock names
@@ -112,6 +115,7 @@ type api struct {
 	debug     http.Handler
 	// writeTimeout: see Options.WriteTimeout.
 	writeTimeout time.Duration
+	allowOrigin  func(origin string) bool
 }
 
 // New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
@@ -142,7 +146,7 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: untimed(opts.Debug),
-		writeTimeout: opts.WriteTimeout}
+		writeTimeout: opts.WriteTimeout, allowOrigin: opts.AllowOrigin}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 
@@ -150,6 +154,9 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 // purpose; see New.
 func (a *api) route(w http.ResponseWriter, r *http.Request) {
 	r = withBearer(r)
+	if !a.browserChecks(w, r) {
+		return
+	}
 	p := r.URL.EscapedPath()
 	switch p {
 	case "/healthz":

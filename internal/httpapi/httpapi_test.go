@@ -268,7 +268,16 @@ func do(h http.Handler, q request) *httptest.ResponseRecorder {
 		body = strings.NewReader(q.body)
 	}
 	r := httptest.NewRequest(q.method, q.target, body)
+	if q.body != "" {
+		// Every body is JSON unless the test says otherwise: a
+		// "Content-Type" of "" in header sends none.
+		r.Header.Set("Content-Type", "application/json")
+	}
 	for k, v := range q.header {
+		if v == "" {
+			r.Header.Del(k)
+			continue
+		}
 		r.Header.Set(k, v)
 	}
 	if q.chunked {
@@ -476,8 +485,8 @@ func TestRoutes(t *testing.T) {
 			wantBody: keepAliveOK,
 		},
 		{
-			name:       "keepalive with blank body and a form Content-Type (curl -X POST -d '')",
-			req:        request{method: "POST", target: "/api/v1/sessions/S1/keepalive", header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, body: "\n"},
+			name:       "keepalive with an empty body and a form Content-Type (curl -X POST -d '')",
+			req:        request{method: "POST", target: "/api/v1/sessions/S1/keepalive", header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}},
 			wantStatus: 200, wantMethod: "KeepAlive",
 			wantReq:  service.KeepAliveRequest{SessionID: "S1"},
 			wantBody: keepAliveOK,
@@ -617,10 +626,14 @@ func TestMalformedRequests(t *testing.T) {
 		{name: "delete session trailing data", req: request{method: "DELETE", target: "/api/v1/sessions/S1", body: `{} {}`}, wantStatus: 400, wantCode: "invalid_argument"},
 
 		// content types
-		{name: "text/plain", req: request{method: "POST", target: acquire, header: ct("text/plain"), body: okAcquire}, wantStatus: 400, wantCode: "invalid_argument", wantMessage: "Content-Type"},
-		{name: "form content type (curl -d default)", req: request{method: "POST", target: acquire, header: ct("application/x-www-form-urlencoded"), body: okAcquire}, wantStatus: 400, wantCode: "invalid_argument", wantMessage: "--json"},
-		{name: "JSON in latin1", req: request{method: "POST", target: acquire, header: ct("application/json; charset=latin1"), body: okAcquire}, wantStatus: 400, wantCode: "invalid_argument"},
-		{name: "malformed content type", req: request{method: "POST", target: "/api/v1/sessions", header: ct("application/json; ="), body: `{"client_id":"c1","ttl_ms":1000}`}, wantStatus: 400, wantCode: "invalid_argument"},
+		{name: "text/plain", req: request{method: "POST", target: acquire, header: ct("text/plain"), body: okAcquire}, wantStatus: 415, wantCode: "unsupported_media_type", wantMessage: "Content-Type"},
+		{name: "form content type (curl -d default)", req: request{method: "POST", target: acquire, header: ct("application/x-www-form-urlencoded"), body: okAcquire}, wantStatus: 415, wantCode: "unsupported_media_type", wantMessage: "--json"},
+		{name: "JSON in latin1", req: request{method: "POST", target: acquire, header: ct("application/json; charset=latin1"), body: okAcquire}, wantStatus: 415, wantCode: "unsupported_media_type"},
+		{name: "malformed content type", req: request{method: "POST", target: "/api/v1/sessions", header: ct("application/json; ="), body: `{"client_id":"c1","ttl_ms":1000}`}, wantStatus: 415, wantCode: "unsupported_media_type"},
+		{name: "no content type", req: request{method: "POST", target: acquire, header: ct(""), body: okAcquire}, wantStatus: 415, wantCode: "unsupported_media_type", wantMessage: "application/json"},
+		{name: "blank body with a form content type", req: request{method: "POST", target: "/api/v1/sessions/S1/keepalive", header: ct("application/x-www-form-urlencoded"), body: "\n"}, wantStatus: 415, wantCode: "unsupported_media_type"},
+		{name: "a body on an endpoint that reads none", req: request{method: "POST", target: "/api/v1/cluster/token-key/rotate", header: ct("text/plain"), body: "x"}, wantStatus: 415, wantCode: "unsupported_media_type"},
+		{name: "a chunked body without content type", req: request{method: "DELETE", target: "/api/v1/sessions/S1", header: ct(""), body: "{}", chunked: true}, wantStatus: 415, wantCode: "unsupported_media_type"},
 
 		// names
 		{name: "name with empty segment", req: request{method: "POST", target: "/api/v1/locks/a//b/acquire", body: okAcquire}, wantStatus: 400, wantCode: "invalid_argument", wantMessage: "empty segment"},
@@ -996,7 +1009,7 @@ func TestNoRedirects(t *testing.T) {
 	} {
 		u := &url.URL{Scheme: "http", Host: strings.TrimPrefix(srv.URL, "http://"), Opaque: tc.path}
 		const reqBody = `{"client_id":"c","ttl_ms":1000}`
-		req := &http.Request{Method: tc.method, URL: u, Header: http.Header{}, Host: u.Host,
+		req := &http.Request{Method: tc.method, URL: u, Header: http.Header{"Content-Type": {"application/json"}}, Host: u.Host,
 			Body: io.NopCloser(strings.NewReader(reqBody)), ContentLength: int64(len(reqBody))}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -1025,6 +1038,7 @@ func TestHangUpWithdrawsWait(t *testing.T) {
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/api/v1/locks/a/acquire",
 			strings.NewReader(`{"client_id":"c","ttl_ms":1000,"wait_timeout_ms":600000}`))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := srv.Client().Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -1080,7 +1094,7 @@ func FuzzHTTPAPI(f *testing.F) {
 	for _, s := range seeds {
 		f.Add(s.method, s.target, []byte(s.body), s.mode)
 	}
-	documented := map[int]bool{200: true, 201: true, 400: true, 404: true, 405: true, 409: true, 413: true, 429: true, 503: true}
+	documented := map[int]bool{200: true, 201: true, 400: true, 404: true, 405: true, 409: true, 413: true, 415: true, 429: true, 503: true}
 	holder := &service.Holder{ClientID: "h", FencingToken: 1, GrantedAt: t0, ExpiresAt: t1}
 	f.Fuzz(func(t *testing.T, method, target string, body []byte, mode uint8) {
 		if !validMethod(method) {
@@ -1113,7 +1127,7 @@ func FuzzHTTPAPI(f *testing.F) {
 		h := New(fs, nil, Options{})
 		r := &http.Request{
 			Method: method, URL: u, RequestURI: target, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: http.Header{}, Host: "example.com", ContentLength: int64(len(body)),
+			Header: http.Header{"Content-Type": {"application/json"}}, Host: "example.com", ContentLength: int64(len(body)),
 			Body: io.NopCloser(bytes.NewReader(body)),
 		}
 		r = r.WithContext(context.Background())

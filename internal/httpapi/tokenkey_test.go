@@ -18,14 +18,14 @@ func TestRotateTokenKeyBody(t *testing.T) {
 	tests := []struct {
 		name     string
 		req      request
-		want     *service.RotateTokenKeyRequest // nil: refused with 400
+		want     *service.RotateTokenKeyRequest // nil: refused with wantCode
 		wantCode apierror.Code
 	}{
 		{"no body", request{method: "POST", target: rotate}, &service.RotateTokenKeyRequest{}, ""},
 		{"blank body", request{method: "POST", target: rotate, body: " \n"}, &service.RotateTokenKeyRequest{}, ""},
 		{"empty object", request{method: "POST", target: rotate, header: jsonCT, body: `{}`}, &service.RotateTokenKeyRequest{}, ""},
 		{"revoke", request{method: "POST", target: rotate, header: jsonCT, body: `{"revoke_retired":true}`}, &service.RotateTokenKeyRequest{RevokeRetired: true}, ""},
-		{"revoke without Content-Type", request{method: "POST", target: rotate, body: `{"revoke_retired":true}`}, &service.RotateTokenKeyRequest{RevokeRetired: true}, ""},
+		{"revoke without Content-Type", request{method: "POST", target: rotate, header: map[string]string{"Content-Type": ""}, body: `{"revoke_retired":true}`}, nil, apierror.UnsupportedMediaType},
 		{"explicitly keep", request{method: "POST", target: rotate, body: `{"revoke_retired":false}`}, &service.RotateTokenKeyRequest{}, ""},
 		{"unknown field", request{method: "POST", target: rotate, body: `{"revoke":true}`}, nil, apierror.InvalidArgument},
 		{"other case", request{method: "POST", target: rotate, body: `{"Revoke_Retired":true}`}, nil, apierror.InvalidArgument},
@@ -33,7 +33,7 @@ func TestRotateTokenKeyBody(t *testing.T) {
 		{"not a bool", request{method: "POST", target: rotate, body: `{"revoke_retired":"yes"}`}, nil, apierror.InvalidArgument},
 		{"not an object", request{method: "POST", target: rotate, body: `true`}, nil, apierror.InvalidArgument},
 		{"two objects", request{method: "POST", target: rotate, body: `{}{}`}, nil, apierror.InvalidArgument},
-		{"not JSON", request{method: "POST", target: rotate, header: map[string]string{"Content-Type": "text/plain"}, body: `{"revoke_retired":true}`}, nil, apierror.InvalidArgument},
+		{"not JSON", request{method: "POST", target: rotate, header: map[string]string{"Content-Type": "text/plain"}, body: `{"revoke_retired":true}`}, nil, apierror.UnsupportedMediaType},
 		{"query", request{method: "POST", target: rotate + "?revoke_retired=true"}, nil, apierror.InvalidArgument},
 	}
 	for _, tt := range tests {
@@ -43,7 +43,7 @@ func TestRotateTokenKeyBody(t *testing.T) {
 			rec := do(h, tt.req)
 			calls := f.recorded()
 			if tt.want == nil {
-				checkError(t, rec, 400, tt.wantCode)
+				checkError(t, rec, apierror.HTTPStatus(tt.wantCode), tt.wantCode)
 				if len(calls) != 0 {
 					t.Fatalf("service called: %+v", calls)
 				}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/tlsconfig"
@@ -257,5 +258,37 @@ func TestACLClientCertificateIdentity(t *testing.T) {
 	}
 	if _, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "billing/cert-grpc2", ClientId: "cert-worker", TtlMs: 30000}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("gRPC certificate after revoke: %v", err)
+	}
+}
+
+// The bootstrap endpoint is the one write anyone may send without a token:
+// once bootstrapped, calls to it are refused before anything is proposed
+// (the log does not grow), and they count against the rate limit.
+func TestACLBootstrapRefusedWithoutProposing(t *testing.T) {
+	// One request a second with a burst of 5: 60 calls are limited even
+	// on a machine slow enough to take a second for ten of them.
+	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true, Limits: server.Limits{Service: service.Limits{Rate: 1, Burst: 5}}})
+	leader := c.WaitLeader(10 * time.Second)
+	node := c.Follower()
+	if code, ec := aclDo(t, c, node, "", "POST", "/api/v1/acl/bootstrap", nil, nil); code != 200 {
+		t.Fatalf("bootstrap: %d %s", code, ec)
+	}
+	before := c.Server(leader).Node.Status().ProposedCommands
+	limited := 0
+	for i := 0; i < 60; i++ {
+		code, ec := aclDo(t, c, node, "", "POST", "/api/v1/acl/bootstrap", nil, nil)
+		switch {
+		case code == 403 && ec == "permission_denied":
+		case code == 429 && ec == "rate_limited":
+			limited++
+		default:
+			t.Fatalf("bootstrap again: %d %s", code, ec)
+		}
+	}
+	if after := c.Server(leader).Node.Status().ProposedCommands; after != before {
+		t.Fatalf("60 refused bootstraps proposed %d commands", after-before)
+	}
+	if limited == 0 {
+		t.Fatal("60 bootstraps in a burst of 5 at 1/s were never rate limited")
 	}
 }

@@ -24,6 +24,11 @@ type Limits struct {
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers (gRPC: its metadata).
 	MaxHeaderBytes int
+	// WSAuthTimeout is how long a WebSocket opened without a token has to
+	// authenticate under --acl, and MaxUnauthenticatedPerIP how many such
+	// connections one client IP may hold meanwhile (0: the wsapi defaults).
+	WSAuthTimeout           time.Duration
+	MaxUnauthenticatedPerIP int
 }
 
 // Defaults of Limits' listener fields (zero takes them).

@@ -92,6 +92,9 @@ func (n *limitNode) call(ctx context.Context, method, path string, body any) api
 	if err != nil {
 		n.t.Fatal(err)
 	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	res, err := n.hc.Do(req)
 	if err != nil {
 		return apiAnswer{}

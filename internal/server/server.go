@@ -85,6 +85,7 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
+	warnACLWithoutPeerTLS(cfg)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
@@ -123,9 +124,13 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
 	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
-		WriteTimeout: cfg.Limits.WriteTimeout})
-	s.ws = wsapi.New(svc, s.logger, wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes,
-		MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited})
+		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin})
+	wsOpts := wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes, MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited,
+		AllowOrigin: svc.MemberOrigin, AuthTimeout: cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: cfg.Limits.MaxUnauthenticatedPerIP}
+	if cfg.ACL {
+		wsOpts.Authenticate = svc.Authenticate
+	}
+	s.ws = wsapi.New(svc, s.logger, wsOpts)
 	s.http = &http.Server{
 		// The WebSocket endpoint is matched on the exact escaped path, so
 		// httpapi keeps its own routing (no ServeMux path cleaning).
@@ -211,6 +216,17 @@ func (s *Server) join(ctx context.Context, id, raftAddr string) {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// warnACLWithoutPeerTLS says at start-up what ACLs do not cover: the raft
+// port authenticates peers only by TLS, so without it anyone who reaches that
+// port can forward writes that no ACL check sees (docs/security.md).
+func warnACLWithoutPeerTLS(cfg Config) {
+	if cfg.ACL && cfg.Raft.PeerTLS == nil {
+		cfg.Logger.Warn("ACLs are on but the raft port has no peer TLS: anyone who can reach "+cfg.Raft.RaftAddr+
+			" can forge forwarded writes (take locks, revoke tokens) past every ACL check; give --peer-cert, --peer-key and --peer-ca, or firewall the raft port to the cluster's nodes",
+			"raft_addr", cfg.Raft.RaftAddr)
 	}
 }
 

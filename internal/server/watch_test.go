@@ -22,8 +22,16 @@ type sseRecord struct {
 
 // sse opens an SSE stream and delivers its records until ctx ends.
 func sse(t *testing.T, ctx context.Context, url string) (int, <-chan sseRecord) {
+	return sseWith(t, ctx, url, nil)
+}
+
+// sseWith is sse with request headers (a bearer token).
+func sseWith(t *testing.T, ctx context.Context, url string, header http.Header) (int, <-chan sseRecord) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("open %s: %v", url, err)

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -37,10 +38,15 @@ type wsClient struct {
 // wsDial connects to a node's /api/v1/ws and reads answers on a goroutine
 // that ends when the connection does.
 func wsDial(t *testing.T, c *testcluster.Cluster, node string) *wsClient {
+	return wsDialWith(t, c, node, nil)
+}
+
+// wsDialWith is wsDial with headers on the upgrade request (a bearer token).
+func wsDialWith(t *testing.T, c *testcluster.Cluster, node string, header http.Header) *wsClient {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(c.URL(node), "http")+"/api/v1/ws", nil)
+	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(c.URL(node), "http")+"/api/v1/ws", &websocket.DialOptions{HTTPHeader: header})
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}

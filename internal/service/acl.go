@@ -100,12 +100,33 @@ func ParsePerms(names []string) (uint8, error) {
 // authorize checks the caller's token: perm on name (perm 0: any valid
 // token), and clientID ("" skips the check) among the ids it may act as.
 func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID string) error {
+	_, err := s.authToken(ctx, perm, name, clientID)
+	return err
+}
+
+// Authenticate checks that ctx carries a valid ACL token, whatever it may
+// do, for a connection that must authenticate before it is served (the
+// WebSocket API). The returned context ends once that token is revoked,
+// replaced or expires, so the connection can end with it; stop must be
+// called when the connection ends. With ACLs off it returns ctx.
+func (s *Service) Authenticate(ctx context.Context) (_ context.Context, stop func(), _ error) {
+	tok, err := s.authToken(ctx, 0, "", "")
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, stop = s.trackToken(ctx, tok)
+	return ctx, stop, nil
+}
+
+// authToken is authorize that also returns the token that allowed the call
+// (nil with ACLs off), for calls that last (trackToken).
+func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID string) (*state.ACLToken, error) {
 	if !s.aclOn {
-		return nil
+		return nil, nil
 	}
 	secret, cn := bearer(ctx), certIdentity(ctx)
 	if secret == "" && cn == "" {
-		return apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_ACL_TOKEN), or a client certificate bound to a token")
+		return nil, apierror.New(apierror.Unauthenticated, "this cluster requires an ACL token: send Authorization: Bearer <secret> (CLI: --acl-token or DLOCK_ACL_TOKEN), or a client certificate bound to a token")
 	}
 	var tok state.ACLToken
 	var ok bool
@@ -116,20 +137,20 @@ func (s *Service) authorize(ctx context.Context, perm uint8, name, clientID stri
 		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
 	}
 	if !ok {
-		return apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
+		return nil, apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
 	}
 	if tok.Expired(time.Now().UnixMilli()) {
-		return apierror.New(apierror.Unauthenticated, "the ACL token expired at %s; ask an operator for a new one", ms(tok.ExpiresAt).Format(time.RFC3339))
+		return nil, apierror.New(apierror.Unauthenticated, "the ACL token expired at %s; ask an operator for a new one", ms(tok.ExpiresAt).Format(time.RFC3339))
 	}
 	if perm != 0 && !tok.Allows(perm, name) {
 		s.logger.Warn("acl: permission denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "permission", permString(perm), "name", name)
-		return apierror.New(apierror.PermissionDenied, "this token may not %s %q; ask for a token with a rule granting %q on a prefix of it", permString(perm), name, permString(perm))
+		return nil, apierror.New(apierror.PermissionDenied, "this token may not %s %q; ask for a token with a rule granting %q on a prefix of it", permString(perm), name, permString(perm))
 	}
 	if clientID != "" && !tok.AllowsClient(clientID) {
 		s.logger.Warn("acl: client id denied", "accessor", hex.EncodeToString(tok.AccessorID[:]), "client_id", clientID)
-		return apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
+		return nil, apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
 	}
-	return nil
+	return &tok, nil
 }
 
 // ACLRule is one rule in the API.
@@ -220,7 +241,7 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 	}
 	if resp.Result.Status != command.StatusOK {
 		if bootstrap {
-			return nil, apierror.New(apierror.PermissionDenied, "ACLs are already bootstrapped: use a management token to create more tokens")
+			return nil, errBootstrapped()
 		}
 		return nil, invalid("%s", resp.Result.Message)
 	}
@@ -231,10 +252,28 @@ func (s *Service) putToken(ctx context.Context, req ACLTokenRequest, bootstrap b
 	return &v, nil
 }
 
+func errBootstrapped() error {
+	return apierror.New(apierror.PermissionDenied, "ACLs are already bootstrapped: use a management token to create more tokens")
+}
+
 // ACLBootstrap creates the first management token (all permissions on every
 // name) and returns its secret. It works once: while no token exists.
+//
+// It is the one write anyone may send without a token, so it counts against
+// the caller's rate limit and, once this node knows of a token, is refused
+// before anything is proposed: a repeated call must not cost a Raft entry.
+// Two first calls racing on different nodes are settled by the state
+// machine, which grants only the first.
 func (s *Service) ACLBootstrap(ctx context.Context) (_ *ACLTokenView, err error) {
 	defer s.observe("acl_bootstrap", time.Now(), &err)
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	var done bool
+	s.fsm.Read(func(st *state.State) { done = st.ACLBootstrapped() })
+	if done {
+		return nil, errBootstrapped()
+	}
 	return s.putToken(ctx, ACLTokenRequest{Description: "bootstrap management token", Rules: []ACLRule{{Prefix: "", Permissions: []string{"all"}}}}, true)
 }
 

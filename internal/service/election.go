@@ -33,12 +33,15 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 	if err := checkID("candidate_id", req.CandidateID, true); err != nil {
 		return nil, err
 	}
-	if err := s.authorize(ctx, command.PermElect, name, req.CandidateID); err != nil {
+	tok, err := s.authToken(ctx, command.PermElect, name, req.CandidateID)
+	if err != nil {
 		return nil, err
 	}
 	if err := s.authorizeTakeover(ctx, req.Takeover, req.CandidateID); err != nil {
 		return nil, err
 	}
+	ctx, untrack := s.trackToken(ctx, tok)
+	defer untrack()
 	g, err := s.acquire(ctx, acquireArgs{key: command.ElectionKey(name), what: "election", clientID: req.CandidateID,
 		requestID: req.RequestID, ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, value: req.Value, takeover: req.Takeover})
 	if g == nil {

@@ -54,6 +54,7 @@ type Service struct {
 	fsm     *fsm.FSM
 	hub     *watch.Hub
 	waiters *waitRegistry
+	tokens  *tokenUses
 	logger  *slog.Logger
 	rec     Recorder
 	signer  atomic.Pointer[signer]
@@ -78,9 +79,10 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), logger: logger}
+	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), tokens: newTokenUses(), logger: logger}
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
+	s.fsm.AddObserver(s.tokens)
 	node.SetEndorser(s.endorse)
 	gone := make(chan struct{})
 	s.leaderGone.Store(&gone)
@@ -243,12 +245,16 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if err := checkID("client_id", req.ClientID, true); err != nil {
 		return nil, err
 	}
-	if err := s.authorize(ctx, command.PermLock, name, req.ClientID); err != nil {
+	tok, err := s.authToken(ctx, command.PermLock, name, req.ClientID)
+	if err != nil {
 		return nil, err
 	}
 	if err := s.authorizeTakeover(ctx, req.Takeover, req.ClientID); err != nil {
 		return nil, err
 	}
+	// A wait in line ends when the token that queued it is revoked.
+	ctx, untrack := s.trackToken(ctx, tok)
+	defer untrack()
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
 		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, takeover: req.Takeover})
 	if g == nil {
@@ -531,7 +537,7 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			}
 			return s.timedOut(a)
 		case <-ctx.Done():
-			return s.abandon(a, w, ctx.Err())
+			return s.abandon(a, w, context.Cause(ctx))
 		case <-s.life.Done():
 			return s.abandon(a, w, errShuttingDown)
 		case <-noLeader:
@@ -547,6 +553,9 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 // without a leader (leaveLine), the place in line is kept for the client's
 // retry with its request_id through another node.
 func (s *Service) cannotFollow(ctx context.Context, a acquireArgs, w command.WaitRef, err error) (*grantAnswer, error) {
+	if revoked(ctx) {
+		return s.abandon(a, w, context.Cause(ctx))
+	}
 	if ctx.Err() != nil || errors.Is(err, errShuttingDown) || a.requestID == "" {
 		return s.abandon(a, w, err)
 	}
@@ -591,9 +600,17 @@ func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grantAnswer, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 	defer cancel()
-	release := a.requestID == ""
+	// A revoked token's grant is released even with a request_id: a retry
+	// of the request would be refused by the ACL check anyway.
+	isRevoked := errors.Is(cause, errTokenRevoked)
+	release := a.requestID == "" || isRevoked
 	if _, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: release})); err != nil {
 		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", displayName(a.key), "err", err)
+	}
+	if isRevoked {
+		e := revokedErr("this acquire was sent with")
+		e.Message += fmt.Sprintf(" (the wait for %q was withdrawn)", displayName(a.key))
+		return nil, e
 	}
 	if errors.Is(cause, errShuttingDown) {
 		return nil, apierror.Wrap(apierror.Unavailable, cause, "this node is shutting down; the wait for %q was withdrawn; acquire again through another node", displayName(a.key))

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
@@ -17,8 +18,11 @@ type Watcher struct {
 	// Revision is the newest revision this node had applied when the watch
 	// started.
 	Revision uint64
-	// release gives back the stream's watcher slot (--max-watchers).
+	// release gives back the stream's watcher slot (--max-watchers) and
+	// stops following its ACL token.
 	release func()
+	// revoked is set when the stream's ACL token was revoked (bindToken).
+	revoked atomic.Bool
 }
 
 // Events delivers events in revision order; it is closed when the stream ends.
@@ -38,7 +42,31 @@ func (w *Watcher) Close() {
 }
 
 // Err says why the stream ended, as a client-facing error (nil if closed by Close).
-func (w *Watcher) Err() error { return watchErr(w.sub.Err()) }
+func (w *Watcher) Err() error {
+	if w.revoked.Load() {
+		return revokedErr("this stream was opened with")
+	}
+	return watchErr(w.sub.Err())
+}
+
+// bindToken ends the stream, with a permission_denied Err, once the token
+// that opened it (tok; nil with ACLs off) is revoked, replaced or expires.
+func (s *Service) bindToken(w *Watcher, tok *state.ACLToken) {
+	if tok == nil {
+		return
+	}
+	ctx, untrack := s.trackToken(context.Background(), tok)
+	stop := context.AfterFunc(ctx, func() {
+		w.revoked.Store(true)
+		w.sub.Close()
+	})
+	release := w.release
+	w.release = func() {
+		stop()
+		untrack()
+		release()
+	}
+}
 
 func watchErr(err error) error {
 	var ce *watch.CompactedError
@@ -77,11 +105,15 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
 	}
-	if err := s.authorize(ctx, command.PermWatch, prefix, ""); err != nil {
+	tok, err := s.authToken(ctx, command.PermWatch, prefix, "")
+	if err != nil {
 		return nil, err
 	}
 	if s.leaderless() {
 		return nil, watchErr(errNoLeaderHere)
+	}
+	if err := s.checkFromRevision(ctx, req.FromRevision); err != nil {
+		return nil, err
 	}
 	release, err := s.watchSlot(ctx)
 	if err != nil {
@@ -92,7 +124,40 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 		release()
 		return nil, watchErr(err)
 	}
-	return &Watcher{sub: sub, Revision: cur, release: release}, nil
+	w := &Watcher{sub: sub, Revision: cur, release: release}
+	s.bindToken(w, tok)
+	return w, nil
+}
+
+// checkFromRevision refuses a watch from a revision the cluster has not
+// reached: it would wait silently until the cluster got there, which for
+// a mistyped or hostile from_revision is for ever. The rule is
+// from_revision <= committed revision + 1. This node's own revision is
+// checked first; only a from_revision beyond it costs a linearizable read,
+// after which this node has applied every revision any client can have
+// seen on any node (each was committed before the read began), so a client
+// that moved here from a node ahead of this one is still served.
+func (s *Service) checkFromRevision(ctx context.Context, from uint64) error {
+	if from == 0 {
+		return nil
+	}
+	cur := s.revision()
+	if from <= cur+1 {
+		return nil
+	}
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		return err
+	}
+	if cur = s.revision(); from <= cur+1 {
+		return nil
+	}
+	return invalid("from_revision %d is ahead of the cluster, whose current revision is %d: watch from at most %d (the next change), or omit from_revision to watch from now", from, cur, cur+1)
+}
+
+func (s *Service) revision() uint64 {
+	var rev uint64
+	s.fsm.Read(func(st *state.State) { rev = st.Revision() })
+	return rev
 }
 
 // Observe follows one election: it returns the current view and a stream of
@@ -107,7 +172,8 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := s.authorize(ctx, command.PermWatch, n, ""); err != nil {
+	tok, err := s.authToken(ctx, command.PermWatch, n, "")
+	if err != nil {
 		return nil, nil, err
 	}
 	if s.leaderless() {
@@ -132,7 +198,9 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 		release()
 		return nil, nil, watchErr(err)
 	}
-	return &view, &Watcher{sub: sub, Revision: view.Revision, release: release}, nil
+	w := &Watcher{sub: sub, Revision: view.Revision, release: release}
+	s.bindToken(w, tok)
+	return &view, w, nil
 }
 
 // NextView applies one election event to a view.

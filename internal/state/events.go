@@ -28,6 +28,10 @@ const (
 
 	// Public: an election leader changed its value.
 	EventProclaimed
+
+	// Internal: an ACL token was revoked or replaced (Accessor says which),
+	// so what it authorized may have to end on every node.
+	EventACLChanged
 )
 
 // Causes carried by events.
@@ -56,6 +60,7 @@ var eventNames = map[EventType]string{
 	EventWaitTimer:      "wait_timer",
 	EventWaitGone:       "wait_gone",
 	EventProclaimed:     "proclaimed",
+	EventACLChanged:     "acl_changed",
 }
 
 func (t EventType) String() string { return eventNames[t] }
@@ -83,6 +88,8 @@ type Event struct {
 	Seq         uint64
 	Gen         uint64
 	RemainingMs int64
+	// Accessor is the ACL token of an EventACLChanged.
+	Accessor [16]byte
 }
 
 func (s *State) emit(e Event) {

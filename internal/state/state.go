@@ -299,9 +299,10 @@ func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 	case *command.SetTokenKey:
 		return s.setTokenKey(b)
 	case *command.SetACLToken:
-		return s.setACLToken(b)
+		_, existed := s.aclTokens[b.AccessorID]
+		return s.aclChanged(existed, b.AccessorID, s.setACLToken(b))
 	case *command.DeleteACLToken:
-		return s.deleteACLToken(b)
+		return s.aclChanged(true, b.AccessorID, s.deleteACLToken(b))
 	case *command.Tick:
 		// Only the lease clock moves (above); nothing a reader sees changes.
 		return command.Result{Status: command.StatusOK}

@@ -10,6 +10,9 @@ const (
 	limitQueue    = "ws_queue"
 	limitAcquires = "ws_acquires_per_conn"
 	limitWatches  = "watchers_per_conn"
+	// limitUnauthenticated: a WebSocket refused because its IP holds too
+	// many connections that have not authenticated yet.
+	limitUnauthenticated = "ws_unauthenticated_per_ip"
 )
 
 func (h *Handler) limited(limit string) {

@@ -33,6 +33,8 @@ type message struct {
 	WatchID       string `json:"watch_id"`
 	TargetID      string `json:"target_id"`
 	Takeover      bool   `json:"takeover"`
+	// Token is the ACL token secret of an auth message (auth.go).
+	Token string `json:"token"`
 }
 
 // Ops.
@@ -53,6 +55,7 @@ var fields = map[string][]string{
 	opWatch:   {"id", "op", "prefix", "from_revision"},
 	opUnwatch: {"id", "op", "watch_id"},
 	opCancel:  {"id", "op", "target_id"},
+	opAuth:    {"id", "op", "token"},
 }
 
 // maxID bounds a message id, which is echoed in every answer to it.
@@ -86,6 +89,11 @@ func (c *conn) handle(b []byte) {
 	}
 	if m.Op == opAcquire {
 		c.acquire(m)
+		return
+	}
+	if m.Op == opAuth {
+		c.send(c.ctx, &answer{ID: m.ID, Op: m.Op, Error: errorOf(apierror.New(apierror.InvalidArgument,
+			"auth comes first, once, and only on a cluster that requires a token and a connection opened without one; open a new connection to use another token"))})
 		return
 	}
 	select {
@@ -175,7 +183,7 @@ func decode(b []byte) (*message, error) {
 	}
 	allowed, ok := fields[m.Op]
 	if !ok {
-		return m, bad("unknown op %q; use acquire, release, renew, watch, unwatch or cancel", m.Op)
+		return m, bad("unknown op %q; use acquire, release, renew, watch, unwatch, cancel or (first, when the cluster requires a token) auth", m.Op)
 	}
 	seen := map[string]bool{}
 	for _, k := range keys {

@@ -15,6 +15,7 @@ package wsapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -62,6 +63,10 @@ type Options struct {
 	// refused, so a foreign web page cannot use a visitor's network position
 	// to take locks.
 	OriginPatterns []string
+	// AllowOrigin accepts further browser origins by their whole value
+	// ("http://host:port"); the server passes Service.MemberOrigin, so a
+	// page served by one member may connect to the others.
+	AllowOrigin func(origin string) bool
 	// PingInterval is how often an idle connection is pinged (default 30 s),
 	// so a client that vanished without closing is noticed and its waits are
 	// withdrawn.
@@ -72,6 +77,16 @@ type Options struct {
 	// Limited, when set, counts each message refused by a per-connection
 	// limit (the metrics).
 	Limited func(limit string)
+	// Authenticate, when set (ACLs on), checks the token a connection's
+	// context carries; a connection must pass it before anything is served
+	// (auth.go), and is closed when the returned context ends (its token
+	// was revoked); stop is called when the connection ends. AuthTimeout
+	// bounds the wait for the first-message authentication (default 5 s);
+	// MaxUnauthenticatedPerIP caps the connections one client IP holds
+	// while not yet authenticated (default 16).
+	Authenticate            func(ctx context.Context) (authed context.Context, stop func(), err error)
+	AuthTimeout             time.Duration
+	MaxUnauthenticatedPerIP int
 }
 
 // Handler serves WebSocket connections. Close ends them all.
@@ -88,6 +103,8 @@ type Handler struct {
 	mu     sync.Mutex
 	closed bool
 	conns  sync.WaitGroup
+	// unauth counts the connections still to authenticate, per client IP.
+	unauth *ipSlots
 }
 
 // New returns the handler. A nil logger discards logs.
@@ -113,8 +130,15 @@ func New(svc Service, logger *slog.Logger, opts Options) *Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = 10 * time.Second
 	}
+	if opts.AuthTimeout <= 0 {
+		opts.AuthTimeout = DefaultAuthTimeout
+	}
+	if opts.MaxUnauthenticatedPerIP <= 0 {
+		opts.MaxUnauthenticatedPerIP = DefaultMaxUnauthenticatedPerIP
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Handler{svc: svc, log: logger, opts: opts, ctx: ctx, cancel: cancel}
+	return &Handler{svc: svc, log: logger, opts: opts, ctx: ctx, cancel: cancel,
+		unauth: &ipSlots{max: opts.MaxUnauthenticatedPerIP, n: map[string]int{}}}
 }
 
 // Close closes every connection (status 1001, going away), withdrawing their
@@ -151,24 +175,65 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Unlock()
 	defer h.conns.Done()
 
+	// Every operation on the connection runs with the token it was opened
+	// with (Authorization: Bearer, or the auth message); the service checks
+	// it when ACLs are on.
+	base := service.WithBearer(h.ctx, bearerOf(r))
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		base = service.WithCertIdentity(base, r.TLS.VerifiedChains[0][0].Subject.CommonName)
+	}
+	needAuth := false
+	releaseUnauth := func() {}
+	if h.opts.Authenticate != nil {
+		if hasCredentials(r) {
+			authed, stop, err := h.opts.Authenticate(base)
+			if err != nil {
+				writeHTTPError(w, apierror.From(err))
+				return
+			}
+			defer stop()
+			base = authed
+		} else {
+			release, ok := h.unauth.take(clientIP(r))
+			if !ok {
+				h.limited(limitUnauthenticated)
+				writeHTTPError(w, &apierror.Error{Code: apierror.RateLimited, RetryAfter: h.opts.AuthTimeout,
+					Message: fmt.Sprintf("this address already has %d WebSocket connections that have not authenticated (the limit); send Authorization: Bearer <secret> on the upgrade, or authenticate the open ones", h.opts.MaxUnauthenticatedPerIP)})
+				return
+			}
+			needAuth, releaseUnauth = true, release
+			defer release()
+		}
+	}
+
 	liftDeadlines(w)
 	hw := &handshakeWriter{ResponseWriter: w}
-	ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns})
+	accept := &websocket.AcceptOptions{OriginPatterns: h.opts.OriginPatterns}
+	if o := r.Header.Get("Origin"); o != "" && h.opts.AllowOrigin != nil && h.opts.AllowOrigin(o) {
+		// The library's own check compares hosts with the request's; this
+		// origin was accepted above by its whole value.
+		accept.InsecureSkipVerify = true
+	}
+	ws, err := websocket.Accept(hw, r, accept)
 	if err != nil {
 		h.log.Debug("websocket upgrade refused", "err", err)
 		hw.answer()
 		return
 	}
 	ws.SetReadLimit(h.opts.MaxMessageBytes)
-	// Every operation on the connection runs with the token it was opened
-	// with (Authorization: Bearer); the service checks it when ACLs are on.
-	base := service.WithBearer(h.ctx, bearerOf(r))
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
-		base = service.WithCertIdentity(base, r.TLS.VerifiedChains[0][0].Subject.CommonName)
+	if needAuth {
+		authed, stop, ok := h.authenticate(ws, base)
+		releaseUnauth()
+		if !ok {
+			_ = ws.CloseNow()
+			return
+		}
+		defer stop()
+		base = authed
 	}
 	ctx, cancel := context.WithCancel(base)
 	ctx = service.WithRemote(ctx, "ws", r.RemoteAddr)
-	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, out: make(chan []byte, outQueue),
+	c := &conn{h: h, ws: ws, ctx: ctx, cancel: cancel, auth: base, out: make(chan []byte, outQueue),
 		serial: make(chan *message, h.opts.MaxPending), ops: map[string]*op{}}
 	h.log.Debug("websocket connected", "remote", r.RemoteAddr)
 	c.serve()
@@ -186,7 +251,10 @@ type conn struct {
 	ws     *websocket.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
-	out    chan []byte
+	// auth is the connection's context before its own cancel: under ACLs
+	// it ends when the connection's token is revoked (Options.Authenticate).
+	auth context.Context
+	out  chan []byte
 	// serial queues the ops that run in arrival order (all but acquire).
 	serial chan *message
 	wg     sync.WaitGroup
@@ -259,8 +327,11 @@ func (c *conn) supervise() {
 			// The read loop waits on the socket, not on the context: on a
 			// shutdown the socket must be closed here. (Every other way the
 			// context ends has already closed it.)
-			if c.h.ctx.Err() != nil {
+			switch {
+			case c.h.ctx.Err() != nil:
 				_ = c.ws.Close(websocket.StatusGoingAway, "dlock node shutting down; reconnect to another node")
+			case c.auth.Err() != nil:
+				_ = c.ws.Close(websocket.StatusPolicyViolation, "the ACL token of this connection was revoked, replaced or has expired; reconnect with a valid token")
 			}
 			return
 		case <-t.C:
