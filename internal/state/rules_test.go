@@ -486,11 +486,12 @@ func TestVersion4AcquireStillTakesOver(t *testing.T) {
 		h.idx++
 		h.ts += h.step
 		raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "c1", Body: b})
-		// Version 4 wrote the same layout without the trailing Takeover byte.
-		if raw[1] != 5 || raw[len(raw)-1] != 0 {
+		// Version 4 wrote the same layout without the trailing MaxWaiters
+		// and Takeover fields (both zero here).
+		if raw[1] != 5 || raw[len(raw)-1] != 0 || raw[len(raw)-2] != 0 {
 			t.Fatalf("unexpected current encoding %x", raw)
 		}
-		raw = raw[:len(raw)-1]
+		raw = raw[:len(raw)-2]
 		raw[1] = 4
 		dec, err := command.Decode(raw)
 		if err != nil {
@@ -1519,6 +1520,9 @@ func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
 	capped := func(client string, lease int, max int64) command.Result {
 		return h.do(client, &command.Acquire{Name: "q", LeaseID: lid(lease), TTLms: 5000, WaitMs: 60_000, MaxWaiters: max})
 	}
+	takingOver := func(client string, lease int, max int64) command.Result {
+		return h.do(client, &command.Acquire{Name: "q", LeaseID: lid(lease), TTLms: 5000, WaitMs: 60_000, MaxWaiters: max, Takeover: true})
+	}
 	mustStatus(t, capped("holder", 1, 2), command.StatusOK)
 	mustStatus(t, capped("w1", 2, 2), command.StatusQueued)
 	mustStatus(t, capped("w2", 3, 2), command.StatusQueued)
@@ -1536,13 +1540,15 @@ func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
 	mustStatus(t, h.do("w3", &command.Acquire{Name: "q", LeaseID: lid(5), TTLms: 5000, MaxWaiters: 2}), command.StatusLockHeld)
 
 	// A client already in line takes over its own place with a new lease:
-	// no waiter is added, so the full queue does not refuse it.
-	mustStatus(t, capped("w1", 6, 2), command.StatusQueued)
+	// no waiter is added, so the full queue does not refuse it. Without
+	// takeover it would be one more waiter, and is refused.
+	mustStatus(t, capped("w1", 8, 2), command.StatusQueueFull)
+	mustStatus(t, takingOver("w1", 6, 2), command.StatusQueued)
 	if q := h.s.GetLock("q"); q.Waiters != 2 {
 		t.Fatalf("waiters %d after a re-queue, want 2", q.Waiters)
 	}
 	// The holder's own client takes over at once, cap or not.
-	mustStatus(t, capped("holder", 7, 2), command.StatusOK)
+	mustStatus(t, takingOver("holder", 7, 2), command.StatusOK)
 
 	// One place frees up: the next one fits again.
 	mustStatus(t, h.do("w2", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(3), Name: "q", Seq: 3}}), command.StatusOK)
@@ -1567,7 +1573,7 @@ func TestWaiterCapIsEnforcedByTheStateMachine(t *testing.T) {
 	if r2.Status != command.StatusQueueFull || r2.Replayed {
 		t.Fatalf("retry of a refused acquire into a full queue: %+v", r2)
 	}
-	mustStatus(t, h.do("w6", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(12), Name: "q", Seq: 13}}), command.StatusOK)
+	mustStatus(t, h.do("w6", &command.CancelWait{Wait: command.WaitRef{LeaseID: lid(12), Name: "q", Seq: 14}}), command.StatusOK)
 	r3 := h.req("w9", "req-9", &command.Acquire{Name: "q", LeaseID: lid(15), TTLms: 5000, WaitMs: 60_000, MaxWaiters: 5})
 	if r3.Status != command.StatusQueued || r3.Replayed {
 		t.Fatalf("retry once a place is free: %+v", r3)
