@@ -351,7 +351,7 @@ func (n *Node) forwardHandler() http.Handler {
 		wr.String(n.endorse(e, resp))
 		_, _ = w.Write(wr.Buf)
 	})
-	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(r.ID, r.RaftAddr) }))
+	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(context.Background(), r.ID, r.RaftAddr) }))
 	mux.HandleFunc("POST /forward/remove", n.serveMember(func(r memberRequest) error { return n.removeLocal(context.Background(), r.ID) }))
 	mux.HandleFunc("POST /forward/transfer", n.serveMember(func(r memberRequest) error { return n.TransferLeadership(context.Background(), r.ID) }))
 	mux.HandleFunc("POST /forward/status", func(w http.ResponseWriter, r *http.Request) {

@@ -66,36 +66,64 @@ type memberRequest struct {
 }
 
 // Join adds a server as a non-voter (idempotent); the leader promotes it once it
-// has caught up. Followers forward the request to the leader.
+// has caught up. Followers forward the request to the leader, which first
+// checks the new member's identity (checkNewMember).
 func (n *Node) Join(ctx context.Context, id, raftAddr string) error {
 	if id == "" || raftAddr == "" {
 		return apierror.New(apierror.InvalidArgument, "join needs the new node's id and raft_addr")
 	}
+	if err := checkRaftAddr(raftAddr); err != nil {
+		return err
+	}
 	return n.onLeader(ctx, "/forward/join", memberRequest{ID: id, RaftAddr: raftAddr}, repeatable, func() error {
-		return n.joinLocal(id, raftAddr)
+		return n.joinLocal(ctx, id, raftAddr)
 	})
 }
 
-func (n *Node) joinLocal(id, addr string) error {
-	membershipMu.Lock()
-	defer membershipMu.Unlock()
+func (n *Node) joinLocal(ctx context.Context, id, addr string) error {
+	if err := checkRaftAddr(addr); err != nil {
+		return err
+	}
 	cfg, err := n.configuration()
 	if err != nil {
 		return err
 	}
-	for _, s := range cfg.Servers {
-		if string(s.ID) == id && string(s.Address) == addr {
-			return nil // already a member: joining again is a no-op
-		}
-		if string(s.ID) == id || string(s.Address) == addr {
-			return apierror.New(apierror.InvalidArgument, "a member with id %q or raft address %s already exists with other details; remove it first (dlock members remove %s)", s.ID, s.Address, s.ID)
-		}
+	if done, err := sameOrClash(cfg, id, addr); done || err != nil {
+		return err
+	}
+	// Dial the candidate without holding membershipMu: the check may take
+	// IdentityTimeout, and other changes need not wait for it.
+	if err := n.checkNewMember(ctx, id, addr, cfg.Servers); err != nil {
+		return err
+	}
+	membershipMu.Lock()
+	defer membershipMu.Unlock()
+	if cfg, err = n.configuration(); err != nil {
+		return err
+	}
+	if done, err := sameOrClash(cfg, id, addr); done || err != nil {
+		return err
 	}
 	if err := n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second).Error(); err != nil {
 		return changeErr("add "+id+" as non-voter", err)
 	}
 	n.logger.Info("member joined as non-voter; promoting once caught up", "member", id, "raft_addr", addr)
 	return nil
+}
+
+// sameOrClash says whether id at addr is already a member (done: joining
+// again is a no-op), or refuses a member that has the id or the address with
+// other details.
+func sameOrClash(cfg raft.Configuration, id, addr string) (done bool, err error) {
+	for _, s := range cfg.Servers {
+		if string(s.ID) == id && string(s.Address) == addr {
+			return true, nil
+		}
+		if string(s.ID) == id || string(s.Address) == addr {
+			return false, apierror.New(apierror.InvalidArgument, "a member with id %q or raft address %s already exists with other details; remove it first (dlock members remove %s)", s.ID, s.Address, s.ID)
+		}
+	}
+	return false, nil
 }
 
 // Remove takes a server out of the cluster. It refuses a change that would
@@ -339,8 +367,10 @@ func (n *Node) probe(ctx context.Context, addr string) error {
 }
 
 // promoteCaughtUp runs on the leader: a non-voter whose applied index is within
-// PromoteLag of the commit index becomes a voter.
-func (n *Node) promoteCaughtUp(ctx context.Context) {
+// PromoteLag of the commit index becomes a voter, once the node at its
+// address answers with its id (a non-voter admitted under another member's
+// address is never promoted; warned names those already logged this term).
+func (n *Node) promoteCaughtUp(ctx context.Context, warned map[raft.ServerID]bool) {
 	cfg, err := n.configuration()
 	if err != nil {
 		return
@@ -349,8 +379,18 @@ func (n *Node) promoteCaughtUp(ctx context.Context) {
 		if s.Suffrage != raft.Nonvoter {
 			continue
 		}
-		applied, err := n.remoteApplied(ctx, string(s.Address))
-		if err != nil || applied+PromoteLag < n.raft.CommitIndex() {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := n.remoteStatus(sctx, string(s.Address))
+		cancel()
+		if err != nil || st.Applied+PromoteLag < n.raft.CommitIndex() {
+			continue
+		}
+		if st.ID != string(s.ID) {
+			if !warned[s.ID] {
+				warned[s.ID] = true
+				n.logger.Warn("not promoting a non-voter: the node at its address is another node; remove it (dlock members remove)",
+					"member", s.ID, "raft_addr", s.Address, "answered_as", st.ID)
+			}
 			continue
 		}
 		membershipMu.Lock()
@@ -360,37 +400,22 @@ func (n *Node) promoteCaughtUp(ctx context.Context) {
 			n.logger.Warn("promoting caught-up member failed; will retry", "member", s.ID, "err", err)
 			continue
 		}
-		n.logger.Info("member caught up and promoted to voter", "member", s.ID, "applied", applied)
+		n.logger.Info("member caught up and promoted to voter", "member", s.ID, "applied", st.Applied)
 	}
-}
-
-func (n *Node) remoteApplied(ctx context.Context, addr string) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	body, status, err := n.forward(ctx, addr, "/forward/status", nil)
-	if err != nil || status != http.StatusOK {
-		return 0, fmt.Errorf("status of %s: %d %v", addr, status, err)
-	}
-	var st struct {
-		Applied uint64 `json:"applied"`
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
-		return 0, err
-	}
-	return st.Applied, nil
 }
 
 // runPromoter checks for caught-up non-voters while this node leads.
 func (n *Node) runPromoter(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
+	warned := map[raft.ServerID]bool{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			if n.ready.Load() {
-				n.promoteCaughtUp(ctx)
+				n.promoteCaughtUp(ctx, warned)
 			}
 		}
 	}

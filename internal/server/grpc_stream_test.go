@@ -292,20 +292,20 @@ func TestGRPCStreams(t *testing.T) {
 // reason.
 func TestGRPCWatchOfClientThatStopsReading(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		limits server.Limits
-		buffer int
-		cycles int // lock/unlock cycles written meanwhile; 0: until the stream ends
-		reason string
+		name    string
+		limits  server.Limits
+		history int // the node's kept events: how far a watcher may fall behind
+		cycles  int // lock/unlock cycles written meanwhile; 0: until the stream ends
+		reason  string
 	}{
 		{"falls behind", server.Limits{}, 64, 0, "fell behind"},
 		// Enough to fill the client's window and the server's send quota
-		// (about 2 × 64 KiB of events), far fewer than the watcher's buffer.
+		// (about 2 × 64 KiB of events), far fewer than the kept history.
 		{"send waits too long", server.Limits{WriteTimeout: time.Second}, 0, 300, "took no message"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.limits.Service.MaxWatchersPerConn = 1
-			c := testcluster.NewWith(t, 1, testcluster.Options{WatchBuffer: tc.buffer, Limits: tc.limits})
+			c := testcluster.NewWith(t, 1, testcluster.Options{WatchHistory: tc.history, Limits: tc.limits})
 			id := c.WaitLeader(10 * time.Second)
 			// A small fixed window (no BDP growth), so the server's sends
 			// block after a few hundred events.

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -180,4 +181,35 @@ func TestGrowShrinkRemoveLeaderAndTransferUnderLoad(t *testing.T) {
 	}
 	c.Start("n2")
 	loop.finish(t)
+}
+
+// An alias of a member's raft address (localhost for 127.0.0.1), and an
+// address that is not host:port, are refused over HTTP with 400
+// invalid_argument, through the leader and a follower, and the members stay
+// as they were: the alias once became a voter, one process with two votes.
+func TestAddMemberRefusesAliasAndBadAddress(t *testing.T) {
+	c := testcluster.New(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	_, port, err := net.SplitHostPort(c.RaftAddr("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []map[string]any{
+		{"id": "n9", "raft_addr": "localhost:" + port},
+		{"id": "n9", "raft_addr": "not an addr"},
+	} {
+		for _, via := range []string{leader, c.Follower()} {
+			var e struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			code, err := c.Do(context.Background(), http.MethodPost, c.URL(via)+"/api/v1/cluster/members", body, &e)
+			if err != nil || code != 400 || e.Error.Code != "invalid_argument" {
+				t.Fatalf("add %v via %s: %d %v %+v; want 400 invalid_argument", body, via, code, err, e)
+			}
+			t.Logf("add %v via %s: %s", body, via, e.Error.Message)
+		}
+	}
+	if ci := clusterInfo(t, c, c.WaitLeader(10*time.Second)); len(ci.Members) != 3 || voters(ci) != 3 {
+		t.Fatalf("members after the refused adds: %+v", ci.Members)
+	}
 }

@@ -52,7 +52,8 @@ type Config struct {
 	// is Raft.PeerTLS.
 	TLS, JoinTLS *tls.Config
 	// WatchHistory is how many events each node keeps for watches that resume
-	// from a revision; WatchBuffer how many a watcher may fall behind.
+	// from a revision, and so how far a watcher may fall behind; WatchBuffer
+	// is each watcher's hand-off channel, in events (0: the defaults).
 	WatchHistory, WatchBuffer int
 	// Limits are the abuse limits and listener timeouts (limits.go).
 	Limits Limits

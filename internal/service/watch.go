@@ -76,7 +76,7 @@ func watchErr(err error) error {
 	case errors.As(err, &ce):
 		return &apierror.Error{Code: apierror.Compacted, Err: err, Message: ce.Error()}
 	case errors.Is(err, watch.ErrSlow):
-		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently; reconnect with from_revision set to the last revision you received (and skip its events you already have)")
+		return apierror.Wrap(apierror.Unavailable, err, "this watcher fell behind and was cut off so it never misses events silently: its next event left this node's kept history; reconnect with from_revision set to the last revision you received (and skip its events you already have), and if that is answered compacted, list again")
 	case errors.Is(err, watch.ErrReset):
 		return apierror.Wrap(apierror.Compacted, err, "this node restored a snapshot and its event history restarted; list again and watch from the listed revision + 1")
 	case errors.Is(err, errNoLeaderHere):

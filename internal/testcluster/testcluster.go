@@ -58,8 +58,9 @@ func FreePort(t testing.TB) string {
 
 // Options tunes a test cluster.
 type Options struct {
-	// WatchHistory is each node's kept event count, WatchBuffer how far
-	// one watcher may fall behind (0: the defaults).
+	// WatchHistory is each node's kept event count (how far one watcher may
+	// fall behind), WatchBuffer each watcher's hand-off channel (0: the
+	// defaults).
 	WatchHistory, WatchBuffer int
 	// Limits are each node's abuse limits and timeouts (zero values: the
 	// defaults).

@@ -1,13 +1,15 @@
 // Package watch keeps each node's recent history of public state-machine events
 // and streams it to watchers. Every node applies the same log, so every node
 // produces the same events in the same order and any node can serve a watch.
-// Applying never waits for a watcher: each watcher has a bounded buffer, and one
-// that falls behind is cut off with a reason instead of being fed a gap.
+// Applying never waits for a watcher: the history is one shared ring, each
+// watcher only a cursor into it, and one whose unread events leave the ring is
+// cut off with a reason instead of being fed a gap.
 package watch
 
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 
@@ -54,26 +56,48 @@ func (e *CompactedError) Unwrap() error { return ErrCompacted }
 
 // Defaults.
 const (
+	// DefaultHistory is how many events a node keeps, for all its watchers
+	// together: a watcher may fall this far behind.
 	DefaultHistory = 10_000
-	DefaultBuffer  = 1024
+	// DefaultBuffer is each watcher's hand-off channel, in events. Its
+	// events are copies of the history's headers (EventHeaderBytes each);
+	// names and values stay shared with the history.
+	DefaultBuffer = 16
 )
 
+// EventHeaderBytes is the size of one Event outside its strings' bytes: what
+// a watcher's hand-off channel holds per event.
+const EventHeaderBytes = 120
+
 // Hub is the event history and the set of watchers. It implements fsm.Observer.
+//
+// Every appended event gets the next sequence number; the ring keeps the
+// newest len(ring) of them. A subscription is a cursor (a sequence number)
+// and a goroutine that copies what its filter matches from the ring into a
+// small channel as the reader takes it, so a watcher that starts from an old
+// revision costs no more memory than one that starts now.
 type Hub struct {
 	mu sync.Mutex
-	// ring holds the newest events, oldest at head.
+	// ring[seq%len(ring)] holds event seq for seq in [next-count, next).
 	ring  []Event
-	head  int
+	next  uint64
 	count int
+	// floor is the lowest sequence number a new subscription may read:
+	// events before a snapshot restore belong to the history that ended.
+	floor uint64
 	// first is the lowest revision the history covers completely; current is
 	// the newest applied revision.
 	first, current uint64
-	subs           map[*Subscription]struct{}
-	buffer         int
-	closed         bool
+	// wake is closed (and replaced) whenever events are appended, so every
+	// waiting subscription looks at the ring once, whatever their number.
+	wake   chan struct{}
+	subs   map[*Subscription]struct{}
+	buffer int
+	closed bool
 }
 
-// NewHub keeps up to history events; each watcher buffers up to buffer events.
+// NewHub keeps up to history events; each watcher's hand-off channel holds up
+// to buffer events.
 func NewHub(history, buffer int) *Hub {
 	if history <= 0 {
 		history = DefaultHistory
@@ -81,7 +105,7 @@ func NewHub(history, buffer int) *Hub {
 	if buffer <= 0 {
 		buffer = DefaultBuffer
 	}
-	return &Hub{ring: make([]Event, history), first: 1, subs: map[*Subscription]struct{}{}, buffer: buffer}
+	return &Hub{ring: make([]Event, history), first: 1, subs: map[*Subscription]struct{}{}, buffer: buffer, wake: make(chan struct{})}
 }
 
 // Subscription is one watcher's stream.
@@ -94,9 +118,23 @@ type Subscription struct {
 	kind   string
 	name   string
 	ch     chan Event
-	done   chan struct{}
-	once   sync.Once
+	// done is closed when the subscription ends; stop when its pump must
+	// give up at once (Close, or cut off as slow) rather than deliver what
+	// the history still holds up to the end.
+	done, stop chan struct{}
+
+	// Guarded by hub.mu.
+	ended  bool
 	err    error
+	endSeq uint64 // with ended: events before it are still delivered
+	// cursor is the next sequence number the pump looks at; sent holds the
+	// sequence numbers of the events it put in ch, oldest first (the
+	// unread ones are the last len(ch)); holding is the one it took from
+	// the ring but could not put in ch yet.
+	cursor     uint64
+	sent       []uint64
+	holding    bool
+	holdingSeq uint64
 }
 
 // Events delivers events in revision order. It is closed when the
@@ -114,20 +152,32 @@ func (s *Subscription) Err() error {
 	return s.err
 }
 
-// Close ends the subscription.
+// Close ends the subscription and stops its goroutine. Every subscription
+// must be closed, also one that ended by itself.
 func (s *Subscription) Close() {
 	s.hub.mu.Lock()
 	defer s.hub.mu.Unlock()
 	s.endLocked(nil)
+	s.stopLocked()
 }
 
 func (s *Subscription) endLocked(err error) {
-	s.once.Do(func() {
-		s.err = err
-		delete(s.hub.subs, s)
-		close(s.ch)
-		close(s.done)
-	})
+	if s.ended {
+		return
+	}
+	s.ended = true
+	s.err = err
+	s.endSeq = s.hub.next
+	delete(s.hub.subs, s)
+	close(s.done)
+}
+
+func (s *Subscription) stopLocked() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
 }
 
 // Filter selects events: by name prefix, and optionally one kind or one exact name.
@@ -164,20 +214,122 @@ func (h *Hub) Subscribe(f Filter, from uint64) (*Subscription, uint64, error) {
 	if from < h.first {
 		return nil, h.current, &CompactedError{Requested: from, Oldest: h.first, Current: h.current}
 	}
-	s := &Subscription{hub: h, from: from, prefix: f.Prefix, kind: f.Kind, name: f.Name, done: make(chan struct{})}
-	var backlog []Event
-	for i := 0; i < h.count; i++ {
-		e := &h.ring[(h.head+i)%len(h.ring)]
-		if s.matches(e) {
-			backlog = append(backlog, *e)
+	// Revisions only grow along the ring (since the last restore), so the
+	// first event the subscription wants is found by bisection; every
+	// event from there on is still kept, since from >= first.
+	lo := max(h.floor, h.next-uint64(h.count))
+	n := int(h.next - lo)
+	start := lo + uint64(sort.Search(n, func(i int) bool { return h.at(lo+uint64(i)).Revision >= from }))
+	s := &Subscription{hub: h, from: from, prefix: f.Prefix, kind: f.Kind, name: f.Name,
+		ch: make(chan Event, h.buffer), done: make(chan struct{}), stop: make(chan struct{}), cursor: start}
+	h.subs[s] = struct{}{}
+	go s.pump()
+	return s, h.current, nil
+}
+
+func (h *Hub) at(seq uint64) *Event { return &h.ring[seq%uint64(len(h.ring))] }
+
+// oldest is the lowest sequence number the ring still holds.
+func (h *Hub) oldest() uint64 { return h.next - uint64(h.count) }
+
+// pump moves the events the subscription wants from the ring into its
+// channel as the reader takes them. It owns ch (the only sender, it closes
+// it) and ends when the subscription is stopped, or has ended and delivered
+// everything before its end.
+func (s *Subscription) pump() {
+	defer close(s.ch)
+	h := s.hub
+	var held Event
+	for {
+		h.mu.Lock()
+		if s.behindLocked() {
+			s.endLocked(ErrSlow)
+			s.stopLocked()
+			h.mu.Unlock()
+			return
+		}
+		limit := h.next
+		if s.ended {
+			limit = min(limit, s.endSeq)
+		}
+		if !s.holding {
+			held, s.holding = s.fillLocked(limit)
+		}
+		holding, ended, wake := s.holding, s.ended, h.wake
+		h.mu.Unlock()
+		if ended && !holding {
+			return // everything up to the end is in the channel
+		}
+		done := s.done
+		if ended {
+			done = nil // closed already: no reason to look again
+		}
+		var send chan<- Event
+		if holding {
+			send = s.ch
+		}
+		// Besides the reader making room, every append is a reason to
+		// look again: the reader may have fallen out of the history.
+		select {
+		case send <- held:
+			h.mu.Lock()
+			s.noteSentLocked(s.holdingSeq)
+			s.holding = false
+			h.mu.Unlock()
+			held = Event{}
+		case <-wake:
+		case <-done:
+		case <-s.stop:
+			return
 		}
 	}
-	s.ch = make(chan Event, len(backlog)+h.buffer)
-	for _, e := range backlog {
-		s.ch <- e
+}
+
+// fillLocked puts the events from the cursor up to limit that the filter
+// wants into the channel without blocking. It returns the first one that
+// did not fit, to be sent once the reader makes room.
+func (s *Subscription) fillLocked(limit uint64) (Event, bool) {
+	h := s.hub
+	for ; s.cursor < limit; s.cursor++ {
+		e := h.at(s.cursor)
+		if !s.matches(e) {
+			continue
+		}
+		select {
+		case s.ch <- *e:
+			s.noteSentLocked(s.cursor)
+		default:
+			s.holdingSeq = s.cursor
+			s.cursor++
+			return *e, true
+		}
 	}
-	h.subs[s] = struct{}{}
-	return s, h.current, nil
+	return Event{}, false
+}
+
+// noteSentLocked remembers the sequence number of an event put in ch,
+// forgetting those the reader has taken.
+func (s *Subscription) noteSentLocked(seq uint64) {
+	if unread := len(s.ch) - 1; len(s.sent) > unread {
+		n := copy(s.sent, s.sent[len(s.sent)-max(unread, 0):])
+		s.sent = s.sent[:n]
+	}
+	s.sent = append(s.sent, seq)
+}
+
+// behindLocked reports whether the oldest event the reader has not taken
+// left the history: the next one it would read is gone, so it is cut off
+// rather than shown a gap. (len(ch) may be a moment old: a reader that
+// took that very event as it left is cut off too.)
+func (s *Subscription) behindLocked() bool {
+	oldest := s.hub.oldest()
+	if unread := len(s.ch); unread > 0 && unread <= len(s.sent) {
+		return s.sent[len(s.sent)-unread] < oldest
+	}
+	if s.holding {
+		return s.holdingSeq < oldest
+	}
+	return s.cursor < oldest
 }
 
 // Current is the newest revision the hub has seen.
@@ -239,11 +391,13 @@ func public(e *state.Event) (Event, bool) {
 	return out, true
 }
 
-// Applied records and fans out one entry's public events (fsm.Observer). It
-// never blocks: a watcher whose buffer is full is cut off.
+// Applied records one entry's public events and wakes the watchers
+// (fsm.Observer). It never blocks and does not visit the watchers: each
+// reads the shared history on its own goroutine.
 func (h *Hub) Applied(_ uint64, events []state.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	appended := false
 	for i := range events {
 		e, ok := public(&events[i])
 		if !ok {
@@ -253,41 +407,38 @@ func (h *Hub) Applied(_ uint64, events []state.Event) {
 			h.current = e.Revision
 		}
 		h.append(e)
-		for s := range h.subs {
-			if !s.matches(&e) {
-				continue
-			}
-			select {
-			case s.ch <- e:
-			default:
-				s.endLocked(ErrSlow)
-			}
-		}
+		appended = true
+	}
+	if appended {
+		close(h.wake)
+		h.wake = make(chan struct{})
 	}
 }
 
 func (h *Hub) append(e Event) {
 	if h.count == len(h.ring) {
-		old := h.ring[h.head]
-		h.ring[h.head] = e
-		h.head = (h.head + 1) % len(h.ring)
+		old := h.at(h.oldest())
 		// Events of one revision may be split by eviction: from now on only
 		// revisions after the evicted one are complete.
 		if old.Revision+1 > h.first {
 			h.first = old.Revision + 1
 		}
-		return
+		h.count--
 	}
-	h.ring[(h.head+h.count)%len(h.ring)] = e
+	*h.at(h.next) = e
+	h.next++
 	h.count++
 }
 
-// Restored drops the history and cuts every watcher off: the events between
-// the old state and the snapshot are unknown here (fsm.Observer).
+// Restored starts the history again and cuts every watcher off: the events
+// between the old state and the snapshot are unknown here (fsm.Observer).
+// The old events stay in the ring until overwritten, for the ended
+// subscriptions to deliver what they had not yet, but no new subscription
+// reads them.
 func (h *Hub) Restored(s *state.State) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.head, h.count = 0, 0
+	h.floor = h.next
 	h.current = s.Revision()
 	h.first = h.current + 1
 	h.endAllLocked(ErrReset)

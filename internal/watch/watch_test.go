@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
@@ -27,12 +28,13 @@ func TestBacklogLiveAndFilter(t *testing.T) {
 	h.Applied(3, []state.Event{ev(3, state.EventReleased, "a/x"), ev(3, state.EventWaitGone, "a/x"), ev(3, state.EventLeaseGone, ""), ev(3, state.EventAcquired, command.ElectionKey("a/e"))})
 	var got []Event
 	for len(got) < 3 {
-		got = append(got, <-sub.Events())
+		got = append(got, recv(t, sub))
 	}
 	if got[0].Revision != 1 || got[1].Type != "released" || got[2].Kind != "election" || got[2].Type != "elected" || got[2].Name != "a/e" {
 		t.Fatalf("events: %+v", got)
 	}
 	// Internal events never reach watchers, not even an unfiltered one.
+	settle(t, sub)
 	select {
 	case e := <-sub.Events():
 		t.Fatalf("extra event %+v", e)
@@ -43,6 +45,7 @@ func TestBacklogLiveAndFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	var types []string
+	settle(t, all)
 	for len(all.Events()) > 0 {
 		types = append(types, (<-all.Events()).Type)
 	}
@@ -51,30 +54,90 @@ func TestBacklogLiveAndFilter(t *testing.T) {
 	}
 }
 
+// A watcher may fall behind by as much as the history keeps; once the oldest
+// event it has not read leaves the history it is cut off, after the events it
+// was handed (no gap), instead of being shown a gap.
 func TestSlowWatcherIsCutOffNotSkipped(t *testing.T) {
-	h := NewHub(100, 2)
+	h := NewHub(4, 2)
 	sub, _, _ := h.Subscribe(Filter{}, 0)
+	defer sub.Close()
 	select {
 	case <-sub.Done():
 		t.Fatal("Done closed on a live subscription")
 	default:
 	}
-	for i := uint64(1); i <= 5; i++ {
+	for i := uint64(1); i <= 4; i++ {
 		h.Applied(i, []state.Event{ev(i, state.EventAcquired, "x")})
 	}
+	settle(t, sub)
+	select {
+	case <-sub.Done():
+		t.Fatalf("cut off while all it had not read was still kept: %v", sub.Err())
+	default:
+	}
+	h.Applied(5, []state.Event{ev(5, state.EventAcquired, "x")})
 	// Done says it ended before its queued events are read: a sender stuck
 	// on a client that reads nothing learns it without reading them.
 	select {
 	case <-sub.Done():
-	default:
+	case <-time.After(10 * time.Second): // hang guard only
 		t.Fatal("Done not closed on a watcher cut off")
 	}
-	n := 0
-	for range sub.Events() {
-		n++
+	var revs []uint64
+	for e := range sub.Events() {
+		revs = append(revs, e.Revision)
 	}
-	if n != 2 || !errors.Is(sub.Err(), ErrSlow) {
-		t.Fatalf("got %d events, err %v; want 2 then ErrSlow", n, sub.Err())
+	if !slices.Equal(revs, []uint64{1, 2}) || !errors.Is(sub.Err(), ErrSlow) {
+		t.Fatalf("got revisions %v, err %v; want 1 2 (what was handed over) then ErrSlow", revs, sub.Err())
+	}
+}
+
+// A reader that keeps up is never cut off, however many events pass through
+// a history smaller than them.
+func TestReaderThatKeepsUpIsNeverCutOff(t *testing.T) {
+	h := NewHub(4, 2)
+	sub, _, _ := h.Subscribe(Filter{}, 0)
+	defer sub.Close()
+	for i := uint64(1); i <= 50; i++ {
+		h.Applied(i, []state.Event{ev(i, state.EventAcquired, "x"), ev(i, state.EventReleased, "x")})
+		for _, typ := range []string{"acquired", "released"} {
+			if e := recv(t, sub); e.Revision != i || e.Type != typ {
+				t.Fatalf("got %+v; want %s at revision %d", e, typ, i)
+			}
+		}
+	}
+}
+
+// recv takes the next event, failing if none comes or the stream ends.
+func recv(t *testing.T, sub *Subscription) Event {
+	t.Helper()
+	select {
+	case e, ok := <-sub.Events():
+		if !ok {
+			t.Fatalf("the stream ended: %v", sub.Err())
+		}
+		return e
+	case <-time.After(10 * time.Second): // hang guard only
+		t.Fatal("no event")
+	}
+	return Event{}
+}
+
+// settle waits until the subscription's goroutine has handed over, or is
+// holding for a full channel, everything the hub has: what the channel
+// holds then is all it will get until the next append.
+func settle(t *testing.T, s *Subscription) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.hub.mu.Lock()
+		idle := s.holding || s.cursor >= s.hub.next || s.ended && s.cursor >= s.endSeq
+		s.hub.mu.Unlock()
+		if idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the subscription never caught up with the hub")
+		}
 	}
 }
 
@@ -162,7 +225,8 @@ func TestFilterKindAndName(t *testing.T) {
 			h.Applied(e[0].Revision, e)
 		}
 	}
-	drain := func(sub *Subscription) []string {
+	drain := func(t *testing.T, sub *Subscription) []string {
+		settle(t, sub)
 		var got []string
 		for {
 			select {
@@ -184,7 +248,7 @@ func TestFilterKindAndName(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return drain(sub)
+			return drain(t, sub)
 		}},
 		{"live", func(t *testing.T, f Filter) []string {
 			h := NewHub(100, 100)
@@ -193,7 +257,7 @@ func TestFilterKindAndName(t *testing.T) {
 				t.Fatal(err)
 			}
 			apply(h, entries)
-			return drain(sub)
+			return drain(t, sub)
 		}},
 		{"backlog then live", func(t *testing.T, f Filter) []string {
 			h := NewHub(100, 100)
@@ -203,7 +267,7 @@ func TestFilterKindAndName(t *testing.T) {
 				t.Fatal(err)
 			}
 			apply(h, entries[5:])
-			return drain(sub)
+			return drain(t, sub)
 		}},
 	}
 	for _, c := range cases {
