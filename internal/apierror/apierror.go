@@ -35,6 +35,9 @@ const (
 	Unauthenticated  Code = "unauthenticated"
 	MethodNotAllowed Code = "method_not_allowed"
 	Internal         Code = "internal"
+	// DiskFull: the leader's disk is below its free-space reserve; writes
+	// are refused until space returns, reads still work.
+	DiskFull Code = "disk_full"
 )
 
 type mapping struct {
@@ -60,6 +63,7 @@ var table = map[Code]mapping{
 	Unauthenticated:  {http.StatusUnauthorized, codes.Unauthenticated},
 	MethodNotAllowed: {http.StatusMethodNotAllowed, codes.Unimplemented},
 	Internal:         {http.StatusInternalServerError, codes.Internal},
+	DiskFull:         {http.StatusServiceUnavailable, codes.Unavailable},
 }
 
 // HTTPStatus is the HTTP status for a code.

@@ -53,6 +53,9 @@ func retryAfter(c apierror.Code) time.Duration {
 // outcome it retries only commands that are safe to repeat (a request_id, or an
 // idempotent command).
 func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
+	if err := n.stoppedErr(); err != nil {
+		return nil, err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
@@ -197,6 +200,9 @@ func (n *Node) endorse(e *command.Envelope, resp *fsm.Response) string {
 func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
 	if !n.ready.Load() {
 		return nil, errRetry
+	}
+	if err := n.disk.check(); err != nil {
+		return nil, err
 	}
 	data, err := command.EncodeChecked(n.stamped(e))
 	if err != nil {
@@ -388,6 +394,9 @@ func (n *Node) readIndexLocal() (uint64, error) {
 // acknowledged before the call. The leader confirms its leadership; a follower
 // asks the leader for its applied index and waits until it has applied as much.
 func (n *Node) LinearizableRead(ctx context.Context) error {
+	if err := n.stoppedErr(); err != nil {
+		return err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
