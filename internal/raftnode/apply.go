@@ -201,8 +201,10 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 	if !n.ready.Load() {
 		return nil, errRetry
 	}
-	if err := n.disk.check(); err != nil {
-		return nil, err
+	if guarded(e) {
+		if err := n.disk.check(); err != nil {
+			return nil, err
+		}
 	}
 	data, err := command.EncodeChecked(n.stamped(e))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
 )
 
 // DefaultMinFreeDisk is the free space a node keeps in reserve below which
@@ -65,6 +66,21 @@ func (g *diskGuard) check() error {
 		return nil
 	}
 	return &apierror.Error{Code: apierror.DiskFull, RetryAfter: 5 * time.Second,
-		Message: fmt.Sprintf("the leader's disk is nearly full (%d MiB free, below the %d MiB reserve set by --min-free-disk): writes are refused until space is freed on it; reads still work, and writes resume on their own once there is room",
+		Message: fmt.Sprintf("the leader's disk is nearly full (%d MiB free, below the %d MiB reserve set by --min-free-disk): new locks, sessions and other writes are refused until space is freed on it; renewals, releases and reads still work, and writes resume on their own once there is room",
 			avail>>20, g.min>>20)}
+}
+
+// guarded says whether the guard applies to e. Commands that keep what is
+// held alive or give it back pass even on a nearly full disk: the reserve is
+// there so that holders do not lose their locks and sessions (renewals,
+// keep-alives, the reaper) while nothing new is taken, and they do not grow
+// the state a snapshot keeps.
+func guarded(e *command.Envelope) bool {
+	switch e.Body.(type) {
+	case *command.KeepAlive, *command.Renew, *command.Release, *command.DeleteSession,
+		*command.ExpireLeases, *command.ExpireWaits, *command.CancelWait, *command.Tick,
+		*command.DeleteACLToken:
+		return false
+	}
+	return true
 }
