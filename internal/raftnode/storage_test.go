@@ -107,52 +107,63 @@ func walSegments(t *testing.T, dir string) []string {
 }
 
 // A flipped byte inside a stored entry (after the newest snapshot: there is
-// none here) makes the node refuse to start, naming the segment file and the
-// entry's index; restored, the same dir starts and holds the entry.
-func TestFlippedByteInWALEntryRefusesStart(t *testing.T) {
-	d := newDiskNode(t, nil)
-	n := d.start()
-	var target uint64
-	for i := range 30 {
-		idx := register(t, n, fmt.Sprintf("member-%04d", i))
-		if i == 17 {
-			target = idx
-		}
-	}
-	if err := n.Shutdown(); err != nil {
-		t.Fatal(err)
-	}
+// none here) makes the node refuse to start, naming the file (the raft-wal
+// segment) and the entry's index; restored, the same dir starts and holds
+// the entry.
+func TestFlippedByteInLogEntryRefusesStart(t *testing.T) {
+	for _, kind := range logStoreKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			d := newDiskNode(t, func(c *Config) { c.LogStore = kind })
+			n := d.start()
+			var target uint64
+			for i := range 30 {
+				idx := register(t, n, fmt.Sprintf("member-%04d", i))
+				if i == 17 {
+					target = idx
+				}
+			}
+			if err := n.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
 
-	name := []byte("member-0017")
-	var seg string
-	var b []byte
-	var at int
-	for _, f := range walSegments(t, d.dir) {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i := bytes.Index(data, name); i >= 0 {
-			seg, b, at = f, data, i+len(name)-1
-		}
-	}
-	if seg == "" {
-		t.Fatal("the entry is in no segment file")
-	}
-	b[at] = '8' // member-0017 becomes member-0018: a silent fork
-	if err := os.WriteFile(seg, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := d.open()
-	refused(t, err, fmt.Sprintf("entry %d ", target), filepath.Base(seg), "checksum mismatch")
+			files := []string{filepath.Join(d.dir, boltFileName)}
+			if kind == LogStoreWAL {
+				files = walSegments(t, d.dir)
+			}
+			// member-0017 becomes member-0018: a silent fork. Every copy
+			// (bbolt may keep old page versions in free pages).
+			name := []byte("member-0017")
+			orig := map[string][]byte{}
+			var file string
+			for _, f := range files {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Contains(b, name) {
+					continue
+				}
+				orig[f], file = bytes.Clone(b), f
+				if err := os.WriteFile(f, bytes.ReplaceAll(b, name, []byte("member-0018")), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if file == "" {
+				t.Fatal("the entry is in no file")
+			}
+			_, err := d.open()
+			refused(t, err, fmt.Sprintf("entry %d ", target), filepath.Base(file), "checksum mismatch")
 
-	b[at] = '7'
-	if err := os.WriteFile(seg, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n = d.start()
-	if !hasMember(n, "member-0017") {
-		t.Fatal("the restored entry was not applied")
+			for f, b := range orig {
+				if err := os.WriteFile(f, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n = d.start()
+			if !hasMember(n, "member-0017") {
+				t.Fatal("the restored entry was not applied")
+			}
+		})
 	}
 }
 
