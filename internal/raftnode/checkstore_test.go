@@ -6,11 +6,15 @@ package raftnode
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/hashicorp/raft"
+	raftwal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 )
 
 func newCheckedInmem(t testing.TB, from uint64) (*checkedStore, *raft.InmemStore) {
@@ -218,5 +222,49 @@ func BenchmarkChecksumOverhead(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A data dir written before checksums existed opens: its entries are
+// accepted as they are, and the first index that must carry a checksum is
+// recorded once, so a reopen keeps it.
+func TestLegacyDataDirOpens(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, walDirName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	meta := &metadb.BoltMetaDB{}
+	w, err := raftwal.Open(filepath.Join(dir, walDirName), raftwal.WithMetaStore(meta))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.StoreLogs(logs(1, 5)); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	_ = meta.Close()
+
+	for round := range 2 {
+		cs, closeFn, err := openCheckedStore(LogStoreWAL, dir)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if cs.from != 6 {
+			t.Fatalf("round %d: checksums from %d, want 6", round, cs.from)
+		}
+		var l raft.Log
+		for i := uint64(1); i <= 5+uint64(round)*2; i++ {
+			if err := cs.GetLog(i, &l); err != nil {
+				t.Fatalf("round %d: GetLog(%d): %v", round, i, err)
+			}
+		}
+		if round == 0 {
+			if err := cs.StoreLogs(logs(6, 7)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := closeFn(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
