@@ -143,9 +143,15 @@ func (s *checkedStore) failure() error {
 }
 
 // corrupt reports corruption found while running (a read for replication
-// or apply): the node must stop serving, as at start-up.
+// or apply): the node must stop serving, as at start-up, and write nothing
+// more. Offline tools (no fatal handler) just get the error, so a dump can
+// go on past a damaged entry.
 func (s *checkedStore) corrupt(err error) error {
-	if f := s.onFatal.Load(); f != nil {
+	f := s.onFatal.Load()
+	if f == nil {
+		return err
+	}
+	if s.failed.CompareAndSwap(nil, &err) {
 		(*f)(err)
 	}
 	return err

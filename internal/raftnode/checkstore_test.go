@@ -66,6 +66,9 @@ func TestCheckedStoreVerifiesAndStrips(t *testing.T) {
 	if fatal.Load() == nil {
 		t.Fatal("corruption read while running did not stop the node")
 	}
+	if err := cs.StoreLogs(logs(6, 6)); err == nil {
+		t.Fatal("a write after corruption was found succeeded")
+	}
 	_ = mem.GetLog(4, &raw)
 	raw.Extensions = nil
 	_ = mem.StoreLog(&raw)
