@@ -53,9 +53,6 @@ func retryAfter(c apierror.Code) time.Duration {
 // outcome it retries only commands that are safe to repeat (a request_id, or an
 // idempotent command).
 func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
-	if err := n.stoppedErr(); err != nil {
-		return nil, err
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
@@ -63,6 +60,9 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 	}
 	backoff := 5 * time.Millisecond
 	for {
+		if err := n.stoppedErr(); err != nil {
+			return nil, err
+		}
 		var resp *fsm.Response
 		var err error
 		if n.raft.State() == raft.Leader {
@@ -216,7 +216,12 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 		// fires, and callers would take (nil, nil) for a success.
 		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
-	return n.packer.submit(ctx, data)
+	resp, err := n.packer.submit(ctx, data)
+	if err != nil && !errors.Is(err, errRetry) && n.Err() != nil {
+		// The write may have reached the disk before its fsync failed.
+		return nil, fmt.Errorf("%w: this node's storage failed while the entry was written: %v", errUnknown, err)
+	}
+	return resp, err
 }
 
 func deadline(ctx context.Context) time.Time {

@@ -391,7 +391,7 @@ func (n *Node) Err() error {
 func (n *Node) stoppedErr() error {
 	if err := n.Err(); err != nil {
 		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
-			Message: "this node stopped because its storage failed; use another node"}
+			Message: "this node stopped because its storage failed; retry through another node (with the same request_id, a write that did commit is answered from there)"}
 	}
 	return nil
 }
