@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -504,5 +505,70 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 	}
 	if _, err := open(lag); err != nil {
 		t.Fatalf("restart after a snapshot install refused: %v", err)
+	}
+}
+
+// In a three-node cluster the leader's fsync fails: it stops, the other two
+// elect a leader and go on, and the failed node, restarted on a healthy
+// disk, rejoins with every acknowledged write.
+func TestLeaderStorageFailureInCluster(t *testing.T) {
+	var mu sync.Mutex
+	faulty := map[string]*faultyStore{}
+	nodes, leaderID := openTestClusterWith(t, []string{"n1", "n2", "n3"}, func(c *Config) {
+		id := c.ID
+		c.wrapLogStore = func(s LogAndStableStore) LogAndStableStore {
+			f := &faultyStore{LogAndStableStore: s}
+			mu.Lock()
+			faulty[id] = f
+			mu.Unlock()
+			return f
+		}
+	})
+	leader := nodes[leaderID]
+	for i := range 10 {
+		register(t, leader, fmt.Sprintf("before-%d", i))
+	}
+	mu.Lock()
+	faulty[leaderID].armed.Store(true)
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, _ = leader.Apply(ctx, registerMemberEnvelope("doomed"))
+	select {
+	case <-leader.Failed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the leader did not stop after its fsync failed")
+	}
+	cfg := leader.cfg
+	if err := leader.Shutdown(); err != nil {
+		t.Logf("shutdown: %v", err)
+	}
+
+	// The others go on; a write through one of them commits.
+	var other *Node
+	for id, n := range nodes {
+		if id != leaderID {
+			other = n
+		}
+	}
+	register(t, other, "after-failure")
+
+	cfg.wrapLogStore = nil
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("restart on a healthy disk: %v", err)
+	}
+	t.Cleanup(func() { _ = n.Shutdown() })
+	for deadline := time.Now().Add(15 * time.Second); !hasMember(n, "after-failure"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted node did not catch up")
+		}
+	}
+	for i := range 10 {
+		for _, m := range []*Node{n, other} {
+			if !hasMember(m, fmt.Sprintf("before-%d", i)) {
+				t.Fatalf("acknowledged write before-%d lost on %s", i, m.ID())
+			}
+		}
 	}
 }
