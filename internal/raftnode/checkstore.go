@@ -341,15 +341,20 @@ func (s *checkedStore) initChecksumFrom(markExisted bool) error {
 }
 
 // durableMark keeps the durable high-water mark file (see markFileName).
-// StoreLogs only records the index in memory; a goroutine writes it out.
+// StoreLogs only records the index in memory (mu, never held across I/O); a
+// goroutine writes it out. File writes are serialized by wmu, and each one
+// writes the value current when it took wmu, so a write can never put back a
+// mark that a truncation lowered.
 type durableMark struct {
 	path string
 	f    *os.File
 
-	mu sync.Mutex
-	// last is the last index the log holds durably; written what the file
-	// says.
-	last, written uint64
+	// wmu serializes writes to f and guards written (what the file says).
+	wmu     sync.Mutex
+	written uint64
+	// mu guards last, the last index the log holds durably.
+	mu   sync.Mutex
+	last uint64
 
 	onError func(error)
 	stop    chan struct{}
@@ -383,8 +388,8 @@ func openMark(dir string) (m *durableMark, value uint64, existed bool, err error
 	return m, value, true, nil
 }
 
-// write stores v and fsyncs. Caller holds mu.
-func (m *durableMark) write(v uint64) error {
+// writeLocked stores v and fsyncs. Caller holds wmu.
+func (m *durableMark) writeLocked(v uint64) error {
 	var b [12]byte
 	binary.BigEndian.PutUint64(b[:8], v)
 	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b[:8], castagnoli))
@@ -398,12 +403,30 @@ func (m *durableMark) write(v uint64) error {
 	return nil
 }
 
-// set makes v the mark now (at open).
-func (m *durableMark) set(v uint64) error {
+func (m *durableMark) current() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.last
+}
+
+// flush writes the current mark if the file does not say it yet.
+func (m *durableMark) flush() error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	if v := m.current(); v != m.written {
+		return m.writeLocked(v)
+	}
+	return nil
+}
+
+// set makes v the mark now (at open).
+func (m *durableMark) set(v uint64) error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.Lock()
 	m.last = v
-	return m.write(v)
+	m.mu.Unlock()
+	return m.writeLocked(v)
 }
 
 func (m *durableMark) stored(index uint64) {
@@ -413,17 +436,21 @@ func (m *durableMark) stored(index uint64) {
 }
 
 // truncating lowers the mark, durably, when [min, max] reaches the log's end.
-func (m *durableMark) truncating(min, max uint64) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if max < m.last || min == 0 {
-		return nil // the head: compaction after a snapshot
-	}
-	m.last = min - 1
-	if m.written <= m.last {
+// Compaction of the head (after a snapshot) leaves it alone.
+func (m *durableMark) truncating(lo, hi uint64) error {
+	if lo == 0 || hi < m.current() {
 		return nil
 	}
-	return m.write(m.last)
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
+	m.mu.Lock()
+	m.last = min(m.last, lo-1)
+	v := m.last
+	m.mu.Unlock()
+	if m.written <= v {
+		return nil
+	}
+	return m.writeLocked(v)
 }
 
 // run writes the mark out at most every markFlushEvery while it changes.
@@ -437,13 +464,7 @@ func (m *durableMark) run() {
 			return
 		case <-t.C:
 		}
-		m.mu.Lock()
-		var err error
-		if m.last != m.written {
-			err = m.write(m.last)
-		}
-		m.mu.Unlock()
-		if err != nil {
+		if err := m.flush(); err != nil {
 			m.onError(fmt.Errorf("write the durable mark %s: %w", m.path, err))
 			return
 		}
@@ -456,17 +477,16 @@ func (m *durableMark) start(onError func(error)) {
 	go m.run()
 }
 
-// close stops the writer and leaves the exact mark on disk (unless failed).
+// close stops the writer and leaves the exact mark on disk (unless the store
+// failed: then the disk is not to be trusted with more writes).
 func (m *durableMark) close(failed bool) error {
 	if m.stop != nil {
 		close(m.stop)
 		<-m.done
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var err error
-	if !failed && m.last != m.written {
-		err = m.write(m.last)
+	if !failed {
+		err = m.flush()
 	}
 	return errors.Join(err, m.f.Close())
 }
