@@ -72,6 +72,9 @@ const (
 	CodeCompacted       = "compacted"
 	CodeUnauthenticated = "unauthenticated"
 	CodePermission      = "permission_denied"
+	// CodeDiskFull: the leader's disk is below its free-space reserve; new
+	// writes are refused until space returns (it matches ErrUnavailable).
+	CodeDiskFull = "disk_full"
 )
 
 // codeNotFound answers a request for a thing the cluster does not have.
@@ -110,7 +113,7 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrSessionExpired
 	case CodeNoLeader:
 		return target == ErrNoLeader || target == ErrUnavailable
-	case CodeUnavailable:
+	case CodeUnavailable, CodeDiskFull:
 		return target == ErrUnavailable
 	case CodeInvalidArgument, CodeTooLarge:
 		return target == ErrInvalidArgument

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +35,7 @@ type raftFlags struct {
 	logFormat         string
 	maxBody           int64
 	pprof             bool
+	minFreeDisk       string
 }
 
 func (f *raftFlags) register(fs *flag.FlagSet) {
@@ -48,6 +51,7 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
+	fs.StringVar(&f.minFreeDisk, "min-free-disk", "64MiB", "free space kept in reserve on the data dir's disk: below it the leader refuses writes (503 disk_full) until space returns; 0 turns the check off (sizes: bytes, or with KiB, MiB, GiB)")
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
 }
 
@@ -72,7 +76,35 @@ func (f *raftFlags) apply(c *raftnode.Config) error {
 	c.ElectionTimeout = f.election
 	c.LeaderLeaseTimeout = f.leaderLease
 	c.RaftLogLevel = f.raftLogLevel
+	minFree, err := parseSize(f.minFreeDisk)
+	if err != nil {
+		return fmt.Errorf("--min-free-disk %q: %w", f.minFreeDisk, err)
+	}
+	c.MinFreeDisk = minFree
+	if minFree == 0 {
+		c.MinFreeDisk = -1 // off
+	}
 	return nil
+}
+
+// parseSize reads a byte count: a number, optionally with KiB, MiB or GiB.
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, errors.New("want a size such as 64MiB, 1GiB or a number of bytes")
+	}
+	return n * mult, nil
 }
 
 // parseCluster parses id=host:port,id=host:port.
@@ -175,22 +207,38 @@ func runServe(args []string) error {
 	readyCtx, stopNotify := context.WithCancel(context.Background())
 	notified := make(chan struct{})
 	go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
-	return waitForSignal(func(ctx context.Context) error {
+	err = waitForSignalOr(srv.Node.Failed(), func(ctx context.Context) error {
 		stopNotify()
 		<-notified
 		notifyStopping()
 		return srv.Shutdown(ctx)
 	}, logger.Info)
+	if ferr := srv.Node.Err(); ferr != nil {
+		// Exit non-zero: a supervisor must not take a node whose storage
+		// failed for one that stopped cleanly.
+		return fmt.Errorf("node %s stopped because its storage failed: %w (fix the disk, then restart it; if it refuses its data dir, see docs/operations.md)", *id, ferr)
+	}
+	return err
 }
 
 // waitForSignal blocks until SIGINT/SIGTERM, then shuts down within 10 s; a
 // second signal exits at once.
 func waitForSignal(shutdown func(context.Context) error, info func(string, ...any)) error {
+	return waitForSignalOr(nil, shutdown, info)
+}
+
+// waitForSignalOr is waitForSignal that also shuts down once stop is closed
+// (the node stopped itself).
+func waitForSignalOr(stop <-chan struct{}, shutdown func(context.Context) error, info func(string, ...any)) error {
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
-	s := <-sig
-	info("shutting down", "signal", s.String())
+	select {
+	case s := <-sig:
+		info("shutting down", "signal", s.String())
+	case <-stop:
+		info("shutting down: the node stopped itself")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan error, 1)

@@ -37,6 +37,9 @@ const (
 	Internal         Code = "internal"
 	// UnsupportedMediaType: a request body not declared as JSON.
 	UnsupportedMediaType Code = "unsupported_media_type"
+	// DiskFull: the leader's disk is below its free-space reserve; writes
+	// are refused until space returns, reads still work.
+	DiskFull Code = "disk_full"
 )
 
 type mapping struct {
@@ -63,6 +66,7 @@ var table = map[Code]mapping{
 	MethodNotAllowed:     {http.StatusMethodNotAllowed, codes.Unimplemented},
 	Internal:             {http.StatusInternalServerError, codes.Internal},
 	UnsupportedMediaType: {http.StatusUnsupportedMediaType, codes.InvalidArgument},
+	DiskFull:             {http.StatusServiceUnavailable, codes.Unavailable},
 }
 
 // HTTPStatus is the HTTP status for a code.

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/forensics"
 	"github.com/dlock/dlock/internal/raftnode"
@@ -108,5 +111,57 @@ func TestReplayMatchesTheNodesOwnSnapshots(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "*command.Acquire") || !strings.Contains(out.String(), "term=") || !strings.Contains(out.String(), "[1/") {
 		t.Fatalf("dump lacks decoded entries:\n%s", out.String()[:min(500, out.Len())])
+	}
+}
+
+// A damaged entry is reported with its index, file and what is wrong, and
+// the dump goes on: raft-wal's decoder panicked on this one (an overlong
+// varint), which took the tool down.
+func TestDumpLogReportsCorruptEntry(t *testing.T) {
+	dir := t.TempDir()
+	st, closeFn, err := raftnode.OpenLogStore(raftnode.LogStoreWAL, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 5; i++ {
+		if err := st.StoreLogs([]*raft.Log{{Index: i, Term: 1, Type: raft.LogNoop, Data: []byte(fmt.Sprintf("entry-%d-payload", i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := closeFn(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "wal", "*.wal"))
+	if len(segs) != 1 {
+		t.Fatalf("segments: %v", segs)
+	}
+	b, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(b, []byte("entry-3-payload"))
+	if at < 4 {
+		t.Fatal("entry 3 not found")
+	}
+	copy(b[at-4:], bytes.Repeat([]byte{0xFF}, 11)) // from its index varint on
+	if err := os.WriteFile(segs[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := forensics.DumpLog(dir, raftnode.LogStoreWAL, 0, ^uint64(0), &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	var bad string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "3 ") {
+			bad = l
+		}
+	}
+	if !strings.Contains(bad, "entry 3 in "+segs[0]+" is corrupt") {
+		t.Fatalf("entry 3 reported as %q; dump:\n%s", bad, out.String())
+	}
+	if !strings.Contains(out.String(), "\n5 term=1") {
+		t.Fatalf("the dump stopped at the damaged entry:\n%s", out.String())
 	}
 }

@@ -60,6 +60,9 @@ func (n *Node) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, e
 	}
 	backoff := 5 * time.Millisecond
 	for {
+		if err := n.stoppedErr(); err != nil {
+			return nil, err
+		}
 		var resp *fsm.Response
 		var err error
 		if n.raft.State() == raft.Leader {
@@ -198,6 +201,11 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 	if !n.ready.Load() {
 		return nil, errRetry
 	}
+	if guarded(e) {
+		if err := n.disk.check(); err != nil {
+			return nil, err
+		}
+	}
 	data, err := command.EncodeChecked(n.stamped(e))
 	if err != nil {
 		return nil, apierror.Wrap(apierror.TooLarge, err, "the request is too large to replicate; send less data")
@@ -208,7 +216,12 @@ func (n *Node) applyLocal(ctx context.Context, e *command.Envelope) (*fsm.Respon
 		// fires, and callers would take (nil, nil) for a success.
 		return nil, fmt.Errorf("%w: the deadline passed before the command was proposed", errRetry)
 	}
-	return n.packer.submit(ctx, data)
+	resp, err := n.packer.submit(ctx, data)
+	if err != nil && !errors.Is(err, errRetry) && n.Err() != nil {
+		// The write may have reached the disk before its fsync failed.
+		return nil, fmt.Errorf("%w: this node's storage failed while the entry was written: %v", errUnknown, err)
+	}
+	return resp, err
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -388,6 +401,9 @@ func (n *Node) readIndexLocal() (uint64, error) {
 // acknowledged before the call. The leader confirms its leadership; a follower
 // asks the leader for its applied index and waits until it has applied as much.
 func (n *Node) LinearizableRead(ctx context.Context) error {
+	if err := n.stoppedErr(); err != nil {
+		return err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)

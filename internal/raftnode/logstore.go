@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,10 +56,11 @@ const (
 
 // OpenLogStore opens (creating if needed) the log and stable store of the
 // given kind under dir. Reopening the same dir sees everything written
-// before. The returned value is the library's own type, not a wrapper, so
-// raft's optional-interface checks (e.g. raft.MonotonicLogStore, which
-// raft-wal implements) still see it. closeFn closes the store and releases
-// the directory lock; call it after raft has shut down.
+// before. The returned store checksums every entry it stores and verifies
+// every entry it reads (checkstore.go); it keeps raft's optional interfaces
+// (raft.MonotonicLogStore, which raft-wal implements) visible. closeFn
+// closes the store and releases the directory lock; call it after raft has
+// shut down.
 //
 // Durability: both kinds fsync before StoreLogs/StoreLog and Set/SetUint64
 // return. raft-wal has no option to skip the fsync (segment.Writer syncs on
@@ -70,6 +73,18 @@ const (
 // instead of blocking on bbolt's file lock, which would otherwise wait
 // forever.
 func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, closeFn func() error, err error) {
+	cs, closeFn, err := openCheckedStore(kind, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cs.raftStore(), closeFn, nil
+}
+
+// openCheckedStore opens the store under its checksumming wrapper
+// (checkstore.go). The durable mark is read but not yet enforced or kept:
+// Node.Open does both once it has verified the data dir (verifyDataDir);
+// offline tools only keep the mark exact when they close.
+func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn func() error, err error) {
 	if kind == "" {
 		kind = DefaultLogStore
 	}
@@ -89,6 +104,9 @@ func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, close
 		}
 	}()
 
+	var inner LogAndStableStore
+	var closeInner func() error
+	var locate func(uint64) string
 	switch kind {
 	case LogStoreWAL:
 		walDir := filepath.Join(dir, walDirName)
@@ -102,14 +120,14 @@ func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, close
 		w, err := raftwal.Open(walDir, raftwal.WithMetaStore(meta))
 		if err != nil {
 			_ = meta.Close()
-			return nil, nil, fmt.Errorf("open raft wal in %s: %w (if it is corrupt, restore the node from a peer by removing the dir and rejoining)", walDir, err)
+			return nil, nil, &RefusedError{Dir: dir, Err: fmt.Errorf("open raft wal in %s: %w", walDir, err)}
 		}
-		closeWAL := func() error {
+		inner, locate = w, func(i uint64) string { return walSegmentFile(walDir, i) }
+		closeInner = func() error {
 			// BoltMetaDB.Close is idempotent, so this stays correct if a
 			// later raft-wal closes the meta store itself.
 			return errors.Join(w.Close(), meta.Close())
 		}
-		return w, closeOnce(closeWAL, unlock), nil
 
 	default: // LogStoreBolt
 		path := filepath.Join(dir, boltFileName)
@@ -121,10 +139,55 @@ func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, close
 			NoSync:      false, // Raft safety: fsync every commit (see above).
 		})
 		if err != nil {
-			return nil, nil, fmt.Errorf("open raft bolt store %s: %w (if it is corrupt, restore the node from a peer by removing the file and rejoining)", path, err)
+			return nil, nil, &RefusedError{Dir: dir, Err: fmt.Errorf("open raft bolt store %s: %w", path, err)}
 		}
-		return b, closeOnce(b.Close, unlock), nil
+		inner, locate, closeInner = b, func(uint64) string { return path }, b.Close
 	}
+	mark, markValue, markExisted, err := openMark(dir)
+	if err != nil {
+		_ = closeInner()
+		return nil, nil, &RefusedError{Dir: dir, Err: err}
+	}
+	cs = &checkedStore{inner: inner, locate: locate, mark: mark, markAtOpen: markValue, parked: make(chan struct{})}
+	if err := cs.initChecksumFrom(markExisted); err != nil {
+		_ = mark.close(true)
+		_ = closeInner()
+		return nil, nil, &RefusedError{Dir: dir, Err: err}
+	}
+	closeAll := func() error {
+		return errors.Join(mark.close(cs.failure() != nil), closeInner())
+	}
+	return cs, closeOnce(closeAll, unlock), nil
+}
+
+// walSegmentFile names the raft-wal segment file that holds index: the one
+// with the greatest base index not above it (raft-wal names segments
+// <base index>-<id>.wal). It falls back to the wal dir.
+func walSegmentFile(walDir string, index uint64) string {
+	entries, err := os.ReadDir(walDir)
+	if err != nil {
+		return walDir
+	}
+	best, bestBase := "", uint64(0)
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".wal") {
+			continue
+		}
+		baseStr, _, ok := strings.Cut(name, "-")
+		if !ok {
+			continue
+		}
+		base, err := strconv.ParseUint(baseStr, 10, 64)
+		if err != nil || base > index || (best != "" && base < bestBase) {
+			continue
+		}
+		best, bestBase = name, base
+	}
+	if best == "" {
+		return walDir
+	}
+	return filepath.Join(walDir, best)
 }
 
 // closeOnce closes the store, then releases the dir lock even if the store

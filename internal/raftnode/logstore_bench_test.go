@@ -23,6 +23,8 @@ func openBenchStore(b *testing.B, kind LogStoreKind) LogAndStableStore {
 	if err != nil {
 		b.Fatalf("open %s store: %v", kind, err)
 	}
+	// As under a running node: the durable mark is written in the background.
+	checked(store).mark.start(func(err error) { b.Errorf("durable mark: %v", err) })
 	b.Cleanup(func() {
 		if err := closeFn(); err != nil {
 			b.Errorf("close %s store: %v", kind, err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/expiry"
 	"github.com/dlock/dlock/internal/fsm"
@@ -75,6 +76,17 @@ type Config struct {
 	// Observers see every applied event from the very first entry replayed at
 	// start-up (they are registered before Raft starts).
 	Observers []fsm.Observer
+	// MinFreeDisk is the free space (bytes) the data dir's disk keeps in
+	// reserve: below it the leader refuses new writes with disk_full. 0
+	// means DefaultMinFreeDisk, negative turns the guard off.
+	MinFreeDisk int64
+	// FreeSpace reports the free space under a dir (nil: statfs); tests
+	// inject a full disk with it.
+	FreeSpace func(dir string) (uint64, error)
+
+	// wrapLogStore, set only by tests, wraps the log store under the
+	// checksumming layer to inject faults.
+	wrapLogStore func(LogAndStableStore) LogAndStableStore
 }
 
 // Defaults fills unset fields with the documented defaults.
@@ -153,6 +165,14 @@ type Node struct {
 	mux       *Mux
 	trans     *raft.NetworkTransport
 	closeLogs func() error
+	disk      *diskGuard
+
+	// fatal is the storage failure that stopped this node; failed is
+	// closed when it is set.
+	fatal  atomic.Pointer[error]
+	failed chan struct{}
+	// stopped is closed when Shutdown has finished.
+	stopped chan struct{}
 
 	fwdServer *http.Server
 	fwdClient *http.Client
@@ -198,7 +218,8 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
-	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID)}
+	n := &Node{cfg: cfg, logger: cfg.Logger.With("node", cfg.ID), failed: make(chan struct{}), stopped: make(chan struct{})}
+	n.disk = newDiskGuard(cfg.DataDir, cfg.MinFreeDisk, cfg.FreeSpace)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.fsm = fsm.New(n.logger)
 	n.reaper = expiry.New(expiry.SystemClock{}, proposerFunc(n.Propose), n.fsm, n.logger)
@@ -218,15 +239,25 @@ func Open(cfg Config) (*Node, error) {
 	if err := checkLogStoreKind(cfg.DataDir, cfg.LogStore); err != nil {
 		return nil, err
 	}
-	store, closeLogs, err := OpenLogStore(cfg.LogStore, cfg.DataDir)
+	cs, closeLogs, err := openCheckedStore(cfg.LogStore, cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
 	n.closeLogs = closeLogs
+	if cfg.wrapLogStore != nil {
+		cs.inner = cfg.wrapLogStore(cs.inner)
+	}
+	store := cs.raftStore()
 	hlog := newRaftLogger(n.logger, cfg.RaftLogLevel)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog) // adds "snapshots/"
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
+	}
+	// Before Raft reads anything: Raft would apply a damaged entry, start
+	// from a log that lost acknowledged entries, or fall back to an older
+	// snapshot the log no longer continues (and panic).
+	if err := verifyDataDir(cs, snaps, cfg.DataDir, n.logger); err != nil {
+		return nil, err
 	}
 
 	ln, err := net.Listen("tcp", cfg.RaftAddr)
@@ -324,7 +355,46 @@ func Open(cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.watchPeers() }()
 	ok = true
+	// Last: a write that failed during start-up is reported here at once.
+	cs.SetFatal(n.fail)
 	return n, nil
+}
+
+// fail stops the node after a storage failure: a write or fsync that failed
+// (the page cache may have dropped the data, so no later write can be
+// trusted), or corruption read back while running. The node takes no further
+// part in Raft and answers no requests; Failed tells its owner.
+func (n *Node) fail(err error) {
+	if !n.fatal.CompareAndSwap(nil, &err) {
+		return
+	}
+	n.logger.Error("stopping this node: its storage failed, so it takes no further part in Raft and serves no requests. "+
+		"Fix the disk and restart it; if it then refuses its data dir, follow docs/operations.md, \"A node refuses its data dir\"", "err", err)
+	n.ready.Store(false)
+	close(n.failed)
+	// Not from the caller's goroutine: that is Raft's, inside a log store
+	// call, and Raft's shutdown waits for it.
+	go func() { _ = n.Shutdown() }()
+}
+
+// Failed is closed once a storage failure has stopped the node (Err says why).
+func (n *Node) Failed() <-chan struct{} { return n.failed }
+
+// Err is the storage failure that stopped the node, or nil.
+func (n *Node) Err() error {
+	if p := n.fatal.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// stoppedErr answers requests on a node its storage failure stopped.
+func (n *Node) stoppedErr() error {
+	if err := n.Err(); err != nil {
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+			Message: "this node stopped because its storage failed; retry through another node (with the same request_id, a write that did commit is answered from there)"}
+	}
+	return nil
 }
 
 type proposerFunc func(ctx context.Context, e *command.Envelope) error
@@ -589,18 +659,43 @@ func (n *Node) registered(m state.Member) bool {
 // forwarding server, transport and stores. Safe to call twice.
 func (n *Node) Shutdown() error {
 	if !n.closed.CompareAndSwap(false, true) {
+		<-n.stopped
 		return nil
 	}
+	defer close(n.stopped)
 	n.cancel()
 	var err error
 	if n.raft != nil {
-		err = n.raft.Shutdown().Error()
+		err = n.shutdownRaft()
 	}
 	n.ready.Store(false)
 	n.closeAll()
 	n.wg.Wait()
 	return err
 }
+
+// shutdownRaft stops Raft and waits for it, except after a storage failure:
+// then Raft's main loop may be parked in the failed store for good
+// (checkedStore.stableFailed), so the wait is bounded and the rest of the
+// node is stopped regardless.
+func (n *Node) shutdownRaft() error {
+	f := n.raft.Shutdown()
+	if n.Err() == nil {
+		return f.Error()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(failedShutdownWait):
+		n.logger.Warn("raft did not stop within its bound after the storage failure; stopping the rest of the node", "bound", failedShutdownWait)
+		return nil
+	}
+}
+
+// failedShutdownWait bounds the wait for Raft to stop after a storage failure.
+const failedShutdownWait = 5 * time.Second
 
 func (n *Node) closeAll() {
 	if n.fwdServer != nil {

@@ -126,6 +126,9 @@ const MaxReadyLag = 1000
 // leader, its barrier is applied), and this node has applied nearly all it knows
 // to be committed.
 func (n *Node) Ready() error {
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("this node stopped because its storage failed: %w", err)
+	}
 	if n.closed.Load() {
 		return errors.New("node is shutting down")
 	}
@@ -168,6 +171,9 @@ func (n *Node) noLeaderReason() error {
 
 // Healthy reports whether the process is alive and Raft is running.
 func (n *Node) Healthy() error {
+	if err := n.Err(); err != nil {
+		return fmt.Errorf("this node stopped because its storage failed: %w", err)
+	}
 	if n.closed.Load() || n.raft.State() == raft.Shutdown {
 		return errors.New("raft is shut down")
 	}
