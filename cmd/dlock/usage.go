@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/dlock/dlock/internal/raftnode"
 )
 
 // wantsHelp reports whether args ask for help instead of naming a subcommand.
@@ -62,5 +64,15 @@ func finish(cmd string, err error) int {
 		return cliExitUsage
 	}
 	fmt.Fprintf(os.Stderr, "dlock %s: %v\n", cmd, err)
+	var refused *raftnode.RefusedError
+	if errors.As(err, &refused) {
+		// Restarting will not help: an operator must act (deploy/systemd's
+		// unit does not restart on this code).
+		return serveExitRefused
+	}
 	return cliExitError
 }
+
+// serveExitRefused is dlock serve's exit code when it refuses its data dir
+// (corrupted or truncated log or snapshot).
+const serveExitRefused = 3
