@@ -16,7 +16,7 @@ import (
 )
 
 // dlock serve on a data dir with a damaged log entry exits with the refusal
-// (main turns the error into exit status 1) instead of serving.
+// (exit status 3, which a supervisor must not restart on) instead of serving.
 func TestServeRefusesDamagedDataDir(t *testing.T) {
 	dir := t.TempDir()
 	st, closeFn, err := raftnode.OpenLogStore(raftnode.LogStoreWAL, dir)
@@ -62,6 +62,9 @@ func TestServeRefusesDamagedDataDir(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "refusing data dir") || !strings.Contains(err.Error(), "raft log entry 2 in "+segs[0]) {
 		t.Fatalf("dlock serve answered %v; want the refusal naming entry 2 and its file", err)
+	}
+	if code := finish("serve", err); code != serveExitRefused {
+		t.Fatalf("exit code %d for a refused data dir, want %d", code, serveExitRefused)
 	}
 }
 
