@@ -1,6 +1,6 @@
 // Package apierror defines dlock's client-facing error codes and the one table
 // that maps each code to an HTTP status and a gRPC status code, so every protocol
-// answers the same failure the same way (DESIGN §5).
+// answers the same failure the same way (design.md §5).
 package apierror
 
 import (

@@ -9,7 +9,7 @@ import (
 // MaxNameLen bounds a lock or election name.
 const MaxNameLen = 256
 
-// NormalizeName checks a lock name against DESIGN §2 and returns its canonical
+// NormalizeName checks a lock name against design.md §2 and returns its canonical
 // form (no leading slash): slash-separated segments of [A-Za-z0-9._:-]+, never
 // "." or "..", no empty segments, at most 256 bytes.
 func NormalizeName(s string) (string, error) {

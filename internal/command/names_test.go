@@ -86,7 +86,7 @@ func TestNormalizeName(t *testing.T) {
 
 var nameSegment = regexp.MustCompile(`^[A-Za-z0-9._:-]+$`)
 
-// refNormalize is an independent reading of DESIGN §2's name rule.
+// refNormalize is an independent reading of design.md §2's name rule.
 func refNormalize(s string) (string, bool) {
 	s = strings.TrimPrefix(s, "/")
 	if s == "" || len(s) > MaxNameLen {

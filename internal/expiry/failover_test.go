@@ -8,7 +8,7 @@ import (
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
-// DESIGN §3: a failover extends a lease "by about one election, never by a
+// design.md §3: a failover extends a lease "by about one election, never by a
 // full TTL per failover". The new leader counts each lease's time left as of
 // the newest entry again from its takeover, so in a quiet cluster the leader
 // must keep the lease clock moving (Tick): without it the extension is the

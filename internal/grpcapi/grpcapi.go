@@ -55,7 +55,7 @@ type Service interface {
 	RotateTokenKey(ctx context.Context, req service.RotateTokenKeyRequest) (*fence.KeySetDocument, error)
 }
 
-// DefaultMaxMessageBytes matches the HTTP body limit of DESIGN §5 (64 KiB).
+// DefaultMaxMessageBytes matches the HTTP body limit of design.md §5 (64 KiB).
 const DefaultMaxMessageBytes = 64 << 10
 
 // RequestIDKey is the metadata key that carries a call's tracing id in both

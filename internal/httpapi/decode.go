@@ -377,7 +377,7 @@ func fieldsOf(v any) []string {
 
 // parseQuery parses the query string and refuses parameters outside allowed,
 // or given twice: a misspelt "?prefx=" silently listing everything would be
-// the silent 200 on bad input that DESIGN §7 rules out.
+// the silent 200 on bad input that design.md §7 rules out.
 func parseQuery(r *http.Request, allowed ...string) (url.Values, *apierror.Error) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/dlock/dlock/internal/service"
 )
 
-// errorBody is the one error shape of DESIGN §5.
+// errorBody is the one error shape of design.md §5.
 type errorBody struct {
 	Code    apierror.Code `json:"code"`
 	Message string        `json:"message"`
@@ -97,7 +97,7 @@ func (a *api) publicError(r *http.Request, err error) (*apierror.Error, int) {
 	}, status
 }
 
-// writeError answers err in the DESIGN §5 error shape.
+// writeError answers err in the design.md §5 error shape.
 func (a *api) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, status := a.publicError(r, err)
 	setRetryAfter(w, e)

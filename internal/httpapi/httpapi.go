@@ -1,4 +1,4 @@
-// Package httpapi serves dlock's HTTP/JSON API (DESIGN §5): it decodes requests, calls the service layer and encodes answers. It holds no lock semantics.
+// Package httpapi serves dlock's HTTP/JSON API (design.md §5): it decodes requests, calls the service layer and encodes answers. It holds no lock semantics.
 package httpapi
 
 import (
@@ -52,15 +52,15 @@ type Service interface {
 	Ready() error
 }
 
-// DefaultMaxBodyBytes is the request body limit of DESIGN §5 (64 KiB).
+// DefaultMaxBodyBytes is the request body limit of design.md §5 (64 KiB).
 const DefaultMaxBodyBytes = 64 << 10
 
-// Options tunes the handler. The zero value is the DESIGN §5 behaviour.
+// Options tunes the handler. The zero value is the design.md §5 behaviour.
 type Options struct {
 	// MaxBodyBytes bounds a request body; larger bodies get 413 too_large.
 	// 0 (or less) means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// Metrics, when set, is served at /metrics (DESIGN §5 puts it at the root
+	// Metrics, when set, is served at /metrics (design.md §5 puts it at the root
 	// beside /healthz). It is an option rather than something the caller mounts
 	// beside this handler because putting this handler behind an http.ServeMux
 	// would bring back the ServeMux's path cleaning and its 301 redirects, which
@@ -123,7 +123,7 @@ type api struct {
 //
 // Use it as the http.Server's Handler directly, not behind an http.ServeMux:
 // a ServeMux cleans paths and 301-redirects "a//b" or "a/../b" before any
-// handler runs, while DESIGN §5 wants such lock names refused with 400. This
+// handler runs, while design.md §5 wants such lock names refused with 400. This
 // handler routes on r.URL.EscapedPath() itself and never redirects.
 //
 // A nil logger discards logs. Blocking acquires and event streams set their
@@ -287,7 +287,7 @@ func sessionID(escaped string) (string, *apierror.Error) {
 }
 
 // lock serves /api/v1/locks/{rest}: for GET the whole rest is the name, for
-// POST the last segment is the action (DESIGN §5), so a lock may itself be
+// POST the last segment is the action (design.md §5), so a lock may itself be
 // called ".../acquire" and still be read.
 func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
 	switch {
@@ -327,7 +327,7 @@ func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
 	switch action {
 	case actionAcquire:
 		// r.Context() is cancelled when the client hangs up, which is how a
-		// waiting acquirer withdraws from the queue (DESIGN §5); no timeout is
+		// waiting acquirer withdraws from the queue (design.md §5); no timeout is
 		// added here because the wait bound is the service's.
 		var req service.AcquireRequest
 		if aerr := a.decodeBody(w, r, &req, true); aerr != nil {

@@ -304,7 +304,7 @@ func jsonEqual(t *testing.T, got, want string) {
 	}
 }
 
-// checkError asserts the DESIGN §5 error shape and that status and code agree
+// checkError asserts the design.md §5 error shape and that status and code agree
 // through the one apierror table. It returns the message.
 func checkError(t *testing.T, rec *httptest.ResponseRecorder, wantStatus int, wantCode apierror.Code) string {
 	t.Helper()

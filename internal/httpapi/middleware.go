@@ -110,7 +110,7 @@ func (a *api) middleware(next http.Handler) http.Handler {
 }
 
 // logPath hides the session id of session paths: a session id is a lease id,
-// the holder's secret capability (DESIGN §2), and must never reach a log.
+// the holder's secret capability (design.md §2), and must never reach a log.
 // Lock names are public and stay.
 func logPath(p string) string {
 	rest, ok := strings.CutPrefix(p, sessionsPrefix+"/")

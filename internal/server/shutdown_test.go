@@ -15,7 +15,7 @@ import (
 )
 
 // A node shut down gracefully while a client waits in a lock's queue through
-// it must withdraw that wait (DESIGN §5: a waiter whose request ends leaves
+// it must withdraw that wait (design.md §5: a waiter whose request ends leaves
 // the line) before Raft stops; a wait left behind would later be granted to
 // nobody and hold the lock for a whole TTL. The client is told to go
 // elsewhere: 503 with Retry-After.

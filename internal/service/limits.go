@@ -10,7 +10,7 @@ import (
 	"github.com/dlock/dlock/internal/command"
 )
 
-// Limits are this node's abuse limits (DESIGN §5: 429 rate_limited). They are
+// Limits are this node's abuse limits (design.md §5: 429 rate_limited). They are
 // per-node configuration, checked here before anything is proposed. Apply
 // must not depend on a node's flags: the one limit the state machine
 // enforces, the waiter cap, travels inside the acquire it limits. Zero means

@@ -787,7 +787,7 @@ func TestTickChangesOnlyTheClock(t *testing.T) {
 	}
 }
 
-// DESIGN §3: "Restore + replay gives the same state as never having
+// design.md §3: "Restore + replay gives the same state as never having
 // snapshotted." An upgraded node that restores a version-5 snapshot (written
 // by the old binary) must end up with the same state as an upgraded node that
 // applied the same pre-upgrade (version 2, Clock 0) log from the start.

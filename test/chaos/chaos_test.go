@@ -283,6 +283,7 @@ type runReport struct {
 	writes       []write
 	holds        []hold
 	faults       []faultEvent
+	storage      []string // how storage faults ended (nemesis.note)
 	anomalies    []anomaly
 	notes        []string
 	lin          []linResult
@@ -347,6 +348,12 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		t.Fatal(err)
 	}
 	r.c = c
+	disks := c.mountDisks()
+	if disks != nil {
+		r.logf("disk faults off: %v", disks)
+	} else {
+		defer c.unmountDisks() // after shutdown (defers run in reverse)
+	}
 	defer c.shutdown()
 	for i := range c.nodes {
 		if err := c.start(i); err != nil {
@@ -378,6 +385,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	watchers := r.startWatchers()
 	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions)
 	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
+	nem.disks = disks == nil
 	if cfg.dense {
 		nem.dense()
 	}
@@ -441,6 +449,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		watchers.halt(0, 0)
 	}
 	rep.faults = nem.schedule()
+	rep.storage = nem.storageOutcomes()
 	rep.pauses, rep.crashes = w.pauses.Load(), w.crashes.Load()
 	rep.retries = [4]int64{r.api.retries503.Load(), r.api.retries5xx.Load(), r.api.retriesNet.Load(), r.api.internal500.Load()}
 	c.shutdown()
@@ -481,7 +490,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 				d += "  visualization: " + l.html + "\n"
 			}
 			rep.anomalies = append(rep.anomalies, anomaly{Kind: "safety:not-linearizable",
-				What: fmt.Sprintf("the history of %s (%d operations) is not linearizable against the DESIGN §3 model", l.lock, l.ops), Detail: d})
+				What: fmt.Sprintf("the history of %s (%d operations) is not linearizable against the design.md §3 model", l.lock, l.ops), Detail: d})
 		}
 	}
 	rep.elapsed = time.Duration(r.clk.now())
@@ -1049,6 +1058,9 @@ func (r *runner) summary() string {
 		}
 	}
 	fmt.Fprintf(&b, "faults: %d (%d cluster, %d client); by kind: %s\n", len(rep.faults), clusterFaultsN, len(rep.faults)-clusterFaultsN, strings.Join(countByKind(rep.faults), " "))
+	if len(rep.storage) > 0 {
+		fmt.Fprintf(&b, "storage faults ended: %s\n", strings.Join(rep.storage, "; "))
+	}
 	fmt.Fprintf(&b, "client pauses past the TTL taken while holding: %d; client crashes: %d\n", rep.pauses, rep.crashes)
 	fmt.Fprintf(&b, "recovery (heal → every node ready, one leader): p50 %s, p99 %s, max %s\n",
 		pct(recov, 0.5).Round(time.Millisecond), pct(recov, 0.99).Round(time.Millisecond), pct(recov, 1).Round(time.Millisecond))

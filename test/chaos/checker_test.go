@@ -25,7 +25,7 @@ func (a anomaly) String() string {
 }
 
 // checkHolds: no two holds of one lock overlap. A hold runs from the receipt
-// of the grant to when its client stopped believing (DESIGN §6 bound: the
+// of the grant to when its client stopped believing (design.md §6 bound: the
 // send time of its last answered acquire/renew plus the TTL, or earlier).
 func checkHolds(ops []Op, holds []hold) []anomaly {
 	by := map[string][]hold{}

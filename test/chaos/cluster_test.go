@@ -31,6 +31,7 @@ type cnode struct {
 	grpcAddr  string
 	dataDir   string
 	logPath   string
+	disk      string // the tmpfs the data dir is on, when the disk faults run
 
 	p       *proc
 	paused  bool

@@ -40,7 +40,7 @@ const (
 	kProclaim   = "proclaim" // elections only
 )
 
-// Elections are locks in their own namespace (DESIGN §2): the suite keys
+// Elections are locks in their own namespace (design.md §2): the suite keys
 // them as "E:" + name everywhere (history, model, registers) and uses the
 // /elections API for them.
 const electionPrefix = "E:"

@@ -12,7 +12,7 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// The linearizability model of one lock (DESIGN §3), for porcupine.
+// The linearizability model of one lock (design.md §3), for porcupine.
 //
 // State: who holds the lock (client, lease, token) and the highest token
 // granted on it so far. Operations: acquire (try, or wait in line; with
@@ -20,7 +20,7 @@ import (
 //
 // Expiry is the hard part: a lease can end at any moment after its TTL runs
 // out, with no operation in the history. The model makes it time-aware and
-// conservative. DESIGN §3/§6 promise that a lease is not expired before
+// conservative. design.md §3/§6 promise that a lease is not expired before
 // t_send + TTL, where t_send is when its holder sent the last acquire/renew
 // (keepalive, for a session) that succeeded. From the whole history the
 // checker computes, for every lease, freeAfter = max over its successful

@@ -70,7 +70,11 @@ var clusterFaults = []struct {
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
 	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
 	{fReplace, 1}, {fTransfer, 1},
+	{fCorruptLog, 1}, {fTruncateLog, 1}, {fCorruptSnapshot, 1}, {fDiskLow, 1}, {fDiskFull, 1},
 }
+
+// diskFault reports whether kind needs the per-node tmpfs (mountDisks).
+func diskFault(kind string) bool { return kind == fDiskLow || kind == fDiskFull }
 
 // nemesis injects faults from its own seeded generator.
 type nemesis struct {
@@ -92,6 +96,10 @@ type nemesis struct {
 	holdLo, holdHi time.Duration
 	// clientGapLo/Hi space the client faults
 	clientGapLo, clientGapHi time.Duration
+	// disks: the nodes' data dirs are on tmpfs of their own, so the disk
+	// faults can run; outcomes counts how storage faults ended (note).
+	disks    bool
+	outcomes map[string]int
 }
 
 // dense is the soak's pace (scripts/chaos.sh --pace dense, its default):
@@ -168,6 +176,9 @@ func (n *nemesis) pickKind() string {
 	x := n.rng.IntN(total)
 	for _, f := range clusterFaults {
 		if x < f.weight {
+			if diskFault(f.kind) && !n.disks {
+				return fKillFollower // the same draw, so a seed's schedule stays comparable
+			}
 			return f.kind
 		}
 		x -= f.weight
@@ -332,6 +343,16 @@ func (n *nemesis) runCluster() {
 			err = n.c.transferLeadership(follower, follower)
 			hold = 0
 			heal = func() error { return nil }
+		case fCorruptLog, fTruncateLog, fCorruptSnapshot, fDiskLow, fDiskFull:
+			t := follower
+			if diskFault(kind) && pickB%2 == 0 {
+				t = leader // a leader's full disk refuses writes, or ends its term
+			}
+			ev.Target = n.c.nodes[t].id
+			ev.Detail, heal, err = n.injectStorage(kind, t, pickB)
+			if heal == nil {
+				heal = func() error { return nil }
+			}
 		case fOneWayOut, fOneWayIn:
 			ev.Target = n.c.nodes[leader].id
 			for _, o := range others {
@@ -344,7 +365,7 @@ func (n *nemesis) runCluster() {
 			heal = func() error { n.c.net.healAll(); return nil }
 		}
 		if d := n.c.net.describe(); d != "none" {
-			ev.Detail = "cuts: " + d
+			ev.Detail = strings.TrimPrefix(ev.Detail+"; cuts: "+d, "; ")
 		}
 		if err != nil {
 			ev.Err = err.Error()

@@ -111,7 +111,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // sent to node X, which is then paused (SIGSTOP) longer than the client's
 // patience; meanwhile the holder releases and the lock is handed to that
 // wait. The client times out and retries with the SAME request_id on the
-// leader (as DESIGN §6 tells clients to), which answers "acquired". When X
+// leader (as design.md §6 tells clients to), which answers "acquired". When X
 // wakes up, its handler sees its client gone and withdraws the wait with
 // CancelWait{ReleaseIfGranted} — which must not release the lock the retry
 // already reported as granted. The scenario is repeated, because X's handler

@@ -16,7 +16,7 @@ import (
 // Watchers under faults. One Go-client watch per node (each listing the
 // nodes from a different one first, so the streams start on different
 // nodes) follows every change while the nemesis runs, resuming across node
-// kills, pauses and partitions as the client does (DESIGN §5: a watch from
+// kills, pauses and partitions as the client does (design.md §5: a watch from
 // revision R sees every later change exactly once). Afterwards:
 //
 //   - every revision two watchers both covered carries the same events, in
