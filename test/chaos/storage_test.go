@@ -37,7 +37,7 @@ const (
 // diskSize is each node's tmpfs when the disk faults run; lowFree is what
 // disk-low leaves, below dlock serve's default 64 MiB reserve.
 const (
-	diskSize = 256 << 20
+	diskSize = 1 << 30 // raft-wal preallocates 64 MiB per segment
 	lowFree  = 16 << 20
 )
 
