@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/client"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // TestElection runs the election tests on one cluster; the last one kills
@@ -277,7 +278,7 @@ func testCampaignSession(t *testing.T, c *cluster) {
 	}
 	inLine := func(n int) {
 		t.Helper()
-		eventually(t, 10*time.Second, fmt.Sprintf("%d in line", n), func() (bool, string) {
+		testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%d in line", n), func() (bool, string) {
 			v := c.election(name)
 			return v.Campaigners == n, showView(v)
 		})
@@ -383,7 +384,7 @@ func testCancelCampaign(t *testing.T, c *cluster) {
 	defer lh.Resign(ctx)
 	wctx, cancel := context.WithCancel(ctx)
 	res := campaignAsync(wctx, c.client("cancel-w").NewElection(name), "w")
-	eventually(t, 10*time.Second, "in line", func() (bool, string) { return c.election(name).Campaigners == 1, "" })
+	testutil.Eventually(t, 10*time.Second, "in line", func() (bool, string) { return c.election(name).Campaigners == 1, "" })
 	cancel()
 	r := <-res
 	if !errors.Is(r.err, context.Canceled) || r.l != nil {

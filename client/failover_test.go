@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // TestLeaderKillDoesNotLoseLock kills the leader while a lock is held: the
@@ -36,11 +37,11 @@ func TestLeaderKillDoesNotLoseLock(t *testing.T) {
 	t.Logf("killed leader %s; %s leads after %s", leader, newLeader, time.Since(killedAt).Round(time.Millisecond))
 
 	// Two renewals sent after the kill are answered.
-	eventually(t, 2*ttl, "a renewal after the kill", func() (bool, string) {
+	testutil.Eventually(t, 2*ttl, "a renewal after the kill", func() (bool, string) {
 		return client.LastSent(l).After(killedAt), ""
 	})
 	after := client.LastSent(l)
-	eventually(t, 2*ttl, "a second renewal after the kill", func() (bool, string) {
+	testutil.Eventually(t, 2*ttl, "a second renewal after the kill", func() (bool, string) {
 		return client.LastSent(l).After(after), ""
 	})
 	if l.Err() != nil {
@@ -96,7 +97,7 @@ func TestLeaseLostNoLaterThanBound(t *testing.T) {
 	}
 
 	// Let the bound come from a renewal, not the grant.
-	eventually(t, 2*ttl, "a renewal", func() (bool, string) { return client.LastSent(l).After(granted), "" })
+	testutil.Eventually(t, 2*ttl, "a renewal", func() (bool, string) { return client.LastSent(l).After(granted), "" })
 	closed := make(chan time.Time, 1)
 	go func() {
 		<-l.Done()
@@ -257,7 +258,7 @@ func TestRetriesKeepRequestID(t *testing.T) {
 	t.Run("Acquire", func(t *testing.T) {
 		// Every node can name the leader's API address once it has applied
 		// the leader's registration; only then can discovery succeed at once.
-		eventually(t, 10*time.Second, "every node names the leader", func() (bool, string) {
+		testutil.Eventually(t, 10*time.Second, "every node names the leader", func() (bool, string) {
 			for _, id := range c.Running() {
 				var ci client.ClusterInfo
 				if code, err := c.Do(context.Background(), http.MethodGet, c.URL(id)+"/api/v1/cluster", nil, &ci); err != nil || code != 200 || ci.LeaderAPIAddr == "" {
@@ -314,7 +315,7 @@ func TestRetriesKeepRequestID(t *testing.T) {
 			l, err = m.Lock(ctxTimeout(t, 20*time.Second))
 			got <- err
 		}()
-		eventually(t, 5*time.Second, "queued", func() (bool, string) { return c.get("retry/q").Waiters == 1, "" })
+		testutil.Eventually(t, 5*time.Second, "queued", func() (bool, string) { return c.get("retry/q").Waiters == 1, "" })
 		if err := mo.Unlock(ctxTimeout(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
@@ -355,7 +356,7 @@ func testDroppedWait(t *testing.T, c *cluster, rec *recorder, cl *client.Client)
 		l, err = m.Lock(ctxTimeout(t, 30*time.Second))
 		got <- err
 	}()
-	eventually(t, 10*time.Second, "queued again under a new request id", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, "queued again under a new request id", func() (bool, string) {
 		ids := rec.requestIDs("acquire")[n:]
 		return len(ids) >= 3 && c.get("retry/cut").Waiters == 1, fmt.Sprint(ids)
 	})

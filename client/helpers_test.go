@@ -105,24 +105,6 @@ func hostOf(u string) string {
 	return p.Host
 }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s (last: %s)", what, timeout, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func checkHeld(t testing.TB, st client.LockStatus, clientID string, token uint64) {
 	t.Helper()
 	if !st.Held || st.Holder == nil || st.Holder.ClientID != clientID || st.Holder.FencingToken != token {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/client"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // TestLocks runs the tests that leave the cluster whole on one cluster.
@@ -155,7 +156,7 @@ func testQueuedGrant(t *testing.T, c *cluster) {
 		l, err := mb.Lock(context.Background())
 		got <- result{l, err}
 	}()
-	eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
 		st := c.get("queue/x")
 		return st.Waiters == 1, fmt.Sprint(st.Waiters)
 	})
@@ -198,7 +199,7 @@ func testCancelWaiting(t *testing.T, c *cluster) {
 		_, err := b.NewMutex("cancel/x").Lock(ctx)
 		done <- err
 	}()
-	eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
 		st := c.get("cancel/x")
 		return st.Waiters == 1, fmt.Sprint(st.Waiters)
 	})
@@ -239,7 +240,7 @@ func testCancelRacingGrant(t *testing.T, c *cluster) {
 			_, err := mb.Lock(ctx)
 			done <- err
 		}()
-		eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
+		testutil.Eventually(t, 5*time.Second, "b waits in line", func() (bool, string) {
 			st := c.get(name)
 			return st.Waiters == 1, fmt.Sprint(st.Waiters)
 		})
@@ -527,7 +528,7 @@ func testFIFO(t *testing.T, c *cluster) {
 				t.Errorf("%s: %v", id, err)
 			}
 		})
-		eventually(t, 5*time.Second, id+" queued", func() (bool, string) {
+		testutil.Eventually(t, 5*time.Second, id+" queued", func() (bool, string) {
 			st := c.get("fifo/x")
 			return st.Waiters == i, fmt.Sprint(st.Waiters)
 		})

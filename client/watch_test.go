@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // streamRecorder is an HTTP transport that records the node each stream
@@ -155,7 +156,7 @@ func TestWatchAcrossNodeKill(t *testing.T) {
 		}
 		got := make(chan error, 1)
 		go func() { _, err := mb.Lock(ctx); got <- err }()
-		eventually(t, 10*time.Second, "b waits in line", func() (bool, string) { return c.get(name).Waiters == 1, "" })
+		testutil.Eventually(t, 10*time.Second, "b waits in line", func() (bool, string) { return c.get(name).Waiters == 1, "" })
 		if err := ma.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
@@ -170,7 +171,7 @@ func TestACLWhoMayDoWhat(t *testing.T) {
 		t.Fatalf("revoked token on the revoking node: %d %s", code, ec)
 	}
 	for _, id := range c.Running() {
-		waitFor(t, 5*time.Second, "revocation applied on "+id, func() bool {
+		testutil.Eventually(t, 5*time.Second, "revocation applied on "+id, func() bool {
 			code, _ := aclDo(t, c, id, w, "GET", "/api/v1/locks/billing/job", nil, nil)
 			return code == 401
 		})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // Every node reports its newest state checkpoint on GET /cluster, and nodes
@@ -35,7 +36,7 @@ func TestNodesReportTheSameCheckpointDigest(t *testing.T) {
 		}
 	}
 	want := info(leader)
-	waitFor(t, 10*time.Second, "every node at the leader's checkpoint", func() bool {
+	testutil.Eventually(t, 10*time.Second, "every node at the leader's checkpoint", func() bool {
 		for _, id := range c.IDs() {
 			if info(id).CheckpointIndex < want.CheckpointIndex {
 				return false

@@ -12,6 +12,7 @@ import (
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 type errBody struct {
@@ -59,19 +60,6 @@ func getLock(t *testing.T, c *testcluster.Cluster, node, name string) service.Lo
 		t.Fatalf("get %s on %s: %d %v", name, node, code, err)
 	}
 	return v
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }
 
 func TestMutualExclusionUnderConcurrentAcquirers(t *testing.T) {
@@ -179,9 +167,9 @@ func TestFIFOHandOffAndExpiry(t *testing.T) {
 		t.Fatalf("second acquire without wait: %d %+v", code, held)
 	}
 	b := startWaiter(t, c, leader, "jobs/deploy", "b", "b-1")
-	waitFor(t, 5*time.Second, "b queued", func() bool { return getLock(t, c, leader, "jobs/deploy").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "b queued", func() bool { return getLock(t, c, leader, "jobs/deploy").Waiters == 1 })
 	cc := startWaiter(t, c, c.Follower(), "jobs/deploy", "c", "c-1")
-	waitFor(t, 5*time.Second, "c queued", func() bool { return getLock(t, c, leader, "jobs/deploy").Waiters == 2 })
+	testutil.Eventually(t, 5*time.Second, "c queued", func() bool { return getLock(t, c, leader, "jobs/deploy").Waiters == 2 })
 	expectNothing(t, b, "b", 200*time.Millisecond)
 
 	if code := release(t, c, leader, "jobs/deploy", "a", a); code != 200 {
@@ -230,9 +218,9 @@ func TestLeaderKilledWhileHeldAndWaiting(t *testing.T) {
 	// client2 waits through one follower, client3 through the leader that is
 	// about to die; client3 retries with the same request_id, as a client does.
 	w2 := startWaiter(t, c, followers[0], "l2", "client2", "c2-req")
-	waitFor(t, 5*time.Second, "client2 queued", func() bool { return getLock(t, c, leader, "l2").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "client2 queued", func() bool { return getLock(t, c, leader, "l2").Waiters == 1 })
 	w3 := startWaiter(t, c, leader, "l2", "client3", "c3-req")
-	waitFor(t, 5*time.Second, "client3 queued", func() bool { return getLock(t, c, leader, "l2").Waiters == 2 })
+	testutil.Eventually(t, 5*time.Second, "client3 queued", func() bool { return getLock(t, c, leader, "l2").Waiters == 2 })
 
 	c.Kill(leader)
 	newLeader := c.WaitLeader(20 * time.Second)
@@ -268,7 +256,7 @@ func TestLeaderKilledWhileHeldAndWaiting(t *testing.T) {
 	}
 	// The killed node comes back from its data dir and catches up.
 	c.Start(leader)
-	waitFor(t, 10*time.Second, "restarted node catches up", func() bool {
+	testutil.Eventually(t, 10*time.Second, "restarted node catches up", func() bool {
 		var v service.LockView
 		code, err := c.Do(context.Background(), http.MethodGet, c.URL(leader)+"/api/v1/locks/l2?stale=true", nil, &v)
 		return err == nil && code == 200 && v.Held && v.Holder.ClientID == "client3"
@@ -291,7 +279,7 @@ func TestFullRestartFromDisk(t *testing.T) {
 		t.Fatalf("session acquire: %d", code)
 	}
 	w := startWaiter(t, c, leader, "keep/me", "waiter", "w-1")
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "keep/me").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "keep/me").Waiters == 1 })
 
 	for _, id := range c.IDs() {
 		c.Kill(id)
@@ -357,7 +345,7 @@ func TestLeaseSurvivesFailoverForFullTTL(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// And it does end: within TTL plus a generous failover bound.
-	waitFor(t, 15*time.Second, "lease to expire after failover", func() bool {
+	testutil.Eventually(t, 15*time.Second, "lease to expire after failover", func() bool {
 		return !getLock(t, c, newLeader, "safety").Held
 	})
 }
@@ -403,7 +391,7 @@ func TestSnapshotInstallAndRestartFromSnapshot(t *testing.T) {
 	}
 	want := getLock(t, c, leader, "snap/19")
 	c.Start(lagging)
-	waitFor(t, 15*time.Second, "lagging node installs the snapshot", func() bool {
+	testutil.Eventually(t, 15*time.Second, "lagging node installs the snapshot", func() bool {
 		var v service.LockView
 		code, err := c.Do(context.Background(), http.MethodGet, c.URL(lagging)+"/api/v1/locks/snap/19?stale=true", nil, &v)
 		return err == nil && code == 200 && v.Held == want.Held && (v.Holder == nil) == (want.Holder == nil) &&

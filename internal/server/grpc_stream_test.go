@@ -21,6 +21,7 @@ import (
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 func eventOf(e *dlockv1.Event) service.WatchEvent {
@@ -109,7 +110,7 @@ func TestGRPCStreams(t *testing.T) {
 			_, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "billing/a", ClientId: "c2", TtlMs: 30000, WaitTimeoutMs: 30000})
 			waiter <- err
 		}()
-		waitFor(t, 5*time.Second, "c2 queued", func() bool { return getLock(t, c, leader, "billing/a").Waiters == 1 })
+		testutil.Eventually(t, 5*time.Second, "c2 queued", func() bool { return getLock(t, c, leader, "billing/a").Waiters == 1 })
 		if _, err := locks.Release(ctx, &dlockv1.ReleaseRequest{Name: "billing/a", ClientId: "c1", FencingToken: a.FencingToken, LeaseId: a.LeaseId}); err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +236,7 @@ func TestGRPCStreams(t *testing.T) {
 			t.Fatalf("session lock lost while the stream was open: %+v", v)
 		}
 		kcancel()
-		waitFor(t, 10*time.Second, "the session to expire after the stream closed", func() bool { return !getLock(t, c, leader, "ka/lock").Held })
+		testutil.Eventually(t, 10*time.Second, "the session to expire after the stream closed", func() bool { return !getLock(t, c, leader, "ka/lock").Held })
 	})
 
 	t.Run("cancelling a waiting acquire withdraws the wait", func(t *testing.T) {
@@ -250,12 +251,12 @@ func TestGRPCStreams(t *testing.T) {
 			_, err := locks.Acquire(wctx, &dlockv1.AcquireRequest{Name: "cancel/me", ClientId: "waiter", TtlMs: 30000, WaitTimeoutMs: 60000})
 			errc <- err
 		}()
-		waitFor(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "cancel/me").Waiters == 1 })
+		testutil.Eventually(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "cancel/me").Waiters == 1 })
 		wcancel()
 		if err := <-errc; status.Code(err) != codes.Canceled {
 			t.Fatalf("cancelled acquire answered %v", err)
 		}
-		waitFor(t, 5*time.Second, "the wait to be withdrawn", func() bool { return getLock(t, c, leader, "cancel/me").Waiters == 0 })
+		testutil.Eventually(t, 5*time.Second, "the wait to be withdrawn", func() bool { return getLock(t, c, leader, "cancel/me").Waiters == 0 })
 		if v := getLock(t, c, leader, "cancel/me"); !v.Held || v.Holder.FencingToken != h.FencingToken {
 			t.Fatalf("holder disturbed: %+v", v)
 		}

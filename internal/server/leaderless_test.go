@@ -13,6 +13,7 @@ import (
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // A client queued through a node that then loses the majority is told
@@ -44,7 +45,7 @@ func TestQueuedAcquireOnNodeWithoutLeaderMovesOn(t *testing.T) {
 		}
 		done <- answer{code, a}
 	}()
-	waitFor(t, 10*time.Second, "the waiter queued, as the follower knows", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the waiter queued, as the follower knows", func() bool {
 		var v struct{ Waiters int }
 		code, err := c.Do(context.Background(), http.MethodGet, c.URL(follower)+"/api/v1/locks/q?stale=true", nil, &v)
 		return err == nil && code == 200 && v.Waiters == 1
@@ -142,7 +143,7 @@ func TestStaleReadSaysHowFresh(t *testing.T) {
 		}
 	}
 	var h http.Header
-	waitFor(t, 30*time.Second, "the cut-off node says it knows no leader", func() bool {
+	testutil.Eventually(t, 30*time.Second, "the cut-off node says it knows no leader", func() bool {
 		h = get(follower, paths[0])
 		return h.Get("X-Dlock-Known-Leader") == "false"
 	})

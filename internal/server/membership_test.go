@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // lockLoop keeps clients locking one lock while the cluster changes under
@@ -124,8 +125,8 @@ func TestGrowShrinkRemoveLeaderAndTransferUnderLoad(t *testing.T) {
 	// Grow 3 → 5: new nodes join as non-voters and are promoted once caught up.
 	n4, n5 := c.Join(), c.Join()
 	leader := c.WaitLeader(10 * time.Second)
-	waitFor(t, 30*time.Second, "5 voters", func() bool { return voters(clusterInfo(t, c, leader)) == 5 })
-	waitFor(t, 10*time.Second, "new members registered their API", func() bool {
+	testutil.Eventually(t, 30*time.Second, "5 voters", func() bool { return voters(clusterInfo(t, c, leader)) == 5 })
+	testutil.Eventually(t, 10*time.Second, "new members registered their API", func() bool {
 		for _, m := range clusterInfo(t, c, leader).Members {
 			if m.APIAddr == "" {
 				return false
@@ -134,7 +135,7 @@ func TestGrowShrinkRemoveLeaderAndTransferUnderLoad(t *testing.T) {
 		return true
 	})
 	// The new node serves reads from its own caught-up state.
-	waitFor(t, 10*time.Second, "n5 caught up", func() bool {
+	testutil.Eventually(t, 10*time.Second, "n5 caught up", func() bool {
 		var v service.LockView
 		code, err := c.Do(context.Background(), http.MethodGet, c.URL(n5)+"/api/v1/locks/churn", nil, &v)
 		return err == nil && code == 200
@@ -145,7 +146,7 @@ func TestGrowShrinkRemoveLeaderAndTransferUnderLoad(t *testing.T) {
 	if code, err := c.Do(context.Background(), http.MethodPost, c.URL(c.Follower())+"/api/v1/cluster/leadership-transfer", map[string]any{"id": n4}, &ci); err != nil || code != 200 {
 		t.Fatalf("transfer: %d %v", code, err)
 	}
-	waitFor(t, 10*time.Second, "n4 leads", func() bool { return c.WaitLeader(10*time.Second) == n4 })
+	testutil.Eventually(t, 10*time.Second, "n4 leads", func() bool { return c.WaitLeader(10*time.Second) == n4 })
 
 	// Shrink 5 → 3, removing the leader itself among others.
 	for _, id := range []string{n4, "n1"} {
@@ -154,7 +155,7 @@ func TestGrowShrinkRemoveLeaderAndTransferUnderLoad(t *testing.T) {
 			t.Fatalf("remove %s via %s: %d %v", id, from, code, err)
 		}
 		c.Kill(id)
-		waitFor(t, 20*time.Second, "cluster without "+id, func() bool {
+		testutil.Eventually(t, 20*time.Second, "cluster without "+id, func() bool {
 			l := c.WaitLeader(20 * time.Second)
 			ci := clusterInfo(t, c, l)
 			for _, m := range ci.Members {

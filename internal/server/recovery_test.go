@@ -11,6 +11,7 @@ import (
 	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // After losing quorum for good, the survivor is forced into a one-node
@@ -25,7 +26,7 @@ func TestQuorumLossRecovery(t *testing.T) {
 	// The grant was committed by a majority, which need not include n1: the
 	// node an operator recovers from must be one that has it (docs/operations.md
 	// says to pick the survivor with the highest applied index), so wait until n1 has applied it.
-	waitFor(t, 10*time.Second, "n1 applied the grant", func() bool {
+	testutil.Eventually(t, 10*time.Second, "n1 applied the grant", func() bool {
 		v, err := staleLock(c, "n1", "survives")
 		return err == nil && v.Held
 	})

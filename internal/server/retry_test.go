@@ -12,6 +12,7 @@ import (
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // lostAnswer is an acquire's answer when its grant was lost before the
@@ -88,7 +89,7 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 			t.Fatalf("after hand-off: %+v, want c1 with token %d", v, a.FencingToken+1)
 		}
 		// Nobody claims c1's grant, so its 1 s lease lapses.
-		waitFor(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/lapsed").Held })
+		testutil.Eventually(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/lapsed").Held })
 		code, ans := retry("retry/lapsed", "lapsed-1", 500)
 		if code != http.StatusConflict || ans.Error.Code != "lock_lost" || ans.FencingToken != a.FencingToken+1 {
 			t.Fatalf("retry of a granted, lapsed wait: %d %+v, want 409 lock_lost with token %d", code, ans, a.FencingToken+1)
@@ -100,7 +101,7 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 		if r.Status != command.StatusOK {
 			t.Fatalf("first attempt: %s, want ok", r.Status)
 		}
-		waitFor(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/now").Held })
+		testutil.Eventually(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/now").Held })
 		code, ans := retry("retry/now", "now-1", 0)
 		if code != http.StatusConflict || ans.Error.Code != "lock_lost" || ans.FencingToken != r.Token {
 			t.Fatalf("retry of a lapsed grant: %d %+v, want 409 lock_lost with token %d", code, ans, r.Token)
@@ -112,7 +113,7 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 		if r.Status != command.StatusOK {
 			t.Fatalf("first attempt: %s, want ok", r.Status)
 		}
-		waitFor(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/grpc").Held })
+		testutil.Eventually(t, 10*time.Second, "c1's unclaimed grant to lapse", func() bool { return !getLock(t, c, leader, "retry/grpc").Held })
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := dlockv1.NewLockServiceClient(dialGRPC(t, c.GRPCAddr(follower))).Acquire(ctx,
@@ -134,7 +135,7 @@ func TestRetriedAcquireLearnsItsGrant(t *testing.T) {
 		if r := proposeLostAcquire(t, c, leader, "retry/timeout", "c1", "timeout-1", 1000, 300); r.Status != command.StatusQueued {
 			t.Fatalf("first attempt: %s, want queued", r.Status)
 		}
-		waitFor(t, 10*time.Second, "c1's wait to time out", func() bool { return getLock(t, c, leader, "retry/timeout").Waiters == 0 })
+		testutil.Eventually(t, 10*time.Second, "c1's wait to time out", func() bool { return getLock(t, c, leader, "retry/timeout").Waiters == 0 })
 		// Free the lock first: a retry that acted again instead of learning
 		// the first attempt's fate would now be granted, where one that
 		// waited again behind a would time out just the same.

@@ -14,6 +14,7 @@ import (
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 func bearerHeader(token string) http.Header {
@@ -47,7 +48,7 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 		t.Fatalf("holder acquires: %d %s", code, ec)
 	}
 	// Let the follower know the token before it is used there.
-	waitFor(t, 5*time.Second, "token applied on "+node, func() bool {
+	testutil.Eventually(t, 5*time.Second, "token applied on "+node, func() bool {
 		code, _ := aclDo(t, c, node, T, "GET", "/api/v1/locks/jobs/x", nil, nil)
 		return code == 200
 	})
@@ -91,7 +92,7 @@ func TestRevokedTokenEndsItsStreamsAndWaits(t *testing.T) {
 		_ = decodeInto(readAll(res.Body), &e)
 		waited <- result{res.StatusCode, e.Error.Code}
 	}()
-	waitFor(t, 10*time.Second, "the acquire queued", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the acquire queued", func() bool {
 		var v service.LockView
 		code, _ := aclDo(t, c, leader, root.SecretID, "GET", "/api/v1/locks/jobs/x", nil, &v)
 		return code == 200 && v.Waiters == 1

@@ -10,6 +10,7 @@ import (
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -45,7 +46,7 @@ func TestShutdownWithdrawsHTTPWait(t *testing.T) {
 		}
 		got <- answer{res, err}
 	}()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "shut/http").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "shut/http").Waiters == 1 })
 	start := time.Now()
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 	if err := c.Server(follower).Shutdown(sctx); err != nil {
@@ -89,7 +90,7 @@ func TestShutdownWithdrawsGRPCWait(t *testing.T) {
 		_, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: "shut/grpc", ClientId: "waiter", TtlMs: 30000, WaitTimeoutMs: 600000})
 		got <- err
 	}()
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "shut/grpc").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "shut/grpc").Waiters == 1 })
 	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 	_ = c.Server(follower).Shutdown(sctx)
 	scancel()

@@ -18,6 +18,7 @@ import (
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
@@ -44,7 +45,7 @@ func TestTLSClusterReplicates(t *testing.T) {
 		t.Fatalf("acquire over https via %s: %d %+v", follower, code, a)
 	}
 	for _, id := range c.IDs() {
-		waitFor(t, 10*time.Second, id+" has the grant", func() bool {
+		testutil.Eventually(t, 10*time.Second, id+" has the grant", func() bool {
 			v, err := staleLock(c, id, "tls/a")
 			return err == nil && v.Held && v.Holder.FencingToken == a.FencingToken
 		})
@@ -114,7 +115,7 @@ func TestTLSClusterReplicates(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("%s did not join through the https API", id)
 		}
-		waitFor(t, 20*time.Second, id+" replicates", func() bool {
+		testutil.Eventually(t, 20*time.Second, id+" replicates", func() bool {
 			v, err := staleLock(c, id, "tls/a")
 			return err == nil && v.Held
 		})
@@ -166,7 +167,7 @@ func TestTLSClusterReplicates(t *testing.T) {
 		c.Kill(victim)
 		x.Peer = right
 		c.Start(victim)
-		waitFor(t, 20*time.Second, victim+" catches up with the right certificates", func() bool {
+		testutil.Eventually(t, 20*time.Second, victim+" catches up with the right certificates", func() bool {
 			v, err := staleLock(c, victim, "tls/refused-b")
 			return err == nil && v.Held
 		})

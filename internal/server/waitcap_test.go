@@ -11,6 +11,7 @@ import (
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // Many blocking acquires at once, through every node, cannot queue more
@@ -60,7 +61,7 @@ func TestWaiterCapHoldsUnderConcurrentWaits(t *testing.T) {
 		wg.Wait()
 	}()
 	// Every wait is either in line or refused: then count.
-	waitFor(t, 30*time.Second, "every wait queued or refused", func() bool {
+	testutil.Eventually(t, 30*time.Second, "every wait queued or refused", func() bool {
 		mu.Lock()
 		done := refused + len(other)
 		mu.Unlock()

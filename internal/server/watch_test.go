@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 type sseRecord struct {
@@ -112,7 +113,7 @@ func TestWatchListThenWatchAcrossReconnectAndFollower(t *testing.T) {
 	_, b := acquire(t, c, leader, "billing/b", map[string]any{"client_id": "c2", "ttl_ms": 30000})
 	acquire(t, c, leader, "other/x", map[string]any{"client_id": "c9", "ttl_ms": 30000})
 	w := startWaiter(t, c, leader, "billing/b", "c3", "c3-1")
-	waitFor(t, 5*time.Second, "c3 queued", func() bool { return getLock(t, c, leader, "billing/b").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "c3 queued", func() bool { return getLock(t, c, leader, "billing/b").Waiters == 1 })
 	release(t, c, leader, "billing/b", "c2", b)
 	expectGrant(t, w, "c3", 5*time.Second)
 
@@ -209,7 +210,7 @@ func TestElectionHandOffOnResignAndExpiry(t *testing.T) {
 		return ch
 	}
 	bch := campaign("B", "b:1", 1000)
-	waitFor(t, 5*time.Second, "B campaigning", func() bool {
+	testutil.Eventually(t, 5*time.Second, "B campaigning", func() bool {
 		var v service.ElectionView
 		c.Do(context.Background(), http.MethodGet, url, nil, &v)
 		return v.Campaigners == 1

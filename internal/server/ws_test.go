@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // wsAnswer is any server message on the WebSocket.
@@ -132,7 +133,7 @@ func TestWebSocketAcquireWaitGrantRelease(t *testing.T) {
 	}
 	// B waits on its connection ...
 	b.send(map[string]any{"id": "b1", "op": "acquire", "name": "jobs/x", "client_id": "B", "ttl_ms": 30000, "wait_timeout_ms": 30000})
-	waitFor(t, 5*time.Second, "B queued", func() bool { return getLock(t, c, leader, "jobs/x").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "B queued", func() bool { return getLock(t, c, leader, "jobs/x").Waiters == 1 })
 	// ... while its other messages are answered at once.
 	b.send(map[string]any{"id": "b2", "op": "renew", "name": "jobs/x", "client_id": "B", "fencing_token": grantA.FencingToken, "lease_id": grantA.LeaseID})
 	if r := b.answer("b2"); r.Error == nil || r.Error.Code != "not_holder" {
@@ -191,11 +192,11 @@ func TestWebSocketCloseWithdrawsWait(t *testing.T) {
 	}
 	w := wsDial(t, c, c.Follower())
 	w.send(map[string]any{"id": "1", "op": "acquire", "name": "busy", "client_id": "waiter", "ttl_ms": 30000, "wait_timeout_ms": 60000})
-	waitFor(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "busy").Waiters == 1 })
+	testutil.Eventually(t, 5*time.Second, "waiter queued", func() bool { return getLock(t, c, leader, "busy").Waiters == 1 })
 	if err := w.conn.Close(websocket.StatusNormalClosure, "bye"); err != nil {
 		t.Fatalf("close: %v", err)
 	}
-	waitFor(t, 5*time.Second, "the wait to be withdrawn", func() bool { return getLock(t, c, leader, "busy").Waiters == 0 })
+	testutil.Eventually(t, 5*time.Second, "the wait to be withdrawn", func() bool { return getLock(t, c, leader, "busy").Waiters == 0 })
 	if v := getLock(t, c, leader, "busy"); !v.Held || v.Holder.FencingToken != held.FencingToken {
 		t.Fatalf("holder disturbed: %+v", v)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // Under --acl a WebSocket is served only once authenticated: with a token on
@@ -99,7 +100,7 @@ func TestWebSocketMustAuthenticate(t *testing.T) {
 	}
 	// Their slots are free again; a browser-style client authenticates by
 	// message, and a wrong token is answered and closed.
-	waitFor(t, 10*time.Second, "the slots of the closed connections freed", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the slots of the closed connections freed", func() bool {
 		conn, st := dial("")
 		if st == 101 {
 			conn.CloseNow()

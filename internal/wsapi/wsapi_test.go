@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // fake blocks every acquire until its context ends (or release is called on
@@ -177,7 +178,7 @@ func TestAcquireWaitsWhileOtherMessagesFlow(t *testing.T) {
 	if r := c.next(); r.ID != "h" || r.Error == nil || r.Error.Code != "lock_held" || r.Holder == nil || r.Holder.ClientID != "alice" {
 		t.Fatalf("lock_held answer: %+v", r)
 	}
-	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.waiting["busy"] != nil })
+	testutil.Eventually(t, 5*time.Second, "condition", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.waiting["busy"] != nil })
 	c.send(`{"id":"r","op":"release","name":"busy","client_id":"c","fencing_token":1,"lease_id":"x"}`)
 	// The release answer and the pushed grant come from different goroutines,
 	// in either order.
@@ -279,7 +280,7 @@ func TestCloseEndsConnectionsAndWaits(t *testing.T) {
 	h, url := start(t, f, Options{})
 	c := dial(t, url)
 	c.send(`{"id":"a","op":"acquire","name":"n1","client_id":"c","ttl_ms":5000,"wait_timeout_ms":60000}`)
-	waitFor(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); return len(f.waiting) == 1 })
+	testutil.Eventually(t, 5*time.Second, "condition", func() bool { f.mu.Lock(); defer f.mu.Unlock(); return len(f.waiting) == 1 })
 	done := make(chan struct{})
 	go func() { h.Close(); close(done) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -384,14 +385,4 @@ func TestRefusedHandshakesGetJSONErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatal("condition not met within 5 s")
 }

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 var leaseIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -53,7 +55,7 @@ func TestKillLeaderProcess(t *testing.T) {
 	// client2 waits for it through a follower.
 	w2 := startCall(http.MethodPost, c.url(followers[0])+"/api/v1/locks/demo/acquire",
 		map[string]any{"client_id": "client2", "ttl_ms": 60000, "wait_timeout_ms": 60000}, 70*time.Second)
-	eventually(t, 5*time.Second, "client2 queued behind client1", func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, "client2 queued behind client1", func() (bool, string) {
 		v := getLock(t, c.url(followers[1]), "demo")
 		return v.Waiters == 1, "waiters " + itoa(v.Waiters)
 	})
@@ -94,7 +96,7 @@ func TestKillLeaderProcess(t *testing.T) {
 	// The killed node restarts from its data dir (no --initial-cluster this
 	// time) and catches up: a stale read on it shows client2 holding.
 	c.start(leader, false)
-	eventually(t, 10*time.Second*slow, "restarted "+leader+" catches up", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second*slow, "restarted "+leader+" catches up", func() (bool, string) {
 		r, err := call(http.MethodGet, c.url(leader)+"/api/v1/locks/demo?stale=true", nil)
 		if err != nil {
 			return false, err.Error()
@@ -237,7 +239,7 @@ func TestDevCommand(t *testing.T) {
 	})
 
 	// Read the banner up to "Press Ctrl-C".
-	eventually(t, 15*time.Second*slow, "dlock dev to print its endpoints", func() (bool, string) {
+	testutil.Eventually(t, 15*time.Second*slow, "dlock dev to print its endpoints", func() (bool, string) {
 		if p.exited() {
 			t.Fatalf("dlock dev exited early: %v", p.waitErr)
 		}
@@ -268,7 +270,7 @@ func TestDevCommand(t *testing.T) {
 	n1, n3 := "http://"+endpoints["n1"], "http://"+endpoints["n3"]
 
 	for _, u := range []string{n1, n3} {
-		eventually(t, 10*time.Second*slow, u+" ready", func() (bool, string) {
+		testutil.Eventually(t, 10*time.Second*slow, u+" ready", func() (bool, string) {
 			r, err := call(http.MethodGet, u+"/readyz", nil)
 			if err != nil {
 				return false, err.Error()

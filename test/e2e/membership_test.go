@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/loopback"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // ---------------------------------------------------------------------------
@@ -113,7 +114,7 @@ func (c *lockChecker) waitProgress(t *testing.T, step string, n int, within time
 	t.Helper()
 	start := time.Now()
 	from, _ := c.stats()
-	eventually(t, within, fmt.Sprintf("%d more grants after %s", n, step), func() (bool, string) {
+	testutil.Eventually(t, within, fmt.Sprintf("%d more grants after %s", n, step), func() (bool, string) {
 		g, r := c.stats()
 		return g >= from+n, fmt.Sprintf("%d grants (%d before), %d retries", g, from, r)
 	})
@@ -261,7 +262,7 @@ func getCluster(url string) (clusterInfo, error) {
 func (c *procCluster) waitVoters(within time.Duration, via []string, want ...string) {
 	c.t.Helper()
 	want = slices.Sorted(slices.Values(want))
-	eventually(c.t, within, fmt.Sprintf("the leader to list voters %v with API addresses", want), func() (bool, string) {
+	testutil.Eventually(c.t, within, fmt.Sprintf("the leader to list voters %v with API addresses", want), func() (bool, string) {
 		var leader string
 		for _, id := range via {
 			if ci, err := getCluster(c.url(id)); err == nil && ci.LeaderID != "" {
@@ -378,7 +379,7 @@ func TestMembershipWithRealProcesses(t *testing.T) {
 
 	// Hand leadership to a node that joined, under load.
 	c.cli("members", "transfer-leadership", "n4", "--endpoints", c.endpointsFlag("n2", "n3", "n5"))
-	eventually(t, 15*time.Second*slow, "every node to name n4 leader", func() (bool, string) {
+	testutil.Eventually(t, 15*time.Second*slow, "every node to name n4 leader", func() (bool, string) {
 		var seen []string
 		for _, id := range c.ids() {
 			ci, err := getCluster(c.url(id))
@@ -656,7 +657,7 @@ func TestReadyzFalseOnPartitionedMinority(t *testing.T) {
 
 	cut := time.Now()
 	pt.isolate(k)
-	eventually(t, 10*time.Second*slow, victim+"'s /readyz to turn 503", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second*slow, victim+"'s /readyz to turn 503", func() (bool, string) {
 		st, s := readyz(c.url(victim))
 		return st == http.StatusServiceUnavailable, s
 	})

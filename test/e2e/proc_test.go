@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/loopback"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // stopTimeout is how long a process gets to exit after SIGTERM/SIGINT; the
@@ -334,7 +335,7 @@ func (c *procCluster) waitReady(within time.Duration, ids ...string) {
 	c.t.Helper()
 	for _, id := range ids {
 		url := c.url(id) + "/readyz"
-		eventually(c.t, within, id+" ready", func() (bool, string) {
+		testutil.Eventually(c.t, within, id+" ready", func() (bool, string) {
 			r, err := call(http.MethodGet, url, nil)
 			if err != nil {
 				return false, err.Error()
@@ -349,7 +350,7 @@ func (c *procCluster) waitReady(within time.Duration, ids ...string) {
 func (c *procCluster) waitLeader(within time.Duration, ids ...string) string {
 	c.t.Helper()
 	var leader string
-	eventually(c.t, within, fmt.Sprintf("a leader among %v", ids), func() (bool, string) {
+	testutil.Eventually(c.t, within, fmt.Sprintf("a leader among %v", ids), func() (bool, string) {
 		var seen []string
 		leader = ""
 		for _, id := range ids {
@@ -375,23 +376,6 @@ func (c *procCluster) waitLeader(within time.Duration, ids ...string) string {
 		return false, "leader is not among them: " + strings.Join(seen, " ")
 	})
 	return leader
-}
-
-// eventually polls cond every 25 ms until it holds, failing the test after
-// within with cond's last explanation.
-func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last: %s", within, what, why)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // lineReader collects a process's stdout lines.

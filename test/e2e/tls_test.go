@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/client"
+	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
 
@@ -68,7 +69,7 @@ func TestTLSProcesses(t *testing.T) {
 
 	withCert := tlsClient(t, f.CA, f.ClientCert, f.ClientKey)
 	for _, u := range urls {
-		eventually(t, 20*time.Second*slow, u+" ready over https", func() (bool, string) {
+		testutil.Eventually(t, 20*time.Second*slow, u+" ready over https", func() (bool, string) {
 			code, body, err := tlsCall(withCert, http.MethodGet, u+"/readyz", "")
 			if err != nil {
 				return false, err.Error()
