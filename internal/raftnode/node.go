@@ -239,6 +239,9 @@ func Open(cfg Config) (*Node, error) {
 	if err := checkLogStoreKind(cfg.DataDir, cfg.LogStore); err != nil {
 		return nil, err
 	}
+	if cfg.LogStore == LogStoreWAL || cfg.LogStore == "" {
+		logTornTail(filepath.Join(cfg.DataDir, walDirName), n.logger)
+	}
 	cs, closeLogs, err := openCheckedStore(cfg.LogStore, cfg.DataDir)
 	if err != nil {
 		return nil, err
