@@ -46,7 +46,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authorizeTakeover(ctx, req.Takeover, req.ClientID); err != nil {
+	if err := s.authorizeTakeover(tok, req.Takeover, req.ClientID); err != nil {
 		return nil, err
 	}
 	// A wait in line ends when the token that queued it is revoked.

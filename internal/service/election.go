@@ -37,7 +37,7 @@ func (s *Service) Campaign(ctx context.Context, req CampaignRequest) (_ *Campaig
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authorizeTakeover(ctx, req.Takeover, req.CandidateID); err != nil {
+	if err := s.authorizeTakeover(tok, req.Takeover, req.CandidateID); err != nil {
 		return nil, err
 	}
 	ctx, untrack := s.trackToken(ctx, tok)
