@@ -126,88 +126,34 @@ type campaignParams struct {
 
 func (e *Election) campaign(ctx context.Context, value string) (*Leadership, error) {
 	c, s := e.c, e.session
-	sessionID := ""
-	// wctx ends when ctx does, and when the session does: a wait under a
-	// dead session must not turn into a leadership.
-	if s != nil {
-		if err := s.Err(); err != nil {
-			return nil, sessionEnded(e.name, err)
+	params := func(requestID string, wait time.Duration) campaignParams {
+		p := campaignParams{value: value, requestID: requestID, wait: wait, takeover: e.takeover}
+		if s != nil {
+			p.sessionID = s.id
 		}
-		sessionID = s.id
+		return p
 	}
-	wctx, wcancel := untilSessionEnds(ctx, s)
-	defer wcancel()
-	stopped := func(last error) error {
-		if ctx.Err() == nil && s != nil && s.Err() != nil {
-			return sessionEnded(e.name, s.Err())
-		}
-		return waitCtxError(ctx, "campaign", e.name, true, last)
+	g, sent, err := c.waitInLine(ctx, line{
+		what: "campaign", name: e.name, ttl: e.ttl, session: s, wait: true,
+		send: func(ctx context.Context, requestID string, wait time.Duration) (*Grant, time.Time, error) {
+			return e.send(ctx, params(requestID, wait))
+		},
+		withdraw: func(ctx context.Context, requestID string) { e.withdraw(ctx, params(requestID, 0)) },
+		giveBack: e.giveBack,
+		renew: func(ctx context.Context, g *Grant) (time.Time, error) {
+			return e.renew(ctx, g.FencingToken, g.LeaseID, renewAttemptTimeout(e.ttl, c.reqTimeout))
+		},
+		sessionEnded: func(cause error) error { return sessionEnded(e.name, cause) },
+	})
+	if err != nil {
+		return nil, err
 	}
-	backoff := backoffMin
-	for {
-		if wctx.Err() != nil {
-			return nil, stopped(nil)
-		}
-		p := campaignParams{value: value, sessionID: sessionID, requestID: newRequestID(), wait: waitFor(ctx), takeover: e.takeover}
-		g, sent, err := e.send(wctx, p)
-		switch {
-		case err == nil:
-		case wctx.Err() != nil:
-			if !sent.IsZero() {
-				e.withdraw(ctx, p)
-			}
-			return nil, stopped(err)
-		case errors.Is(err, ErrWaitTimeout) && waitAgain(ctx, sent, p.wait):
-			sleep(wctx, jitter(backoff))
-			backoff = min(2*backoff, backoffMax)
-			continue
-		case errors.Is(err, ErrLockLost):
-			// As Mutex.Lock: elected by an earlier attempt and lapsed
-			// before we heard of it; campaign again.
-			sleep(wctx, jitter(backoff))
-			backoff = min(2*backoff, backoffMax)
-			continue
-		case s != nil && errors.Is(err, ErrSessionExpired):
-			return nil, sessionEnded(e.name, err)
-		default:
-			if errors.Is(err, ErrUnavailable) && !sent.IsZero() {
-				// As Mutex.Lock: an unreachable cluster must not elect nobody.
-				e.withdraw(ctx, p)
-			}
-			return nil, fmt.Errorf("campaign %q: %w", e.name, err)
-		}
-		// s.Err as well as wctx: the session may have ended an instant ago,
-		// before the goroutine above cancelled wctx.
-		if wctx.Err() != nil || (s != nil && s.Err() != nil) {
-			// Elected after the caller gave up, or after the session ended.
-			e.giveBack(ctx, g)
-			return nil, stopped(nil)
-		}
-		if s == nil && time.Since(sent) > e.ttl/3 {
-			// An old send time gives a short bound: renew first, as Lock does.
-			rctx, cancel := context.WithTimeout(ctx, e.ttl)
-			rsent, rerr := e.renew(rctx, g.FencingToken, g.LeaseID, renewAttemptTimeout(e.ttl, c.reqTimeout))
-			cancel()
-			if rerr != nil {
-				if ctx.Err() != nil {
-					e.giveBack(ctx, g)
-					return nil, stopped(rerr)
-				}
-				// Resign and campaign again, as Lock does: a new lease of
-				// the same candidate id takes no seat over unless asked to.
-				c.log.Debug("dlock: could not confirm an election; campaigning again", "election", e.name, "err", rerr)
-				e.giveBack(ctx, g)
-				continue
-			}
-			sent = rsent
-		}
-		l, err := e.newLeadership(g, sent, value)
-		if err != nil {
-			e.giveBack(ctx, g)
-			return nil, err
-		}
-		return l, nil
+	l, err := e.newLeadership(g, sent, value)
+	if err != nil {
+		e.giveBack(ctx, g)
+		return nil, err
 	}
+	return l, nil
 }
 
 func sessionEnded(name string, cause error) error {
@@ -370,13 +316,8 @@ func sameView(a, b LeaderView) bool {
 // Leadership is one won election. It renews its lease every TTL/3 (or, under
 // a Session, lives as long as the session) until Resign or until it is lost.
 type Leadership struct {
-	e        *Election
-	k        *keeper
-	token    uint64
-	proof    string
-	leaseRef string
-	leaseID  string
-	session  *Session
+	*held
+	e *Election
 
 	localOnce sync.Once
 	unlock    func()
@@ -387,26 +328,14 @@ type Leadership struct {
 }
 
 func (e *Election) newLeadership(g *Grant, sent time.Time, value string) (*Leadership, error) {
-	c, s := e.c, e.session
-	l := &Leadership{e: e, token: g.FencingToken, proof: g.TokenProof, leaseRef: g.LeaseRef, leaseID: g.LeaseID, session: s, value: value}
-	what := "leadership of election " + e.name
-	if s != nil {
-		l.k = newKeeper(c, what, s.k.ttl, time.Time{})
-	} else {
-		l.k = newKeeper(c, what, e.ttl, sent)
-	}
-	if err := c.track(l.k); err != nil {
+	c := e.c
+	h, err := c.keep("leadership of election "+e.name, e.name, g, sent, e.ttl, e.session, func(ctx context.Context, h *held) (time.Time, error) {
+		return e.renew(ctx, h.token, h.leaseID, renewAttemptTimeout(e.ttl, c.reqTimeout))
+	})
+	if err != nil {
 		return nil, err
 	}
-	if s != nil {
-		go l.k.follow(s.k)
-		return l, nil
-	}
-	l.k.arm()
-	go l.k.keepAlive(func(ctx context.Context) (time.Time, error) {
-		return e.renew(ctx, l.token, l.leaseID, renewAttemptTimeout(e.ttl, c.reqTimeout))
-	})
-	return l, nil
+	return &Leadership{held: h, e: e, value: value}, nil
 }
 
 // holdLocal keeps the client's local hold on the election until the
@@ -431,45 +360,11 @@ func (l *Leadership) releaseLocal() {
 	})
 }
 
-// Name is the election's name.
-func (l *Leadership) Name() string { return l.e.name }
-
-// Token is the fencing token of this term: pass it to what the leader
-// writes to, so that it can refuse writes from an older leader.
-func (l *Leadership) Token() uint64 { return l.token }
-
-// TokenProof is the cluster's signature of this term of leadership, for a
-// fenced resource; it signs the election's key "@e/<name>" (docs/fencing.md).
-func (l *Leadership) TokenProof() string { return l.proof }
-
-// LeaseRef is the lease reference the proof binds (see Lease.LeaseRef).
-func (l *Leadership) LeaseRef() string { return l.leaseRef }
-
 // Value is the leader's value: the campaign's, or the last proclaimed.
 func (l *Leadership) Value() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.value
-}
-
-// Done is closed when the leadership ends: when it may be lost (no renewal
-// answered by ExpiresAt, the server said this client no longer leads, or the
-// session ended) and on Resign. From that moment another candidate may lead.
-func (l *Leadership) Done() <-chan struct{} { return l.k.done }
-
-// Err is nil while leading; after Done it is ErrReleased (Resign) or an
-// error wrapping ErrLeaseLost and the cause.
-func (l *Leadership) Err() error { return l.k.errValue() }
-
-// ExpiresAt is when the client will count the leadership lost unless a
-// renewal is answered before: the send time of the last successful
-// campaign or renew plus the TTL, on the local monotonic clock (the
-// session's, under a session). The server keeps the seat at least that long.
-func (l *Leadership) ExpiresAt() time.Time {
-	if l.session != nil {
-		return l.session.ExpiresAt()
-	}
-	return l.k.expiresAt()
 }
 
 // Proclaim changes the leader's value without an election. It fails with

@@ -160,50 +160,7 @@ func (k *keeper) follow(parent *keeper) {
 // Lease is one holding of a lock. It renews itself (or, for a lock held under
 // a Session, lives as long as the session) until Unlock or until it is lost.
 type Lease struct {
-	k        *keeper
-	name     string
-	token    uint64
-	leaseID  string
-	proof    string
-	leaseRef string
-	session  *Session
-}
-
-// Name is the lock's name.
-func (l *Lease) Name() string { return l.name }
-
-// Token is the fencing token of this grant: pass it to the resource the lock
-// protects, so it can refuse writes from an older holder.
-func (l *Lease) Token() uint64 { return l.token }
-
-// TokenProof is the cluster's signature of this grant, for a fenced resource
-// (docs/fencing.md). "" if the server predates token proofs.
-func (l *Lease) TokenProof() string { return l.proof }
-
-// LeaseRef is the reference to this grant's lease that the token proof
-// binds. Send it with the token and proof to a fenced resource; never send
-// the lease id, which can release the lock.
-func (l *Lease) LeaseRef() string { return l.leaseRef }
-
-// Done is closed when the lease ends: when it is lost (no renewal answered
-// by ExpiresAt, or the server said it is no longer the holder) and on
-// Unlock. From that moment another client may hold the lock.
-func (l *Lease) Done() <-chan struct{} { return l.k.done }
-
-// Err is nil while the lease is held. After Done is closed it says why:
-// ErrReleased after Unlock, else an error wrapping ErrLeaseLost and the cause.
-func (l *Lease) Err() error { return l.k.errValue() }
-
-// ExpiresAt is when the client will consider the lease lost unless a
-// renewal is answered before: the send time of the last successful acquire
-// or renew plus the TTL, on the local monotonic clock. The server keeps the
-// lock at least that long. For a lock held under a session it is the
-// session's.
-func (l *Lease) ExpiresAt() time.Time {
-	if l.session != nil {
-		return l.session.ExpiresAt()
-	}
-	return l.k.expiresAt()
+	*held
 }
 
 // release ends the lease and gives the lock back.
@@ -223,25 +180,14 @@ func (l *Lease) release(ctx context.Context) error {
 // newLease starts keeping a granted lock: renewing it, or following its
 // session.
 func (c *Client) newLease(name string, g *Grant, sent time.Time, ttl time.Duration, s *Session) (*Lease, error) {
-	l := &Lease{name: name, token: g.FencingToken, leaseID: g.LeaseID, proof: g.TokenProof, leaseRef: g.LeaseRef, session: s}
-	if s != nil {
-		l.k = newKeeper(c, "lock "+name, s.k.ttl, time.Time{})
-	} else {
-		l.k = newKeeper(c, "lock "+name, ttl, sent)
-	}
-	if err := c.track(l.k); err != nil {
-		return nil, err
-	}
-	if s != nil {
-		go l.k.follow(s.k)
-		return l, nil
-	}
-	l.k.arm()
-	go l.k.keepAlive(func(ctx context.Context) (time.Time, error) {
-		sent, _, err := c.renew(ctx, name, l.token, l.leaseID, 0, renewAttemptTimeout(ttl, c.reqTimeout))
+	h, err := c.keep("lock "+name, name, g, sent, ttl, s, func(ctx context.Context, h *held) (time.Time, error) {
+		sent, _, err := c.renew(ctx, name, h.token, h.leaseID, 0, renewAttemptTimeout(ttl, c.reqTimeout))
 		return sent, err
 	})
-	return l, nil
+	if err != nil {
+		return nil, err
+	}
+	return &Lease{h}, nil
 }
 
 // renewAttemptTimeout bounds one attempt of a renewal, so that a node that

@@ -184,102 +184,35 @@ func waitAgain(ctx context.Context, sent time.Time, asked time.Duration) bool {
 // lockLease acquires a lock and starts keeping its lease; takeover as
 // WithTakeover.
 func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool) (*Lease, error) {
-	sessionID := ""
-	// wctx ends when ctx does, and when the session does: a wait under a
-	// session the client counts as lost must not turn into a lease, which
-	// would be lost the moment it is handed out while the server holds the
-	// lock for it until the session expires there.
-	if s != nil {
-		if err := s.Err(); err != nil {
-			return nil, sessionLost(name, err)
+	params := func(requestID string, wait time.Duration) acquireParams {
+		p := acquireParams{name: name, ttl: ttl, requestID: requestID, wait: wait, takeover: takeover}
+		if s != nil {
+			p.sessionID = s.id
 		}
-		sessionID = s.id
+		return p
 	}
-	wctx, wcancel := untilSessionEnds(ctx, s)
-	defer wcancel()
-	// stopped is the error once wctx ended: ctx's, or the session's.
-	stopped := func(last error) error {
-		if ctx.Err() == nil && s != nil && s.Err() != nil {
-			return sessionLost(name, s.Err())
-		}
-		return ctxError(ctx, name, wait, last)
+	g, sent, err := c.waitInLine(ctx, line{
+		what: "lock", name: name, ttl: ttl, session: s, wait: wait,
+		send: func(ctx context.Context, requestID string, wait time.Duration) (*Grant, time.Time, error) {
+			return c.acquire(ctx, params(requestID, wait))
+		},
+		withdraw: func(ctx context.Context, requestID string) { c.withdraw(ctx, params(requestID, 0)) },
+		giveBack: c.giveBack,
+		renew: func(ctx context.Context, g *Grant) (time.Time, error) {
+			sent, _, err := c.renew(ctx, name, g.FencingToken, g.LeaseID, 0, renewAttemptTimeout(ttl, c.reqTimeout))
+			return sent, err
+		},
+		sessionEnded: func(cause error) error { return sessionLost(name, cause) },
+	})
+	if err != nil {
+		return nil, err
 	}
-	backoff := backoffMin
-	for {
-		if wctx.Err() != nil {
-			return nil, stopped(nil)
-		}
-		p := acquireParams{name: name, ttl: ttl, sessionID: sessionID, requestID: newRequestID(), takeover: takeover}
-		if wait {
-			p.wait = waitFor(ctx)
-		}
-		g, sent, err := c.acquire(wctx, p)
-		switch {
-		case err == nil:
-		case wctx.Err() != nil:
-			if !sent.IsZero() {
-				c.withdraw(ctx, p)
-			}
-			return nil, stopped(err)
-		case wait && errors.Is(err, ErrWaitTimeout) && waitAgain(ctx, sent, p.wait):
-			sleep(wctx, jitter(backoff))
-			backoff = min(2*backoff, backoffMax)
-			continue
-		case errors.Is(err, ErrLockLost):
-			// Granted to an earlier attempt and lapsed before we heard of
-			// it (only a retry across a failover can see this): try again.
-			sleep(wctx, jitter(backoff))
-			backoff = min(2*backoff, backoffMax)
-			continue
-		default:
-			if errors.Is(err, ErrUnavailable) && !sent.IsZero() {
-				// Given up on an unreachable cluster: a wait that did
-				// reach a node must not be granted to nobody.
-				c.withdraw(ctx, p)
-			}
-			return nil, fmt.Errorf("lock %q: %w", name, err)
-		}
-		// s.Err as well as wctx: the session may have ended an instant ago,
-		// before the goroutine above cancelled wctx.
-		if wctx.Err() != nil || (s != nil && s.Err() != nil) {
-			// The grant came after the caller gave up, or after the
-			// session ended: give it back.
-			c.giveBack(ctx, g)
-			return nil, stopped(nil)
-		}
-		if s == nil && time.Since(sent) > ttl/3 {
-			// The grant's send time is old (a wait in line, or slow
-			// retries), so the bound it gives is short or already past.
-			// Renew now for a fresh one before handing the lease out.
-			rctx, cancel := context.WithTimeout(ctx, ttl)
-			rsent, _, rerr := c.renew(rctx, name, g.FencingToken, g.LeaseID, 0, renewAttemptTimeout(ttl, c.reqTimeout))
-			cancel()
-			if rerr != nil {
-				if ctx.Err() != nil {
-					c.giveBack(ctx, g)
-					return nil, ctxError(ctx, name, wait, rerr)
-				}
-				if !wait {
-					c.giveBack(ctx, g)
-					return nil, fmt.Errorf("lock %q: confirming a slow grant: %w", name, rerr)
-				}
-				// Give the grant back and queue again. A grant the server
-				// still counts as ours (the give-back failed too) holds the
-				// new request up until its TTL ends: a new lease of the same
-				// client id takes nothing over unless asked to (WithTakeover).
-				c.log.Debug("dlock: could not confirm a grant; acquiring again", "lock", name, "err", rerr)
-				c.giveBack(ctx, g)
-				continue
-			}
-			sent = rsent
-		}
-		l, err := c.newLease(name, g, sent, ttl, s)
-		if err != nil {
-			c.giveBack(ctx, g)
-			return nil, err
-		}
-		return l, nil
+	l, err := c.newLease(name, g, sent, ttl, s)
+	if err != nil {
+		c.giveBack(ctx, g)
+		return nil, err
 	}
+	return l, nil
 }
 
 // sessionLost is the error of a Lock under a session that ended.
