@@ -2,85 +2,15 @@ package service
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
-	"github.com/dlock/dlock/internal/fsm"
-	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 )
 
-// memNode applies every command straight to a local FSM, as a one-node
-// cluster would, but without Raft and without a lease reaper, so nothing
-// expires unless the test says so. Its first ExpireWaits runs onExpire and
-// then fails without applying anything, as Apply does when the request's
-// client hangs up before the command is committed.
-type memNode struct {
-	f        *fsm.FSM
-	mu       sync.Mutex
-	index    uint64
-	once     sync.Once
-	onExpire func()
-	// leaderless is what LeaderlessFor answers (a time.Duration).
-	leaderless atomic.Int64
-}
-
-func newMemNode() *memNode {
-	return &memNode{f: fsm.New(slog.New(slog.NewTextHandler(io.Discard, nil)))}
-}
-
-func (n *memNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
-	if _, ok := e.Body.(*command.ExpireWaits); ok && n.onExpire != nil {
-		hooked := false
-		n.once.Do(func() { hooked = true; n.onExpire() })
-		if hooked {
-			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: context.Canceled,
-				Message: "the request could not be committed in time; retry shortly"}
-		}
-	}
-	data, err := command.EncodeChecked(e.Stamped(time.Now().UnixMilli()))
-	if err != nil {
-		return nil, err
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.index++
-	return n.f.Apply(&raft.Log{Index: n.index, Type: raft.LogCommand, Data: data}).(*fsm.Response), nil
-}
-
-func (n *memNode) LinearizableRead(context.Context) error { return nil }
-func (n *memNode) LeaderlessFor() time.Duration           { return time.Duration(n.leaderless.Load()) }
-func (n *memNode) LeaderContact() (bool, time.Duration) {
-	if d := n.LeaderlessFor(); d > 0 {
-		return false, d
-	}
-	return true, 0
-}
-func (n *memNode) CatchUp(ctx context.Context, index uint64) error {
-	return n.f.WaitApplied(ctx, index)
-}
-func (n *memNode) FSM() *fsm.FSM           { return n.f }
-func (n *memNode) Status() raftnode.Status { return raftnode.Status{} }
-func (n *memNode) Ready() error            { return nil }
-func (n *memNode) Healthy() error          { return nil }
-func (n *memNode) ProbeMembers(context.Context, time.Duration) map[string]raftnode.MemberHealth {
-	return nil
-}
-func (n *memNode) Join(context.Context, string, string) error       { return nil }
-func (n *memNode) Remove(context.Context, string) error             { return nil }
-func (n *memNode) TransferLeadership(context.Context, string) error { return nil }
-func (n *memNode) SetEndorser(raftnode.Endorser)                    {}
-
-// heldByHolder is a service over a memNode with "job" held by "holder".
-func heldByHolder(t *testing.T) (*memNode, *Service, *AcquireResponse) {
+// heldByHolder is a service over a fakeNode with "job" held by "holder".
+func heldByHolder(t *testing.T) (*fakeNode, *Service, *AcquireResponse) {
 	t.Helper()
 	node, s := watchedService(t)
 	held, err := s.Acquire(context.Background(), AcquireRequest{Name: "job", ClientID: "holder", TTLms: 30_000})
@@ -116,7 +46,7 @@ func TestAwaitTimeoutWithClientGoneLeavesNoGrantBehind(t *testing.T) {
 		t.Fatalf("the waiter's acquire succeeded (%+v) though committing its expiry failed", res)
 	}
 	var li state.LockInfo
-	node.f.Read(func(st *state.State) { li = st.GetLock(key) })
+	node.local.Read(func(st *state.State) { li = st.GetLock(key) })
 	if li.Held {
 		t.Fatalf("acquire failed (%v), yet the lock is left held by %q (token %d) for it", err, li.Holder.ClientID, li.Holder.Token)
 	}
@@ -139,7 +69,7 @@ func TestAwaitTimeoutCommitFailureKeepsItsCode(t *testing.T) {
 	}
 	key, _ := command.NormalizeName("job")
 	var li state.LockInfo
-	node.f.Read(func(st *state.State) { li = st.GetLock(key) })
+	node.local.Read(func(st *state.State) { li = st.GetLock(key) })
 	if li.Held {
 		t.Fatalf("the lock is left held by %q for an acquire that was answered unavailable", li.Holder.ClientID)
 	}

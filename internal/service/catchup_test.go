@@ -28,7 +28,7 @@ func TestShutdownEndsWaitForLocalStateToCatchUp(t *testing.T) {
 	} {
 		t.Run("request_id="+tc.requestID, func(t *testing.T) {
 			ctx := context.Background()
-			n := newLogNode(true)
+			n := newFakeNode(true)
 			s := New(n, watch.NewHub(0, 0), nil)
 			if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
 				t.Fatal(err)
@@ -81,7 +81,7 @@ func TestQueuedAcquireOnNodeThatCannotCatchUp(t *testing.T) {
 	for _, tc := range placeInLineCases {
 		t.Run("request_id="+tc.requestID, func(t *testing.T) {
 			ctx := context.Background()
-			n := newLogNode(true)
+			n := newFakeNode(true)
 			s := New(n, watch.NewHub(0, 0), nil)
 			t.Cleanup(s.Close)
 			held := make(chan error, 1)
@@ -115,22 +115,22 @@ func TestQueuedAcquireOnNodeThatCannotCatchUp(t *testing.T) {
 	}
 }
 
-// retryingNode is a logNode whose Apply of an acquire loses the first answer
+// retryingNode is a fakeNode whose Apply of an acquire loses the first answer
 // and commits the same envelope again, as raftnode.Node.Apply does after a
 // leadership change left the outcome unknown (errUnknown): the state machine
 // answers the second entry from its dedup table (same client id, same
 // server-made request id).
-type retryingNode struct{ *logNode }
+type retryingNode struct{ *fakeNode }
 
-func (n *retryingNode) FSM() *fsm.FSM { return n.logNode.FSM() }
+func (n *retryingNode) FSM() *fsm.FSM { return n.fakeNode.FSM() }
 
 func (n *retryingNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error) {
 	if _, ok := e.Body.(*command.Acquire); ok {
-		if _, err := n.logNode.Apply(ctx, e); err != nil {
+		if _, err := n.fakeNode.Apply(ctx, e); err != nil {
 			return nil, err
 		}
 	}
-	return n.logNode.Apply(ctx, e)
+	return n.fakeNode.Apply(ctx, e)
 }
 
 // A grant that cannot be answered because the node cannot catch up is given
@@ -139,7 +139,7 @@ func (n *retryingNode) Apply(ctx context.Context, e *command.Envelope) (*fsm.Res
 // (replayedGrant), not only when it came straight from its entry.
 func TestUnanswerableReplayedGrantIsGivenBack(t *testing.T) {
 	ctx := context.Background()
-	ln := newLogNode(true)
+	ln := newFakeNode(true)
 	n := &retryingNode{ln}
 	s := New(n, watch.NewHub(0, 0), nil)
 	t.Cleanup(s.Close)

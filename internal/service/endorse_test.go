@@ -17,7 +17,7 @@ import (
 // state as before.
 func TestEndorseSignsOnlyGrantsMadeByTheCommand(t *testing.T) {
 	ctx := context.Background()
-	n := newMemNode()
+	n := newFakeNode(false)
 	s := New(n, nil, nil)
 	t.Cleanup(s.Close)
 	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
@@ -79,7 +79,7 @@ func TestEndorseSignsOnlyGrantsMadeByTheCommand(t *testing.T) {
 func TestFollowerAnswersAnEndorsedGrantWithoutApplyingIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // hang guard only
 	defer cancel()
-	n := newLogNode(true)
+	n := newFakeNode(true)
 	s := New(n, nil, nil)
 	t.Cleanup(s.Close)
 	n.endorseAsLeader(t)

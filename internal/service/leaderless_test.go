@@ -14,12 +14,12 @@ import (
 	"github.com/dlock/dlock/internal/watch"
 )
 
-// watchedService is a service over a memNode, with an event hub.
-func watchedService(t *testing.T) (*memNode, *Service) {
+// watchedService is a service over a fakeNode, with an event hub.
+func watchedService(t *testing.T) (*fakeNode, *Service) {
 	t.Helper()
-	node := newMemNode()
+	node := newFakeNode(false)
 	hub := watch.NewHub(0, 0)
-	node.f.AddObserver(hub)
+	node.local.AddObserver(hub)
 	s := New(node, hub, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	t.Cleanup(s.Close)
 	return node, s
@@ -87,7 +87,7 @@ func TestQueuedAcquireEndsWhileNodeKnowsNoLeader(t *testing.T) {
 			}()
 			key, _ := command.NormalizeName("job")
 			lock := func() (li state.LockInfo) {
-				node.f.Read(func(st *state.State) { li = st.GetLock(key) })
+				node.local.Read(func(st *state.State) { li = st.GetLock(key) })
 				return li
 			}
 			for deadline := time.Now().Add(10 * time.Second); lock().Waiters != 1; time.Sleep(time.Millisecond) {
@@ -152,7 +152,7 @@ func TestQueuedAcquireRightAfterLeaderReturnsWaits(t *testing.T) {
 	if c := apierror.CodeOf(err); c != apierror.WaitTimeout {
 		key, _ := command.NormalizeName("job")
 		var li state.LockInfo
-		node.f.Read(func(st *state.State) { li = st.GetLock(key) })
+		node.local.Read(func(st *state.State) { li = st.GetLock(key) })
 		t.Fatalf("a queued acquire on a node that knows a leader (LeaderlessFor=%v): %v (code %s), waiters now %d; want wait_timeout",
 			node.LeaderlessFor(), err, c, li.Waiters)
 	}

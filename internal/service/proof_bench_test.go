@@ -3,28 +3,13 @@ package service
 import (
 	"crypto/ed25519"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
-	"github.com/dlock/dlock/internal/raftnode"
 )
-
-// fsmOnlyNode is a Node with nothing but a state machine: enough for the
-// proof path, which only reads the signing key.
-type fsmOnlyNode struct {
-	Node
-	f *fsm.FSM
-}
-
-func (n fsmOnlyNode) FSM() *fsm.FSM                 { return n.f }
-func (n fsmOnlyNode) SetEndorser(raftnode.Endorser) {}
-
-func (n fsmOnlyNode) LeaderlessFor() time.Duration         { return 0 }
-func (n fsmOnlyNode) LeaderContact() (bool, time.Duration) { return true, 0 }
 
 // applyTokenKey commits a SetTokenKey entry at index to f.
 func applyTokenKey(tb testing.TB, f *fsm.FSM, index uint64, seed [32]byte, rotate bool) {
@@ -45,7 +30,7 @@ func publicKey(seed [32]byte) ed25519.PublicKey {
 // after a rotation with the new key at once, not the cached old one.
 func TestProofUsesTheCurrentKeyAcrossRotation(t *testing.T) {
 	f := fsm.New(nil)
-	s := New(fsmOnlyNode{f: f}, nil, nil)
+	s := New(&fakeNode{leader: f, local: f}, nil, nil)
 	t.Cleanup(s.Close)
 	if p := s.proof("jobs/x", 1, "c1", "ref"); p != "" {
 		t.Fatalf("proof without a cluster key: %q", p)
@@ -73,7 +58,7 @@ func TestProofUsesTheCurrentKeyAcrossRotation(t *testing.T) {
 func BenchmarkProof(b *testing.B) {
 	f := fsm.New(nil)
 	applyTokenKey(b, f, 1, [32]byte{7}, false)
-	s := New(fsmOnlyNode{f: f}, nil, nil)
+	s := New(&fakeNode{leader: f, local: f}, nil, nil)
 	b.Cleanup(s.Close)
 	b.ReportAllocs()
 	var token uint64

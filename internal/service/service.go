@@ -22,18 +22,42 @@ import (
 	"github.com/dlock/dlock/internal/watch"
 )
 
-// Node is what the service needs from the Raft node (raftnode.Node).
+// Node is what the service needs of its Raft node, in the parts its callers
+// use: the replicated state (every write and linearizable read), the leader
+// (waits that must end once this node has known none for a while), the
+// cluster calls, and the hook that endorses grants forwarded by followers.
 type Node interface {
+	Replicator
+	LeaderWatch
+	Membership
+	// SetEndorser lets the service add to the leader's answers to writes
+	// forwarded by followers (Service.endorse).
+	SetEndorser(f raftnode.Endorser)
+}
+
+// Replicator changes and reads the replicated state: every write goes
+// through Raft (Apply), and every read is of the local state machine once
+// it has caught up.
+type Replicator interface {
 	Apply(ctx context.Context, e *command.Envelope) (*fsm.Response, error)
 	LinearizableRead(ctx context.Context) error
 	// CatchUp waits, bounded, until the local state has applied index.
 	CatchUp(ctx context.Context, index uint64) error
+	FSM() *fsm.FSM
+}
+
+// LeaderWatch says whether this node follows a leader: a node cut off from
+// every leader would never hear of a grant or an event, so waits end.
+type LeaderWatch interface {
 	// LeaderlessFor is how long this node has known no leader.
 	LeaderlessFor() time.Duration
 	// LeaderContact: does this node know a leader, and since when has it
 	// not heard from it (0 on the leader, -1 never).
 	LeaderContact() (known bool, since time.Duration)
-	FSM() *fsm.FSM
+}
+
+// Membership is the cluster calls: status, health and member changes.
+type Membership interface {
 	Status() raftnode.Status
 	Ready() error
 	Healthy() error
@@ -41,9 +65,6 @@ type Node interface {
 	Join(ctx context.Context, id, raftAddr string) error
 	Remove(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, id string) error
-	// SetEndorser lets the service add to the leader's answers to writes
-	// forwarded by followers (Service.endorse).
-	SetEndorser(f raftnode.Endorser)
 }
 
 // Service implements the lock, session, election, watch and cluster calls.

@@ -6,113 +6,36 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"github.com/dlock/dlock/fence"
-	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
 )
 
-// logNode is a Node that commits to a leader's state machine at once and
-// hands each entry to the local one (the service's) only when told: a
-// follower whose state lags the leader's.
-type logNode struct {
-	Node
-	leader, local *fsm.FSM
-
-	mu      sync.Mutex
-	log     [][]byte
-	shipped int  // entries applied to local
-	lag     bool // hold entries back from local
-	stuck   atomic.Bool
-	// endorser, when set (endorseAsLeader), endorses every answer of a
-	// lagging node as the leader does a forwarded write's.
-	endorser raftnode.Endorser
-}
-
-// SetEndorser is the local service's: this node answers as a follower, whose
-// endorser never runs.
-func (n *logNode) SetEndorser(raftnode.Endorser) {}
-
 // endorseAsLeader gives n's answers the endorsements of a service on the
 // leader's state, as the leader adds them to its answers to forwarded writes.
-func (n *logNode) endorseAsLeader(t *testing.T) {
+func (n *fakeNode) endorseAsLeader(t *testing.T) {
 	leader := New(leaderView{n}, nil, nil)
 	t.Cleanup(leader.Close)
 }
 
 // leaderView is the node as the leader's service sees it.
-type leaderView struct{ *logNode }
+type leaderView struct{ *fakeNode }
 
 func (v leaderView) FSM() *fsm.FSM                   { return v.leader }
 func (v leaderView) SetEndorser(f raftnode.Endorser) { v.endorser = f }
 
-func newLogNode(lag bool) *logNode {
-	n := &logNode{leader: fsm.New(nil), lag: lag}
-	n.local = n.leader
-	if lag {
-		n.local = fsm.New(nil)
-	}
-	return n
-}
-
-func (n *logNode) FSM() *fsm.FSM { return n.local }
-
-func (n *logNode) LeaderlessFor() time.Duration         { return 0 }
-func (n *logNode) LeaderContact() (bool, time.Duration) { return true, 0 }
-
-// CatchUp waits as long as ctx lets it (raftnode bounds it; here the test
-// does, by shipping the entries or shutting the service down), or, when the
-// node is stuck, fails at once as raftnode's does after CatchUpTimeout.
-func (n *logNode) CatchUp(ctx context.Context, index uint64) error {
-	if n.stuck.Load() && n.local.AppliedIndex() < index {
-		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "this node has not applied it in time"}
-	}
-	return n.local.WaitApplied(ctx, index)
-}
-
-func (n *logNode) Apply(_ context.Context, e *command.Envelope) (*fsm.Response, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	data, err := command.EncodeChecked(e.Stamped(time.Now().UnixMilli()))
-	if err != nil {
-		return nil, err
-	}
-	n.log = append(n.log, data)
-	index := uint64(len(n.log))
-	resp := n.leader.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: data}).(*fsm.Response)
-	if !n.lag {
-		n.shipped = len(n.log)
-	} else if n.endorser != nil {
-		resp.Endorsement = n.endorser(e, resp)
-	}
-	return resp, nil
-}
-
-// ship applies the held-back entries to the local state machine.
-func (n *logNode) ship() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for ; n.shipped < len(n.log); n.shipped++ {
-		n.local.Apply(&raft.Log{Index: uint64(n.shipped + 1), Type: raft.LogCommand, Data: n.log[n.shipped]})
-	}
-}
-
-func (n *logNode) seed() (seed [32]byte) {
+func (n *fakeNode) seed() (seed [32]byte) {
 	n.leader.Read(func(st *state.State) { seed, _, _ = st.SigningKey() })
 	return seed
 }
 
 // leaderKeySet is the key set the leader's state publishes.
-func (n *logNode) leaderKeySet(t *testing.T) *fence.KeySet {
+func (n *fakeNode) leaderKeySet(t *testing.T) *fence.KeySet {
 	t.Helper()
 	var doc fence.KeySetDocument
 	n.leader.Read(func(st *state.State) {
@@ -147,7 +70,7 @@ func keySet(t *testing.T, doc *fence.KeySetDocument) *fence.KeySet {
 // drops the retired keys and, with them, every proof they signed.
 func TestTokenKeysPublishRetiredKeyBounds(t *testing.T) {
 	ctx := context.Background()
-	n := newLogNode(false)
+	n := newFakeNode(false)
 	s := New(n, nil, nil)
 	t.Cleanup(s.Close)
 	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
@@ -247,7 +170,7 @@ func mustJSON(v any) string {
 // resource would refuse the genuine proof as forged.
 func TestGrantIsSignedWithTheKeyCurrentAtTheGrant(t *testing.T) {
 	ctx := context.Background()
-	n := newLogNode(true)
+	n := newFakeNode(true)
 	s := New(n, nil, nil)
 	t.Cleanup(s.Close)
 	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
