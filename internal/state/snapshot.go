@@ -132,6 +132,39 @@ func Restore(b []byte) (*State, error) {
 		return nil, fmt.Errorf("restore snapshot: format version %d not supported by this build (upgrade this node)", v)
 	}
 	s := New()
+	// The sections in their order; each reader knows the layouts of every
+	// version that had its section.
+	sections := []func(*wire.Reader, byte) error{
+		s.readHeader, s.readMembers, s.readLeases, s.readLocks, s.readDedup,
+		func(r *wire.Reader, v byte) error { // token-signing keys, since version 3
+			if v < 3 {
+				return nil
+			}
+			return s.readTokenKeys(r, v)
+		},
+		s.readACLSection,
+	}
+	for _, read := range sections {
+		if err := read(r, v); err != nil {
+			return nil, fmt.Errorf("restore snapshot: %w", err)
+		}
+		if err := r.Err(); err != nil {
+			return nil, fmt.Errorf("restore snapshot: %w", err)
+		}
+	}
+	if r.Len() != 0 {
+		return nil, fmt.Errorf("restore snapshot: %d trailing bytes", r.Len())
+	}
+	if err := s.checkImplicitLeases(); err != nil {
+		return nil, fmt.Errorf("restore snapshot: %w", err)
+	}
+	// The restore above went around the digest's hooks (remember aside).
+	s.sum = s.recordsSum()
+	return s, nil
+}
+
+// readHeader reads the counters (the lease clock since version 6).
+func (s *State) readHeader(r *wire.Reader, v byte) error {
 	s.index = r.Uvarint()
 	s.ts = r.Varint()
 	s.revision = r.Uvarint()
@@ -139,50 +172,72 @@ func Restore(b []byte) (*State, error) {
 	if v >= 6 {
 		s.clock = r.Varint()
 	}
+	return nil
+}
 
+func (s *State) readMembers(r *wire.Reader, _ byte) error {
 	for n := r.Count(3); n > 0 && r.Err() == nil; n-- {
 		m := Member{ID: r.String(), RaftAddr: r.String(), APIAddr: r.String()}
 		s.members[m.ID] = m
 	}
+	return nil
+}
+
+// readLeases reads the leases, in id order.
+func (s *State) readLeases(r *wire.Reader, v byte) error {
 	var prevID command.LeaseID
 	// 22 bytes is the smallest lease: an empty client id and small numbers.
 	for n := r.Count(22); n > 0 && r.Err() == nil; n-- {
-		l := &Lease{}
-		r.Fixed(l.ID[:])
+		l, err := s.readLease(r, v)
+		if err != nil {
+			return err
+		}
 		if l.ID.IsZero() || (len(s.leases) > 0 && bytes.Compare(prevID[:], l.ID[:]) >= 0) {
-			return nil, errors.New("restore snapshot: lease ids are zero, repeated or out of order")
+			return errors.New("lease ids are zero, repeated or out of order")
 		}
 		prevID = l.ID
-		l.ClientID = r.String()
-		ttl := r.Varint()
-		if r.Err() == nil && !validTTL(ttl) {
-			return nil, fmt.Errorf("restore snapshot: a lease has ttl %d ms, outside %d..%d", ttl, command.MinTTLms, command.MaxTTLms)
-		}
-		l.TTLms = int32(ttl)
-		l.Session = r.Bool()
-		l.Active = r.Bool()
-		l.Gen = r.Uvarint()
-		l.RenewedAt = r.Varint()
-		if v < 5 {
-			r.Varint() // the lease's creation time, which nothing read: dropped in v5
-		}
-		if v >= 6 {
-			// Before version 6 no lease clock was kept: a lease then counts
-			// its whole TTL again from here (RenewedClock 0 = the clock, 0),
-			// which may lengthen it, never shorten it.
-			l.RenewedClock = r.Varint()
-			if l.RenewedClock < 0 || l.RenewedClock > s.clock {
-				return nil, errors.New("restore snapshot: a lease was renewed at a lease-clock time after the snapshot's")
-			}
-		}
 		s.leases[l.ID] = l
 	}
+	return nil
+}
+
+func (s *State) readLease(r *wire.Reader, v byte) (*Lease, error) {
+	l := &Lease{}
+	r.Fixed(l.ID[:])
+	l.ClientID = r.String()
+	ttl := r.Varint()
+	if r.Err() == nil && !validTTL(ttl) {
+		return nil, fmt.Errorf("a lease has ttl %d ms, outside %d..%d", ttl, command.MinTTLms, command.MaxTTLms)
+	}
+	l.TTLms = int32(ttl)
+	l.Session = r.Bool()
+	l.Active = r.Bool()
+	l.Gen = r.Uvarint()
+	l.RenewedAt = r.Varint()
+	if v < 5 {
+		r.Varint() // the lease's creation time, which nothing read: dropped in v5
+	}
+	if v >= 6 {
+		// Before version 6 no lease clock was kept: a lease then counts its
+		// whole TTL again from here (RenewedClock 0 = the clock, 0), which
+		// may lengthen it, never shorten it.
+		l.RenewedClock = r.Varint()
+		if l.RenewedClock < 0 || l.RenewedClock > s.clock {
+			return nil, errors.New("a lease was renewed at a lease-clock time after the snapshot's")
+		}
+	}
+	return l, nil
+}
+
+// readLocks reads the held locks, in name order, each with its queue, and
+// ties them to their leases.
+func (s *State) readLocks(r *wire.Reader, v byte) error {
 	prevName := ""
 	tokens := map[uint64]bool{}
 	for n := r.Count(20); n > 0 && r.Err() == nil; n-- {
 		lk := &Lock{Name: r.String()}
 		if !command.ValidKey(lk.Name) || (s.locks.Len() > 0 && lk.Name <= prevName) {
-			return nil, fmt.Errorf("restore snapshot: lock name %q is invalid, repeated or out of order", lk.Name)
+			return fmt.Errorf("lock name %q is invalid, repeated or out of order", lk.Name)
 		}
 		prevName = lk.Name
 		r.Fixed(lk.Holder[:])
@@ -193,102 +248,105 @@ func Restore(b []byte) (*State, error) {
 			lk.setValue(r.String())
 		}
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
-			var wt Waiter
-			r.Fixed(wt.LeaseID[:])
-			wt.ClientID = r.String()
-			wt.Seq = r.Uvarint()
-			wt.EnqueuedAt = r.Varint()
-			wt.Deadline = r.Varint()
-			if v >= 6 {
-				wt.ClockDeadline = r.Varint()
-			} else {
-				// Before version 6 the lease clock was 0 for every entry,
-				// so a wait's clock deadline is its whole wait, as replaying
-				// the log would make it.
-				wt.ClockDeadline = wt.Deadline - wt.EnqueuedAt
-			}
-			if v >= 2 {
-				wt.Value = r.String()
-			}
-			if v >= 5 {
-				wt.RequestID = r.String()
-			}
+			wt := readWaiter(r, v)
 			lk.setQueue(append(lk.Queue(), wt))
 			l := s.leases[wt.LeaseID]
 			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen {
-				return nil, fmt.Errorf("restore snapshot: lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
+				return fmt.Errorf("lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
 			if l.Waits().Has(lk.Name) {
-				return nil, fmt.Errorf("restore snapshot: a lease waits twice for lock %q", lk.Name)
+				return fmt.Errorf("a lease waits twice for lock %q", lk.Name)
 			}
 			l.Waits().Set(lk.Name, wt.Seq)
 		}
 		if len(lk.Value()) > command.MaxValueLen {
-			return nil, fmt.Errorf("restore snapshot: lock %q has an oversized value", lk.Name)
+			return fmt.Errorf("lock %q has an oversized value", lk.Name)
 		}
 		if lk.Held() {
 			l := s.leases[lk.Holder]
 			if l == nil {
-				return nil, fmt.Errorf("restore snapshot: lock %q is held by an unknown lease", lk.Name)
+				return fmt.Errorf("lock %q is held by an unknown lease", lk.Name)
 			}
 			if lk.Token == 0 || lk.Token > s.lastToken || tokens[lk.Token] {
-				return nil, fmt.Errorf("restore snapshot: lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
+				return fmt.Errorf("lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
 			}
 			tokens[lk.Token] = true
 			l.Locks().Set(lk.Name, 0)
 		} else if r.Err() == nil {
 			// A lock is in the table only while held; a free lock's queue
 			// would have been handed the lock.
-			return nil, fmt.Errorf("restore snapshot: lock %q is free but listed", lk.Name)
+			return fmt.Errorf("lock %q is free but listed", lk.Name)
 		}
 		if r.Err() == nil {
 			s.locks.ReplaceOrInsert(lk)
 		}
 	}
+	return nil
+}
+
+func readWaiter(r *wire.Reader, v byte) Waiter {
+	var wt Waiter
+	r.Fixed(wt.LeaseID[:])
+	wt.ClientID = r.String()
+	wt.Seq = r.Uvarint()
+	wt.EnqueuedAt = r.Varint()
+	wt.Deadline = r.Varint()
+	if v >= 6 {
+		wt.ClockDeadline = r.Varint()
+	} else {
+		// Before version 6 the lease clock was 0 for every entry, so a
+		// wait's clock deadline is its whole wait, as replaying the log
+		// would make it.
+		wt.ClockDeadline = wt.Deadline - wt.EnqueuedAt
+	}
+	if v >= 2 {
+		wt.Value = r.String()
+	}
+	if v >= 5 {
+		wt.RequestID = r.String()
+	}
+	return wt
+}
+
+func (s *State) readDedup(r *wire.Reader, _ byte) error {
 	n := r.Count(4)
 	if n > DedupCapacity {
-		return nil, fmt.Errorf("restore snapshot: %d dedup entries exceed capacity %d", n, DedupCapacity)
+		return fmt.Errorf("%d dedup entries exceed capacity %d", n, DedupCapacity)
 	}
 	for ; n > 0 && r.Err() == nil; n-- {
 		key := dedupKey{client: r.String(), request: r.String()}
 		if _, dup := s.dedup[key]; dup {
-			return nil, errors.New("restore snapshot: repeated dedup entry")
+			return errors.New("repeated dedup entry")
 		}
 		s.remember(key, command.DecodeResult(r))
 	}
-	if v >= 3 && r.Err() == nil {
-		if err := s.readTokenKeys(r, v); err != nil {
-			return nil, fmt.Errorf("restore snapshot: %w", err)
-		}
+	return nil
+}
+
+// readACLSection reads the ACL tokens, since version 4. The section ends the
+// snapshot, so a version 4 snapshot that does not end right after the
+// current token layout has the first one (version 4 was written with both).
+func (s *State) readACLSection(r *wire.Reader, v byte) error {
+	if v < 4 {
+		return nil
 	}
-	if v >= 4 && r.Err() == nil {
-		saved := *r
-		err := s.readACL(r, false)
-		if v == 4 && (err != nil || r.Err() != nil || r.Len() != 0) {
-			// The ACL section ends the snapshot, so a version 4 snapshot
-			// that does not end right after the current layout has the
-			// first one.
-			*r = saved
-			s.aclTokens, s.aclBySecret, s.aclByCN = map[[16]byte]*ACLToken{}, map[[32]byte][16]byte{}, map[string][16]byte{}
-			err = s.readACL(r, true)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("restore snapshot: %w", err)
-		}
+	saved := *r
+	err := s.readACL(r, false)
+	if v == 4 && (err != nil || r.Err() != nil || r.Len() != 0) {
+		*r = saved
+		s.aclTokens, s.aclBySecret, s.aclByCN = map[[16]byte]*ACLToken{}, map[[32]byte][16]byte{}, map[string][16]byte{}
+		err = s.readACL(r, true)
 	}
-	if err := r.Err(); err != nil {
-		return nil, fmt.Errorf("restore snapshot: %w", err)
-	}
-	if r.Len() != 0 {
-		return nil, fmt.Errorf("restore snapshot: %d trailing bytes", r.Len())
-	}
+	return err
+}
+
+// checkImplicitLeases: an implicit lease exists for exactly one lock, held
+// or waited for.
+func (s *State) checkImplicitLeases() error {
 	for _, l := range s.leases {
-		// An implicit lease exists for exactly one lock: held or waited for.
 		if !l.Session && l.Locks().Len()+l.Waits().Len() != 1 {
-			return nil, fmt.Errorf("restore snapshot: implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks().Len()+l.Waits().Len())
+			return fmt.Errorf("implicit lease of client %q holds or waits for %d locks", l.ClientID, l.Locks().Len()+l.Waits().Len())
 		}
 	}
-	// The restore above went around the digest's hooks (remember aside).
-	s.sum = s.recordsSum()
-	return s, nil
+	return nil
 }
