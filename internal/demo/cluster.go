@@ -70,7 +70,7 @@ func (e *env) startCluster(ctx context.Context) error {
 func (e *env) alive() []*node {
 	var out []*node
 	for _, nd := range e.nodes {
-		if !nd.p.exited() {
+		if !nd.p.Exited() {
 			out = append(out, nd)
 		}
 	}
@@ -90,7 +90,7 @@ func (e *env) endpoints() []string {
 func (e *env) nodeList() string {
 	var s []string
 	for _, nd := range e.nodes {
-		s = append(s, fmt.Sprintf("%s pid %d %s", nd.id, nd.p.pid(), nd.url()))
+		s = append(s, fmt.Sprintf("%s pid %d %s", nd.id, nd.p.Pid(), nd.url()))
 	}
 	return strings.Join(s, ", ")
 }
@@ -144,7 +144,7 @@ func (e *env) waitUntil(ctx context.Context, what string, p *proc, cond func() (
 		if err != nil {
 			last = err
 		}
-		if p != nil && p.exited() {
+		if p != nil && p.Exited() {
 			return e.exitedErr(p, "while waiting for "+what)
 		}
 		select {

@@ -79,7 +79,7 @@ func (e *env) setup(ctx context.Context) error {
 	if err := e.startStore(ctx); err != nil {
 		return err
 	}
-	e.say("data store up at %s (pid %d), checking token proofs with the cluster's keys", e.storeURL, e.store.pid())
+	e.say("data store up at %s (pid %d), checking token proofs with the cluster's keys", e.storeURL, e.store.Pid())
 	for _, id := range clientIDs {
 		c, err := client.New(client.Config{Endpoints: e.endpoints(), ClientID: id, RequestTimeout: 3 * time.Second})
 		if err != nil {
@@ -110,7 +110,7 @@ func (e *env) teardown() {
 	if len(e.procs) > 0 {
 		var pids []string
 		for _, p := range e.procs {
-			pids = append(pids, fmt.Sprintf("%s=%d", p.name, p.pid()))
+			pids = append(pids, fmt.Sprintf("%s=%d", p.Name, p.Pid()))
 		}
 		e.heading("end", "stopped every process the demo started: %s", strings.Join(pids, " "))
 	}

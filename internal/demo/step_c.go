@@ -35,7 +35,7 @@ func (e *env) stepC(ctx context.Context) error {
 	if err := leader.p.kill(); err != nil {
 		return err
 	}
-	e.say("SIGKILL the leader %s (pid %d) while client2 and client3 wait", leader.id, leader.p.pid())
+	e.say("SIGKILL the leader %s (pid %d) while client2 and client3 wait", leader.id, leader.p.Pid())
 	newLeader, err := e.waitLeader(ctx, e.alive())
 	if err != nil {
 		return fmt.Errorf("no new leader after killing %s: %w", leader.id, err)

@@ -68,14 +68,14 @@ func (e *env) next(ctx context.Context, w *writerProc, want string) (writerEvent
 	case ev, ok := <-w.events:
 		switch {
 		case !ok:
-			w.p.waitExit(stopGrace) // its stdout ended: it is exiting
+			w.p.WaitExit(stopGrace) // its stdout ended: it is exiting
 			return ev, e.exitedErr(w.p, fmt.Sprintf("before it reported %q", want))
 		case ev.Event != want || (want == "granted" && ev.Grant == nil) || (want == "wrote" && ev.Answer == nil):
 			return ev, fmt.Errorf("the writer reported %q, want %q", ev.Event, want)
 		}
 		return ev, nil
 	case <-ctx.Done():
-		return writerEvent{}, fmt.Errorf("waiting for the writer (pid %d) to report %q: %w", w.p.pid(), want, ctx.Err())
+		return writerEvent{}, fmt.Errorf("waiting for the writer (pid %d) to report %q: %w", w.p.Pid(), want, ctx.Err())
 	}
 }
 
@@ -91,10 +91,10 @@ func (e *env) stepD(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	g1, pid := *ev.Grant, w.p.pid()
+	g1, pid := *ev.Grant, w.p.Pid()
 	e.say("client1 runs as its own process (pid %d) and took l3: token %d, TTL %s, renewed by its client", pid, g1.FencingToken, secs(e.cfg.ShortTTL))
 
-	if err := pause(w.p.cmd.Process); err != nil {
+	if err := pause(w.p.Cmd.Process); err != nil {
 		return err
 	}
 	frozenAt := time.Now()
@@ -114,7 +114,7 @@ func (e *env) stepD(ctx context.Context) error {
 		return err
 	}
 
-	if err := resume(w.p.cmd.Process); err != nil {
+	if err := resume(w.p.Cmd.Process); err != nil {
 		return err
 	}
 	e.say("SIGCONT pid %d after %.1fs frozen; client1 carries on with its write, token %d", pid, time.Since(frozenAt).Seconds(), g1.FencingToken)
@@ -140,11 +140,11 @@ func (e *env) stepD(ctx context.Context) error {
 
 func (e *env) waitWriterExit(ctx context.Context, w *writerProc) error {
 	select {
-	case <-w.p.done:
+	case <-w.p.Done():
 	case <-ctx.Done():
-		return fmt.Errorf("the writer (pid %d) did not exit after its write: %w", w.p.pid(), ctx.Err())
+		return fmt.Errorf("the writer (pid %d) did not exit after its write: %w", w.p.Pid(), ctx.Err())
 	}
-	if w.p.err != nil {
+	if w.p.WaitErr() != nil {
 		return e.exitedErr(w.p, "with an error after its write")
 	}
 	return nil

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/loopback"
+
+	"github.com/dlock/dlock/internal/proc"
 )
 
 // cnode is one `dlock serve` node.
@@ -33,7 +35,7 @@ type cnode struct {
 	logPath   string
 	disk      string // the tmpfs the data dir is on, when the disk faults run
 
-	p       *proc
+	p       *proc.Proc
 	paused  bool
 	started bool // first start done (later starts omit --initial-cluster)
 	// rejoins: the node was removed from the cluster and its data wiped; it
@@ -130,7 +132,7 @@ func (c *cluster) start(i int) error {
 
 func (c *cluster) startLocked(i int) error {
 	nd := c.nodes[i]
-	if nd.p != nil && !nd.p.exited() {
+	if nd.p != nil && !nd.p.Exited() {
 		return fmt.Errorf("start %s: still running", nd.id)
 	}
 	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
@@ -157,7 +159,7 @@ func (c *cluster) startLocked(i int) error {
 	// Extra serve flags, e.g. to keep every log entry and snapshot for a
 	// replay after a failure (scripts/chaos.sh --forensic).
 	args = append(args, strings.Fields(os.Getenv("DLOCK_CHAOS_SERVE_ARGS"))...)
-	p, err := launch(nd.id, nd.logPath, c.bin, args...)
+	p, err := proc.Start(nd.id, nd.logPath, c.bin, args, proc.Options{})
 	if err != nil {
 		return err
 	}
@@ -208,7 +210,7 @@ func (c *cluster) wipe(i int) error {
 	defer c.mu.Unlock()
 	nd := c.nodes[i]
 	if nd.p != nil {
-		if err := nd.p.kill(); err != nil {
+		if err := nd.p.Kill(killWithin); err != nil {
 			return err
 		}
 	}
@@ -274,7 +276,7 @@ func (c *cluster) kill(i int) error {
 	if nd.p == nil {
 		return nil
 	}
-	err := nd.p.kill()
+	err := nd.p.Kill(killWithin)
 	nd.paused = false
 	return err
 }
@@ -283,10 +285,10 @@ func (c *cluster) pause(i int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	nd := c.nodes[i]
-	if nd.p == nil || nd.p.exited() {
+	if nd.p == nil || nd.p.Exited() {
 		return fmt.Errorf("pause %s: not running", nd.id)
 	}
-	if err := nd.p.signal(syscall.SIGSTOP); err != nil {
+	if err := nd.p.Signal(syscall.SIGSTOP); err != nil {
 		return err
 	}
 	nd.paused = true
@@ -301,12 +303,12 @@ func (c *cluster) resume(i int) error {
 
 func (c *cluster) resumeLocked(i int) error {
 	nd := c.nodes[i]
-	if !nd.paused || nd.p == nil || nd.p.exited() {
+	if !nd.paused || nd.p == nil || nd.p.Exited() {
 		nd.paused = false
 		return nil
 	}
 	nd.paused = false
-	return nd.p.signal(syscall.SIGCONT)
+	return nd.p.Signal(syscall.SIGCONT)
 }
 
 // running reports whether node i's process is alive (paused or not).
@@ -314,7 +316,7 @@ func (c *cluster) running(i int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	nd := c.nodes[i]
-	return nd.p != nil && !nd.p.exited()
+	return nd.p != nil && !nd.p.Exited()
 }
 
 // unexpectedExits lists nodes whose process exited without being killed by
@@ -324,7 +326,7 @@ func (c *cluster) deadNodes() []int {
 	defer c.mu.Unlock()
 	var out []int
 	for i, nd := range c.nodes {
-		if nd.p == nil || nd.p.exited() {
+		if nd.p == nil || nd.p.Exited() {
 			out = append(out, i)
 		}
 	}
@@ -339,7 +341,7 @@ func (c *cluster) healAll() []error {
 	defer c.mu.Unlock()
 	var errs []error
 	for i, nd := range c.nodes {
-		if nd.p != nil && !nd.p.exited() {
+		if nd.p != nil && !nd.p.Exited() {
 			if err := c.resumeLocked(i); err != nil {
 				errs = append(errs, err)
 			}
@@ -357,7 +359,7 @@ func (c *cluster) shutdown() {
 	c.mu.Lock()
 	for _, nd := range c.nodes {
 		if nd.p != nil {
-			_ = nd.p.kill()
+			_ = nd.p.Kill(killWithin)
 			nd.paused = false
 		}
 	}
@@ -502,7 +504,7 @@ func (c *cluster) waitHealthy(within time.Duration, stop <-chan struct{}) (time.
 func (c *cluster) logTails(n int) string {
 	var b strings.Builder
 	for _, nd := range c.nodes {
-		fmt.Fprintf(&b, "--- tail of %s's log (%s):\n%s\n", nd.id, nd.logPath, logTail(nd.logPath, n))
+		fmt.Fprintf(&b, "--- tail of %s's log (%s):\n%s\n", nd.id, nd.logPath, proc.LogTail(nd.logPath, n))
 	}
 	return b.String()
 }

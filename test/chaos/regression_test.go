@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/proc"
 )
 
 // Directed regressions for bugs the randomized runs found. Each replays the
@@ -82,7 +84,7 @@ func TestChaosRegressionTailTruncationRestart(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Skipf("the old leader never truncated its log tail; the scenario did not happen:\n%s", logTail(c.nodes[leader].logPath, 30))
+			t.Skipf("the old leader never truncated its log tail; the scenario did not happen:\n%s", proc.LogTail(c.nodes[leader].logPath, 30))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -97,7 +99,7 @@ func TestChaosRegressionTailTruncationRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := c.waitHealthy(20*time.Second, nil); err != nil {
-		tail := logTail(c.nodes[leader].logPath, 25)
+		tail := proc.LogTail(c.nodes[leader].logPath, 25)
 		if strings.Contains(tail, "sealed segment has no index block") {
 			t.Fatalf("%s cannot restart after truncating its log tail: hashicorp/raft-wal#31 (raft-wal v0.4.0; fixed in v0.4.1)\n%s", c.nodes[leader].id, tail)
 		}

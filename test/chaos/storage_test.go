@@ -23,6 +23,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dlock/dlock/internal/proc"
 )
 
 // Storage fault kinds.
@@ -205,10 +207,10 @@ func (c *cluster) startOrReplace(i int) (string, error) {
 		return "", err
 	}
 	nd := c.nodes[i]
-	if !nd.p.waitExit(5 * time.Second) {
+	if !nd.p.WaitExit(5 * time.Second) {
 		return "started", nil
 	}
-	tail := logTail(nd.logPath, 20)
+	tail := proc.LogTail(nd.logPath, 20)
 	if !strings.Contains(tail, "refusing data dir") {
 		return "", fmt.Errorf("%s exited after damage without refusing its data dir: %s", nd.id, tail)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	dproc "github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -168,8 +169,8 @@ func TestGracefulShutdownAndFullRestart(t *testing.T) {
 			switch {
 			case killed:
 				t.Errorf("%s did not exit within %s of SIGTERM", nd.id, stopTimeout)
-			case nd.p.exitCode() != 0:
-				t.Errorf("%s exited with %v after SIGTERM, want exit status 0", nd.id, nd.p.waitErr)
+			case nd.p.ExitCode() != 0:
+				t.Errorf("%s exited with %v after SIGTERM, want exit status 0", nd.id, nd.p.WaitErr())
 			default:
 				t.Logf("%s exited 0, %s after SIGTERM", nd.id, took.Round(time.Millisecond))
 			}
@@ -234,14 +235,14 @@ func TestDevCommand(t *testing.T) {
 		logF.Close()
 		checkRaces(t, "dlock dev", logPath)
 		if t.Failed() {
-			t.Logf("--- tail of dlock dev's output (%s):\n%s", logPath, logTail(logPath, 60))
+			t.Logf("--- tail of dlock dev's output (%s):\n%s", logPath, dproc.LogTail(logPath, 60))
 		}
 	})
 
 	// Read the banner up to "Press Ctrl-C".
 	testutil.Eventually(t, 15*time.Second*slow, "dlock dev to print its endpoints", func() (bool, string) {
-		if p.exited() {
-			t.Fatalf("dlock dev exited early: %v", p.waitErr)
+		if p.Exited() {
+			t.Fatalf("dlock dev exited early: %v", p.WaitErr())
 		}
 		lines := out.snapshot()
 		for _, l := range lines {
@@ -287,8 +288,8 @@ func TestDevCommand(t *testing.T) {
 	if killed {
 		t.Fatalf("dlock dev did not exit within %s of SIGINT", stopTimeout)
 	}
-	if code := p.exitCode(); code != 0 {
-		t.Fatalf("dlock dev exited with %v after SIGINT, want exit status 0", p.waitErr)
+	if code := p.ExitCode(); code != 0 {
+		t.Fatalf("dlock dev exited with %v after SIGINT, want exit status 0", p.WaitErr())
 	}
 	t.Logf("dlock dev exited 0, %s after SIGINT", took.Round(time.Millisecond))
 	// The banner names the data dir; without it the clean-up below could

@@ -346,8 +346,8 @@ func (c *procCluster) sigterm(id string) {
 	switch {
 	case killed:
 		c.t.Errorf("%s did not exit within %s of SIGTERM", id, stopTimeout)
-	case nd.p.exitCode() != 0:
-		c.t.Errorf("%s exited with %v after SIGTERM, want exit status 0", id, nd.p.waitErr)
+	case nd.p.ExitCode() != 0:
+		c.t.Errorf("%s exited with %v after SIGTERM, want exit status 0", id, nd.p.WaitErr())
 	default:
 		c.t.Logf("%s exited 0, %s after SIGTERM", id, took.Round(time.Millisecond))
 	}

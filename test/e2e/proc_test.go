@@ -3,12 +3,10 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/loopback"
+	dproc "github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -24,111 +23,51 @@ import (
 // server's own shutdown is bounded by 10 s.
 const stopTimeout = 10 * time.Second
 
-// proc is one running (or exited) dlock process.
+// proc is one dlock process, started through the shared harness
+// (internal/proc), with what these tests add: failing the test instead of
+// returning errors, and remembering a forced stop.
 type proc struct {
-	name    string
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{} // closed when the process has exited and been reaped
-	waitErr error         // cmd.Wait's result; read only after done is closed
-	dumped  bool          // stop sent SIGQUIT: the log ends with every goroutine's stack
+	*dproc.Proc
+	dumped bool // stop had to force it: the log ends with every goroutine's stack
 }
 
 // launch starts bin with args. Its stderr (and stdout, unless stdout is given)
 // is appended to logPath, after a header naming the start.
 func launch(t testing.TB, name, logPath string, stdout *os.File, bin string, args ...string) *proc {
 	t.Helper()
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatalf("open log %s: %v", logPath, err)
-	}
-	defer f.Close() // the child has its own copy of the descriptor
-	fmt.Fprintf(f, "=== %s: %s %s\n", time.Now().Format(time.RFC3339Nano), filepath.Base(bin), strings.Join(args, " "))
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = f
-	cmd.Stdout = f
-	if stdout != nil {
-		cmd.Stdout = stdout
-	}
-	cmd.SysProcAttr = sysProcAttr()
+	var env []string
 	if raceEnabled {
 		// A race-built binary sleeps 1 s at exit by default; keep any GORACE
 		// options the caller set.
-		cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	p, err := dproc.Start(name, logPath, bin, args, dproc.Options{Stdout: stdout, Env: env})
+	if err != nil {
+		t.Fatal(err)
 	}
-	p := &proc{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
-	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// waitExit waits up to d for the process to exit and reports whether it did.
-func (p *proc) waitExit(d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-		return true
-	case <-timer.C:
-		return false
-	}
+	return &proc{Proc: p}
 }
 
 // kill SIGKILLs the process, as a crash or `kill -9` would, and reaps it.
 func (p *proc) kill(t testing.TB) {
 	t.Helper()
-	if p.exited() {
-		t.Fatalf("%s: already exited before the kill: %v", p.name, p.waitErr)
+	if p.Exited() {
+		t.Fatalf("%s: already exited before the kill: %v", p.Name, p.WaitErr())
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		t.Fatalf("kill %s: %v", p.name, err)
-	}
-	if !p.waitExit(stopTimeout) {
-		t.Fatalf("%s still running %s after SIGKILL", p.name, stopTimeout)
+	if err := p.Kill(stopTimeout); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// stop sends sig and waits up to stopTimeout; a process still running then is
-// SIGKILLed. It returns how long the exit took and whether it needed the kill.
+// stop sends sig and waits up to stopTimeout, then forces the exit (SIGQUIT
+// for a stack dump in the log, then SIGKILL). It returns how long the exit
+// took and whether it had to be forced.
 func (p *proc) stop(sig os.Signal) (took time.Duration, killed bool) {
-	if p.exited() {
-		return 0, false
+	took, killed = p.Stop(sig, stopTimeout)
+	if killed {
+		p.dumped = true
 	}
-	start := time.Now()
-	_ = p.cmd.Process.Signal(sig)
-	if p.waitExit(stopTimeout) {
-		return time.Since(start), false
-	}
-	// The Go runtime answers SIGQUIT by writing every goroutine's stack to
-	// the log and exiting: what held the process up is then in the failure.
-	p.dumped = true
-	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
-	if p.waitExit(5 * time.Second) {
-		return time.Since(start), true
-	}
-	_ = p.cmd.Process.Kill()
-	p.waitExit(stopTimeout) // SIGKILL cannot be ignored; this returns at once
-	return time.Since(start), true
-}
-
-// exitCode is the process's exit status, -1 if a signal ended it.
-func (p *proc) exitCode() int {
-	<-p.done
-	return p.cmd.ProcessState.ExitCode()
+	return took, killed
 }
 
 // stackSummary returns the goroutine dump that ends a SIGQUIT process's log,
@@ -149,19 +88,6 @@ func stackSummary(path string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// logTail returns the last n lines of the process's log.
-func logTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", path, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = append([]string{fmt.Sprintf("... (%d earlier lines in %s)", len(lines)-n, path)}, lines[len(lines)-n:]...)
-	}
-	return strings.Join(lines, "\n")
 }
 
 // checkRaces fails the test if the race detector reported a data race in a
@@ -268,7 +194,7 @@ func (c *procCluster) url(id string) string { return c.node(id).url() }
 func (c *procCluster) start(id string, withInitial bool) {
 	c.t.Helper()
 	nd := c.node(id)
-	if nd.p != nil && !nd.p.exited() {
+	if nd.p != nil && !nd.p.Exited() {
 		c.t.Fatalf("start %s: it is still running", id)
 	}
 	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
@@ -322,7 +248,7 @@ func (c *procCluster) cleanup() {
 	}
 	if c.t.Failed() {
 		for _, nd := range c.nodes {
-			c.t.Logf("--- tail of %s's log (%s):\n%s", nd.id, nd.logPath, logTail(nd.logPath, 60))
+			c.t.Logf("--- tail of %s's log (%s):\n%s", nd.id, nd.logPath, dproc.LogTail(nd.logPath, 60))
 			if nd.p != nil && nd.p.dumped {
 				c.t.Logf("--- %s's goroutines when it was sent SIGQUIT (dlock frames):\n%s", nd.id, stackSummary(nd.logPath))
 			}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/client"
+	dproc "github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
@@ -60,9 +61,9 @@ func TestTLSProcesses(t *testing.T) {
 		}
 		wg.Wait()
 		for i, l := range logs {
-			checkRaces(t, procs[i].name, l)
+			checkRaces(t, procs[i].Name, l)
 			if t.Failed() {
-				t.Logf("--- tail of %s's log:\n%s", procs[i].name, logTail(l, 40))
+				t.Logf("--- tail of %s's log:\n%s", procs[i].Name, dproc.LogTail(l, 40))
 			}
 		}
 	})

@@ -62,7 +62,7 @@ func TestSSEWatchersFromOldRevisionHaveBoundedMemory(t *testing.T) {
 	t.Cleanup(func() {
 		p.stop(syscall.SIGTERM)
 		if t.Failed() {
-			b, _ := os.ReadFile(p.logPath)
+			b, _ := os.ReadFile(p.LogPath)
 			t.Logf("node log (last 3 KiB):\n%s", b[max(len(b)-3<<10, 0):])
 		}
 	})
@@ -71,8 +71,8 @@ func TestSSEWatchersFromOldRevisionHaveBoundedMemory(t *testing.T) {
 		if code, _ := readyz(url); code == 200 {
 			break
 		}
-		if time.Now().After(deadline) || p.exited() {
-			t.Fatalf("the node never became ready (log %s)", p.logPath)
+		if time.Now().After(deadline) || p.Exited() {
+			t.Fatalf("the node never became ready (log %s)", p.LogPath)
 		}
 	}
 
@@ -247,7 +247,7 @@ func settledRSS(t *testing.T, p *proc) uint64 {
 
 func rss(t *testing.T, p *proc) uint64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
 	if err != nil {
 		t.Skipf("reading a process's RSS needs Linux /proc: %v", err)
 	}
@@ -260,7 +260,7 @@ func rss(t *testing.T, p *proc) uint64 {
 			return kb << 10
 		}
 	}
-	t.Fatalf("no VmRSS in /proc/%d/status", p.cmd.Process.Pid)
+	t.Fatalf("no VmRSS in /proc/%d/status", p.Pid())
 	return 0
 }
 

@@ -1,9 +1,9 @@
 //go:build !linux
 
-package e2e
+package proc
 
 import "syscall"
 
 // sysProcAttr: only Linux can tie a child's life to its parent; elsewhere the
-// t.Cleanup stop is the only guard.
+// callers' clean-ups are the only guard.
 func sysProcAttr() *syscall.SysProcAttr { return nil }
