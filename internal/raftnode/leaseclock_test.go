@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // transferLeadership moves leadership from one node to another and waits until
@@ -109,11 +110,7 @@ func TestStaleTermLeaseClockIsIgnored(t *testing.T) {
 	transferLeadership(t, nodes, a, b)
 	// a learns of its deposition on its own goroutine (LeaderCh or the
 	// 100 ms leadership tick), not before b wins: give it a bounded while.
-	for deadline := time.Now().Add(2 * time.Second); nodes[a].leaseClock.Load() != nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a deposed leader kept its lease-clock base")
-		}
-	}
+	testutil.Eventually(t, 2*time.Second, "a deposed leader kept its lease-clock base", func() bool { return nodes[a].leaseClock.Load() == nil })
 
 	const ttl = 4_000
 	resp, err := nodes[b].Apply(context.Background(), &command.Envelope{ClientID: "holder", RequestID: "s1",

@@ -25,6 +25,7 @@ import (
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // diskNode is a one-node cluster on a data dir that outlives the node.
@@ -60,11 +61,7 @@ func (d *diskNode) start() *Node {
 	if err != nil {
 		d.t.Fatalf("open: %v", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !n.IsLeader(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			d.t.Fatal("the node did not become the ready leader")
-		}
-	}
+	testutil.Eventually(d.t, 10*time.Second, "the node did not become the ready leader", func() bool { return n.IsLeader() })
 	return n
 }
 
@@ -484,17 +481,9 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 		t.Fatalf("reopen the lagging follower: %v", err)
 	}
 	nodes[lag] = n
-	for deadline := time.Now().Add(10 * time.Second); !hasMember(n, "member-0049"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the lagging follower did not catch up")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "the lagging follower did not catch up", func() bool { return hasMember(n, "member-0049") })
 	register(t, leaderOf(), "after")
-	for deadline := time.Now().Add(10 * time.Second); !hasMember(n, "after"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the follower did not apply the write after the install")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "the follower did not apply the write after the install", func() bool { return hasMember(n, "after") })
 	// raft-wal serves entries it compacted logically while they are still
 	// in its tail segment, so only the bolt store forces the install here.
 	if got := n.raft.Stats()["last_snapshot_index"]; got == "0" && kind == LogStoreBolt {
@@ -559,11 +548,7 @@ func TestLeaderStorageFailureInCluster(t *testing.T) {
 		t.Fatalf("restart on a healthy disk: %v", err)
 	}
 	t.Cleanup(func() { _ = n.Shutdown() })
-	for deadline := time.Now().Add(15 * time.Second); !hasMember(n, "after-failure"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the restarted node did not catch up")
-		}
-	}
+	testutil.Eventually(t, 15*time.Second, "the restarted node did not catch up", func() bool { return hasMember(n, "after-failure") })
 	for i := range 10 {
 		for _, m := range []*Node{n, other} {
 			if !hasMember(m, fmt.Sprintf("before-%d", i)) {

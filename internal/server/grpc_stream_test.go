@@ -373,11 +373,7 @@ func TestGRPCWatchOfClientThatStopsReading(t *testing.T) {
 				for i := range tc.cycles {
 					cycle(i)
 				}
-				for deadline := time.Now().Add(20 * time.Second); !slotFree(); time.Sleep(50 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("the watch of a client that reads nothing still holds its slot 20 s after the last event")
-					}
-				}
+				testutil.Eventually(t, 20*time.Second, "the watch of a client that reads nothing still holds its slot 20 s after the last event", func() bool { return slotFree() })
 			}
 			// Reading again: what was sent, then the reason.
 			n := 0

@@ -11,6 +11,7 @@ import (
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/watch"
 )
 
@@ -90,11 +91,7 @@ func TestQueuedAcquireEndsWhileNodeKnowsNoLeader(t *testing.T) {
 				node.local.Read(func(st *state.State) { li = st.GetLock(key) })
 				return li
 			}
-			for deadline := time.Now().Add(10 * time.Second); lock().Waiters != 1; time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never queued")
-				}
-			}
+			testutil.Eventually(t, 10*time.Second, "the waiter never queued", func() bool { return lock().Waiters == 1 })
 			node.leaderless.Store(int64(raftnode.NoLeaderWait / 2)) // a failover: nothing ends
 			select {
 			case err := <-done:
