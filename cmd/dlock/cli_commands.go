@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -102,6 +103,22 @@ and lease do not hold the lock (it expired or was released).
 
 func runRelease(args []string) error {
 	fs := newCmdFlags("release", releaseUsage)
+	return holderCommand(fs, args, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
+		if err := c.Release(ctx, name, h.token, h.leaseID); err != nil {
+			return err
+		}
+		if g.json() {
+			return printJSONOut(map[string]any{"name": name, "released": true})
+		}
+		fmt.Printf("released %s\n", name)
+		return nil
+	})
+}
+
+// holderCommand runs a command that proves it holds a lock (release,
+// renew): NAME --token --lease-id, under the stable default client id, with a
+// not_holder answer explained.
+func holderCommand(fs *cmdFlags, args []string, run func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error) error {
 	g := globalFlags{stableID: true}
 	var h holderFlags
 	g.register(fs)
@@ -118,14 +135,7 @@ func runRelease(args []string) error {
 		return err
 	}
 	defer done()
-	if err := c.Release(ctx, name, h.token, h.leaseID); err != nil {
-		return notHolderHint(err, c)
-	}
-	if g.json() {
-		return printJSONOut(map[string]any{"name": name, "released": true})
-	}
-	fmt.Printf("released %s\n", name)
-	return nil
+	return notHolderHint(run(ctx, c, &g, name, h), c)
 }
 
 const renewUsage = `Usage: dlock renew NAME --token N --lease-id ID [--ttl D] [flags]
@@ -137,32 +147,18 @@ and lease do not hold the lock.
 
 func runRenew(args []string) error {
 	fs := newCmdFlags("renew", renewUsage)
-	g := globalFlags{stableID: true}
-	var h holderFlags
-	g.register(fs)
-	h.register(fs)
 	ttl := fs.Duration("ttl", 0, "new TTL (default: keep it)")
-	name, err := parseNamed(fs, &g, args)
-	if err != nil {
-		return err
-	}
-	if err := h.check(); err != nil {
-		return err
-	}
-	c, ctx, done, err := g.connect(0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	exp, err := c.Renew(ctx, name, h.token, h.leaseID, *ttl)
-	if err != nil {
-		return notHolderHint(err, c)
-	}
-	if g.json() {
-		return printJSONOut(map[string]any{"name": name, "renewed": true, "expires_at": exp})
-	}
-	fmt.Printf("renewed %s until %s\n", name, showTime(exp))
-	return nil
+	return holderCommand(fs, args, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
+		exp, err := c.Renew(ctx, name, h.token, h.leaseID, *ttl)
+		if err != nil {
+			return err
+		}
+		if g.json() {
+			return printJSONOut(map[string]any{"name": name, "renewed": true, "expires_at": exp})
+		}
+		fmt.Printf("renewed %s until %s\n", name, showTime(exp))
+		return nil
+	})
 }
 
 const statusUsage = `Usage: dlock status NAME [flags]

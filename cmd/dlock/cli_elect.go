@@ -36,33 +36,15 @@ campaigning they withdraw the candidacy.
 
 func runElect(args []string) error {
 	fs := newCmdFlags("elect", electUsage)
-	var g globalFlags
-	g.register(fs)
+	var h heldFlags
+	h.register(fs, 15*time.Second, "leadership")
 	value := fs.String("value", "", "the leader's value (default: the client id)")
-	ttl := fs.Duration("ttl", 15*time.Second, "lease TTL")
-	wait := fs.Duration("wait", 0, "give up after campaigning this long (0: no limit)")
-	grace := fs.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL delay when leadership is lost")
-	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
-	pos, argv, err := parseCmd(fs, &g, args, 1)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		return usageErrorf("want an election name and a command: dlock elect NAME -- CMD [ARGS...]")
-	}
-	if *wait < 0 || *grace < 0 {
-		return usageErrorf("--wait and --grace must not be negative")
-	}
-	opts, err := takeoverOpts(&g, *takeover)
-	if err != nil {
-		return err
-	}
-	name := pos[0]
-	c, err := g.client()
+	name, argv, opts, c, err := h.parse(fs, args, "dlock elect NAME -- CMD [ARGS...]")
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	g, wait, grace := &h.g, h.wait, h.grace
 	if *value == "" {
 		*value = c.ClientID()
 	}
@@ -73,7 +55,7 @@ func runElect(args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	e := c.NewElection(name, append(opts, client.WithTTL(*ttl))...)
+	e := c.NewElection(name, opts...)
 	l, err := waitOrSignal(*wait, sigs, func(ctx context.Context) (*client.Leadership, error) {
 		return e.Campaign(ctx, *value)
 	}, func(ctx context.Context, l *client.Leadership) { l.Resign(ctx) })

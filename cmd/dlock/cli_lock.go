@@ -34,33 +34,15 @@ is released when CMD exits.
 
 func runLockCommand(args []string) error {
 	fs := newCmdFlags("lock", lockUsage)
-	var g globalFlags
-	g.register(fs)
-	ttl := fs.Duration("ttl", client.DefaultTTL, "lease TTL")
-	wait := fs.Duration("wait", 0, "give up after waiting this long (0: no limit)")
+	var h heldFlags
+	h.register(fs, client.DefaultTTL, "lock")
 	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
-	grace := fs.Duration("grace", 10*time.Second, "SIGTERM to SIGKILL delay when the lock is lost")
-	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
-	pos, argv, err := parseCmd(fs, &g, args, 1)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || len(argv) == 0 {
-		return usageErrorf("want a lock name and a command: dlock lock NAME -- CMD [ARGS...]")
-	}
-	if *wait < 0 || *grace < 0 {
-		return usageErrorf("--wait and --grace must not be negative")
-	}
-	opts, err := takeoverOpts(&g, *takeover)
-	if err != nil {
-		return err
-	}
-	name := pos[0]
-	c, err := g.client()
+	name, argv, opts, c, err := h.parse(fs, args, "dlock lock NAME -- CMD [ARGS...]")
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	g, wait, grace := &h.g, h.wait, h.grace
 
 	// Catch signals from the start: a Ctrl-C while waiting must withdraw
 	// from the line, not kill dlock and leave the wait behind.
@@ -68,7 +50,7 @@ func runLockCommand(args []string) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	m := c.NewMutex(name, append(opts, client.WithTTL(*ttl))...)
+	m := c.NewMutex(name, opts...)
 	l, err := lockOrSignal(m, *wait, *noWait, sigs)
 	if err != nil {
 		var sig *signalled

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
@@ -63,19 +64,10 @@ func (e *cliEnv) run(t *testing.T, args ...string) (string, string, int) {
 
 func buildDlock(t *testing.T) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go command to build dlock: %v", err)
-	}
 	bin := filepath.Join(t.TempDir(), "dlock")
-	args := []string{"build"}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "-o", bin, ".")
 	start := time.Now()
-	if out, err := exec.Command(goTool, args...).CombinedOutput(); err != nil {
-		t.Fatalf("go %v: %v\n%s", args, err, out)
+	if err := proc.Build("github.com/dlock/dlock/cmd/dlock", bin, raceEnabled); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("built dlock (race=%v) in %s", raceEnabled, time.Since(start).Round(time.Millisecond))
 	return bin

@@ -6,6 +6,7 @@
 package proc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -185,4 +186,29 @@ func ShellWords(args []string) string {
 		}
 	}
 	return strings.Join(out, " ")
+}
+
+// Build compiles the Go package pkg (e.g. "github.com/dlock/dlock/cmd/dlock")
+// to out, with the race detector if race, and extra environment (e.g.
+// CGO_ENABLED=0 for a static binary). It gives up after five minutes.
+func Build(pkg, out string, race bool, env ...string) error {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("the go command is needed to build %s: %w", pkg, err)
+	}
+	args := []string{"build"}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, "-o", out, pkg)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goTool, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -18,6 +17,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/dlock/dlock/fence"
+	"github.com/dlock/dlock/internal/proc"
 )
 
 // --- configuration ---
@@ -163,14 +163,9 @@ func dlockBinary(t testing.TB) string {
 	}
 	buildOnce.Do(func() {
 		out := filepath.Join(binDir, "dlock")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		args := []string{"build", "-o", out, "github.com/dlock/dlock/cmd/dlock"}
-		if b, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go %v: %w\n%s", args, err, b)
-			return
+		if buildErr = proc.Build("github.com/dlock/dlock/cmd/dlock", out, false); buildErr == nil {
+			binPath = out
 		}
-		binPath = out
 	})
 	if buildErr != nil {
 		t.Fatalf("build dlock: %v", buildErr)

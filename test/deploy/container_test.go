@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
@@ -53,11 +54,8 @@ func TestContainerCluster(t *testing.T) {
 		os.WriteFile(filepath.Join(bctx, f), b, 0o644)
 	}
 	os.MkdirAll(filepath.Join(bctx, "data"), 0o755)
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", filepath.Join(bctx, "dlock"), "./cmd/dlock")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("static build: %v\n%s", err, out)
+	if err := proc.Build("github.com/dlock/dlock/cmd/dlock", filepath.Join(bctx, "dlock"), false, "CGO_ENABLED=0"); err != nil {
+		t.Fatalf("static build: %v", err)
 	}
 	tag := "localhost/dlock-test:" + strings.ToLower(rand.Text()[:10])
 	if out, err := podman(t, ctx, "build", "--format", "docker", "-q", "-t", tag, "-f", filepath.Join(root, "deploy", "Dockerfile"), bctx); err != nil {

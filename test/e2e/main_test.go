@@ -1,14 +1,14 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	dproc "github.com/dlock/dlock/internal/proc"
 )
 
 // binDir holds the dlock binary built for this test run; TestMain removes it.
@@ -37,22 +37,9 @@ func TestMain(m *testing.M) {
 func dlockBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			buildErr = fmt.Errorf("the go command is needed to build dlock: %w", err)
-			return
-		}
 		out := filepath.Join(binDir, "dlock")
-		args := []string{"build"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "-o", out, "github.com/dlock/dlock/cmd/dlock")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
 		start := time.Now()
-		if b, err := exec.CommandContext(ctx, goTool, args...).CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go %v: %w\n%s", args, err, b)
+		if buildErr = dproc.Build("github.com/dlock/dlock/cmd/dlock", out, raceEnabled); buildErr != nil {
 			return
 		}
 		binPath = out
