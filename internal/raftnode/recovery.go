@@ -55,16 +55,11 @@ func Recover(dataDir string, peers map[string]string) error {
 		return err
 	}
 	kind := dataDirKind(dataDir)
-	store, closeLogs, err := OpenLogStore(kind, dataDir)
+	store, snaps, hlog, closeLogs, err := openOffline(kind, dataDir)
 	if err != nil {
 		return err
 	}
 	defer closeLogs()
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
-	if err != nil {
-		return fmt.Errorf("open snapshot store in %s: %w", dataDir, err)
-	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = cfg.Servers[0].ID
 	rc.Logger = hlog
@@ -124,16 +119,11 @@ func seedSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, snapIndex 
 	if err := checkLogStoreKind(dataDir, kind); err != nil {
 		return err
 	}
-	store, closeLogs, err := OpenLogStore(kind, dataDir)
+	store, snaps, _, closeLogs, err := openOffline(kind, dataDir)
 	if err != nil {
 		return err
 	}
 	defer closeLogs()
-	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
-	if err != nil {
-		return fmt.Errorf("open snapshot store in %s: %w", dataDir, err)
-	}
 	index := max(snapIndex, 1)
 	_, trans := raft.NewInmemTransport("")
 	sink, err := snaps.Create(raft.SnapshotVersionMax, index, 1, cfg, 1, trans)
@@ -152,4 +142,20 @@ func seedSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, snapIndex 
 		return fmt.Errorf("write term: %w", err)
 	}
 	return nil
+}
+
+// openOffline opens a stopped node's log store and snapshot store for the
+// offline tools (recover, restore), with Raft's logger at warn on stderr.
+func openOffline(kind LogStoreKind, dataDir string) (LogAndStableStore, *raft.FileSnapshotStore, hclog.Logger, func() error, error) {
+	store, closeLogs, err := OpenLogStore(kind, dataDir)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	hlog := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
+	if err != nil {
+		_ = closeLogs()
+		return nil, nil, nil, nil, fmt.Errorf("open snapshot store in %s: %w", dataDir, err)
+	}
+	return store, snaps, hlog, closeLogs, nil
 }

@@ -30,22 +30,8 @@ import (
 // hashicorp/raft-wal#31, fixed in v0.4.1 (#33).
 func TestChaosRegressionTailTruncationRestart(t *testing.T) {
 	skipUnlessEnabled(t)
-	bin := dlockBinary(t)
-	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(42, 42))
-	c, err := newCluster(bin, dir, 3, rng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.shutdown()
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
-		t.Fatalf("%v\n%s", err, c.logTails(30))
-	}
+	c := healthyCluster(t, rng)
 	clk := &clock{start: time.Now()}
 	api := newAPIClient(c, newHistory(clk))
 	// Some committed history first.
@@ -120,22 +106,8 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // picks among several ready events at random.
 func TestChaosRegressionRetriedWaitReleasedBehindClient(t *testing.T) {
 	skipUnlessEnabled(t)
-	bin := dlockBinary(t)
-	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(43, 43))
-	c, err := newCluster(bin, dir, 3, rng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.shutdown()
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
-		t.Fatalf("%v\n%s", err, c.logTails(30))
-	}
+	c := healthyCluster(t, rng)
 	clk := &clock{start: time.Now()}
 	api := newAPIClient(c, newHistory(clk))
 	opts := callOpts{attempt: 2 * time.Second, overall: 20 * time.Second}
@@ -234,22 +206,8 @@ func TestChaosRegressionRetriedWaitReleasedBehindClient(t *testing.T) {
 // from the committed command's result.
 func TestChaosRegressionElectionConflictNamesStaleLeader(t *testing.T) {
 	skipUnlessEnabled(t)
-	bin := dlockBinary(t)
-	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(44, 44))
-	c, err := newCluster(bin, dir, 3, rng)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.shutdown()
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
-		t.Fatalf("%v\n%s", err, c.logTails(30))
-	}
+	c := healthyCluster(t, rng)
 	clk := &clock{start: time.Now()}
 	api := newAPIClient(c, newHistory(clk))
 	bad, tried := 0, 0
@@ -310,4 +268,24 @@ func TestChaosRegressionElectionConflictNamesStaleLeader(t *testing.T) {
 	if bad > 0 {
 		t.Fatalf("in %d of %d rounds a campaign's 409 named a stale leader (or none): \"current\" comes from the answering node's local state, not from the committed result", bad, tried)
 	}
+}
+
+// healthyCluster starts three dlock processes and waits until they are a
+// healthy cluster; they stop when the test ends.
+func healthyCluster(t *testing.T, rng *rand.Rand) *cluster {
+	t.Helper()
+	c, err := newCluster(dlockBinary(t), t.TempDir(), 3, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.shutdown)
+	for i := range c.nodes {
+		if err := c.start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
+		t.Fatalf("%v\n%s", err, c.logTails(30))
+	}
+	return c
 }
