@@ -204,16 +204,9 @@ func runList(args []string) error {
 	fs := newCmdFlags("list", listUsage)
 	var g globalFlags
 	g.register(fs)
-	pos, rest, err := parseCmd(fs, &g, args, 1)
+	prefix, err := parsePrefix(fs, &g, args)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 0 {
-		return usageErrorf("want at most one prefix")
-	}
-	prefix := ""
-	if len(pos) == 1 {
-		prefix = pos[0]
 	}
 	c, ctx, done, err := g.connect(0)
 	if err != nil {
@@ -314,4 +307,20 @@ func notHolderHint(err error, c *client.Client) error {
 		return fmt.Errorf("%w (asked as client id %q; a lock acquired under another --client-id, or a wrong --token or --lease-id, is not held by this one)", err, c.ClientID())
 	}
 	return err
+}
+
+// parsePrefix parses a command that takes at most one name prefix (list,
+// watch); "" is every name.
+func parsePrefix(fs *cmdFlags, g *globalFlags, args []string) (string, error) {
+	pos, rest, err := parseCmd(fs, g, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if len(rest) != 0 {
+		return "", usageErrorf("want at most one prefix")
+	}
+	if len(pos) == 1 {
+		return pos[0], nil
+	}
+	return "", nil
 }

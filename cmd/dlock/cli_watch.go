@@ -33,16 +33,9 @@ func runWatch(args []string) error {
 	var g globalFlags
 	g.register(fs)
 	from := fs.Uint64("from-revision", 0, "first revision to show (0: from now on)")
-	pos, rest, err := parseCmd(fs, &g, args, 1)
+	prefix, err := parsePrefix(fs, &g, args)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 0 {
-		return usageErrorf("want at most one prefix")
-	}
-	prefix := ""
-	if len(pos) == 1 {
-		prefix = pos[0]
 	}
 	c, err := g.client()
 	if err != nil {

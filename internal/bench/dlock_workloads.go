@@ -108,23 +108,9 @@ func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c lockAPI, 
 		name := fmt.Sprintf("bench/%s/u/w%d", id, w)
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
 		for pace.wait(stop) {
-			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, Takeover: true})
-			if err != nil {
-				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
-					return
-				}
-				continue
+			if !lockCycle(ctx, stop, c, rec, name, cid, acquireReq{ClientID: cid, TTLms: ttl, Takeover: true}) {
+				return
 			}
-			t1 := rec.observe("acquire", t0)
-			if err := c.release(ctx, name, holderReq{ClientID: cid, FencingToken: a.FencingToken, LeaseID: a.LeaseID}); err != nil {
-				if !afterFailure(ctx, stop, c, rec, "release", err) {
-					return
-				}
-				continue
-			}
-			t2 := rec.observe("release", t1)
-			rec.record("cycle", t2, t2.Sub(t0))
 		}
 	})
 	rec.fill(res, cfg.CDF)
@@ -179,23 +165,9 @@ func dlockSession(ctx context.Context, cfg *Config, res *Result, c lockAPI, id s
 		}()
 		for j := 0; pace.wait(stop); j++ {
 			name := fmt.Sprintf("bench/%s/s/w%d/k%d", id, w, j%cfg.Names)
-			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, SessionID: sid, Takeover: true})
-			if err != nil {
-				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
-					return
-				}
-				continue
+			if !lockCycle(ctx, stop, c, rec, name, cid, acquireReq{ClientID: cid, SessionID: sid, Takeover: true}) {
+				return
 			}
-			t1 := rec.observe("acquire", t0)
-			if err := c.release(ctx, name, holderReq{ClientID: cid, FencingToken: a.FencingToken, LeaseID: a.LeaseID}); err != nil {
-				if !afterFailure(ctx, stop, c, rec, "release", err) {
-					return
-				}
-				continue
-			}
-			t2 := rec.observe("release", t1)
-			rec.record("cycle", t2, t2.Sub(t0))
 		}
 	})
 	if setupErr != nil {
@@ -558,4 +530,22 @@ func metricsURLs(apiURLs map[string]string) map[string]string {
 		out[id] = strings.TrimRight(u, "/") + "/metrics"
 	}
 	return out
+}
+
+// lockCycle is one acquire and release of name, timed as "acquire",
+// "release" and "cycle". It reports whether the worker should go on (a
+// failure it can carry on after counts as done).
+func lockCycle(ctx, stop context.Context, c lockAPI, rec *recorder, name, cid string, req acquireReq) bool {
+	t0 := time.Now()
+	a, err := c.acquire(ctx, name, req)
+	if err != nil {
+		return afterFailure(ctx, stop, c, rec, "acquire", err)
+	}
+	t1 := rec.observe("acquire", t0)
+	if err := c.release(ctx, name, holderReq{ClientID: cid, FencingToken: a.FencingToken, LeaseID: a.LeaseID}); err != nil {
+		return afterFailure(ctx, stop, c, rec, "release", err)
+	}
+	t2 := rec.observe("release", t1)
+	rec.record("cycle", t2, t2.Sub(t0))
+	return true
 }

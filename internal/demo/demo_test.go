@@ -3,83 +3,32 @@ package demo
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	dproc "github.com/dlock/dlock/internal/proc"
 )
 
-var (
-	binDir    string // removed by TestMain
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+var dlock = &dproc.Binary{Pkg: "github.com/dlock/dlock/cmd/dlock"}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "dlock-demo-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo: make a directory for the dlock binary:", err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	dlock.Cleanup()
 	os.Exit(code)
 }
 
-// dlockBinary builds cmd/dlock once per test run, lazily so that -short
-// and -list stay fast.
+// dlockBinary builds cmd/dlock once per test run, and checks that it runs
+// the paused client of the demo (`dlock demo-writer`).
 func dlockBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		root, err := moduleRoot()
-		if err != nil {
-			buildErr = fmt.Errorf("find the module root (go.mod) above the test's directory: %w", err)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		out := filepath.Join(binDir, "dlock")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/dlock")
-		cmd.Dir = root
-		if b, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/dlock: %w\n%s", err, b)
-			return
-		}
-		// The demo runs the paused client as `dlock demo-writer`.
-		if b, err := exec.CommandContext(ctx, out, "demo-writer", "-h").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("the built dlock has no demo-writer command (%w): wire runDemo and runDemoWriter into cmd/dlock/main.go\n%.300s", err, b)
-			return
-		}
-		binPath = out
-	})
-	if buildErr != nil {
-		t.Fatalf("build dlock: %v", buildErr)
+	bin := dlock.Path(t)
+	if b, err := exec.Command(bin, "demo-writer", "-h").CombinedOutput(); err != nil {
+		t.Fatalf("the built dlock has no demo-writer command (%v): wire runDemo and runDemoWriter into cmd/dlock/main.go\n%.300s", err, b)
 	}
-	return binPath
-}
-
-// moduleRoot walks up from the package directory to go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", os.ErrNotExist
-		}
-		dir = parent
-	}
+	return bin
 }
 
 // runDemo runs steps of the demo against real processes and returns the

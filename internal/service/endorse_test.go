@@ -17,12 +17,7 @@ import (
 // state as before.
 func TestEndorseSignsOnlyGrantsMadeByTheCommand(t *testing.T) {
 	ctx := context.Background()
-	n := newFakeNode(false)
-	s := New(n, nil, nil)
-	t.Cleanup(s.Close)
-	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
-		t.Fatal(err)
-	}
+	n, s := keyedService(t)
 	key, _ := command.NormalizeName("jobs/x")
 	grant := &command.Envelope{ClientID: "a", RequestID: "r1", Body: &command.Acquire{Name: key, TTLms: 30_000}}
 	steps := []struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -118,3 +119,16 @@ func (n *fakeNode) TransferLeadership(context.Context, string) error { return ni
 // SetEndorser is the local service's: this node answers as a follower, whose
 // endorser never runs (leaderView is the leader's side).
 func (n *fakeNode) SetEndorser(raftnode.Endorser) {}
+
+// keyedService is a service over a fakeNode whose cluster has a
+// token-signing key (seed 7), as a cluster's first leader installs one.
+func keyedService(t *testing.T) (*fakeNode, *Service) {
+	t.Helper()
+	n := newFakeNode(false)
+	s := New(n, nil, nil)
+	t.Cleanup(s.Close)
+	if _, err := n.Apply(context.Background(), &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
+		t.Fatal(err)
+	}
+	return n, s
+}

@@ -70,12 +70,7 @@ func keySet(t *testing.T, doc *fence.KeySetDocument) *fence.KeySet {
 // drops the retired keys and, with them, every proof they signed.
 func TestTokenKeysPublishRetiredKeyBounds(t *testing.T) {
 	ctx := context.Background()
-	n := newFakeNode(false)
-	s := New(n, nil, nil)
-	t.Cleanup(s.Close)
-	if _, err := n.Apply(ctx, &command.Envelope{ClientID: "dlock", Body: &command.SetTokenKey{Seed: [32]byte{7}}}); err != nil {
-		t.Fatal(err)
-	}
+	n, s := keyedService(t)
 	type grant struct {
 		name string
 		resp *AcquireResponse

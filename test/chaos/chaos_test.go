@@ -132,45 +132,25 @@ func TestChaosSoak(t *testing.T) {
 
 // --- the dlock binary ---
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	binDir    string
-)
+// dlock is built once, without -race: the suite is about timing, and the
+// race detector slows the nodes several-fold.
+var dlock = &proc.Binary{Pkg: "github.com/dlock/dlock/cmd/dlock"}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "dlock-chaos-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos: make a directory for the dlock binary:", err)
-		os.Exit(1)
-	}
-	binDir = dir
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	dlock.Cleanup()
 	os.Exit(code)
 }
 
-// dlockBinary builds cmd/dlock once (without -race: the suite is about
-// timing, and the race detector slows the nodes several-fold).
-//
-// DLOCK_CHAOS_BIN runs a prebuilt binary instead (to try a fix without
-// touching the tree, or to bisect).
+// dlockBinary returns the dlock binary to run. DLOCK_CHAOS_BIN runs a
+// prebuilt one instead (to try a fix without touching the tree, or to
+// bisect).
 func dlockBinary(t testing.TB) string {
 	t.Helper()
 	if b := os.Getenv("DLOCK_CHAOS_BIN"); b != "" {
 		return b
 	}
-	buildOnce.Do(func() {
-		out := filepath.Join(binDir, "dlock")
-		if buildErr = proc.Build("github.com/dlock/dlock/cmd/dlock", out, false); buildErr == nil {
-			binPath = out
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build dlock: %v", buildErr)
-	}
-	return binPath
+	return dlock.Path(t)
 }
 
 // --- the probe: write availability ---

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	dproc "github.com/dlock/dlock/internal/proc"
 )
 
 // The memory one open SSE watch may cost a node, whatever revision it starts
@@ -301,31 +302,14 @@ func raiseFileLimit(t *testing.T, n int) {
 	}
 }
 
-var (
-	plainOnce sync.Once
-	plainPath string
-	plainErr  error
-)
-
-// plainBinary is dlock built without the race detector, whose shadow memory
+// plain is dlock built without the race detector, whose shadow memory
 // would be most of what an RSS measurement sees.
+var plain = &dproc.Binary{Pkg: "github.com/dlock/dlock/cmd/dlock"}
+
 func plainBinary(t *testing.T) string {
 	t.Helper()
 	if !raceEnabled {
 		return dlockBinary(t)
 	}
-	plainOnce.Do(func() {
-		out := filepath.Join(binDir, "dlock-norace")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if b, err := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/dlock/dlock/cmd/dlock").CombinedOutput(); err != nil {
-			plainErr = fmt.Errorf("go build: %w\n%s", err, b)
-			return
-		}
-		plainPath = out
-	})
-	if plainErr != nil {
-		t.Fatalf("build dlock: %v", plainErr)
-	}
-	return plainPath
+	return plain.Path(t)
 }
