@@ -24,6 +24,8 @@ type Member struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr"`
+	// Version is the build the member runs, as it registered it.
+	Version  string `json:"version"`
 	Suffrage string `json:"suffrage"`
 	State    string `json:"state"`
 	// Filled by ClusterHealth only: a probe of the member by the answering node.

@@ -285,17 +285,21 @@ func runMembers(args []string) error {
 	}
 	leader := ci.LeaderID
 	if leader == "" {
-		leader = "none (election under way?)"
+		leader = "none known"
 	}
 	fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT")
+	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT\tVERSION")
 	for _, m := range ci.Members {
 		contact := "unreachable"
 		if m.Reachable {
 			contact = fmt.Sprintf("%.1fms", m.LastContactMs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact)
+		version := m.Version
+		if version == "" {
+			version = "-" // not registered yet, or a build before versions
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
 	}
 	return tw.Flush()
 }

@@ -40,13 +40,15 @@ const (
 // version up to this one. Version 2 added Acquire.Value (elections), version 3
 // SetTokenKey.RevokeRetired and Envelope.Clock, and is the first whose
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
-// and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters
-// and Acquire.Takeover (earlier acquires decode with Takeover true: they
+// and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters,
+// Acquire.Takeover and RegisterMember.Version (earlier acquires decode with Takeover true: they
 // always took over).
 const Version = 5
 
 // Limits shared by validation and the state machine.
 const (
+	// MaxMemberVersionLen bounds a member's version string.
+	MaxMemberVersionLen = 128
 	MinTTLms  = 1_000
 	MaxTTLms  = 600_000
 	MaxWaitMs = 3_600_000
@@ -127,6 +129,9 @@ type RegisterMember struct {
 	ID       string
 	RaftAddr string
 	APIAddr  string
+	// Version (command version 5) is the build the node runs, for
+	// GET /cluster; a node registers again when it changes.
+	Version string
 }
 
 // CreateSession creates an explicit lease. LeaseID is drawn by the leader.
@@ -421,9 +426,13 @@ func (b *RegisterMember) encode(w *wire.Writer) {
 	w.String(b.ID)
 	w.String(b.RaftAddr)
 	w.String(b.APIAddr)
+	w.String(b.Version) // version 5
 }
-func (b *RegisterMember) decode(r *wire.Reader, _ byte) {
+func (b *RegisterMember) decode(r *wire.Reader, v byte) {
 	b.ID, b.RaftAddr, b.APIAddr = r.String(), r.String(), r.String()
+	if v >= 5 {
+		b.Version = r.String()
+	}
 }
 
 func (b *CreateSession) encode(w *wire.Writer) { putLease(w, b.LeaseID); w.Varint(b.TTLms) }

@@ -37,7 +37,7 @@ func roundTripCases() []struct {
 		{"register/empty", &Envelope{Body: &RegisterMember{}}},
 		{"tick", &Envelope{TS: 1_700_000_000_000, Clock: 86_400_000, ClockTerm: 7, ClientID: "dlock", Body: &Tick{}}},
 		{"register/full", &Envelope{TS: 1_700_000_000_000, ClientID: "node", RequestID: "r1",
-			Body: &RegisterMember{ID: "n1", RaftAddr: "127.0.0.1:7071", APIAddr: "127.0.0.1:7070"}}},
+			Body: &RegisterMember{ID: "n1", RaftAddr: "127.0.0.1:7071", APIAddr: "127.0.0.1:7070", Version: "v1.2.3 (0123456789ab)"}}},
 		{"create-session/empty", &Envelope{Body: &CreateSession{}}},
 		{"create-session/full", &Envelope{TS: math.MaxInt64, ClientID: "c", RequestID: "r",
 			Body: &CreateSession{LeaseID: maxLease, TTLms: MaxTTLms}}},
@@ -231,6 +231,10 @@ func TestDecodeOlderVersions(t *testing.T) {
 					c.Value = ""
 				}
 				e.Body = &c
+			case *RegisterMember:
+				c := *b
+				c.Version = "" // added with version 5
+				e.Body = &c
 			case *Proclaim:
 				if old < 2 {
 					continue // added with version 2
@@ -263,11 +267,12 @@ func TestDecodeOlderVersions(t *testing.T) {
 			}
 			_, isSetKey := e.Body.(*SetTokenKey)
 			isSetKey = isSetKey && old < 3
+			_, isRegister := e.Body.(*RegisterMember)
 			cut := 0
 			switch {
 			case isAcquire && old < 2:
 				cut = 2 // Value and MaxWaiters
-			case isAcquire || isSetKey:
+			case isAcquire || isSetKey || isRegister:
 				cut = 1
 			}
 			for ; cut > 0; cut-- {
@@ -286,7 +291,7 @@ func TestDecodeOlderVersions(t *testing.T) {
 			if !bytes.Equal(Encode(got), cur) {
 				t.Fatalf("%s: version %d entry does not re-encode at version %d", tc.name, old, Version)
 			}
-			if isAcquire || isSetKey {
+			if isAcquire || isSetKey || isRegister {
 				// A current entry labelled with the old version has a
 				// trailing field the old version did not have.
 				bad := oldEnvelope(t, cur, old)

@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/expiry"
 	"github.com/dlock/dlock/internal/fsm"
@@ -610,7 +611,7 @@ func (n *Node) registerSelf() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
-		_, err := n.Apply(ctx, &command.Envelope{Body: &command.RegisterMember{ID: want.ID, RaftAddr: want.RaftAddr, APIAddr: want.APIAddr}})
+		_, err := n.Apply(ctx, &command.Envelope{Body: &command.RegisterMember{ID: want.ID, RaftAddr: want.RaftAddr, APIAddr: want.APIAddr, Version: want.Version}})
 		cancel()
 		if err == nil {
 			return
@@ -642,7 +643,18 @@ func (n *Node) leaderCommit() {
 
 // selfMember is this node's own member record as it should be in the state.
 func (n *Node) selfMember() state.Member {
-	return state.Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAdvertise, APIAddr: n.cfg.APIAddr}
+	return state.Member{ID: n.cfg.ID, RaftAddr: n.cfg.RaftAdvertise, APIAddr: n.cfg.APIAddr, Version: memberVersion()}
+}
+
+// memberVersion is how this build names itself in the member list: its
+// version and the commit it was built from.
+func memberVersion() string {
+	bi := buildinfo.Get()
+	v := bi.Version
+	if c := bi.Commit; c != "unknown" && c != "" {
+		v += " (" + c[:min(12, len(c))] + ")"
+	}
+	return v
 }
 
 // registered reports whether the state holds m exactly.

@@ -39,6 +39,12 @@ func TestReadyMeansRegistered(t *testing.T) {
 			t.Errorf("%s not ready after 3 s: %v", id, err)
 		}
 	}
+	// Each member's record names the build it runs (GET /cluster's version).
+	for _, s := range nodes["n1"].Status().Servers {
+		if s.Version != memberVersion() || s.Version == "" {
+			t.Errorf("member %s has version %q, want %q", s.ID, s.Version, memberVersion())
+		}
+	}
 }
 
 // A restarted node proposes its registration at most once, even while it is

@@ -19,6 +19,7 @@ type ServerStatus struct {
 	ID       string
 	RaftAddr string
 	APIAddr  string
+	Version  string // as the member registered it
 	Suffrage string
 	State    string
 }
@@ -91,7 +92,7 @@ func (n *Node) Status() Status {
 	}
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, s := range f.Configuration().Servers {
-			ss := ServerStatus{ID: string(s.ID), RaftAddr: string(s.Address), APIAddr: members[string(s.ID)].APIAddr, Suffrage: suffrage(s.Suffrage)}
+			ss := ServerStatus{ID: string(s.ID), RaftAddr: string(s.Address), APIAddr: members[string(s.ID)].APIAddr, Version: members[string(s.ID)].Version, Suffrage: suffrage(s.Suffrage)}
 			switch {
 			case string(s.ID) == st.LeaderID:
 				ss.State = "leader"

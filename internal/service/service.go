@@ -549,7 +549,7 @@ func (s *Service) cluster(ctx context.Context, probe bool) (*ClusterInfo, error)
 		ci.CheckpointIndex, ci.CheckpointDigest = st.CheckpointIndex, fmt.Sprintf("%016x", st.CheckpointDigest)
 	}
 	for _, m := range st.Servers {
-		mem := Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Suffrage: m.Suffrage, State: m.State}
+		mem := Member{ID: m.ID, RaftAddr: m.RaftAddr, APIAddr: m.APIAddr, Version: m.Version, Suffrage: m.Suffrage, State: m.State}
 		if probe {
 			h := health[m.ID]
 			mem.Reachable, mem.AppliedIndex, mem.LastContactMs = &h.Reachable, h.Applied, float64(h.LastContact.Microseconds())/1000

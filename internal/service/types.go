@@ -172,6 +172,7 @@ type Member struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr"`
+	Version  string `json:"version,omitempty"`
 	Suffrage string `json:"suffrage"`
 	State    string `json:"state"`
 	// Reachable, AppliedIndex and LastContactMs come from a probe of the member

@@ -396,7 +396,7 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		return b
 	default:
 		e.ClientID = "node"
-		return &command.RegisterMember{ID: fmt.Sprintf("n%d", g.rng.IntN(4)), RaftAddr: fmt.Sprintf("r%d", g.rng.IntN(3)), APIAddr: "api"}
+		return &command.RegisterMember{ID: fmt.Sprintf("n%d", g.rng.IntN(4)), RaftAddr: fmt.Sprintf("r%d", g.rng.IntN(3)), APIAddr: "api", Version: []string{"", "v1", "v2 (abc)"}[g.rng.IntN(3)]}
 	}
 }
 

@@ -252,6 +252,7 @@ func dump(s *State) string {
 		str(mm.ID)
 		str(mm.RaftAddr)
 		str(mm.APIAddr)
+		str(mm.Version)
 	}
 	for _, lid := range sortedLeaseIDs(s) {
 		l := s.leases[lid]

@@ -18,7 +18,7 @@ var snapshotMagic = []byte("DLSNAP")
 // ids and no more lease creation times, version 6 each retired token key's
 // bound (TokenKey.MaxToken) and the lease clock (State.clock, each lease's
 // RenewedClock, each wait's ClockDeadline); older snapshots are still read.
-const snapshotVersion = 6
+const snapshotVersion = 7
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -75,6 +75,7 @@ func writeMember(w *wire.Writer, m Member) {
 	w.String(m.ID)
 	w.String(m.RaftAddr)
 	w.String(m.APIAddr)
+	w.String(m.Version) // version 7
 }
 
 // writeLease writes a lease's fields (its name set is derived from the locks).
@@ -175,9 +176,12 @@ func (s *State) readHeader(r *wire.Reader, v byte) error {
 	return nil
 }
 
-func (s *State) readMembers(r *wire.Reader, _ byte) error {
+func (s *State) readMembers(r *wire.Reader, v byte) error {
 	for n := r.Count(3); n > 0 && r.Err() == nil; n-- {
 		m := Member{ID: r.String(), RaftAddr: r.String(), APIAddr: r.String()}
+		if v >= 7 {
+			m.Version = r.String()
+		}
 		s.members[m.ID] = m
 	}
 	return nil

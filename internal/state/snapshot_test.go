@@ -81,6 +81,9 @@ func (r *rawSnap) encode() []byte {
 		w.String(m.ID)
 		w.String(m.RaftAddr)
 		w.String(m.APIAddr)
+		if r.version >= 7 {
+			w.String(m.Version)
+		}
 	}
 	w.Uvarint(uint64(len(r.leases)))
 	for _, l := range r.leases {
@@ -173,7 +176,7 @@ func (r *rawSnap) encode() []byte {
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 6, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 7, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -198,7 +201,7 @@ func toRaw(s *State) *rawSnap {
 // implicit leases, held locks, queues, dedup entries.
 func sampleState(t testing.TB) *State {
 	h := newHarness(t)
-	h.do("n", &command.RegisterMember{ID: "n1", RaftAddr: "10.0.0.1:7071", APIAddr: "10.0.0.1:7070"})
+	h.do("n", &command.RegisterMember{ID: "n1", RaftAddr: "10.0.0.1:7071", APIAddr: "10.0.0.1:7070", Version: "v1.2.3 (0123456789ab)"})
 	h.do("n", &command.RegisterMember{ID: "n0", RaftAddr: "10.0.0.0:7071", APIAddr: "10.0.0.0:7070"})
 	h.session("s1", lid(1), 20_000)
 	h.sacquire("s1", "jobs/a", lid(1), 0)
@@ -266,6 +269,9 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	r.keys, r.acl = nil, nil
 	want := toRaw(s)
 	want.keys, want.acl = nil, nil
+	for i := range want.members {
+		want.members[i].Version = "" // members' versions came with version 7
+	}
 	// Without a lease clock in the snapshot, the clock restarts at 0 and
 	// every lease has its whole TTL left, each wait its whole wait (as
 	// replaying the log, whose entries had no clock, would give).
@@ -306,7 +312,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 7":       raw(func(r *rawSnap) { r.version = 7 }),
+		"version 8":       raw(func(r *rawSnap) { r.version = 8 }),
 		"v6 body as v5": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 5

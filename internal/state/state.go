@@ -135,6 +135,7 @@ type Member struct {
 	ID       string
 	RaftAddr string
 	APIAddr  string
+	Version  string // the build the member runs (snapshot version 7)
 }
 
 // State is the whole replicated state. The zero value is not usable; call New.
@@ -319,6 +320,9 @@ func validTTL(ttl int64) bool { return ttl >= command.MinTTLms && ttl <= command
 func (s *State) registerMember(b *command.RegisterMember) command.Result {
 	if b.ID == "" {
 		return invalid("member id is empty")
+	}
+	if len(b.Version) > command.MaxMemberVersionLen {
+		return invalid("member version too long")
 	}
 	m := Member(*b)
 	if old, ok := s.members[b.ID]; !ok || old != m {
