@@ -49,9 +49,9 @@ const Version = 5
 const (
 	// MaxMemberVersionLen bounds a member's version string.
 	MaxMemberVersionLen = 128
-	MinTTLms  = 1_000
-	MaxTTLms  = 600_000
-	MaxWaitMs = 3_600_000
+	MinTTLms            = 1_000
+	MaxTTLms            = 600_000
+	MaxWaitMs           = 3_600_000
 	// MaxClientID bounds client_id and request_id.
 	MaxClientID = 128
 	// MaxValueLen bounds an election value.
