@@ -13,6 +13,7 @@ import (
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // pastDeadlineCtx is a context whose deadline has passed but whose Done is not
@@ -204,14 +205,8 @@ func followerKnowingLeader(t *testing.T, nodes map[string]*Node, leader string) 
 			break
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, ok := nodes[follower].leaderAddr(); ok {
-			return follower
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the follower knows no leader")
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the follower knows a leader", func() bool { _, ok := nodes[follower].leaderAddr(); return ok })
+	return follower
 }
 
 // stuckFollowerCluster is a three-node cluster where one follower, which knows

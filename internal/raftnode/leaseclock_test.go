@@ -29,11 +29,7 @@ func transferLeadership(t *testing.T, nodes map[string]*Node, from, to string) {
 	if err := nodes[from].raft.LeadershipTransferToServer(raft.ServerID(to), addr).Error(); err != nil {
 		t.Fatalf("transfer %s -> %s: %v", from, to, err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !nodes[to].IsLeader(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not become the ready leader", to)
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, to+" is the ready leader", nodes[to].IsLeader)
 }
 
 // A lease renewed under leader A, then an entry by leader B whose wall clock

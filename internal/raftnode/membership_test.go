@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // Removing the leader itself hands leadership on first, so when the removal
@@ -221,13 +222,7 @@ func TestMemberChangeAfterLostAnswer(t *testing.T) {
 					t.Fatalf("transfer to any voter after a lost answer: %v; want unavailable, answer lost", err)
 				}
 				// It was acted on once: leadership left the old leader.
-				deadline := time.Now().Add(10 * time.Second)
-				for nodes[leader].raft.State() == raft.Leader {
-					if time.Now().After(deadline) {
-						t.Fatalf("%s still leads: the transfer was not made", leader)
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+				testutil.Eventually(t, 10*time.Second, leader+" hands leadership on (the transfer was made)", func() bool { return nodes[leader].raft.State() != raft.Leader })
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

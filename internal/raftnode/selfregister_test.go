@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // registerCluster opens three nodes with API addresses, as dlock serve does.
@@ -97,4 +98,35 @@ func TestRestartRegistersOnce(t *testing.T) {
 	if f := n.Status().Forwarded; f > 1 {
 		t.Fatalf("restarted %s forwarded %d writes, want at most one registration", follower, f)
 	}
+}
+
+// The leader says a member it cannot reach is unreachable, not a follower
+// (dlock members once showed a killed node as follower).
+func TestLeaderShowsAStoppedMemberUnreachable(t *testing.T) {
+	nodes, leader := openTestClusterWith(t, []string{"n1", "n2", "n3"}, func(*Config) {})
+	var stopped string
+	for id := range nodes {
+		if id != leader {
+			stopped = id
+			break
+		}
+	}
+	state := func(id string) string {
+		for _, s := range nodes[leader].Status().Servers {
+			if s.ID == id {
+				return s.State
+			}
+		}
+		return ""
+	}
+	if st := state(stopped); st != "follower" {
+		t.Fatalf("%s is %q before it stops, want follower", stopped, st)
+	}
+	if err := nodes[stopped].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, stopped+" shown unreachable by the leader", func() (bool, string) {
+		st := state(stopped)
+		return st == "unreachable", st
+	})
 }

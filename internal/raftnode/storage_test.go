@@ -400,15 +400,10 @@ func TestDiskFullRefusesWritesUntilSpaceReturns(t *testing.T) {
 		t.Fatal("state lost")
 	}
 	free.Store(1 << 40)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "writes resume once space returned", func() (bool, string) {
 		_, err = n.Apply(ctx, registerMemberEnvelope(fmt.Sprint("back-", time.Now().UnixNano())))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("writes did not resume once space returned: %v", err)
-		}
-	}
+		return err == nil, fmt.Sprint(err)
+	})
 	if n.Err() != nil {
 		t.Fatalf("the guard stopped the node: %v", n.Err())
 	}

@@ -58,20 +58,15 @@ func startLimited(t *testing.T, l server.Limits) *limitNode {
 		_ = s.Shutdown(ctx)
 	})
 	n := &limitNode{t: t, s: s, url: "http://" + s.APIAddr(), hc: &http.Client{Timeout: 30 * time.Second}}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, "node ready", func() (bool, string) {
 		res, err := n.hc.Get(n.url + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				return n
-			}
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node not ready: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		res.Body.Close()
+		return res.StatusCode == 200, res.Status
+	})
+	return n
 }
 
 type apiAnswer struct {
@@ -221,15 +216,7 @@ func TestCapsOnWaitersAndLeases(t *testing.T) {
 			done <- n.call(ctx, "POST", "/locks/q/acquire", map[string]any{"client_id": w, "ttl_ms": 30000, "wait_timeout_ms": 30000})
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if v := n.do("GET", "/locks/q", nil); v.body["waiters"] == 2.0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the two waiters never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the two waiters queued", func() bool { return n.do("GET", "/locks/q", nil).body["waiters"] == 2.0 })
 	a := n.do("POST", "/locks/q/acquire", map[string]any{"client_id": "w3", "ttl_ms": 30000, "wait_timeout_ms": 30000})
 	a.mustLimit(t, "third waiter", "--max-waiters-per-lock")
 	if !strings.Contains(a.msg, `lock "q" already has 2 waiters`) {
@@ -478,12 +465,7 @@ func TestLongRequestsOutlivePlainTimeouts(t *testing.T) {
 	go func() {
 		waited <- n.call(ctx, "POST", "/locks/long/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 30000, "wait_timeout_ms": 20000})
 	}()
-	for deadline := time.Now().Add(10 * time.Second); n.do("GET", "/locks/long", nil).body["waiters"] != 1.0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the waiter queued", func() bool { return n.do("GET", "/locks/long", nil).body["waiters"] == 1.0 })
 
 	time.Sleep(plain*2 + plain/2)
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // leakedSeed is what whoever copies a snapshot (or a data directory, or a
@@ -74,17 +76,10 @@ func TestTokenProofRetiredKeyIsBounded(t *testing.T) {
 	// rotation: the document is read from the node's own state), and gRPC
 	// says the same as HTTP.
 	for _, id := range c.Running() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testutil.Eventually(t, 10*time.Second, id+" publishes the retired key's bound", func() (bool, string) {
 			_, d := keySet(t, c, id)
-			if len(d.Keys) == 2 && d.Keys[1].MaxToken != nil && *d.Keys[1].MaxToken == last && d.Keys[0].ID == rotated.Keys[0].ID {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s publishes %+v", id, d)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return len(d.Keys) == 2 && d.Keys[1].MaxToken != nil && *d.Keys[1].MaxToken == last && d.Keys[0].ID == rotated.Keys[0].ID, fmt.Sprintf("%+v", d)
+		})
 	}
 	pb, err := dlockv1.NewClusterServiceClient(dialGRPC(t, c.GRPCAddr(leader))).GetTokenKeys(context.Background(), &dlockv1.GetTokenKeysRequest{})
 	if err != nil || len(pb.Keys) != 2 || pb.Keys[0].MaxToken != nil || pb.Keys[1].MaxToken == nil || pb.Keys[1].GetMaxToken() != last || pb.Keys[1].Id != rotated.Keys[1].ID {

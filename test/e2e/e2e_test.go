@@ -292,6 +292,10 @@ func TestDevCommand(t *testing.T) {
 		t.Fatalf("dlock dev exited with %v after SIGINT, want exit status 0", p.WaitErr())
 	}
 	t.Logf("dlock dev exited 0, %s after SIGINT", took.Round(time.Millisecond))
+	// A clean Ctrl-C is not an error: nothing it logs may say so.
+	if b, err := os.ReadFile(p.LogPath); err == nil && strings.Contains(string(b), "level=ERROR") {
+		t.Errorf("a clean Ctrl-C of dlock dev logged an ERROR:\n%s", dproc.LogTail(p.LogPath, 30))
+	}
 	// The banner names the data dir; without it the clean-up below could
 	// not be checked at all.
 	if dataDir == "" {
