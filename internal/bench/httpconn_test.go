@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dlock/dlock/internal/testutil"
 	"io"
 	"net"
 	"net/http"
@@ -176,11 +177,7 @@ func TestHTTPCallerEndsWithItsContext(t *testing.T) {
 	if st, text, err := callText(t, h, context.Background(), http.MethodGet, s.URL+"/", nil); err != nil || st != 200 || text != "ok" {
 		t.Fatalf("a call after the cancelled ones: %d %q %v", st, text, err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); s.closed.Load() < 3; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server saw %d of the 3 abandoned connections closed", s.closed.Load())
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the server sees the 3 abandoned connections closed", func() bool { return s.closed.Load() >= 3 })
 }
 
 // At most maxIdle connections per host are kept between calls.

@@ -3,11 +3,14 @@
 package proc
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 func TestStartStopKillAndLog(t *testing.T) {
@@ -44,11 +47,8 @@ func TestStartStopKillAndLog(t *testing.T) {
 
 func waitLog(t *testing.T, log, marker string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(LogTail(log, 5), marker) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q in the log: %s", marker, LogTail(log, 5))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%q in the log", marker), func() (bool, string) {
+		tail := LogTail(log, 5)
+		return strings.Contains(tail, marker), tail
+	})
 }

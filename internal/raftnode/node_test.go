@@ -2,6 +2,7 @@ package raftnode
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/loopback"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // freeRaftAddr is a loopback address that nothing listens on right now and
@@ -141,11 +143,10 @@ func TestLeaderlessFor(t *testing.T) {
 	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
 	follower := followerKnowingLeader(t, nodes, leader)
 	// Within a tick of knowing the leader, both say 0.
-	for deadline := time.Now().Add(5 * time.Second); nodes[leader].LeaderlessFor() != 0 || nodes[follower].LeaderlessFor() != 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("leaderless for %v (leader) and %v (follower) with a leader known", nodes[leader].LeaderlessFor(), nodes[follower].LeaderlessFor())
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "leaderless for 0 on both with a leader known", func() (bool, string) {
+		l, f := nodes[leader].LeaderlessFor(), nodes[follower].LeaderlessFor()
+		return l == 0 && f == 0, fmt.Sprintf("leader %v, follower %v", l, f)
+	})
 	for id, n := range nodes {
 		if id != follower {
 			if err := n.Shutdown(); err != nil {
@@ -153,11 +154,10 @@ func TestLeaderlessFor(t *testing.T) {
 			}
 		}
 	}
-	for deadline := time.Now().Add(20 * time.Second); nodes[follower].LeaderlessFor() < NoLeaderWait; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // hang guard only
-			t.Fatalf("the last node still names a leader (leaderless for %v)", nodes[follower].LeaderlessFor())
-		}
-	}
+	testutil.Eventually(t, 20*time.Second, "the last node leaderless for NoLeaderWait", func() (bool, string) {
+		d := nodes[follower].LeaderlessFor()
+		return d >= NoLeaderWait, fmt.Sprint("leaderless for ", d)
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // hang guard only
 	defer cancel()
 	_, err := nodes[follower].Apply(ctx, registerMemberEnvelope("alone-1"))

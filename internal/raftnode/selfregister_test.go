@@ -86,13 +86,10 @@ func TestRestartRegistersOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Shutdown() })
-	deadline := time.Now().Add(20 * time.Second)
-	for n.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("restarted %s not ready: %v", follower, n.Ready())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 20*time.Second, "restarted "+follower+" ready", func() (bool, string) {
+		err := n.Ready()
+		return err == nil, fmt.Sprint(err)
+	})
 	// Give a runaway loop time to show itself.
 	time.Sleep(time.Second)
 	if f := n.Status().Forwarded; f > 1 {

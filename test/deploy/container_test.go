@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // podman runs podman with the options this machine needs: runc, since crun
@@ -94,21 +95,15 @@ func TestContainerCluster(t *testing.T) {
 		})
 	}
 	hc := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(60 * time.Second)
 	for _, id := range ids {
-		for {
+		testutil.Eventually(t, 60*time.Second, id+" ready", func() (bool, string) {
 			res, err := hc.Get("http://" + api[id] + "/readyz")
-			if err == nil {
-				res.Body.Close()
-				if res.StatusCode == 200 {
-					break
-				}
+			if err != nil {
+				return false, err.Error()
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not ready within 60 s: %v", id, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			res.Body.Close()
+			return res.StatusCode == 200, res.Status
+		})
 	}
 	acquire := func(node, client string) (int, map[string]any) {
 		body := fmt.Sprintf(`{"client_id":%q,"ttl_ms":30000}`, client)
