@@ -67,6 +67,9 @@ func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Co
 	}
 	var servers []*server.Server
 	shutdown := func(ctx context.Context) error {
+		for _, s := range servers {
+			s.Node.Stopping()
+		}
 		var errs []error
 		for _, s := range servers {
 			errs = append(errs, s.Shutdown(ctx))

@@ -192,6 +192,7 @@ type Node struct {
 	forwarded     atomic.Uint64
 	leaderChanges atomic.Uint64
 	peers         peerHealth
+	raftLog       *hclogAdapter
 	// leaderlessSince is since when this node has known no leader (Unix ns;
 	// 0 while it knows one), also at start-up before the first election.
 	// followLeadership keeps it.
@@ -253,6 +254,7 @@ func Open(cfg Config) (*Node, error) {
 	}
 	store := cs.raftStore()
 	hlog := newRaftLogger(n.logger, cfg.RaftLogLevel)
+	n.raftLog = hlog.(*hclogAdapter)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog) // adds "snapshots/"
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
@@ -670,9 +672,19 @@ func (n *Node) registered(m state.Member) bool {
 	return found
 }
 
+// Stopping tells the node it is about to shut down, with its peers: Raft's
+// complaints about peers that go away from then on are logged at debug level
+// (dlock dev stops all its nodes; a clean Ctrl-C is no error).
+func (n *Node) Stopping() {
+	if n.raftLog != nil {
+		n.raftLog.stopping.Store(true)
+	}
+}
+
 // Shutdown stops the node: Raft first (so nothing new commits), then the
 // forwarding server, transport and stores. Safe to call twice.
 func (n *Node) Shutdown() error {
+	n.Stopping()
 	if !n.closed.CompareAndSwap(false, true) {
 		<-n.stopped
 		return nil

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -24,8 +25,25 @@ const raftLogEvery = 10 * time.Second
 // quietRaftMessages are what Raft logs as warnings or errors in ordinary
 // operation; they are logged at debug level instead. A node starting with an
 // empty log (a new member that is about to be sent a snapshot) looks for its
-// last entry and does not find it.
-var quietRaftMessages = []string{"failed to get log", "log not found"}
+// last entry and does not find it; a node shutting down cuts its peers'
+// connections mid-read ("transport shutdown").
+var quietRaftMessages = []string{"failed to get log", "log not found", "transport shutdown"}
+
+// quiet reports whether a Raft line is ordinary operation (quietRaftMessages
+// in its message or its error).
+func quiet(msg string, args []any) bool {
+	for _, q := range quietRaftMessages {
+		if strings.Contains(msg, q) {
+			return true
+		}
+		for i := 1; i < len(args); i += 2 {
+			if strings.Contains(fmt.Sprint(args[i]), q) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // hclogAdapter is an hclog.Logger writing to a slog.Logger.
 type hclogAdapter struct {
@@ -35,6 +53,9 @@ type hclogAdapter struct {
 	level *hclog.Level
 	lim   *repeatLimiter
 	now   func() time.Time
+	// stopping: the node (or the whole dev cluster) is shutting down, so
+	// Raft's complaints about peers that went away are expected: debug.
+	stopping *atomic.Bool
 }
 
 // newRaftLogger returns Raft's logger, writing to sl at level (hclog's names:
@@ -44,7 +65,7 @@ func newRaftLogger(sl *slog.Logger, level string) hclog.Logger {
 	if lv == hclog.NoLevel {
 		lv = hclog.Warn
 	}
-	return &hclogAdapter{sl: sl, name: "raft", level: &lv, lim: &repeatLimiter{last: map[string]*repeat{}}, now: time.Now}
+	return &hclogAdapter{sl: sl, name: "raft", level: &lv, lim: &repeatLimiter{last: map[string]*repeat{}}, now: time.Now, stopping: &atomic.Bool{}}
 }
 
 type repeat struct {
@@ -95,12 +116,8 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 		return
 	}
 	sl := slogLevel(level)
-	if sl >= slog.LevelWarn {
-		for _, q := range quietRaftMessages {
-			if strings.Contains(msg, q) {
-				sl = slog.LevelDebug
-			}
-		}
+	if sl >= slog.LevelWarn && (h.stopping.Load() || quiet(msg, args)) {
+		sl = slog.LevelDebug
 	}
 	attrs := make([]any, 0, len(h.args)+len(args)+4)
 	attrs = append(attrs, "component", h.name)

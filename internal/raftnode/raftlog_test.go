@@ -3,6 +3,7 @@ package raftnode
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -26,6 +27,7 @@ func TestRaftLogIsStructuredAndRateLimited(t *testing.T) {
 	l.Error("failed to heartbeat to", "peer", "127.0.0.1:7091", "error", "connection refused")
 	l.Named("snapshot").Info("starting snapshot up to", "index", 7)
 	l.Warn("failed to get log", "index", 1, "error", "log not found")
+	l.Error("failed to decode incoming command", "error", errors.New("transport shutdown"))
 	var lines []map[string]any
 	for _, ln := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		var m map[string]any
