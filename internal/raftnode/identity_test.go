@@ -2,6 +2,7 @@ package raftnode
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // openLoneNode starts a node with an empty data dir and no initial cluster:
@@ -102,12 +104,24 @@ func TestJoinVerifiesTheNewMembersIdentity(t *testing.T) {
 // A non-voter whose address another node answers on (admitted before these
 // checks existed) is never promoted to voter.
 func TestNonVoterAtAnotherNodesAddressIsNotPromoted(t *testing.T) {
-	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
-	n := nodes[leader]
+	nodes, _ := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
 	_, port, _ := net.SplitHostPort(nodes["n2"].cfg.RaftAddr)
-	if err := n.raft.AddNonvoter("n9", raft.ServerAddress("localhost:"+port), 0, 10*time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
+	// A loaded machine may move leadership right after the first election, so
+	// the change is retried on whichever node leads.
+	var n *Node
+	var lastErr error
+	testutil.Eventually(t, 20*time.Second, "n9 added as a non-voter", func() (bool, string) {
+		for _, cand := range nodes {
+			if !cand.IsLeader() {
+				continue
+			}
+			if lastErr = cand.raft.AddNonvoter("n9", raft.ServerAddress("localhost:"+port), 0, 10*time.Second).Error(); lastErr == nil {
+				n = cand
+				return true, ""
+			}
+		}
+		return false, fmt.Sprint(lastErr)
+	})
 	warned := map[raft.ServerID]bool{}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
