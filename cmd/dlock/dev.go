@@ -87,7 +87,7 @@ func runDevWith(args []string, out io.Writer, wait func(shutdown func(context.Co
 			return err
 		}
 		s, err := server.Start(server.Config{Raft: rc, TLS: dt.apiConfig(), APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i),
-			GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, Limits: limits, ACL: *withACL})
+			GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui, Limits: limits, ACL: *withACL})
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = shutdown(ctx)
@@ -125,6 +125,9 @@ Try:
   %[2]s%[1]s/api/v1/locks/demo
   %[2]s%[1]s/api/v1/cluster
 `, urls[0], curl)
+	if rf.ui {
+		fmt.Fprintf(out, "\nWeb console (every node serves it): %s/ui/\n", urls[0])
+	}
 	dt.printCLIEnv(out, urls)
 	fmt.Fprint(out, "\nPress Ctrl-C to stop.\n")
 	return wait(shutdown, logger.Info)

@@ -35,6 +35,7 @@ type raftFlags struct {
 	logFormat         string
 	maxBody           int64
 	pprof             bool
+	ui                bool
 	minFreeDisk       string
 }
 
@@ -52,6 +53,7 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "64MiB", "free space kept in reserve on the data dir's disk: below it the leader refuses writes (503 disk_full) until space returns; 0 turns the check off (sizes: bytes, or with KiB, MiB, GiB)")
+	fs.BoolVar(&f.ui, "ui", true, "serve the web console at /ui/ on the API port (same TLS and ACL tokens as the API; --ui=false turns it off)")
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
 }
 
@@ -198,7 +200,7 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof,
+	srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui,
 		Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits})
 	if err != nil {
 		return err

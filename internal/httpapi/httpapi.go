@@ -85,7 +85,8 @@ type Options struct {
 	Console http.Handler
 }
 
-// ConsolePrefix is where the web console lives; "/ui" redirects to it.
+// ConsolePrefix is where the web console lives (console.Prefix); "/" and
+// "/ui" redirect to it.
 const ConsolePrefix = "/ui/"
 
 // API paths. Fixed segments are matched in their escaped form: only lock names
