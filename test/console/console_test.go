@@ -37,8 +37,10 @@ func TestConsole(t *testing.T) {
 	c := testcluster.New(t, 3)
 	home := c.WaitLeader(within)
 	api := c.URL(c.Follower())
+	start := time.Now()
 	p := newPage(t, actx, chromedp.Navigate(c.URL(home)+"/ui/"))
 	p.waitJS("the Locks page lists and goes live", `document.querySelector('#summary')?.textContent.startsWith('No held') && document.getElementById('conn').dataset.state === 'live'`)
+	t.Logf("empty Locks page live %s after navigation (browser start included)", time.Since(start).Round(time.Millisecond))
 	// Marks this document: a reload would lose it.
 	p.run("mark the page", js(`window.dlockTestMark = 1`))
 

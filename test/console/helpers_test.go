@@ -136,7 +136,7 @@ func (p *page) run(what string, actions ...chromedp.Action[chromedp.Void]) {
 // js runs a statement in the page, for its effect.
 func js(stmt string) chromedp.Action[chromedp.Void] {
 	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		_, err := chromedp.Evaluate[any]("void (" + stmt + ")")(ctx, t)
+		_, err := chromedp.Evaluate[any]("void ("+stmt+")")(ctx, t)
 		if errors.Is(err, chromedp.ErrJSUndefined) {
 			err = nil
 		}
