@@ -82,6 +82,7 @@ func TestConsole(t *testing.T) {
 		wait("carol")
 		p.waitJS("carol waits too", fmt.Sprintf(`document.querySelector('#locks tr[data-name=%q] td:last-child')?.textContent === '2'`, "deploy/app"))
 
+		p.shot("locks")
 		// Keyboard only: "/" jumps to the filter, Tab walks on to the lock's
 		// link, Enter opens its page.
 		p.run("jump to the filter", js(`document.activeElement.blur()`), chromedp.KeyEvent("/"))
@@ -105,6 +106,7 @@ func TestConsole(t *testing.T) {
 		if q := p.texts(`#queue li .mono`); !slices.Equal(q, []string{"bob", "carol"}) {
 			t.Fatalf("queue %q, want bob then carol", q)
 		}
+		p.shot("lock")
 		var hash string
 		_ = p.eval(`location.hash`, &hash)
 		if hash != "#/lock/deploy%2Fapp" {
@@ -218,6 +220,7 @@ func TestConsole(t *testing.T) {
 		}()
 		defer func() { hangUp(); <-done }()
 		p.waitJS("a candidate waits", `document.querySelector('#elections tr[data-name="db/primary"] td:last-child')?.textContent === '1'`)
+		p.shot("elections")
 	})
 
 	t.Run("cluster", func(t *testing.T) {
@@ -225,6 +228,7 @@ func TestConsole(t *testing.T) {
 		p.run("open Cluster", js(`document.querySelector('a[data-page="cluster"]').click()`))
 		p.waitJS("three members, the leader named", fmt.Sprintf(`document.querySelectorAll('#members tbody tr').length === 3 && document.querySelector('[data-fact="Leader"]')?.textContent === %q`, home))
 		p.waitJS("every member reachable", `[...document.querySelectorAll('#members tbody tr')].every(r => r.textContent.includes('reachable') && !r.textContent.includes('unreachable'))`)
+		p.shot("cluster")
 	})
 
 	t.Run("node killed: the page carries on through another member", func(t *testing.T) {
@@ -257,6 +261,7 @@ func TestConsolePhone(t *testing.T) {
 	p := newPage(t, actx, chromedp.EmulateViewport(375, 740, chromedp.EmulateMobile, chromedp.EmulateScale(2)), chromedp.Navigate(base+"/ui/"))
 	p.waitJS("the lock shows", `document.querySelectorAll('#locks tbody tr').length === 1`)
 	p.waitJS("nothing is wider than the screen", `document.documentElement.scrollWidth <= window.innerWidth`)
+	p.shot("phone")
 	var layout struct {
 		Row   string `json:"row"`
 		Head  int    `json:"head"`

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -182,6 +183,26 @@ func (p *page) texts(sel string) []string {
 		p.t.Fatalf("read %s: %v", sel, err)
 	}
 	return out
+}
+
+// shot saves a screenshot of the page as <name>.png in the directory
+// DLOCK_UI_SCREENSHOTS names (docs/console.md's pictures come from here);
+// without it, nothing.
+func (p *page) shot(name string) {
+	p.t.Helper()
+	dir := os.Getenv("DLOCK_UI_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, within)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		p.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		p.t.Fatal(err)
+	}
 }
 
 // call sends one JSON request as curl would; token, if set, goes in

@@ -123,10 +123,10 @@ export function mount(root) {
 
   function draw() {
     const first = page * PAGE_SIZE + 1;
-    const scope = prefix ? `under “${prefix}”` : '';
+    const scope = prefix ? ` under “${prefix}”` : '';
     summary.textContent = rows.length === 0
-      ? (page === 0 ? `No held or waited-for locks ${scope}.` : 'No more locks.')
-      : `Locks ${first}–${first + rows.length - 1} ${scope}${more ? ' (more on the next page)' : ''}.`;
+      ? (page === 0 ? `No held or waited-for locks${scope}.` : 'No more locks.')
+      : `Locks ${first}–${first + rows.length - 1}${scope}${more ? ' (more on the next page)' : ''}.`;
     prev.disabled = page === 0;
     next.disabled = !more;
     fill(tbody, rows.map(row));
