@@ -314,4 +314,19 @@ func TestConsoleACLLogin(t *testing.T) {
 	}
 	p.run("reload", chromedp.Reload())
 	p.waitJS("signed out: asked again", `document.activeElement?.id === 'token'`)
+
+	// A token that may read and watch only under secured/: the full list is
+	// refused with a hint, the prefix it grants works, live.
+	var scoped struct {
+		SecretID string `json:"secret_id"`
+	}
+	if code := call(t, "POST", base+"/api/v1/acl/tokens", tok.SecretID, map[string]any{"rules": []map[string]any{{"prefix": "secured/", "permissions": []string{"read", "watch"}}}}, &scoped); code != 200 || scoped.SecretID == "" {
+		t.Fatalf("scoped token: %d", code)
+	}
+	p.run("sign in with the scoped token", chromedp.KeyEvent(scoped.SecretID), chromedp.KeyEvent(kb.Enter))
+	p.waitJS("the whole list is refused with a hint", `document.querySelector('main .error')?.textContent.includes('type a prefix it may read')`)
+	p.run("type the prefix", js(`document.getElementById('prefix').focus()`), chromedp.KeyEvent("secured/"), chromedp.KeyEvent(kb.Enter))
+	p.waitJS("the granted prefix lists", rowJS("secured/job", "ops"))
+	acquire(t, base, "secured/next", "ops", tok.SecretID, 0)
+	p.waitJS("and goes live", rowJS("secured/next", "ops") + ` && document.getElementById('conn').dataset.state === 'live'`)
 }

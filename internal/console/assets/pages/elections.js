@@ -98,12 +98,15 @@ export function mount(root) {
     }));
   }
 
+  let restarts = 0;
   async function restart() {
+    const mine = ++restarts;
+    clearTimeout(retry);
     if (watch) watch.close();
     watch = null;
     let res;
-    try { res = await load(); } catch { if (alive) retry = setTimeout(restart, 3000); return; }
-    if (!alive) return;
+    try { res = await load(); } catch { if (alive && mine === restarts) retry = setTimeout(restart, 3000); return; }
+    if (!alive || mine !== restarts) return;
     watch = new Watch({
       prefix,
       from: res.revision + 1,

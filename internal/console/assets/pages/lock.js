@@ -45,15 +45,19 @@ export function mount(root, name) {
 
   const refresh = throttle(() => { load().catch(() => {}); loadHistory(); }, 200);
 
+  let seq = 0;
   async function load() {
+    const my = ++seq;
     try {
-      view = await api(`/api/v1/locks/${pathName(name)}`);
-      if (!alive) return view;
+      const v = await api(`/api/v1/locks/${pathName(name)}`);
+      // An older answer arriving after a newer one must not draw over it.
+      if (!alive || my !== seq) return v;
+      view = v;
       err.textContent = '';
       draw();
       return view;
     } catch (e) {
-      if (alive) err.textContent = `Could not read the lock: ${e.message}`;
+      if (alive && my === seq) err.textContent = `Could not read the lock: ${e.message}`;
       throw e;
     }
   }
@@ -80,6 +84,7 @@ export function mount(root, name) {
     ];
     if (view.mode) rows.push(['Mode', view.mode]);
     if (view.limit) rows.push(['Holder limit', String(view.limit)]);
+    if (view.subtree) rows.push(['Subtree', 'held with every name below it']);
     if (view.value !== undefined && view.value !== '') rows.push(['Value', view.value]);
     if (view.delayed_until && !Number.isNaN(parseTime(view.delayed_until))) rows.push(['Delayed until', clock(view.delayed_until)]);
     rows.push(['Revision', String(view.revision)]);
@@ -89,7 +94,7 @@ export function mount(root, name) {
       : hs.map((x) => h('tr', {},
         h('td', { 'data-label': 'Client', class: 'mono' }, x.client_id),
         h('td', { 'data-label': 'Token', class: 'num' }, String(x.fencing_token)),
-        h('td', { 'data-label': 'Mode' }, x.mode || view.mode || 'exclusive'),
+        h('td', { 'data-label': 'Mode' }, x.mode || view.mode || 'exclusive', x.subtree ? h('span', { class: 'sub' }, 'with the names below it') : null),
         h('td', { 'data-label': 'Granted at' }, clock(x.granted_at)),
         h('td', { 'data-label': 'Held for', class: 'num' }, h('span', { 'data-since': x.granted_at }, since(x.granted_at))),
         h('td', { 'data-label': 'Time left', class: 'num' }, h('span', { 'data-until': x.expires_at }, left(x.expires_at))))));

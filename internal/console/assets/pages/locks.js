@@ -51,12 +51,12 @@ export function mount(root) {
     clearTimeout(typing);
     typing = setTimeout(() => setPrefix(input.value), 300);
   });
-  prev.addEventListener('click', () => { if (page > 0) { page--; load(); } });
+  prev.addEventListener('click', () => { if (page > 0) { page--; load().catch(() => {}); } });
   next.addEventListener('click', () => {
     if (!more || rows.length === 0) return;
     cursors[page + 1] = rows[rows.length - 1].name;
     page++;
-    load();
+    load().catch(() => {});
   });
 
   function setPrefix(p) {
@@ -77,7 +77,7 @@ export function mount(root) {
     return true;
   }
 
-  const refresh = throttle(() => load(), 250);
+  const refresh = throttle(() => load().catch(() => {}), 250);
 
   async function load() {
     const my = ++seq;
@@ -86,24 +86,34 @@ export function mount(root) {
     if (cursors[page]) q.set('after', cursors[page]);
     try {
       const res = await api(`/api/v1/locks?${q}`);
-      if (!alive || my !== seq) return null;
+      // A newer read is on its way: it draws, this one only answers.
+      if (!alive || my !== seq) return res;
       err.textContent = '';
       rows = res.locks || [];
       more = !!res.more;
       draw();
       return res;
     } catch (e) {
-      if (alive && my === seq) err.textContent = `Could not list locks: ${e.message}`;
+      if (alive && my === seq) {
+        err.textContent = e.status === 403
+          ? `Your token may not list ${prefix ? `locks under “${prefix}”` : 'every lock'}: type a prefix it may read. (${e.message})`
+          : `Could not list locks: ${e.message}`;
+      }
       throw e;
     }
   }
 
+  // restarts counts restart calls: only the newest may open a stream, so
+  // two quick filter changes never leave a second stream running.
+  let restarts = 0;
   async function restart() {
+    const mine = ++restarts;
+    clearTimeout(retry);
     if (watch) watch.close();
     watch = null;
     let res;
-    try { res = await load(); } catch { return retryLater(); }
-    if (!res || !alive) return;
+    try { res = await load(); } catch { if (mine === restarts) retryLater(); return; }
+    if (!res || !alive || mine !== restarts) return;
     watch = new Watch({
       prefix,
       from: res.revision + 1,
