@@ -328,5 +328,5 @@ func TestConsoleACLLogin(t *testing.T) {
 	p.run("type the prefix", js(`document.getElementById('prefix').focus()`), chromedp.KeyEvent("secured/"), chromedp.KeyEvent(kb.Enter))
 	p.waitJS("the granted prefix lists", rowJS("secured/job", "ops"))
 	acquire(t, base, "secured/next", "ops", tok.SecretID, 0)
-	p.waitJS("and goes live", rowJS("secured/next", "ops") + ` && document.getElementById('conn').dataset.state === 'live'`)
+	p.waitJS("and goes live", rowJS("secured/next", "ops")+` && document.getElementById('conn').dataset.state === 'live'`)
 }
