@@ -233,6 +233,7 @@ func TestConsole(t *testing.T) {
 
 	t.Run("node killed: the page carries on through another member", func(t *testing.T) {
 		p := p.on(t)
+		p.waitJS("the members are known", `document.documentElement.dataset.members === '3'`)
 		killed, err := url.Parse(c.URL(home))
 		if err != nil {
 			t.Fatal(err)
@@ -329,4 +330,38 @@ func TestConsoleACLLogin(t *testing.T) {
 	p.waitJS("the granted prefix lists", rowJS("secured/job", "ops"))
 	acquire(t, base, "secured/next", "ops", tok.SecretID, 0)
 	p.waitJS("and goes live", rowJS("secured/next", "ops")+` && document.getElementById('conn').dataset.state === 'live'`)
+}
+
+// With ACLs on, carrying on through another member means cross-origin
+// requests with an Authorization header: each needs the member's CORS
+// preflight, and the token must go along without being typed again.
+func TestConsoleACLFailover(t *testing.T) {
+	actx := browser(t)
+	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true})
+	home := c.WaitLeader(within)
+	tok, err := c.Server(home).Service.ACLBootstrap(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPage(t, actx, chromedp.Navigate(c.URL(home)+"/ui/"))
+	p.waitJS("the sign-in form", `document.activeElement?.id === 'token'`)
+	p.run("sign in", chromedp.KeyEvent(tok.SecretID), chromedp.KeyEvent(kb.Enter))
+	p.waitJS("live", `document.getElementById('conn').dataset.state === 'live'`)
+	p.run("mark the page", js(`window.dlockTestMark = 1`))
+	// The page learns the members before it needs them.
+	p.waitJS("the members are known", `document.documentElement.dataset.members === '3'`)
+	killed, _ := url.Parse(c.URL(home))
+	c.Kill(home)
+	survivor := c.URL(c.WaitLeader(within))
+	acquire(t, survivor, "after/kill", "erin", tok.SecretID, 0)
+	p.waitJS("the lock shows through another member, token and all", rowJS("after/kill", "erin")+fmt.Sprintf(` && document.getElementById('conn').dataset.node !== %q`, killed.Host))
+	var mark int
+	if err := p.eval(`window.dlockTestMark || 0`, &mark); err != nil || mark != 1 {
+		t.Fatalf("the page was reloaded (mark %d, %v)", mark, err)
+	}
+	var signIn bool
+	_ = p.eval(`!!document.getElementById('token')`, &signIn)
+	if signIn {
+		t.Fatal("the page asked for the token again")
+	}
 }
