@@ -62,3 +62,18 @@ func TestConfigRefusesUnknownKeysAndBadValues(t *testing.T) {
 		t.Fatalf("bad env value: %v", err)
 	}
 }
+
+// Through the command line: the file's keys are checked against serve's
+// flags, of which --help and --config are none.
+func TestServeConfigThroughTheCommandLine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "dlock.yaml")
+	os.WriteFile(file, []byte("datadir: /x\n"), 0o600)
+	_, err := execute("serve", "--config", file)
+	if err == nil || !strings.Contains(err.Error(), "unknown key(s) datadir") || !strings.Contains(err.Error(), "dlock serve --help") {
+		t.Fatalf("unknown key: %v", err)
+	}
+	os.WriteFile(file, []byte("help: true\nconfig: other.yaml\n"), 0o600)
+	if _, err := execute("serve", "--config", file); err == nil || !strings.Contains(err.Error(), "unknown key(s) config, help") {
+		t.Fatalf("help and config in the file: %v; want them refused", err)
+	}
+}
