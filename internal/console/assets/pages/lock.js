@@ -118,12 +118,14 @@ export function mount(root, name) {
     fill(histSec,
       h('h2', { id: 'hist-h' }, 'Grant timeline'),
       h('p', { class: 'note' }, `The last ${grants.length} grants the cluster remembers, newest first.`),
-      h('ul', { class: 'timeline' }, [...grants].reverse().map((g) => {
+      // Newest first; fencing tokens only grow, so they order the grants
+      // whatever order an answer lists them in.
+      h('ul', { class: 'timeline' }, [...grants].sort((a, b) => b.fencing_token - a.fencing_token).map((g) => {
         const start = parseTime(g.granted_at), end = parseTime(g.ended_at);
         const held = Number.isNaN(end) ? 'still held' : `held ${dur(end - start)}, ended: ${g.end_cause || 'released'}`;
         return h('li', {},
           h('strong', {}, `token ${g.fencing_token}`), ' ', h('span', { class: 'mono' }, g.client_id),
-          h('span', { class: 'sub' }, `${clock(g.granted_at)} · ${held}${g.ttl_ms ? ` · ttl ${dur(g.ttl_ms)}` : ''}${g.reason ? ` · reason: ${g.reason}` : ''}`),
+          h('span', { class: 'sub' }, `${clock(g.granted_at)} · ${held}${g.ttl_ms ? ` · ttl ${dur(g.ttl_ms)}` : ''}${g.lock_delay_ms ? ` · lock delay ${dur(g.lock_delay_ms)}` : ''}${g.reason ? ` · reason: ${g.reason}` : ''}`),
           g.value ? h('span', { class: 'sub mono' }, `value: ${g.value}`) : null);
       })));
     if (view) revokeBtn.hidden = holdersOf(view).length === 0;
@@ -144,7 +146,7 @@ export function mount(root, name) {
     const hs = holdersOf(view || {});
     if (!hs.length) return;
     const target = hs[0];
-    const reason = h('textarea', { id: 'revoke-reason', name: 'reason', rows: 3, required: true, maxlength: 500 });
+    const reason = h('textarea', { id: 'revoke-reason', name: 'reason', rows: 3, required: true, maxlength: 256 });
     const confirm = h('button', { type: 'submit', class: 'danger', id: 'revoke-confirm' }, 'Revoke');
     const cancel = h('button', { type: 'button', id: 'revoke-cancel' }, 'Cancel');
     const out = h('p', { class: 'error', role: 'alert' });
