@@ -117,7 +117,7 @@ export function mount(root, name) {
     histSec.hidden = false;
     fill(histSec,
       h('h2', { id: 'hist-h' }, 'Grant timeline'),
-      h('p', { class: 'note' }, `The last ${grants.length} grants the cluster remembers, newest first.`),
+      h('p', { class: 'note' }, grants.length === 1 ? 'The one grant the cluster remembers.' : `The last ${grants.length} grants the cluster remembers, newest first.`),
       // Newest first; fencing tokens only grow, so they order the grants
       // whatever order an answer lists them in.
       h('ul', { class: 'timeline' }, [...grants].sort((a, b) => b.fencing_token - a.fencing_token).map((g) => {
@@ -136,7 +136,8 @@ export function mount(root, name) {
     if (live.length > LIVE_LIMIT) live.length = LIVE_LIMIT;
     fill(liveList, live.map((e) => h('li', {},
       h('strong', {}, e.type), ' ', e.client_id ? h('span', { class: 'mono' }, e.client_id) : '',
-      e.fencing_token ? ` · token ${e.fencing_token}` : '', e.cause ? ` · ${e.cause}` : '',
+      e.fencing_token ? ` · token ${e.fencing_token}` : '', e.cause && e.cause !== e.type ? ` · ${e.cause}` : '',
+      e.reason ? ` · reason: ${e.reason}` : '',
       h('span', { class: 'sub' }, `${clock(e.at)} · revision ${e.revision}`))));
   }
 
