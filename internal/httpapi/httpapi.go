@@ -415,28 +415,16 @@ func decodeAndCall[Req, Resp any](a *api, w http.ResponseWriter, r *http.Request
 }
 
 func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
-	if !isGet(r) {
-		a.methodNotAllowed(w, r, allowGet)
-		return
-	}
-	q, aerr := parseQuery(r, "prefix", "after", "limit", "stale")
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	req, aerr := listRequest(q)
-	if aerr != nil {
-		a.writeError(w, r, aerr)
-		return
-	}
-	resp, err := a.svc.ListLocks(r.Context(), req)
-	if err == nil {
-		staleHeaders(w, resp.Stale)
-	}
-	reply(a, w, r, http.StatusOK, resp, err)
+	list(a, w, r, a.svc.ListLocks, func(l *service.ListResponse) *service.StaleRead { return l.Stale })
 }
 
 func (a *api) listElections(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, a.svc.ListElections, func(l *service.ElectionListResponse) *service.StaleRead { return l.Stale })
+}
+
+// list serves a paged listing by name prefix (GET ?prefix&after&limit&stale).
+func list[Resp any](a *api, w http.ResponseWriter, r *http.Request,
+	call func(context.Context, service.ListRequest) (*Resp, error), stale func(*Resp) *service.StaleRead) {
 	if !isGet(r) {
 		a.methodNotAllowed(w, r, allowGet)
 		return
@@ -451,9 +439,9 @@ func (a *api) listElections(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, aerr)
 		return
 	}
-	resp, err := a.svc.ListElections(r.Context(), req)
-	if err == nil {
-		staleHeaders(w, resp.Stale)
+	resp, err := call(r.Context(), req)
+	if err == nil && resp != nil {
+		staleHeaders(w, stale(resp))
 	}
 	reply(a, w, r, http.StatusOK, resp, err)
 }

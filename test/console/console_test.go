@@ -116,28 +116,24 @@ func TestConsole(t *testing.T) {
 		release(t, api, "deploy/app", "alice", alice)
 		p.waitJS("bob holds, carol is next", `[...document.querySelectorAll('#queue li .mono')].map(e => e.textContent).join() === 'carol' && document.getElementById('facts').textContent.includes('held by bob')`)
 		p.waitJS("the live timeline shows the hand-off", `(() => { const t = document.getElementById('live').textContent; return t.includes('released') && t.includes('acquired') && t.includes('bob'); })()`)
-		got := func(client string) func() (bool, string) {
-			return func() (bool, string) {
+		// answered waits for a waiter's acquire to come back granted.
+		answered := func(client string) grant {
+			t.Helper()
+			var g grant
+			var err error
+			testutil.Eventually(t, within, client+"'s acquire answers", func() bool {
 				mu.Lock()
 				defer mu.Unlock()
-				return grants[client].LeaseID != "" || errs[client] != nil, ""
+				g, err = grants[client], errs[client]
+				return g.LeaseID != "" || err != nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
+			return g
 		}
-		testutil.Eventually(t, within, "bob's acquire answers", got("bob"))
-		mu.Lock()
-		bob, bobErr := grants["bob"], errs["bob"]
-		mu.Unlock()
-		if bobErr != nil {
-			t.Fatal(bobErr)
-		}
-		release(t, api, "deploy/app", "bob", bob)
-		testutil.Eventually(t, within, "carol's acquire answers", got("carol"))
-		mu.Lock()
-		carol, carolErr := grants["carol"], errs["carol"]
-		mu.Unlock()
-		if carolErr != nil {
-			t.Fatal(carolErr)
-		}
+		release(t, api, "deploy/app", "bob", answered("bob"))
+		carol := answered("carol")
 		release(t, api, "deploy/app", "carol", carol)
 		p.waitJS("nobody holds or waits", `document.getElementById('facts').textContent.includes('free') && document.getElementById('queue').children.length === 0`)
 		// The grant timeline and revoke need the server's grant history:
