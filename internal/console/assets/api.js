@@ -107,11 +107,12 @@ export async function api(path, { method = 'GET', body, signal } = {}) {
   throw last;
 }
 
-// learnMembers reads the member list and keeps every member's API origin, so
+// learnMembers reads the member list (or takes a GET /api/v1/cluster answer
+// already read) and keeps every member's API origin, so
 // reads and streams can carry on through another node. Only members count:
 // the API's CORS rules admit them and no other origin.
-export async function learnMembers() {
-  const info = await api('/api/v1/cluster');
+export async function learnMembers(known) {
+  const info = known || await api('/api/v1/cluster');
   const current = base();
   const seen = new Set([location.origin]);
   const origins = [location.origin];

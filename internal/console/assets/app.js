@@ -128,6 +128,9 @@ function start() {
   render(true);
 }
 
+// Members come and go: keep the list the page may fail over to fresh.
+setInterval(() => { if (!conn.needToken) learnMembers().catch(() => {}); }, 30000);
+
 window.addEventListener('hashchange', () => render(false));
 showConn();
 start();

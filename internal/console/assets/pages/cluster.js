@@ -28,9 +28,9 @@ export function mount(root) {
 
   async function poll() {
     try {
-      await learnMembers();
       const c = await api('/api/v1/cluster?health=true');
       if (!alive) return;
+      await learnMembers(c);
       err.textContent = '';
       setState('polling', new URL(base()).host);
       draw(c);
