@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -60,8 +61,9 @@ func browser(t *testing.T) context.Context {
 	return actx
 }
 
-// page is one browser tab; it fails the test on any script error or
-// console error (a Content-Security-Policy violation is one).
+// page is one browser tab; it fails the test on any script error, any
+// console error (a Content-Security-Policy violation is one) and any request
+// to somewhere other than the cluster.
 type page struct {
 	t   *testing.T
 	ctx context.Context
@@ -93,6 +95,12 @@ func newPage(t *testing.T, actx context.Context, actions ...chromedp.Action[chro
 			// logged as an error (CSP refusals above all) is not.
 			if e.Entry.Level == log.EntryLevelError && e.Entry.Source != log.EntrySourceNetwork {
 				p.note("console: " + e.Entry.Text)
+			}
+		case *network.EventRequestWillBeSent:
+			// Everything the page loads or calls is the cluster's (tests
+			// run it on 127.0.0.1): no CDN, no fonts, nothing elsewhere.
+			if u := e.Request.URL; !strings.HasPrefix(u, "http://127.0.0.1:") && !strings.HasPrefix(u, "data:") {
+				p.note("request outside the cluster: " + u)
 			}
 		case *runtime.EventConsoleAPICalled:
 			if e.Type == runtime.ConsoleAPICalledTypeError {
