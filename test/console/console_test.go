@@ -255,16 +255,30 @@ func TestConsole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// On a lock's page first: its stream resumes from the last revision
+		// it delivered, and the page must not show that revision's events
+		// twice.
+		live := func(typ string) string {
+			return fmt.Sprintf(`[...document.querySelectorAll('#live li strong')].filter(e => e.textContent === %q).length`, typ)
+		}
+		p.run("a lock's page", js(`location.hash = '#/lock/resume%2Fx'`))
+		p.waitJS("its stream is live", `document.getElementById('conn').dataset.state === 'live' && !!document.getElementById('live')`)
+		g := acquire(t, api, "resume/x", "frank", "", 0)
+		p.waitJS("the grant shows live", live("acquired")+` === 1`)
+
 		// Kill the node the page came from, and the leader with it if it
 		// still leads.
 		wasLeader := c.WaitLeader(within) == home
 		c.Kill(home)
+		survivor := c.URL(c.WaitLeader(within))
+		release(t, survivor, "resume/x", "frank", g)
+		p.waitJS("the release shows through another node, and the grant still once", fmt.Sprintf(`%s === 1 && %s === 1 && document.getElementById('conn').dataset.node !== %q`, live("released"), live("acquired"), killed.Host))
+		p.run("to Cluster", js(`document.querySelector('a[data-page="cluster"]').click()`))
 		if wasLeader {
 			p.waitJS("the cluster page names a new leader", fmt.Sprintf(`(() => { const l = document.querySelector('[data-fact="Leader"]')?.textContent; return !!l && l !== %q && !l.startsWith('none'); })()`, home))
 		}
 		p.run("to Locks", js(`document.querySelector('a[data-page="locks"]').click()`))
 		p.waitJS("live again, through another node", fmt.Sprintf(`document.getElementById('conn').dataset.state === 'live' && document.getElementById('conn').dataset.node !== %q`, killed.Host))
-		survivor := c.URL(c.WaitLeader(within))
 		acquire(t, survivor, "after/kill", "dave", "", 0)
 		p.waitJS("a lock taken after the kill shows", rowJS("after/kill", "dave"))
 		var mark int
