@@ -21,6 +21,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 
 	apidoc "github.com/dlock/dlock/api/openapi"
+	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 )
@@ -665,5 +666,28 @@ func (k *contract) checkCoverage() {
 	sort.Strings(missing)
 	for _, m := range missing {
 		k.t.Error(m)
+	}
+}
+
+// TestErrorCodes: the document lists exactly the codes of the one table
+// (internal/apierror), each with its HTTP status.
+func TestErrorCodes(t *testing.T) {
+	data, _ := apidoc.JSON()
+	doc := loadDoc(t, data)
+	s := doc.Components.Schemas["ErrorCode"].Value
+	var listed []string
+	for _, v := range s.Enum {
+		listed = append(listed, v.(string))
+	}
+	slices.Sort(listed)
+	var codes []string
+	for _, c := range apierror.Codes() {
+		codes = append(codes, string(c))
+		if want := fmt.Sprintf("%s %d", c, apierror.HTTPStatus(c)); !strings.Contains(strings.Join(strings.Fields(s.Description), " "), want) {
+			t.Errorf("ErrorCode's description does not say %q", want)
+		}
+	}
+	if !slices.Equal(listed, codes) {
+		t.Errorf("ErrorCode lists %v; the table has %v", listed, codes)
 	}
 }
