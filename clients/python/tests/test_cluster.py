@@ -230,3 +230,15 @@ def test_a_watch_across_a_node_kill_sees_every_event_once(own_cluster):
     assert [key(e) for e in got] == [key(e) for e in ref]
     assert len({key(e) for e in got}) == len(got), "an event was delivered twice"
     assert len(got) == 36
+
+
+def test_election_proofs_verify_against_the_cluster_keys(cluster):
+    pytest.importorskip("cryptography")
+    c = dlock.Client(cluster.endpoints, client_id="proof-cand")
+    keys = fence.KeySet.parse(json.dumps(c.token_keys()))
+    with c.election("proofs/svc", ttl=5).campaign("v") as ld:
+        # An election's proof signs the key "@e/<name>".
+        keys.verify("@e/proofs/svc", ld.token, "proof-cand", ld.lease_ref, ld.token_proof)
+        with pytest.raises(fence.BadSignature):
+            keys.verify("proofs/svc", ld.token, "proof-cand", ld.lease_ref, ld.token_proof)
+    assert fence.lease_ref(ld.lease_id) == ld.lease_ref
