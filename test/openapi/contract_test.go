@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -63,8 +64,18 @@ func (k *contract) find(opID string) *routers.Route {
 			}
 		}
 	}
-	k.t.Fatalf("no operation %q in the document", opID)
+	k.fatalf("no operation %q in the document", opID)
 	return nil
+}
+
+// fatalf fails the test and ends the calling goroutine, which may be one
+// of the test's own (a stream, a waiter): t.Fatalf is for the test's
+// goroutine only. Callers in other goroutines close what the test waits on
+// in defers.
+func (k *contract) fatalf(format string, args ...any) {
+	k.t.Helper()
+	k.t.Errorf(format, args...)
+	runtime.Goexit()
 }
 
 // call is one request: an operation, its path parameters, query and body.
@@ -116,14 +127,14 @@ func (k *contract) do(cl call) answer {
 	case cl.body != nil:
 		var err error
 		if body, err = json.Marshal(cl.body); err != nil {
-			k.t.Fatal(err)
+			k.fatalf("%v", err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, route.Method, u, bytes.NewReader(body))
 	if err != nil {
-		k.t.Fatal(err)
+		k.fatalf("%v", err)
 	}
 	if body == nil {
 		req.Body, req.ContentLength = http.NoBody, 0
@@ -151,21 +162,21 @@ func (k *contract) do(cl call) answer {
 	}
 	res, err := k.hc.Do(req)
 	if err != nil {
-		k.t.Fatalf("%s %s: %v", route.Method, u, err)
+		k.fatalf("%s %s: %v", route.Method, u, err)
 	}
 	defer res.Body.Close()
 	data, err := io.ReadAll(res.Body)
 	if err != nil {
-		k.t.Fatalf("%s %s: read the answer: %v", route.Method, u, err)
+		k.fatalf("%s %s: read the answer: %v", route.Method, u, err)
 	}
 	a := answer{status: res.StatusCode, header: res.Header, body: data}
 	if cl.want != 0 && res.StatusCode != cl.want {
-		k.t.Fatalf("%s %s: status %d, want %d: %s", route.Method, u, res.StatusCode, cl.want, data)
+		k.fatalf("%s %s: status %d, want %d: %s", route.Method, u, res.StatusCode, cl.want, data)
 	}
 	k.validateAnswer(in, route, res.StatusCode, res.Header, data)
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/json") && route.Operation.OperationID != "getOpenAPI" {
 		if err := json.Unmarshal(data, &a.json); err != nil {
-			k.t.Fatalf("%s %s: answer is not a JSON object: %v: %s", route.Method, u, err, data)
+			k.fatalf("%s %s: answer is not a JSON object: %v: %s", route.Method, u, err, data)
 		}
 		k.record(cl.op, k.answerSchema(route, res.StatusCode), a.json)
 	} else {
@@ -271,8 +282,15 @@ type sseRecord struct {
 	data      map[string]any
 }
 
-func (k *contract) stream(cl call, ready chan<- struct{}, stop func(sseRecord) bool) {
+func (k *contract) stream(cl call, ready chan struct{}, stop func(sseRecord) bool) {
 	k.t.Helper()
+	defer func() {
+		select {
+		case <-ready:
+		default:
+			close(ready) // the test waits on it even when the stream failed
+		}
+	}()
 	route := k.find(cl.op)
 	path := route.Path
 	for name, v := range cl.params {
@@ -290,18 +308,18 @@ func (k *contract) stream(cl call, ready chan<- struct{}, stop func(sseRecord) b
 	}
 	res, err := k.hc.Do(req)
 	if err != nil {
-		k.t.Fatalf("%s: %v", u, err)
+		k.fatalf("%s: %v", u, err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(res.Body)
-		k.t.Fatalf("%s: %d %s", u, res.StatusCode, b)
+		k.fatalf("%s: %d %s", u, res.StatusCode, b)
 	}
 	k.validateAnswer(in, route, res.StatusCode, res.Header, nil)
 	mt := route.Operation.Responses.Status(200).Value.Content.Get("text/event-stream")
 	events, _ := mt.Extensions["x-dlock-sse-events"].(map[string]any)
 	if len(events) == 0 {
-		k.t.Fatalf("%s: the document names no x-dlock-sse-events", route.Path)
+		k.fatalf("%s: the document names no x-dlock-sse-events", route.Path)
 	}
 	close(ready)
 	sc := bufio.NewScanner(res.Body)
@@ -321,7 +339,7 @@ func (k *contract) stream(cl call, ready chan<- struct{}, stop func(sseRecord) b
 			schema := k.sseSchema(ref)
 			var v any
 			if err := json.Unmarshal([]byte(data), &v); err != nil {
-				k.t.Fatalf("%s: event %s: data is not JSON: %v", u, rec.event, err)
+				k.fatalf("%s: event %s: data is not JSON: %v", u, rec.event, err)
 			}
 			if err := schema.VisitJSON(v, openapi3.EnableJSONSchema2020(), openapi3.MultiErrors()); err != nil {
 				k.t.Errorf("%s: event %q does not match the document: %v\ndata: %s", u, rec.event, err, data)
@@ -341,7 +359,7 @@ func (k *contract) stream(cl call, ready chan<- struct{}, stop func(sseRecord) b
 			data += line[6:]
 		}
 	}
-	k.t.Fatalf("%s: the stream ended before the test saw what it waited for: %v", u, sc.Err())
+	k.fatalf("%s: the stream ended before the test saw what it waited for: %v", u, sc.Err())
 }
 
 func (k *contract) sseSchema(ref any) *openapi3.Schema { return k.sseSchemaRef(ref).Value }
@@ -354,7 +372,7 @@ func (k *contract) sseSchemaRef(ref any) *openapi3.SchemaRef {
 	name := strings.TrimPrefix(r, "#/components/schemas/")
 	s := k.doc.Components.Schemas[name]
 	if s == nil {
-		k.t.Fatalf("x-dlock-sse-events names %q, which is not a schema", r)
+		k.fatalf("x-dlock-sse-events names %q, which is not a schema", r)
 	}
 	return &openapi3.SchemaRef{Ref: r, Value: s.Value}
 }
@@ -468,6 +486,9 @@ func TestContract(t *testing.T) {
 		})
 	}()
 	<-watchReady
+	if t.Failed() {
+		t.FailNow()
+	}
 
 	// Locks.
 	lk := map[string]string{"name": "billing/job"}
@@ -489,6 +510,7 @@ func TestContract(t *testing.T) {
 	// A waiter in line while the lock is released: queued, acquired by hand-off.
 	waiterDone := make(chan answer, 1)
 	go func() {
+		defer close(waiterDone)
 		waiterDone <- k.do(call{op: "acquireLock", params: lk, want: 200, body: map[string]any{"client_id": "w3", "ttl_ms": 30000, "wait_timeout_ms": 30000}})
 	}()
 	testutil.Eventually(t, 20*time.Second, "w3 waits in line", func() bool {
@@ -497,7 +519,10 @@ func TestContract(t *testing.T) {
 	})
 	k.do(call{op: "releaseLock", params: lk, want: 200, body: map[string]any{"client_id": "w1", "fencing_token": token, "lease_id": lease, "request_id": "rel-1"}})
 	k.do(call{op: "releaseLock", params: lk, want: 409, body: map[string]any{"client_id": "w1", "fencing_token": token, "lease_id": lease}})
-	w3 := <-waiterDone
+	w3, ok := <-waiterDone
+	if !ok {
+		t.FailNow()
+	}
 	k.do(call{op: "releaseLock", params: lk, want: 200, body: map[string]any{"client_id": "w3", "fencing_token": w3.json["fencing_token"], "lease_id": w3.json["lease_id"]}})
 
 	// lock_lost: a grant nobody renews ends; a retry of its request learns it.
@@ -534,6 +559,9 @@ func TestContract(t *testing.T) {
 		})
 	}()
 	<-obsReady
+	if t.Failed() {
+		t.FailNow()
+	}
 	e1 := k.do(call{op: "campaign", params: ep, want: 200, body: map[string]any{"candidate_id": "c1", "value": "v1", "ttl_ms": 30000}})
 	et, el := e1.json["fencing_token"], e1.json["lease_id"]
 	k.do(call{op: "campaign", params: ep, want: 409, body: map[string]any{"candidate_id": "c2", "value": "x", "ttl_ms": 30000}})
@@ -635,7 +663,7 @@ func (k *contract) wsUpgrade() {
 	req.Header.Set("Authorization", "Bearer "+k.token)
 	res, err := k.hc.Do(req)
 	if err != nil {
-		k.t.Fatal(err)
+		k.fatalf("%v", err)
 	}
 	res.Body.Close()
 	if route.Operation.Responses.Status(res.StatusCode) == nil || res.StatusCode != http.StatusSwitchingProtocols {
