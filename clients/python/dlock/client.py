@@ -10,6 +10,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import quote, urlencode
 
@@ -224,6 +225,7 @@ class Session:
             return sent if sent is not None else time.monotonic()
 
         self._keeper = Keeper("session", ttl, sent, renew=renew, attempt_timeout=client.request_timeout)
+        client._track(self._keeper)
         self._keeper.start()
 
     def _path(self) -> str:
@@ -292,6 +294,19 @@ class Client:
         check_id("client_id", self.client_id)
         self.request_timeout = request_timeout
         self.retry_timeout = retry_timeout
+        self._live: "weakref.WeakSet[Keeper]" = weakref.WeakSet()
+        self._live_mu = threading.Lock()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClientClosed("the client is closed")
+
+    def _track(self, k: Keeper) -> None:
+        with self._live_mu:
+            if self._closed:
+                raise errors.ClientClosed("the client is closed")
+            self._live.add(k)
 
     @property
     def endpoints(self) -> List[str]:
@@ -301,8 +316,17 @@ class Client:
         return time.monotonic() + self.retry_timeout
 
     def close(self) -> None:
-        """Nothing to close: connections are per request. Release leases and
-        close sessions first; whatever is still held expires after its TTL."""
+        """Stops renewing every lease, leadership and session of this client
+        (their ``lost`` is set, with a LockLost error) and releases nothing:
+        release and close them first to hand them on at once; otherwise they
+        expire after their TTL."""
+        with self._live_mu:
+            self._closed = True
+            live = list(self._live)
+        for k in live:
+            k.end(errors.LockLost("the client was closed", code=""))
+        for k in live:
+            k.join()
 
     def __enter__(self) -> "Client":
         return self
@@ -332,6 +356,7 @@ class Client:
     def acquire(self, name: str, ttl: float = 30.0, *, wait: Optional[float] = None,
                 session: Optional[Session] = None, takeover: bool = False) -> Lease:
         """lock() without the ``with``: call lease.release() when done."""
+        self._check_open()
         path = "/locks/" + escape_name(name)
         name = name.lstrip("/")
         ttl_ms = 0 if session is not None else check_ttl(ttl)
@@ -389,6 +414,11 @@ class Client:
         keeper = self._lease_keeper(f"lock {name}", ttl, sent, session,
                                     lambda bound: self._renew(name, g.fencing_token, g.lease_id, deadline=bound,
                                                               attempt_timeout=keeper.attempt_timeout())[0])
+        try:
+            self._track(keeper)
+        except errors.ClientClosed:
+            give_back(g)
+            raise
         keeper.start()
         return Lease(self, g, keeper)
 
@@ -454,6 +484,7 @@ class Client:
     def session(self, ttl: float = 30.0) -> Session:
         """Creates a session that the client keeps alive every ttl/3 until
         closed (use it with ``with``, or call close())."""
+        self._check_open()
         ttl_ms = check_ttl(ttl)
         rid = new_request_id()
         sent, ans = self._t.call("POST", "/sessions", {"client_id": self.client_id, "ttl_ms": ttl_ms, "request_id": rid},

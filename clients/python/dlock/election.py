@@ -32,6 +32,7 @@ class Election:
         as for Client.lock). The leadership renews itself every ttl/3 and sets
         ``lost`` as a Lease does. Resign when done (or use ``with``)."""
         c, s = self._c, self._session
+        c._check_open()
 
         def body(rid: str, wait_ms: int, take: bool) -> Dict[str, Any]:
             b: Dict[str, Any] = {"candidate_id": c.client_id, "value": value, "request_id": rid}
@@ -80,6 +81,11 @@ class Election:
         keeper = c._lease_keeper(f"leadership of {self.name}", self.ttl, sent, s,
                                  lambda bound: self._holder_call("renew", g.fencing_token, g.lease_id, deadline=bound,
                                                                  attempt_timeout=keeper.attempt_timeout()))
+        try:
+            c._track(keeper)
+        except errors.ClientClosed:
+            give_back(g)
+            raise
         keeper.start()
         return Leadership(self, g, keeper, value)
 

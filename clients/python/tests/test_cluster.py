@@ -58,6 +58,14 @@ def test_lock_held_wait_timeout_and_reads(cluster):
         assert b.get_lock("reads/s2")["holder"]["client_id"] == "reader-a"
     assert l1.lost.is_set() and l2.lost.is_set()
     wait_for("the session's locks are released", lambda: not b.get_lock("reads/s1")["held"])
+    # Closing a client stops its leases: lost is set, nothing is released.
+    c = dlock.Client(cluster.endpoints, client_id="reader-c")
+    held = c.acquire("reads/closed", ttl=5)
+    c.close()
+    assert held.lost.is_set() and isinstance(held.error, dlock.LockLost)
+    assert b.get_lock("reads/closed")["holder"]["client_id"] == "reader-c"
+    with pytest.raises(dlock.ClientClosed):
+        c.acquire("reads/other")
 
 
 def test_a_paused_holder_sees_lease_lost_and_its_late_write_is_refused(cluster, scripts, dlock_bin, tmp_path):
