@@ -137,9 +137,11 @@ def test_killing_the_leader_during_a_blocking_acquire_still_grants_exactly_once(
     # The holder keeps its lease across the failover (it renews every
     # TTL/3 and retries on the survivors), and the waiter keeps its place.
     live = dlock.Client([n.url for n in own_cluster.nodes if n.alive()], client_id="observer")
-    wait_for("the new leader still shows the lock held by holder-a with waiter-b in line", lambda: (
-        (v := live.get_lock("failover/job"))["held"] and v["holder"]["client_id"] == "holder-a" and v["waiters"] == 1))
-    time.sleep(2)  # past a renewal at TTL/3 through the new leader
+    first = wait_for("the new leader still shows the lock held by holder-a with waiter-b in line", lambda: (
+        (v := live.get_lock("failover/job"))["held"] and v["holder"]["client_id"] == "holder-a" and v["waiters"] == 1 and v))
+    # The holder renews (every TTL/3) through the new leader.
+    wait_for("holder-a renews through the new leader", lambda: (
+        live.get_lock("failover/job")["holder"]["expires_at"] != first["holder"]["expires_at"]))
     holder.send("release")
     assert holder.expect("DONE") == "False", "the holder's lease must not be lost across a failover"
     token_b = int(waiter.expect("GRANTED"))

@@ -6,6 +6,6 @@ import dlock
 
 client = dlock.Client(sys.argv[1].split(","), client_id=sys.argv[3])
 print("WAITING", flush=True)
-with client.lock(sys.argv[2], ttl=5) as lease:
+with client.lock(sys.argv[2], ttl=10) as lease:
     print("GRANTED", lease.token, flush=True)
 print("DONE", flush=True)
