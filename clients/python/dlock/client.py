@@ -522,8 +522,12 @@ def _wait_in_line(client: Client, what: str, name: str, ttl: float, wait: Option
             raise errors.SessionExpired(f"{what} {name!r}: the session ended: {session.error}")
         rid = new_request_id()
         wait_ms = 0
-        if wait != 0:
-            left = MAX_WAIT if until is None else until - time.monotonic()
+        if wait is None:
+            wait_ms = int(MAX_WAIT * 1000)  # the server's limit; then queue again
+        elif wait > 0:
+            # Less than the time left, so the server says wait_timeout
+            # before this client gives up on the request.
+            left = until - time.monotonic()
             left -= min(left / 10, WAIT_MARGIN)
             wait_ms = max(1, min(int(left * 1000), int(MAX_WAIT * 1000)))
         # An unreachable cluster: give up retry_timeout after the wait would
@@ -550,11 +554,14 @@ def _wait_in_line(client: Client, what: str, name: str, ttl: float, wait: Option
             time.sleep(jitter(backoff))
             backoff = min(2 * backoff, BACKOFF_MAX)
             continue
-        except errors.LockHeld:
-            raise
-        except BaseException as e:  # Unavailable, KeyboardInterrupt, ...
-            if progress.get("sent") is not None or progress.get("maybe") is not None or getattr(e, "sent", None) is not None:
-                # A wait that reached a node must not be granted to nobody.
+        except errors.DlockError as e:
+            if isinstance(e, errors.Unavailable) and e.sent is not None:
+                # Given up on an unreachable cluster: a wait that reached a
+                # node must not be granted to nobody.
+                withdraw(rid)
+            raise  # refused (LockHeld, InvalidArgument, …): nothing to undo
+        except BaseException:  # KeyboardInterrupt, SystemExit, ...
+            if progress.get("sent") is not None or progress.get("maybe") is not None:
                 withdraw(rid)
             raise
         if session is not None and session.lost.is_set():

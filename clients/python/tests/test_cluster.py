@@ -252,3 +252,19 @@ def test_election_proofs_verify_against_the_cluster_keys(cluster):
         with pytest.raises(fence.BadSignature):
             keys.verify("proofs/svc", ld.token, "proof-cand", ld.lease_ref, ld.token_proof)
     assert fence.lease_ref(ld.lease_id) == ld.lease_ref
+
+
+def test_an_interrupted_wait_leaves_nothing_behind(cluster, scripts):
+    c = dlock.Client(cluster.endpoints, client_id="holds-it")
+    with c.lock("interrupt/x", ttl=10):
+        waiter = scripts("interrupted.py", ",".join(cluster.endpoints), "interrupt/x", "gives-up")
+        waiter.expect("WAITING")
+        wait_for("the waiter is in line", lambda: c.get_lock("interrupt/x")["waiters"] == 1)
+        waiter.proc.send_signal(signal.SIGINT)
+        waiter.expect("INTERRUPTED")
+        assert waiter.wait() == 0
+        # Withdrawn before the script went on: nobody waits any more.
+        assert c.get_lock("interrupt/x")["waiters"] == 0
+    # Released with nobody in line: the lock is free, not handed to the
+    # client that gave up.
+    assert not c.get_lock("interrupt/x")["held"]

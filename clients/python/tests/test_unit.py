@@ -107,3 +107,96 @@ def test_a_failing_renewal_is_retried_until_the_bound():
     assert k.lost.wait(5)
     assert failures.is_set() and time.monotonic() >= sent + 0.5
     k.join()
+
+
+class _FakeClient:
+    retry_timeout = 5.0
+
+
+def _grant():
+    from dlock.client import Grant
+    return Grant("x", "me", {"fencing_token": 7, "lease_id": "ab" * 16})
+
+
+def _line(send, *, wait=None, ttl=10.0, renew=None):
+    """Runs _wait_in_line with send and records the clean-up calls."""
+    from dlock.client import _wait_in_line
+    calls = []
+    out = _wait_in_line(_FakeClient(), "lock", "x", ttl, wait, None, send,
+                        lambda rid: calls.append(("withdraw", rid)),
+                        lambda g: calls.append(("give_back", g.fencing_token)),
+                        renew or (lambda g, deadline: calls.append(("renew", g.fencing_token)) or time.monotonic()))
+    return out, calls
+
+
+def test_an_interrupted_wait_is_withdrawn_under_its_request_id():
+    sent = []
+
+    def send(rid, wait_ms, deadline, progress):
+        sent.append(rid)
+        progress["sent"] = time.monotonic()
+        raise KeyboardInterrupt
+
+    from dlock.client import _wait_in_line
+    calls = []
+    with pytest.raises(KeyboardInterrupt):
+        _wait_in_line(_FakeClient(), "lock", "x", 10.0, None, None, send, lambda rid: calls.append(rid),
+                      lambda g: None, lambda g, d: time.monotonic())
+    assert calls == sent and len(sent) == 1
+
+
+def test_a_refused_acquire_is_not_withdrawn_and_an_unreachable_one_is():
+    def held(rid, wait_ms, deadline, progress):
+        e = dlock.LockHeld("held", code="lock_held")
+        e.sent = time.monotonic()
+        raise e
+
+    with pytest.raises(dlock.LockHeld):
+        _line(held, wait=0)
+
+    rids = []
+
+    def unreachable(rid, wait_ms, deadline, progress):
+        rids.append(rid)
+        e = dlock.Unavailable("down")
+        e.sent = time.monotonic()
+        raise e
+
+    from dlock.client import _wait_in_line
+    calls = []
+    with pytest.raises(dlock.Unavailable):
+        _wait_in_line(_FakeClient(), "lock", "x", 10.0, 1.0, None, unreachable, lambda rid: calls.append(rid),
+                      lambda g: None, lambda g, d: time.monotonic())
+    assert calls == rids
+
+
+def test_lock_lost_asks_again_under_a_new_request_id():
+    rids = []
+
+    def send(rid, wait_ms, deadline, progress):
+        rids.append(rid)
+        if len(rids) == 1:
+            raise dlock.LockLost("lapsed", code="lock_lost", body={"fencing_token": 6})
+        return _grant(), time.monotonic()
+
+    (g, _), calls = _line(send)
+    assert g.fencing_token == 7 and len(rids) == 2 and rids[0] != rids[1] and calls == []
+
+
+def test_a_slow_grant_is_renewed_before_it_is_handed_out():
+    old = time.monotonic() - 5  # sent long before: past ttl/3 of 10 s
+    (g, sent), calls = _line(lambda rid, w, d, p: (_grant(), old))
+    assert calls == [("renew", 7)] and sent > old
+
+
+def test_waiting_asks_the_server_for_less_than_the_time_left():
+    asked = []
+
+    def send(rid, wait_ms, deadline, progress):
+        asked.append(wait_ms)
+        return _grant(), time.monotonic()
+
+    _line(send, wait=5.0)
+    _line(send, wait=0)
+    _line(send, wait=None)
+    assert 3500 <= asked[0] <= 4500 and asked[1] == 0 and asked[2] == 3_600_000
