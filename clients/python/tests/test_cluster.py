@@ -268,3 +268,41 @@ def test_an_interrupted_wait_leaves_nothing_behind(cluster, scripts):
     # Released with nobody in line: the lock is free, not handed to the
     # client that gave up.
     assert not c.get_lock("interrupt/x")["held"]
+
+
+def test_an_observer_follows_the_election_across_a_node_kill(own_cluster):
+    eps = own_cluster.endpoints
+    obs_client = dlock.Client(eps, client_id="obs")
+    views = []
+    obs = obs_client.election("failover/svc").observe()
+    t = threading.Thread(target=lambda: [views.append(v) for v in obs], daemon=True)
+    t.start()
+    wait_for("the first view", lambda: views)
+    a = dlock.Client(eps, client_id="cand-a").election("failover/svc", ttl=10).campaign("a")
+    wait_for("the observer saw cand-a", lambda: any((v["leader"] or {}).get("candidate_id") == "cand-a" for v in views))
+    # The observation follows the leader; kill it.
+    own_cluster.kill(own_cluster.leader())
+    own_cluster.leader()
+    live = [n.url for n in own_cluster.nodes if n.alive()]
+    b_box = {}
+    waiting = threading.Thread(target=lambda: b_box.setdefault(
+        "l", dlock.Client(live, client_id="cand-b").election("failover/svc", ttl=10).campaign("b")))
+    waiting.start()
+    wait_for("cand-b waits in line", lambda: dlock.Client(live, client_id="x").election("failover/svc").view()["campaigners"] == 1)
+    a.resign()
+    waiting.join(30)
+    b = b_box["l"]
+    assert b.token > a.token
+    wait_for("the observer saw cand-b elected after the kill", lambda: any(
+        (v["leader"] or {}).get("candidate_id") == "cand-b" for v in views), within=60)
+    b.resign()
+    obs.close()
+    t.join(10)
+    leaders = []
+    for v in views:
+        who = (v["leader"] or {}).get("candidate_id")
+        if who and (not leaders or leaders[-1] != who):
+            leaders.append(who)
+    assert leaders == ["cand-a", "cand-b"], views
+    revs = [v["revision"] for v in views]
+    assert revs == sorted(revs), "a view went back in time across the resume"

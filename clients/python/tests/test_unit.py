@@ -200,3 +200,34 @@ def test_waiting_asks_the_server_for_less_than_the_time_left():
     _line(send, wait=0)
     _line(send, wait=None)
     assert 3500 <= asked[0] <= 4500 and asked[1] == 0 and asked[2] == 3_600_000
+
+
+def test_a_watch_resumes_at_its_last_revision_and_skips_what_it_had():
+    from dlock.watch import Watch
+
+    w = Watch.__new__(Watch)
+    w.prefix, w._from, w._skip, w._last, w._last_count, w._start = "p/", 0, 0, 0, 0, 0
+    assert w._path() == "/watch?prefix=p%2F"
+    w._opening("dlock watch from revision 41")
+    ev = lambda rev, t: {"revision": rev, "type": t}
+    # Revision 42 carries a release and the hand-off it causes; the stream
+    # breaks between them.
+    assert w._deliver(ev(41, "acquired")) and w._deliver(ev(42, "released"))
+    # The next connection asks for 42 again and drops the one event of 42
+    # it already delivered.
+    assert w._path() == "/watch?prefix=p%2F&from_revision=42"
+    assert not w._deliver(ev(42, "released"))
+    assert w._deliver(ev(42, "acquired")) and w._deliver(ev(43, "released"))
+    assert w._path().endswith("from_revision=43")
+    assert not w._deliver(ev(42, "acquired"))  # older than asked: never again
+    assert not w._deliver(ev(43, "released")) and w._deliver(ev(44, "acquired"))
+
+
+def test_a_from_now_watch_that_broke_before_any_event_resumes_where_it_started():
+    from dlock.watch import Watch
+
+    w = Watch.__new__(Watch)
+    w.prefix, w._from, w._skip, w._last, w._last_count, w._start = "", 0, 0, 0, 0, 0
+    assert w._path() == "/watch"
+    w._opening("dlock watch from revision 100")
+    assert w._path() == "/watch?from_revision=100"
