@@ -8,8 +8,7 @@ import json
 import logging
 import socket
 import threading
-import time
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional
 
 from . import errors
 from ._transport import BACKOFF_MAX, BACKOFF_MIN, NotSent, Transport, jitter

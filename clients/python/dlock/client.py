@@ -11,12 +11,16 @@ import ssl
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from urllib.parse import quote, urlencode
 
 from . import errors
 from ._keeper import Keeper
 from ._transport import BACKOFF_MAX, BACKOFF_MIN, Transport, jitter, new_request_id
+
+if TYPE_CHECKING:  # imported for the annotations only: they import this module
+    from .election import Election
+    from .watch import Watch
 
 log = logging.getLogger("dlock")
 

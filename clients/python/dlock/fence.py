@@ -26,7 +26,7 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 PROOF_PREFIX = b"dlock-fence-v1"
 LEASE_REF_PREFIX = b"dlock-lease-ref-v1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator
 from urllib.parse import urlencode
 
 from . import errors

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pytest
 

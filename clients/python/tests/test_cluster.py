@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -202,7 +201,7 @@ def test_an_observer_sees_every_leader_change(cluster):
 def test_a_watch_across_a_node_kill_sees_every_event_once(own_cluster):
     c = dlock.Client(own_cluster.endpoints, client_id="watcher")
     _, rev = c.list_locks()
-    got, stop = [], threading.Event()
+    got = []
     w = c.watch("wk/", from_revision=rev + 1)
 
     def follow():
