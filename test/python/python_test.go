@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 }
 
 // debianPackages is what the Python tests need from Debian.
-const debianPackages = "python3-venv python3-pytest python3-cryptography python3-setuptools python3-wheel"
+const debianPackages = "python3-venv python3-pytest python3-cryptography python3-setuptools python3-wheel python3-pyflakes"
 
 func repoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
@@ -39,7 +39,7 @@ func python(t *testing.T) string {
 	if py == "" {
 		py = "/usr/bin/python3"
 	}
-	out, err := exec.Command(py, "-c", "import venv, ensurepip, pytest, cryptography, setuptools, wheel").CombinedOutput()
+	out, err := exec.Command(py, "-c", "import venv, ensurepip, pytest, cryptography, setuptools, wheel, pyflakes").CombinedOutput()
 	if err != nil {
 		msg := "Debian's python3 with " + debianPackages + " is needed (" + strings.TrimSpace(lastLine(string(out))) + "): apt-get install " + debianPackages
 		if os.Getenv("DLOCK_PYTHON_TESTS") == "require" {
@@ -144,4 +144,18 @@ func copyTree(from, to string) error {
 		}
 		return os.WriteFile(target, b, 0o644)
 	})
+}
+
+// TestPythonLint runs pyflakes over the client and its tests: undefined
+// names and unused imports, which Python itself reports only when the line
+// runs.
+func TestPythonLint(t *testing.T) {
+	py := python(t)
+	dir := filepath.Join(repoRoot(), "clients", "python")
+	cmd := exec.Command(py, "-m", "pyflakes", "dlock", "tests")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pyflakes: %v\n%s", err, out)
+	}
 }
