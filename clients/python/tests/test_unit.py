@@ -231,3 +231,78 @@ def test_a_from_now_watch_that_broke_before_any_event_resumes_where_it_started()
     assert w._path() == "/watch"
     w._opening("dlock watch from revision 100")
     assert w._path() == "/watch?from_revision=100"
+
+
+def test_the_bound_counts_from_the_send_time_of_the_last_answered_renewal():
+    sent = time.monotonic()
+    k = Keeper("lock x", 30, sent)
+    assert k.bound == sent + 30
+    k.extend(sent + 5)
+    assert k.bound == sent + 35
+    k.extend(sent + 1)  # an older renewal answered late moves nothing back
+    assert k.bound == sent + 35
+    k.end(dlock.LockLost("gone"))
+    k.extend(sent + 10)  # and a lost lease never comes back
+    assert k.bound == sent + 35 and k.lost.is_set()
+
+
+class _Flaky:
+    """A node that answers 503 twice, then 200 after a pause, recording
+    what it was sent."""
+
+    def __init__(self):
+        import http.server
+        import json as _json
+
+        seen = self.seen = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append((time.monotonic(), self.headers.get("X-Request-Id"), body.get("request_id")))
+                if len(seen) <= 2:
+                    self._answer(503, {"error": {"code": "no_leader", "message": "electing"}})
+                    return
+                time.sleep(0.3)
+                self._answer(200, {"renewed": True})
+
+            def do_GET(self):
+                self._answer(503, {"error": {"code": "no_leader", "message": "electing"}})
+
+            def _answer(self, status, obj):
+                b = _json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = "http://127.0.0.1:%d" % self.srv.server_address[1]
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_retries_keep_one_request_id_and_the_lease_counts_from_the_first_attempt():
+    from dlock._transport import Transport
+    node = _Flaky()
+    try:
+        t = Transport([node.url])
+        before = time.monotonic()
+        sent, ans = t.call("POST", "/locks/x/renew", {"request_id": "r-1"}, request_id="r-1",
+                           deadline=time.monotonic() + 10)
+        assert ans == {"renewed": True} and len(node.seen) == 3
+        # Every attempt carried the same request id, in the body and the header.
+        assert {(h, b) for _, h, b in node.seen} == {("r-1", "r-1")}
+        # The bound starts at the first attempt, before any node acted.
+        assert before <= sent <= node.seen[0][0]
+        # Backed off between attempts.
+        assert node.seen[1][0] > node.seen[0][0] and node.seen[2][0] > node.seen[1][0]
+    finally:
+        node.close()
