@@ -15,10 +15,12 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from typing import List, Optional
 
@@ -65,9 +67,9 @@ def wait_for(what: str, cond, within: float = 30.0, every: float = 0.05):
         time.sleep(every)
 
 
-def get_json(url: str, timeout: float = 2.0):
+def get_json(url: str, timeout: float = 2.0, context=None):
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, None
@@ -76,13 +78,14 @@ def get_json(url: str, timeout: float = 2.0):
 
 
 class Node:
-    def __init__(self, nid: str, api: str, raft: str, data: str, log: str) -> None:
+    def __init__(self, nid: str, api: str, raft: str, data: str, log: str, scheme: str = "http") -> None:
         self.id, self.api, self.raft, self.data, self.log = nid, api, raft, data, log
+        self.scheme = scheme
         self.proc: Optional[subprocess.Popen] = None
 
     @property
     def url(self) -> str:
-        return "http://" + self.api
+        return f"{self.scheme}://{self.api}"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -91,21 +94,28 @@ class Node:
 class Cluster:
     """n `dlock serve` processes on loopback, stopped at the end of the test."""
 
-    def __init__(self, binary: str, n: int = 3) -> None:
+    def __init__(self, binary: str, n: int = 3, *, extra_args: Optional[List[str]] = None,
+                 ssl_context: Optional["ssl.SSLContext"] = None) -> None:
         self.binary = binary
         self.dir = tempfile.mkdtemp(prefix="dlock-py-")
         self.nodes: List[Node] = []
+        self.ssl_context = ssl_context
         for i in range(n):
             nid = f"n{i + 1}"
-            self.nodes.append(Node(nid, free_addr(), free_addr(), os.path.join(self.dir, nid), os.path.join(self.dir, nid + ".log")))
+            self.nodes.append(Node(nid, free_addr(), free_addr(), os.path.join(self.dir, nid), os.path.join(self.dir, nid + ".log"),
+                                   "https" if ssl_context else "http"))
         initial = ",".join(f"{nd.id}={nd.raft}" for nd in self.nodes)
         for nd in self.nodes:
             with open(nd.log, "ab") as logf:
                 nd.proc = subprocess.Popen([binary, "serve", "--id", nd.id, "--data-dir", nd.data, "--api-addr", nd.api,
-                                            "--raft-addr", nd.raft, "--initial-cluster", initial, "--log-level", "warn"],
+                                            "--raft-addr", nd.raft, "--initial-cluster", initial, "--log-level", "warn",
+                                            *(extra_args or [])],
                                            stdout=logf, stderr=subprocess.STDOUT)
-        wait_for("every node ready", lambda: all(get_json(nd.url + "/readyz")[0] == 200 for nd in self.nodes), 30)
+        wait_for("every node ready", lambda: all(self.get(nd.url + "/readyz")[0] == 200 for nd in self.nodes), 30)
         self.leader()
+
+    def get(self, url: str):
+        return get_json(url, context=self.ssl_context)
 
     @property
     def endpoints(self) -> List[str]:
@@ -121,7 +131,7 @@ class Cluster:
             for nd in self.nodes:
                 if not nd.alive():
                     continue
-                status, info = get_json(nd.url + "/api/v1/cluster")
+                status, info = self.get(nd.url + "/api/v1/cluster")
                 if status != 200 or not info.get("leader_id"):
                     return None
                 ids.add(info["leader_id"])
