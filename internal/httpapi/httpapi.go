@@ -227,6 +227,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		a.watch(w, r)
 		return
 	}
+	if p == openAPIPath {
+		a.openAPI(w, r)
+		return
+	}
 	if rest, ok := cutSegments(p, clusterPrefix); ok {
 		a.clusterRoutes(w, r, rest)
 		return
@@ -251,7 +255,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl), health at /healthz and /readyz", apiPrefix))
+		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl; described at %s), health at /healthz and /readyz", apiPrefix, openAPIPath))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
