@@ -517,6 +517,8 @@ func TestContract(t *testing.T) {
 		var v struct{ Waiters int }
 		return k.peek("GET", "/api/v1/locks/billing/job", nil, &v) && v.Waiters == 1
 	})
+	// The queue, in a read of the lock.
+	k.do(call{op: "getLock", params: lk, want: 200})
 	k.do(call{op: "releaseLock", params: lk, want: 200, body: map[string]any{"client_id": "w1", "fencing_token": token, "lease_id": lease, "request_id": "rel-1"}})
 	k.do(call{op: "releaseLock", params: lk, want: 409, body: map[string]any{"client_id": "w1", "fencing_token": token, "lease_id": lease}})
 	w3, ok := <-waiterDone
@@ -567,6 +569,8 @@ func TestContract(t *testing.T) {
 	k.do(call{op: "campaign", params: ep, want: 409, body: map[string]any{"candidate_id": "c2", "value": "x", "ttl_ms": 30000}})
 	k.do(call{op: "getElection", params: ep, want: 200})
 	k.do(call{op: "getElection", params: ep, node: target, query: url.Values{"stale": {"true"}}, want: 200})
+	k.do(call{op: "listElections", query: url.Values{"prefix": {"svc/"}, "limit": {"10"}}, want: 200})
+	k.do(call{op: "listElections", node: target, query: url.Values{"stale": {"true"}}, want: 200})
 	k.do(call{op: "proclaim", params: ep, want: 200, body: map[string]any{"candidate_id": "c1", "fencing_token": et, "lease_id": el, "value": "v2"}})
 	k.do(call{op: "proclaim", params: ep, want: 409, body: map[string]any{"candidate_id": "c1", "fencing_token": et, "lease_id": strings.Repeat("0", 32), "value": "v3"}})
 	k.do(call{op: "renewElection", params: ep, want: 200, body: map[string]any{"candidate_id": "c1", "fencing_token": et, "lease_id": el, "ttl_ms": 20000}})
