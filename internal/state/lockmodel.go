@@ -2,6 +2,7 @@ package state
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/google/btree"
 
@@ -160,21 +161,44 @@ func (l *Lock) firstSubtree() Grant {
 // intentCount counts the grants held strictly below a name prefix.
 type intentCount struct{ x, s int32 }
 
-// ancestors calls f with each proper ancestor of a lock name, from the root
-// down ("a", then "a/b", for "a/b/c"); elections have none.
-func ancestors(name string, f func(a string) bool) {
+// The proper ancestors of a lock name, from the root down ("a", then
+// "a/b", for "a/b/c"), are name[:i] for i = firstParent(name), then
+// nextParent(name, i), while i >= 0; elections have none. (Loops rather
+// than a callback: apply's hot path must not allocate closures.)
+func firstParent(name string) int {
 	if _, election := command.SplitKey(name); election {
-		return
+		return -1
 	}
-	for i := 0; i < len(name); i++ {
-		if name[i] == '/' && !f(name[:i]) {
-			return
-		}
+	return strings.IndexByte(name, '/')
+}
+
+func nextParent(name string, i int) int {
+	j := strings.IndexByte(name[i+1:], '/')
+	if j < 0 {
+		return -1
+	}
+	return i + 1 + j
+}
+
+// ancestors calls f with each proper ancestor of a lock name, from the root
+// down, until f returns false.
+func ancestors(name string, f func(a string) bool) {
+	for i := firstParent(name); i >= 0 && f(name[:i]); i = nextParent(name, i) {
 	}
 }
 
+// lock finds a lock in apply's paths without allocating a key (reads, which
+// may run side by side, use their own).
+func (s *State) lock(name string) *Lock {
+	s.probe.Name = name
+	lk, _ := s.locks.Get(&s.probe)
+	s.probe.Name = ""
+	return lk
+}
+
 func (s *State) intentAdd(name string, shared bool, d int32) {
-	ancestors(name, func(a string) bool {
+	for i := firstParent(name); i >= 0; i = nextParent(name, i) {
+		a := name[:i]
 		c := s.intent[a]
 		if shared {
 			c.s += d
@@ -186,8 +210,7 @@ func (s *State) intentAdd(name string, shared bool, d int32) {
 		} else {
 			s.intent[a] = c
 		}
-		return true
-	})
+	}
 }
 
 // Kinds of waitIdx items.
@@ -234,10 +257,9 @@ func (s *State) waitIndex(name string, w *Waiter, add bool) {
 	if w.Shared {
 		below = wBelowS
 	}
-	ancestors(name, func(a string) bool {
-		put(waitItem{key: a, kind: below, place: w.Place, name: name})
-		return true
-	})
+	for i := firstParent(name); i >= 0; i = nextParent(name, i) {
+		put(waitItem{key: name[:i], kind: below, place: w.Place, name: name})
+	}
 	if w.Subtree {
 		sub := wSubX
 		if w.Shared {
@@ -290,21 +312,14 @@ func (s *State) blocked(lk *Lock, r request, fresh bool) (bool, blocker) {
 			return true, blocker{}
 		}
 	}
-	var by blocker
-	stop := false
-	ancestors(r.name, func(a string) bool {
-		if alk, _ := s.locks.Get(&Lock{Name: a}); alk != nil && alk.subtreeHolders() > 0 && !(r.shared && alk.Shared()) {
-			by, stop = blocker{lk: alk}, true
-			return false
+	for i := firstParent(r.name); i >= 0; i = nextParent(r.name, i) {
+		a := r.name[:i]
+		if alk := s.lock(a); alk != nil && alk.subtreeHolders() > 0 && !(r.shared && alk.Shared()) {
+			return true, blocker{lk: alk}
 		}
 		if s.waitBefore(a, wSubX, r.place) || (!r.shared && s.waitBefore(a, wSubS, r.place)) {
-			stop = true
-			return false
+			return true, blocker{}
 		}
-		return true
-	})
-	if stop {
-		return true, by
 	}
 	if r.subtree {
 		if c := s.intent[r.name]; c.x > 0 || (!r.shared && c.s > 0) {
@@ -430,15 +445,20 @@ func (s *State) removeGrant(lk *Lock, i int) Grant {
 // never lets another through (it now holds what it waited with), so one pass
 // in place order settles them all. Then name's lock goes if it is unused.
 func (s *State) wake(name string, below bool) {
-	var cands []*Lock
-	add := func(n string) {
-		lk, _ := s.locks.Get(&Lock{Name: n})
+	cands := s.cands[:0]
+	defer func() {
+		clear(cands)
+		s.cands = cands[:0]
+	}()
+	add := func(lk *Lock) {
 		if lk != nil && len(lk.Queue()) > 0 && !slices.Contains(cands, lk) {
 			cands = append(cands, lk)
 		}
 	}
-	add(name)
-	ancestors(name, func(a string) bool { add(a); return true })
+	add(s.lock(name))
+	for i := firstParent(name); i >= 0; i = nextParent(name, i) {
+		add(s.lock(name[:i]))
+	}
 	if below {
 		var names []string
 		for _, kind := range []uint8{wBelowX, wBelowS} {
@@ -452,7 +472,7 @@ func (s *State) wake(name string, below bool) {
 		}
 		slices.Sort(names)
 		for _, n := range slices.Compact(names) {
-			add(n)
+			add(s.lock(n))
 		}
 	}
 	slices.SortFunc(cands, func(a, b *Lock) int {
@@ -469,7 +489,7 @@ func (s *State) wake(name string, below bool) {
 		for len(lk.Queue()) > 0 && s.letIn(lk) {
 		}
 	}
-	if lk, _ := s.locks.Get(&Lock{Name: name}); lk != nil && !lk.Held() && len(lk.Queue()) == 0 {
+	if lk := s.lock(name); lk != nil && !lk.Held() && len(lk.Queue()) == 0 {
 		s.deleteLock(lk)
 	}
 }

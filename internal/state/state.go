@@ -180,6 +180,9 @@ type State struct {
 	intent  map[string]intentCount
 	waitIdx *btree.BTreeG[waitItem]
 	place   uint64
+	// probe and cands are apply's scratch (lock, wake).
+	probe Lock
+	cands []*Lock
 }
 
 func lockLess(a, b *Lock) bool { return a.Name < b.Name }
