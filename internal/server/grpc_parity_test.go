@@ -221,7 +221,9 @@ func (g *grpcTransport) acquire(r service.AcquireRequest) outcome {
 		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID, Takeover: r.Takeover, Limit: r.Limit, Mode: r.Mode, Subtree: r.Subtree})
 	return grpcOutcome(resp, err, func(p *dlockv1.AcquireResponse) any {
 		return &service.AcquireResponse{Acquired: p.Acquired, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
-	}, func(d *dlockv1.ErrorDetail) any { return &service.AcquireResponse{Holder: holderOf(d.Holder), Limit: int(d.Limit)} })
+	}, func(d *dlockv1.ErrorDetail) any {
+		return &service.AcquireResponse{Holder: holderOf(d.Holder), Limit: int(d.Limit)}
+	})
 }
 
 func (g *grpcTransport) release(r service.ReleaseRequest) outcome {
