@@ -344,13 +344,24 @@ func TestWorkloadsInProcess(t *testing.T) {
 	}
 	// Through a follower: every call goes to a node that is not the leader.
 	t.Run("via-follower", func(t *testing.T) {
-		var logs bytes.Buffer
-		cfg := Config{Target: "dlock", Workload: "uncontended", Endpoints: eps, Workers: 2, Duration: time.Second,
-			Warmup: 100 * time.Millisecond, ViaFollower: true, Log: &logs}
-		res := runClean(t, cfg, &logs)
-		via, leader := res.Config["via_follower"], c.URL(c.WaitLeader(5*time.Second))
-		if via == "" || via == leader || res.Config["leader"] != "" {
-			t.Fatalf("config %v: want the calls sent to a follower, not the leader %s", res.Config, leader)
+		// A loaded machine may move leadership during the run, onto the
+		// follower the run chose: that says nothing about the choice, so
+		// the run is judged only when the leader stayed put (three tries).
+		for try := 1; ; try++ {
+			var logs bytes.Buffer
+			cfg := Config{Target: "dlock", Workload: "uncontended", Endpoints: eps, Workers: 2, Duration: time.Second,
+				Warmup: 100 * time.Millisecond, ViaFollower: true, Log: &logs}
+			before := c.URL(c.WaitLeader(5 * time.Second))
+			res := runClean(t, cfg, &logs)
+			via, leader := res.Config["via_follower"], c.URL(c.WaitLeader(5*time.Second))
+			if leader != before && try < 3 {
+				t.Logf("leadership moved from %s to %s during the run; again", before, leader)
+				continue
+			}
+			if via == "" || via == leader || res.Config["leader"] != "" {
+				t.Fatalf("config %v: want the calls sent to a follower, not the leader %s (leader before the run %s)", res.Config, leader, before)
+			}
+			return
 		}
 	})
 	// An interrupted run (Ctrl-C) has no result: its counts cover part of
