@@ -485,7 +485,7 @@ func decodeError(status int, data []byte) *APIError {
 	e := &APIError{HTTPStatus: status}
 	var er errorResponse
 	if json.Unmarshal(data, &er) == nil && er.Error != nil {
-		e.Code, e.Message, e.Holder = er.Error.Code, er.Error.Message, er.Holder
+		e.Code, e.Message, e.Holder, e.Limit = er.Error.Code, er.Error.Message, er.Holder, er.Limit
 		return e
 	}
 	msg := strings.TrimSpace(string(data))

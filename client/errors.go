@@ -11,6 +11,10 @@ import (
 var (
 	// ErrLockHeld: someone else holds the lock and the call did not wait.
 	ErrLockHeld = errors.New("dlock: lock is held by another client")
+	// ErrLimitMismatch: the lock is in use with another limit than the one
+	// asked for (a Semaphore's, or 1 for a Mutex or RWMutex); APIError.Limit
+	// is the lock's.
+	ErrLimitMismatch = errors.New("dlock: lock is in use with another limit")
 	// ErrWaitTimeout: the wait in line ended (the context's deadline or the
 	// server's wait limit) before the lock was granted.
 	ErrWaitTimeout = errors.New("dlock: timed out waiting for the lock")
@@ -62,6 +66,7 @@ var (
 const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeLockHeld        = "lock_held"
+	CodeLimitMismatch   = "limit_mismatch"
 	CodeWaitTimeout     = "wait_timeout"
 	CodeLockLost        = "lock_lost"
 	CodeNotHolder       = "not_holder"
@@ -89,6 +94,8 @@ type APIError struct {
 	HTTPStatus int
 	// Holder is who holds the lock, on lock_held and wait_timeout answers.
 	Holder *Holder
+	// Limit is the lock's limit, on limit_mismatch answers.
+	Limit int
 }
 
 func (e *APIError) Error() string {
@@ -103,6 +110,8 @@ func (e *APIError) Is(target error) bool {
 	switch e.Code {
 	case CodeLockHeld:
 		return target == ErrLockHeld
+	case CodeLimitMismatch:
+		return target == ErrLimitMismatch
 	case CodeWaitTimeout:
 		return target == ErrWaitTimeout
 	case CodeLockLost:

@@ -36,6 +36,13 @@ func WithSession(s *Session) MutexOption { return func(m *Mutex) { m.session = s
 // takes over the seat, or the place in line, of the same candidate id.
 func WithTakeover() MutexOption { return func(m *Mutex) { m.takeover = true } }
 
+// WithSubtree makes the lock cover its name and every name below it: a
+// Mutex on "billing" with WithSubtree keeps out "billing/job-A" and
+// "billing/x/y" (not "billing2"), and waits for their holders. With an
+// RWMutex, RLock takes a shared subtree lock (it keeps out writers inside
+// the subtree, not readers) and Lock an exclusive one.
+func WithSubtree() MutexOption { return func(m *Mutex) { m.subtree = true } }
+
 // Mutex is a distributed lock. Mutexes of one Client also exclude each other
 // locally, so two goroutines sharing a Client cannot both hold a name.
 type Mutex struct {
@@ -44,6 +51,7 @@ type Mutex struct {
 	ttl      time.Duration
 	session  *Session
 	takeover bool
+	subtree  bool
 
 	mu     sync.Mutex
 	lease  *Lease
@@ -85,12 +93,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) { return m.lock(ctx, t
 func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) { return m.lock(ctx, false) }
 
 func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
-	if m.session == nil {
-		if err := checkTTL(m.ttl); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := lockPath(m.name, ""); err != nil {
+	if err := m.check(); err != nil {
 		return nil, err
 	}
 	var unlock func()
@@ -102,7 +105,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	} else if unlock = m.c.locals.tryLock(m.name); unlock == nil {
 		return nil, fmt.Errorf("%w: %q is held by another Mutex of this client", ErrLockHeld, m.name)
 	}
-	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover)
+	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover, lockKind{subtree: m.subtree})
 	if err != nil {
 		unlock()
 		return nil, err
@@ -181,11 +184,11 @@ func waitAgain(ctx context.Context, sent time.Time, asked time.Duration) bool {
 	return !ok || time.Since(sent) < asked*9/10 || time.Until(dl) > waitMargin
 }
 
-// lockLease acquires a lock and starts keeping its lease; takeover as
-// WithTakeover.
-func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool) (*Lease, error) {
+// lockLease acquires a lock of the given kind and starts keeping its lease;
+// takeover as WithTakeover.
+func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool, kind lockKind) (*Lease, error) {
 	params := func(requestID string, wait time.Duration) acquireParams {
-		p := acquireParams{name: name, ttl: ttl, requestID: requestID, wait: wait, takeover: takeover}
+		p := acquireParams{name: name, ttl: ttl, requestID: requestID, wait: wait, takeover: takeover, kind: kind}
 		if s != nil {
 			p.sessionID = s.id
 		}
@@ -237,37 +240,7 @@ func (c *Client) giveBack(ctx context.Context, g *Grant) {
 // error, else the lease's error if it was lost while fn ran, else nil.
 func (c *Client) WithLock(ctx context.Context, name string, fn func(ctx context.Context, l *Lease) error, opts ...MutexOption) error {
 	m := c.NewMutex(name, opts...)
-	l, err := m.Lock(ctx)
-	if err != nil {
-		return err
-	}
-	fctx, cancel := context.WithCancelCause(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-l.Done():
-			cancel(l.Err())
-		case <-fctx.Done():
-		}
-	}()
-	defer func() {
-		// Stop watching before Unlock, which also closes Done.
-		cancel(nil)
-		<-watched
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), c.reqTimeout)
-		defer ucancel()
-		if uerr := m.Unlock(uctx); uerr != nil && !errors.Is(uerr, ErrLeaseLost) {
-			// fn's work is done; a failed release only delays the next
-			// holder until the TTL runs out.
-			c.log.Warn("dlock: could not release lock; it expires after its TTL", "lock", name, "err", uerr)
-		}
-	}()
-	err = fn(fctx, l)
-	if err == nil {
-		err = l.Err()
-	}
-	return err
+	return c.withLease(ctx, name, m.Lock, func(ctx context.Context, _ *Lease) error { return m.Unlock(ctx) }, fn)
 }
 
 // localLocks makes Mutexes of one Client exclude each other: at the server

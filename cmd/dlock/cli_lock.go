@@ -26,23 +26,32 @@ is released when CMD exits. Flags after "--" are CMD's.`
 
 func newLockCmd() *cobra.Command {
 	var h heldFlags
+	var k kindFlags
 	var noWait bool
 	cmd := &cobra.Command{
 		Use:   "lock NAME [flags] -- CMD [ARGS...]",
 		Short: "run CMD while holding the lock NAME",
 		Long:  lockLong,
 		Example: `  dlock lock deploy -- ./deploy.sh production
-  dlock lock nightly --wait 10m --ttl 1m -- ./backup.sh`,
+  dlock lock nightly --wait 10m --ttl 1m -- ./backup.sh
+  dlock lock deploys --limit 3 -- ./deploy.sh      # at most 3 at once
+  dlock lock config --shared -- ./read-config.sh   # many readers, or one writer
+  dlock lock billing --subtree -- ./close-month.sh # keeps out billing/...`,
 	}
-	cmd.RunE = func(cmd *cobra.Command, args []string) error { return runLock(cmd, args, &h, &noWait) }
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return runLock(cmd, args, &h, &k, &noWait) }
 	h.register(cmd, client.DefaultTTL, "lock")
+	k.register(cmd.Flags())
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "exit 3 at once if the lock is held")
 	return clientCmd(cmd, &h.g)
 }
 
-func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool) error {
+func runLock(cmd *cobra.Command, args []string, h *heldFlags, k *kindFlags, noWait *bool) error {
 	name, argv, opts, c, err := h.parse(cmd, args, "dlock lock NAME -- CMD [ARGS...]")
 	if err != nil {
+		return err
+	}
+	if err := k.check(); err != nil {
+		c.Close()
 		return err
 	}
 	defer c.Close()
@@ -54,8 +63,8 @@ func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool) erro
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	m := c.NewMutex(name, opts...)
-	l, err := lockOrSignal(m, *wait, *noWait, sigs)
+	take, give := k.taker(c, name, opts)
+	l, err := lockOrSignal(take, give, *wait, *noWait, sigs)
 	if err != nil {
 		var sig *signalled
 		if errors.As(err, &sig) {
@@ -74,7 +83,7 @@ func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool) erro
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		if err := m.Unlock(ctx); err != nil && errors.Is(l.Err(), client.ErrReleased) {
+		if err := give(ctx, l); err != nil && errors.Is(l.Err(), client.ErrReleased) {
 			fmt.Fprintf(os.Stderr, "dlock lock: could not release %q, it expires after its TTL: %v\n", name, err)
 		}
 	}
@@ -120,15 +129,12 @@ type signalled struct{ sig os.Signal }
 
 func (s *signalled) Error() string { return "interrupted by " + s.sig.String() }
 
-// lockOrSignal takes the lock, giving up (and leaving nothing behind) if a
-// signal arrives first.
-func lockOrSignal(m *client.Mutex, wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
-	return waitOrSignal(wait, sigs, func(ctx context.Context) (*client.Lease, error) {
-		if noWait {
-			return m.TryLock(ctx)
-		}
-		return m.Lock(ctx)
-	}, func(ctx context.Context, _ *client.Lease) { m.Unlock(ctx) })
+// lockOrSignal takes the lock (take, waiting in line unless noWait), giving
+// up (and leaving nothing behind, give) if a signal arrives first.
+func lockOrSignal(take func(context.Context, bool) (*client.Lease, error), give func(context.Context, *client.Lease) error,
+	wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
+	return waitOrSignal(wait, sigs, func(ctx context.Context) (*client.Lease, error) { return take(ctx, !noWait) },
+		func(ctx context.Context, l *client.Lease) { give(ctx, l) })
 }
 
 // waitOrSignal runs take (a wait in line: Lock, Campaign) for at most wait

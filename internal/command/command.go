@@ -42,8 +42,9 @@ const (
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
 // and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters,
 // Acquire.Takeover and RegisterMember.Version (earlier acquires decode with Takeover true: they
-// always took over).
-const Version = 5
+// always took over); version 6 Acquire.Limit, Acquire.Shared and Acquire.Subtree (earlier
+// acquires are exclusive, limit 1, one name).
+const Version = 6
 
 // Limits shared by validation and the state machine.
 const (
@@ -56,6 +57,8 @@ const (
 	MaxClientID = 128
 	// MaxValueLen bounds an election value.
 	MaxValueLen = 4096
+	// MaxLimit bounds a counting lock's limit (Acquire.Limit).
+	MaxLimit = 10_000
 )
 
 // LeaseID is a 128-bit random lease or session id. It is the holder's secret
@@ -172,6 +175,16 @@ type Acquire struct {
 	// nothing. Entries before version 5 decode with Takeover true: they
 	// always took over, and a replay must do what they did.
 	Takeover bool
+	// Limit (version 6) is how many exclusive holders the lock admits at
+	// once (a counting lock, or semaphore); 0 and 1 are a plain mutex. The
+	// acquire that finds the lock unused sets it; any other must match.
+	Limit int64
+	// Shared (version 6) asks for a shared grant: shared holders coexist,
+	// a shared and an exclusive holder never do.
+	Shared bool
+	// Subtree (version 6) makes the grant cover the name and every name
+	// below it ("a" covers "a/b" and "a/b/c", not "ab").
+	Subtree bool
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -455,6 +468,9 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.String(b.Value)
 	w.Varint(b.MaxWaiters) // version 5
 	w.Bool(b.Takeover)     // version 5
+	w.Varint(b.Limit)      // version 6
+	w.Bool(b.Shared)       // version 6
+	w.Bool(b.Subtree)      // version 6
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
@@ -470,6 +486,11 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 		b.Takeover = r.Bool()
 	} else {
 		b.Takeover = true
+	}
+	if v >= 6 {
+		b.Limit = r.Varint()
+		b.Shared = r.Bool()
+		b.Subtree = r.Bool()
 	}
 }
 

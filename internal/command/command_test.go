@@ -55,6 +55,7 @@ func roundTripCases() []struct {
 			Body: &Acquire{Name: ElectionKey("db/primary"), LeaseID: testLease(4), TTLms: 10_000, WaitMs: 60_000, Value: strings.Repeat("v", MaxValueLen)}}},
 		{"acquire/value-binary", &Envelope{Body: &Acquire{Name: "a", Value: "\x00\xff\n"}}},
 		{"acquire/max-waiters", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, MaxWaiters: 1000}}},
+		{"acquire/lock-model", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, Limit: MaxLimit, Shared: true, Subtree: true, Takeover: true}}},
 		{"acquire/takeover", &Envelope{TS: 3, ClientID: "c", RequestID: "r",
 			Body: &Acquire{Name: "a", LeaseID: testLease(5), TTLms: 10_000, Takeover: true}}},
 		{"release/empty", &Envelope{Body: &Release{}}},
@@ -131,7 +132,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 5 {
+	if Version != 6 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -217,24 +218,29 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
 // command with those fields empty, and re-encode at the current version.
 // Acquires before version 5 decode with Takeover true (they always took
-// over).
+// over); before version 6 they are exclusive, limit 1, one name.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, old := range []byte{1, 2, 3, 4} {
+	for _, old := range []byte{1, 2, 3, 4, 5} {
 		for _, tc := range roundTripCases() {
 			e := *tc.env
 			switch b := e.Body.(type) {
 			case *Acquire:
 				c := *b
-				c.MaxWaiters = 0 // added with version 5
-				c.Takeover = true
+				c.Limit, c.Shared, c.Subtree = 0, false, false // added with version 6
+				if old < 5 {
+					c.MaxWaiters = 0 // added with version 5
+					c.Takeover = true
+				}
 				if old < 2 {
 					c.Value = ""
 				}
 				e.Body = &c
 			case *RegisterMember:
-				c := *b
-				c.Version = "" // added with version 5
-				e.Body = &c
+				if old < 5 {
+					c := *b
+					c.Version = "" // added with version 5
+					e.Body = &c
+				}
 			case *Proclaim:
 				if old < 2 {
 					continue // added with version 2
@@ -260,6 +266,13 @@ func TestDecodeOlderVersions(t *testing.T) {
 			// of all, is true).
 			_, isAcquire := e.Body.(*Acquire)
 			if isAcquire {
+				// Limit, Shared and Subtree (version 6), all zero.
+				if !bytes.Equal(b[len(b)-3:], []byte{0, 0, 0}) {
+					t.Fatalf("%s: the version 6 fields are not the last ones", tc.name)
+				}
+				b = b[:len(b)-3]
+			}
+			if isAcquire && old < 5 {
 				if b[len(b)-1] != 1 {
 					t.Fatalf("%s: Acquire.Takeover is not the last field", tc.name)
 				}
@@ -268,11 +281,12 @@ func TestDecodeOlderVersions(t *testing.T) {
 			_, isSetKey := e.Body.(*SetTokenKey)
 			isSetKey = isSetKey && old < 3
 			_, isRegister := e.Body.(*RegisterMember)
+			isRegister = isRegister && old < 5
 			cut := 0
 			switch {
 			case isAcquire && old < 2:
 				cut = 2 // Value and MaxWaiters
-			case isAcquire || isSetKey || isRegister:
+			case isAcquire && old < 5, isSetKey, isRegister:
 				cut = 1
 			}
 			for ; cut > 0; cut-- {
@@ -453,6 +467,24 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.String("") // Value (version 2)
 			w.Varint(0)  // MaxWaiters (version 5)
 			w.Byte(0)    // Takeover (version 5)
+			w.Varint(0)  // Limit (version 6)
+			w.Byte(0)    // Shared (version 6)
+			w.Byte(0)    // Subtree (version 6)
+			return w.Buf
+		},
+		"acquire/bad-shared": func(b byte) []byte {
+			w := hdr(TypeAcquire)
+			w.String("a")
+			w.Fixed(make([]byte, 16))
+			w.Byte(0)
+			w.Varint(1000)
+			w.Varint(0)
+			w.String("")
+			w.Varint(0)
+			w.Byte(0)
+			w.Varint(3)
+			w.Byte(b)
+			w.Byte(0)
 			return w.Buf
 		},
 		"acquire/bad-takeover": func(b byte) []byte {
@@ -465,6 +497,9 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.String("")
 			w.Varint(0)
 			w.Byte(b)
+			w.Varint(0)
+			w.Byte(0)
+			w.Byte(0)
 			return w.Buf
 		},
 		"cancel-wait/bad-bool": func(b byte) []byte {

@@ -21,6 +21,9 @@ const (
 	// StatusQueueFull refuses an acquire that would wait in a queue that
 	// already has Acquire.MaxWaiters waiters.
 	StatusQueueFull Status = 8
+	// StatusLimitMismatch refuses an acquire whose limit (or shared mode)
+	// does not fit the lock in use: Result.Limit is the lock's limit.
+	StatusLimitMismatch Status = 9
 )
 
 func (s Status) String() string {
@@ -41,11 +44,13 @@ func (s Status) String() string {
 		return "not_waiting"
 	case StatusQueueFull:
 		return "queue_full"
+	case StatusLimitMismatch:
+		return "limit_mismatch"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
 
-// Holder describes the current holder of a lock, as shown to other clients.
+// Holder describes the holder of a lock, as shown to other clients.
 type Holder struct {
 	ClientID  string
 	Token     uint64
@@ -54,9 +59,19 @@ type Holder struct {
 }
 
 // Result is what applying a command produced. One flat shape for every command
-// keeps the dedup table and the forwarding path simple.
+// keeps the dedup table and the forwarding path simple. The dedup table keeps
+// 100,000 of them, so the small fields share the word before LeaseID.
 type Result struct {
-	Status  Status
+	Status Status
+	// Replayed says this answer came from the dedup table: the request was
+	// applied before, by an earlier entry. Never stored (EncodeResult leaves
+	// it out): only the answer to a repeated request carries it.
+	Replayed bool
+	// HolderShared and HolderSubtree are the mode of Holder's grant in a
+	// StatusLockHeld refusal.
+	HolderShared, HolderSubtree bool
+	// Limit is the lock's limit in a StatusLimitMismatch refusal.
+	Limit   int32
 	LeaseID LeaseID
 	Token   uint64
 	// ExpiresAt is the lease's expiry in the leader's wall clock (display only).
@@ -67,12 +82,11 @@ type Result struct {
 	// its place in the entry); a queued wait keeps it.
 	Seq    uint64
 	Holder Holder
-	// Message explains StatusInvalid.
+	// Message explains StatusInvalid. In a StatusLockHeld refusal it is
+	// the name of the lock Holder's grant is on when that is not the one
+	// asked for: a subtree grant above it, or a grant inside the subtree
+	// asked for.
 	Message string
-	// Replayed says this answer came from the dedup table: the request was
-	// applied before, by an earlier entry. Never stored (EncodeResult leaves
-	// it out): only the answer to a repeated request carries it.
-	Replayed bool
 }
 
 // EncodeResult serialises a result for the snapshot's dedup table.
@@ -107,4 +121,20 @@ func DecodeResult(r *wire.Reader) Result {
 	x.Holder.ExpiresAt = r.Varint()
 	x.Message = r.String()
 	return x
+}
+
+// EncodeResultExt writes the fields EncodeResult leaves out for the layouts
+// that came before them (snapshot version 8, the forwarding answer's tail):
+// the refusal's limit and the holder's mode and subtree flag.
+func EncodeResultExt(w *wire.Writer, r *Result) {
+	w.Varint(int64(r.Limit))
+	w.Bool(r.HolderShared)
+	w.Bool(r.HolderSubtree)
+}
+
+// DecodeResultExt reads what EncodeResultExt wrote into x.
+func DecodeResultExt(r *wire.Reader, x *Result) {
+	x.Limit = int32(r.Varint())
+	x.HolderShared = r.Bool()
+	x.HolderSubtree = r.Bool()
 }

@@ -16,7 +16,21 @@ type AcquireRequest struct {
 	// of the same client_id at once; without it that lease is like any
 	// other holder. Under ACLs it needs a token naming the client_id.
 	Takeover bool `json:"takeover,omitempty"`
+	// Limit (1-10,000; 0 means 1) makes a counting lock: up to Limit
+	// exclusive holders at once. The acquire that finds the lock unused
+	// sets it; any other must ask for the same (limit_mismatch).
+	Limit int64 `json:"limit,omitempty"`
+	// Mode is ModeExclusive (the default, "") or ModeShared.
+	Mode string `json:"mode,omitempty"`
+	// Subtree makes the grant cover the name and every name below it.
+	Subtree bool `json:"subtree,omitempty"`
 }
+
+// Lock modes.
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+)
 
 // Holder is the public view of who holds a lock.
 type Holder struct {
@@ -24,6 +38,14 @@ type Holder struct {
 	FencingToken uint64    `json:"fencing_token"`
 	GrantedAt    time.Time `json:"granted_at"`
 	ExpiresAt    time.Time `json:"expires_at"`
+	// Mode is the grant's mode (ModeExclusive or ModeShared).
+	Mode string `json:"mode,omitempty"`
+	// Subtree: the grant covers the names below its lock.
+	Subtree bool `json:"subtree,omitempty"`
+	// Lock is the name of the lock the grant is on when a refusal names a
+	// grant on another lock: a subtree grant above the name asked for, or
+	// a grant inside the subtree asked for.
+	Lock string `json:"lock,omitempty"`
 }
 
 // AcquireResponse answers an acquire. When Acquired is false the error returned
@@ -40,6 +62,8 @@ type AcquireResponse struct {
 	LeaseID   string    `json:"lease_id,omitempty"`
 	Revision  uint64    `json:"revision,omitempty"`
 	Holder    *Holder   `json:"holder,omitempty"`
+	// Limit is the lock's limit, with a limit_mismatch error.
+	Limit int `json:"limit,omitempty"`
 }
 
 // ReleaseRequest gives a lock back. The token and lease id prove the caller is
@@ -78,10 +102,18 @@ type RenewResponse struct {
 
 // LockView is the public state of one lock.
 type LockView struct {
-	Name    string  `json:"name"`
-	Held    bool    `json:"held"`
+	Name string `json:"name"`
+	Held bool   `json:"held"`
+	// Holder is the first holder in grant order (the only one of a mutex).
 	Holder  *Holder `json:"holder,omitempty"`
 	Waiters int     `json:"waiters"`
+	// Limit is the lock's limit (1: a mutex); Mode its holders' mode, when
+	// held; Subtree says some holder's grant covers the names below it.
+	Limit   int    `json:"limit"`
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
+	// Holders are every holder, in grant order.
+	Holders []Holder `json:"holders"`
 	// Queue is the head of the wait queue in order (at most 100 waiters;
 	// Waiters counts them all). Only a read of one lock fills it.
 	Queue    []Waiter `json:"queue,omitempty"`
@@ -317,6 +349,11 @@ type WatchEvent struct {
 	Cause        string    `json:"cause,omitempty"`
 	Value        string    `json:"value,omitempty"`
 	At           time.Time `json:"at"`
+	// Mode is a lock event's grant or wait mode (acquired, released,
+	// expired, queued, dequeued): "exclusive" or "shared"; Subtree says it
+	// covers the names below.
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
 }
 
 // MemberRequest adds a node to the cluster (it joins as a non-voter and is

@@ -90,6 +90,9 @@ type Event struct {
 	RemainingMs int64
 	// Accessor is the ACL token of an EventACLChanged.
 	Accessor [16]byte
+	// Shared and Subtree are the grant's or the wait's mode (acquired,
+	// released, expired, queued, dequeued).
+	Shared, Subtree bool
 }
 
 func (s *State) emit(e Event) {

@@ -29,6 +29,9 @@ type Event struct {
 	Cause    string
 	Value    string
 	At       int64
+	// Shared and Subtree are a lock grant's or wait's mode (acquired,
+	// released, expired, queued, dequeued).
+	Shared, Subtree bool
 }
 
 // Errors a subscription can end with.
@@ -373,7 +376,7 @@ func public(e *state.Event) (Event, bool) {
 		return Event{}, false
 	}
 	name, election := command.SplitKey(e.Name)
-	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, At: e.At, Kind: "lock"}
+	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, At: e.At, Kind: "lock", Shared: e.Shared, Subtree: e.Subtree}
 	out.Type = e.Type.String()
 	switch {
 	case e.Type == state.EventSessionCreated || e.Type == state.EventSessionExpired || e.Type == state.EventSessionDeleted:

@@ -33,6 +33,9 @@ type message struct {
 	WatchID       string `json:"watch_id"`
 	TargetID      string `json:"target_id"`
 	Takeover      bool   `json:"takeover"`
+	Limit         int64  `json:"limit"`
+	Mode          string `json:"mode"`
+	Subtree       bool   `json:"subtree"`
 	// Token is the ACL token secret of an auth message (auth.go).
 	Token string `json:"token"`
 }
@@ -49,7 +52,7 @@ const (
 )
 
 var fields = map[string][]string{
-	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover"},
+	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover", "limit", "mode", "subtree"},
 	opRelease: {"id", "op", "name", "client_id", "fencing_token", "lease_id", "request_id"},
 	opRenew:   {"id", "op", "name", "client_id", "fencing_token", "lease_id", "ttl_ms", "request_id"},
 	opWatch:   {"id", "op", "prefix", "from_revision"},
@@ -74,6 +77,8 @@ type answer struct {
 	// FencingToken is, with a lock_lost error, the token of the grant that
 	// was lost.
 	FencingToken uint64 `json:"fencing_token,omitempty"`
+	// Limit is, with a limit_mismatch error, the lock's limit.
+	Limit int `json:"limit,omitempty"`
 }
 
 // handle decodes one message and starts it. Acquires run on goroutines of
@@ -280,11 +285,12 @@ func (c *conn) acquire(m *message) {
 	go func() {
 		defer c.finish(m.ID, o)
 		resp, err := c.h.svc.Acquire(ctx, service.AcquireRequest{Name: m.Name, ClientID: m.ClientID, TTLms: m.TTLms,
-			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID, Takeover: m.Takeover})
+			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID, Takeover: m.Takeover,
+			Limit: m.Limit, Mode: m.Mode, Subtree: m.Subtree})
 		if err != nil {
 			a := &answer{ID: m.ID, Op: m.Op, Error: c.publicError(ctx, err)}
 			if resp != nil {
-				a.Holder, a.FencingToken = resp.Holder, resp.FencingToken
+				a.Holder, a.FencingToken, a.Limit = resp.Holder, resp.FencingToken, resp.Limit
 			}
 			c.send(c.ctx, a)
 			return

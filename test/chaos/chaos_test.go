@@ -251,22 +251,24 @@ func outages(s []probeSample) [][2]int64 {
 // --- one run ---
 
 type runReport struct {
-	cfg          runConfig
-	dir          string
-	elapsed      time.Duration
-	ops          []Op
-	writes       []write
-	holds        []hold
-	faults       []faultEvent
-	storage      []string // how storage faults ended (nemesis.note)
-	anomalies    []anomaly
-	notes        []string
-	lin          []linResult
-	fence        fenceStats
-	watch        watchStats
-	probes       []probeSample
-	expiryLags   []time.Duration
-	waiterTimes  []time.Duration
+	cfg         runConfig
+	dir         string
+	elapsed     time.Duration
+	ops         []Op
+	writes      []write
+	holds       []hold
+	faults      []faultEvent
+	storage     []string // how storage faults ended (nemesis.note)
+	anomalies   []anomaly
+	notes       []string
+	lin         []linResult
+	fence       fenceStats
+	watch       watchStats
+	probes      []probeSample
+	expiryLags  []time.Duration
+	waiterTimes []time.Duration
+	// modelFIFO says what livenessModelFIFO saw, when it passed.
+	modelFIFO    string
 	healToReady  time.Duration
 	maxToken     uint64
 	proofs       int // grants whose token_proof verified
@@ -439,6 +441,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	// Check the history.
 	rep.ops, rep.writes, rep.holds = r.h.snapshot()
 	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
+	rep.anomalies = append(rep.anomalies, checkModelHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops)...)
 	if keys != nil {
 		pa, n := checkProofs(rep.ops, keys)
@@ -821,6 +824,122 @@ func (r *runner) livenessWaiters() {
 			break
 		}
 	}
+	r.livenessModelFIFO(rng, acquire, release)
+}
+
+// livenessModelFIFO: the line holds through the lock model, in a quiet
+// cluster. A subtree request waiting for a holder inside its subtree gets
+// the lock when that holder releases, before a later request inside the
+// subtree (which waits behind it though nothing holds its name); and a
+// shared request that comes after a waiting exclusive one is served after
+// it.
+func (r *runner) livenessModelFIFO(rng *rand.Rand, acquire func(proc int, client, lock string, ttl, wait time.Duration) *Op, release func(proc int, g *Op) *Op) {
+	opts := callOpts{attempt: 3 * time.Second, overall: 30 * time.Second}
+	kinded := func(proc int, client, lock string, shared, subtree bool) chan *Op {
+		ch := make(chan *Op, 1)
+		go func() {
+			op := &Op{Proc: 100 + proc, Client: client, Kind: kAcquire, Lock: lock, ReqID: fmt.Sprintf("%s-%s-%d", client, kAcquire, r.clk.now()),
+				TTL: int64(longTTL), Wait: int64(20 * time.Second), Shared: shared, Subtree: subtree}
+			a := opts
+			a.attempt = 2 * time.Second
+			r.api.acquire(op, rng, a)
+			ch <- op
+		}()
+		return ch
+	}
+	queued := func(lock string, n int) {
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			var v struct {
+				Waiters int `json:"waiters"`
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, _ = getJSON(ctx, r.c.nodes[r.c.leaderOrZero()].url()+"/api/v1/locks/"+lock, &v)
+			cancel()
+			if v.Waiters >= n {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	fail := func(what string, ops ...*Op) {
+		var desc []string
+		for _, o := range ops {
+			desc = append(desc, o.String())
+		}
+		r.anomaly(anomaly{Kind: "liveness:fifo", What: what + ":\n    " + strings.Join(desc, "\n    ")})
+	}
+	wait := func(ch chan *Op) *Op {
+		select {
+		case op := <-ch:
+			return op
+		case <-time.After(30 * time.Second):
+			return &Op{Out: oUnknown}
+		}
+	}
+
+	// A subtree waiter, then a request inside the subtree behind it.
+	h := acquire(40, "live-tree-h", "live/tree/a", longTTL, 0)
+	if h.Out != oOK {
+		fail("live/tree: the holder inside the subtree was not granted", h)
+		return
+	}
+	sub := kinded(41, "live-tree-sub", "live/tree", false, true)
+	queued("live/tree", 1)
+	in := kinded(42, "live-tree-in", "live/tree/b", false, false)
+	queued("live/tree/b", 1)
+	release(40, h)
+	s := wait(sub)
+	select {
+	case op := <-in:
+		fail("live/tree: a request inside the subtree was served while the subtree waiter held it", s, op)
+		return
+	case <-time.After(300 * time.Millisecond):
+	}
+	if s.Out != oOK {
+		fail("live/tree: the subtree waiter was not served after the holder inside released", h, s)
+		return
+	}
+	relS := release(41, s)
+	i := wait(in)
+	if i.Out != oOK || i.OutToken <= s.OutToken || i.Return < relS.Call {
+		fail("live/tree: the request inside the subtree was not served after the subtree holder, in turn", s, relS, i)
+		return
+	}
+	release(42, i)
+
+	// A reader holds; a writer waits; a later reader waits behind the writer.
+	rd := kinded(43, "live-rw-r1", "live/rw", true, false)
+	r1 := wait(rd)
+	if r1.Out != oOK {
+		fail("live/rw: the first reader was not granted", r1)
+		return
+	}
+	wr := kinded(44, "live-rw-w", "live/rw", false, false)
+	queued("live/rw", 1)
+	late := kinded(45, "live-rw-r2", "live/rw", true, false)
+	queued("live/rw", 2)
+	release(43, r1)
+	w := wait(wr)
+	select {
+	case op := <-late:
+		fail("live/rw: the later reader was served while the writer ahead of it held the lock", w, op)
+		return
+	case <-time.After(300 * time.Millisecond):
+	}
+	if w.Out != oOK {
+		fail("live/rw: the writer was not served after the reader released", r1, w)
+		return
+	}
+	relW := release(44, w)
+	r2 := wait(late)
+	if r2.Out != oOK || r2.OutToken <= w.OutToken || r2.Return < relW.Call {
+		fail("live/rw: the later reader was not served after the writer", w, relW, r2)
+		return
+	}
+	release(45, r2)
+	r.rep.modelFIFO = fmt.Sprintf("subtree waiter (token %d) served before the later request inside it (token %d); writer (token %d) before the later reader (token %d)",
+		s.OutToken, i.OutToken, w.OutToken, r2.OutToken)
 }
 
 // durability: after healing, the replicas converge (same applied index, same
@@ -1016,6 +1135,7 @@ func (r *runner) summary() string {
 	fmt.Fprintf(&b, "token proofs verified: %d\n", rep.proofs)
 	fmt.Fprintf(&b, "holds: %d; fenced writes: %d (accepted %d, rejected %d); GC-pause writes: %d (rejected %d, accepted after a newer grant because its holder had not written yet %d)\n",
 		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
+	fmt.Fprintf(&b, "lock-model holds: %s\n", modelStats(rep.holds))
 	fmt.Fprintf(&b, "watches: %s\n", rep.watch)
 	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
 	// faults
@@ -1107,6 +1227,9 @@ func (r *runner) summary() string {
 		pct(rep.expiryLags, 0.5).Round(time.Millisecond), pct(rep.expiryLags, 1).Round(time.Millisecond))
 	if len(rep.waiterTimes) > 0 {
 		fmt.Fprintf(&b, "live waiters served after the lock was free: %v\n", rep.waiterTimes)
+		if rep.modelFIFO != "" {
+			fmt.Fprintf(&b, "lock-model line: %s\n", rep.modelFIFO)
+		}
 	}
 	// linearizability
 	lin := map[porcupine.CheckResult]int{}

@@ -53,7 +53,9 @@ type ErrorDetail struct {
 	// On lock_lost from Acquire or Campaign: the fencing token of the grant
 	// that ended before its answer arrived (HTTP's 409 has it as
 	// fencing_token).
-	FencingToken  uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	FencingToken uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// On limit_mismatch from Acquire: the limit the lock is in use with.
+	Limit         int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -123,13 +125,29 @@ func (x *ErrorDetail) GetFencingToken() uint64 {
 	return 0
 }
 
+func (x *ErrorDetail) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // Holder is the public view of who holds a lock.
 type Holder struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	GrantedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ClientId     string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	GrantedAt    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// A lock holder's grant: "exclusive" or "shared" (empty for an election's
+	// leader).
+	Mode string `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant covers the names below its lock.
+	Subtree bool `protobuf:"varint,6,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// In a lock_held refusal caused by a grant on another lock (a subtree
+	// grant above the name asked for, or a grant inside the subtree asked
+	// for): that lock's name.
+	Lock          string `protobuf:"bytes,7,opt,name=lock,proto3" json:"lock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +210,27 @@ func (x *Holder) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Holder) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Holder) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
+}
+
+func (x *Holder) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
 type AcquireRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -208,7 +247,16 @@ type AcquireRequest struct {
 	// it, a lock held by the same client_id under another lease is like any
 	// held lock (lock_held, or wait). With ACLs it needs a token whose
 	// client_ids names this client_id (or a management token).
-	Takeover      bool `protobuf:"varint,7,opt,name=takeover,proto3" json:"takeover,omitempty"`
+	Takeover bool `protobuf:"varint,7,opt,name=takeover,proto3" json:"takeover,omitempty"`
+	// 1-10000 (0 means 1): a counting lock admits up to limit exclusive
+	// holders at once. The acquire that finds the lock unused sets it; any
+	// other with a different limit gets limit_mismatch.
+	Limit int64 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// "exclusive" (the default, also "") or "shared": shared holders coexist,
+	// a shared and an exclusive holder never do. Shared needs limit 1.
+	Mode string `protobuf:"bytes,9,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant covers the name and every name below it ("a" covers "a/b").
+	Subtree       bool `protobuf:"varint,10,opt,name=subtree,proto3" json:"subtree,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +336,27 @@ func (x *AcquireRequest) GetRequestId() string {
 func (x *AcquireRequest) GetTakeover() bool {
 	if x != nil {
 		return x.Takeover
+	}
+	return false
+}
+
+func (x *AcquireRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
 	}
 	return false
 }
@@ -726,12 +795,21 @@ func (x *GetLockRequest) GetStale() bool {
 
 // Lock is the public state of one lock.
 type Lock struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Held          bool                   `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
-	Holder        *Holder                `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
-	Waiters       int64                  `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
-	Revision      uint64                 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Held  bool                   `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	// The first holder in grant order (the only one of a mutex).
+	Holder   *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Waiters  int64   `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	Revision uint64  `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The lock's limit (1: a mutex).
+	Limit int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The holders' mode when held: "exclusive" or "shared".
+	Mode string `protobuf:"bytes,7,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Some holder's grant covers the names below the lock.
+	Subtree bool `protobuf:"varint,8,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// Every holder, in grant order.
+	Holders       []*Holder `protobuf:"bytes,9,rep,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -799,6 +877,34 @@ func (x *Lock) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Lock) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *Lock) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Lock) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
+}
+
+func (x *Lock) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
 }
 
 type GetLockResponse struct {
@@ -2467,13 +2573,18 @@ type Event struct {
 	// proclaimed, session_created, session_expired, session_deleted.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// lock, election or session.
-	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
-	Name          string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
-	ClientId      string                 `protobuf:"bytes,5,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	FencingToken  uint64                 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	Cause         string                 `protobuf:"bytes,7,opt,name=cause,proto3" json:"cause,omitempty"`
-	Value         string                 `protobuf:"bytes,8,opt,name=value,proto3" json:"value,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=at,proto3" json:"at,omitempty"`
+	Kind         string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name         string                 `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	ClientId     string                 `protobuf:"bytes,5,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	FencingToken uint64                 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	Cause        string                 `protobuf:"bytes,7,opt,name=cause,proto3" json:"cause,omitempty"`
+	Value        string                 `protobuf:"bytes,8,opt,name=value,proto3" json:"value,omitempty"`
+	At           *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=at,proto3" json:"at,omitempty"`
+	// A lock event's grant or wait mode (acquired, released, expired, queued,
+	// dequeued): "exclusive" or "shared".
+	Mode string `protobuf:"bytes,10,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant or wait covers the names below the lock.
+	Subtree       bool `protobuf:"varint,11,opt,name=subtree,proto3" json:"subtree,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2569,6 +2680,20 @@ func (x *Event) GetAt() *timestamppb.Timestamp {
 		return x.At
 	}
 	return nil
+}
+
+func (x *Event) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Event) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
 }
 
 type WatchResponse struct {
@@ -3414,20 +3539,24 @@ var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
-	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x01\n" +
+	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x01\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12(\n" +
 	"\x06holder\x18\x02 \x01(\v2\x10.dlock.v1.HolderR\x06holder\x122\n" +
 	"\acurrent\x18\x03 \x01(\v2\x18.dlock.v1.ElectionLeaderR\acurrent\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12#\n" +
-	"\rfencing_token\x18\x05 \x01(\x04R\ffencingToken\"\xc0\x01\n" +
+	"\rfencing_token\x18\x05 \x01(\x04R\ffencingToken\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\"\x82\x02\n" +
 	"\x06Holder\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
 	"\n" +
 	"granted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xda\x01\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\x06 \x01(\bR\asubtree\x12\x12\n" +
+	"\x04lock\x18\a \x01(\tR\x04lock\"\x9e\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x15\n" +
@@ -3437,7 +3566,11 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x0fwait_timeout_ms\x18\x05 \x01(\x03R\rwaitTimeoutMs\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1a\n" +
-	"\btakeover\x18\a \x01(\bR\btakeover\"\x82\x02\n" +
+	"\btakeover\x18\a \x01(\bR\btakeover\x12\x14\n" +
+	"\x05limit\x18\b \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04mode\x18\t \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\n" +
+	" \x01(\bR\asubtree\"\x82\x02\n" +
 	"\x0fAcquireResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
@@ -3474,13 +3607,17 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\":\n" +
 	"\x0eGetLockRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\"\x8e\x01\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xfe\x01\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\x12(\n" +
 	"\x06holder\x18\x03 \x01(\v2\x10.dlock.v1.HolderR\x06holder\x12\x18\n" +
 	"\awaiters\x18\x04 \x01(\x03R\awaiters\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x04R\brevision\"5\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04mode\x18\a \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\b \x01(\bR\asubtree\x12*\n" +
+	"\aholders\x18\t \x03(\v2\x10.dlock.v1.HolderR\aholders\"5\n" +
 	"\x0fGetLockResponse\x12\"\n" +
 	"\x04lock\x18\x01 \x01(\v2\x0e.dlock.v1.LockR\x04lock\"l\n" +
 	"\x10ListLocksRequest\x12\x16\n" +
@@ -3617,7 +3754,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\belection\x18\x01 \x01(\v2\x12.dlock.v1.ElectionR\belection\"K\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\xf9\x01\n" +
+	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\xa7\x02\n" +
 	"\x05Event\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
@@ -3627,7 +3764,10 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\x12\x14\n" +
 	"\x05cause\x18\a \x01(\tR\x05cause\x12\x14\n" +
 	"\x05value\x18\b \x01(\tR\x05value\x12*\n" +
-	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"6\n" +
+	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04mode\x18\n" +
+	" \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\v \x01(\bR\asubtree\"6\n" +
 	"\rWatchResponse\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"\xa1\x01\n" +
 	"\bTokenKey\x12\x0e\n" +
@@ -3784,76 +3924,77 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	53, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
 	53, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: dlock.v1.Lock.holder:type_name -> dlock.v1.Holder
-	9,  // 7: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
-	9,  // 8: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
-	53, // 9: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 10: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 11: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 12: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
-	53, // 13: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 14: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
-	53, // 15: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 16: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
-	53, // 17: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 18: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
-	53, // 19: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
-	36, // 20: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
-	38, // 21: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
-	38, // 22: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
-	43, // 23: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
-	44, // 24: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 25: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 26: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 27: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
-	2,  // 28: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 29: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
-	6,  // 30: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
-	8,  // 31: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
-	11, // 32: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
-	13, // 33: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
-	15, // 34: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
-	17, // 35: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
-	19, // 36: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
-	23, // 37: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
-	25, // 38: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
-	27, // 39: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
-	29, // 40: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
-	31, // 41: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
-	33, // 42: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
-	35, // 43: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
-	45, // 44: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
-	47, // 45: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
-	49, // 46: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
-	51, // 47: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
-	39, // 48: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
-	41, // 49: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
-	3,  // 50: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
-	5,  // 51: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
-	7,  // 52: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 53: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
-	12, // 54: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
-	14, // 55: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
-	16, // 56: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
-	18, // 57: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
-	20, // 58: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
-	24, // 59: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
-	26, // 60: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
-	28, // 61: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
-	30, // 62: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
-	32, // 63: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
-	34, // 64: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
-	37, // 65: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
-	46, // 66: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
-	48, // 67: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
-	50, // 68: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
-	52, // 69: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
-	40, // 70: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
-	42, // 71: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
-	50, // [50:72] is the sub-list for method output_type
-	28, // [28:50] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	1,  // 7: dlock.v1.Lock.holders:type_name -> dlock.v1.Holder
+	9,  // 8: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
+	9,  // 9: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
+	53, // 10: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 11: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 12: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 13: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
+	53, // 14: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 15: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
+	53, // 16: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 17: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
+	53, // 18: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 19: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
+	53, // 20: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
+	36, // 21: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
+	38, // 22: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
+	38, // 23: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
+	43, // 24: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
+	44, // 25: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 26: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 27: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	44, // 28: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
+	2,  // 29: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 30: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
+	6,  // 31: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
+	8,  // 32: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
+	11, // 33: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
+	13, // 34: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
+	15, // 35: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
+	17, // 36: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
+	19, // 37: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
+	23, // 38: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
+	25, // 39: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
+	27, // 40: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
+	29, // 41: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
+	31, // 42: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
+	33, // 43: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
+	35, // 44: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
+	45, // 45: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
+	47, // 46: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
+	49, // 47: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
+	51, // 48: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
+	39, // 49: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
+	41, // 50: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
+	3,  // 51: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
+	5,  // 52: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
+	7,  // 53: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
+	10, // 54: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
+	12, // 55: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
+	14, // 56: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
+	16, // 57: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
+	18, // 58: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
+	20, // 59: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
+	24, // 60: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
+	26, // 61: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
+	28, // 62: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
+	30, // 63: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
+	32, // 64: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
+	34, // 65: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
+	37, // 66: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
+	46, // 67: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
+	48, // 68: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
+	50, // 69: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
+	52, // 70: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
+	40, // 71: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
+	42, // 72: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
+	51, // [51:73] is the sub-list for method output_type
+	29, // [29:51] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
