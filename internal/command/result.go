@@ -21,6 +21,13 @@ const (
 	// StatusQueueFull refuses an acquire that would wait in a queue that
 	// already has Acquire.MaxWaiters waiters.
 	StatusQueueFull Status = 8
+	// StatusLockDelayed refuses an immediate acquire while the lock is in a
+	// lock-delay (command.Acquire.LockDelayMs); Result.TTLms is then the
+	// delay's time left on the lease clock.
+	StatusLockDelayed Status = 9
+	// StatusLockLost answers a renew of a grant that has ended (revoked) but
+	// that the history still records: Result.Token is its token.
+	StatusLockLost Status = 10
 )
 
 func (s Status) String() string {
@@ -41,6 +48,10 @@ func (s Status) String() string {
 		return "not_waiting"
 	case StatusQueueFull:
 		return "queue_full"
+	case StatusLockDelayed:
+		return "lock_delayed"
+	case StatusLockLost:
+		return "lock_lost"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -67,7 +78,8 @@ type Result struct {
 	// its place in the entry); a queued wait keeps it.
 	Seq    uint64
 	Holder Holder
-	// Message explains StatusInvalid.
+	// Message explains StatusInvalid; for a Revoke it lists the revoked
+	// fencing tokens (decimal, space-separated).
 	Message string
 	// Replayed says this answer came from the dedup table: the request was
 	// applied before, by an earlier entry. Never stored (EncodeResult leaves

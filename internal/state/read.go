@@ -12,6 +12,11 @@ type LockInfo struct {
 	Held    bool
 	Holder  command.Holder
 	Waiters int
+	// Value is the holder's value.
+	Value string
+	// DelayedUntil is, while a lock-delay keeps the lock from everyone, its
+	// end on the leader's wall clock (display; 0 otherwise).
+	DelayedUntil int64
 }
 
 // GetLock returns the view of a lock; a lock nobody holds or waits for is
@@ -25,7 +30,8 @@ func (s *State) GetLock(name string) LockInfo {
 }
 
 func (s *State) info(lk *Lock) LockInfo {
-	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue())}
+	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue()), Value: lk.Value()}
+	li.DelayedUntil, _, _ = lk.Delayed()
 	if lk.Held() {
 		li.Holder = holderOf(lk, s.leases[lk.Holder])
 	}
@@ -184,6 +190,26 @@ func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
 		return true
 	})
 	return leases, waits
+}
+
+// DelayTimer is a lock-delay in force, for the leader's reaper.
+type DelayTimer struct {
+	Name        string
+	Token       uint64
+	RemainingMs int64
+}
+
+// DelayTimers lists the lock-delays in force, with their time left on the
+// lease clock as of the newest entry.
+func (s *State) DelayTimers() []DelayTimer {
+	var out []DelayTimer
+	s.locks.Ascend(func(lk *Lock) bool {
+		if _, token, ok := lk.Delayed(); ok {
+			out = append(out, DelayTimer{Name: lk.Name, Token: token, RemainingMs: lk.extra.delayClock - s.clock})
+		}
+		return true
+	})
+	return out
 }
 
 // Members lists registered members by id.

@@ -486,12 +486,12 @@ func TestVersion4AcquireStillTakesOver(t *testing.T) {
 		h.idx++
 		h.ts += h.step
 		raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "c1", Body: b})
-		// Version 4 wrote the same layout without the trailing MaxWaiters
-		// and Takeover fields (both zero here).
-		if raw[1] != 5 || raw[len(raw)-1] != 0 || raw[len(raw)-2] != 0 {
+		// Version 4 wrote the same layout without the trailing MaxWaiters,
+		// Takeover and LockDelayMs fields (all zero here).
+		if raw[1] != 7 || raw[len(raw)-1] != 0 || raw[len(raw)-2] != 0 || raw[len(raw)-3] != 0 {
 			t.Fatalf("unexpected current encoding %x", raw)
 		}
-		raw = raw[:len(raw)-2]
+		raw = raw[:len(raw)-3]
 		raw[1] = 4
 		dec, err := command.Decode(raw)
 		if err != nil {

@@ -17,8 +17,13 @@ var snapshotMagic = []byte("DLSNAP")
 // token-signing keys, version 4 the ACL tokens, version 5 waiters' request
 // ids and no more lease creation times, version 6 each retired token key's
 // bound (TokenKey.MaxToken) and the lease clock (State.clock, each lease's
-// RenewedClock, each wait's ClockDeadline); older snapshots are still read.
-const snapshotVersion = 7
+// RenewedClock, each wait's ClockDeadline), version 7 members' versions,
+// version 9 the grant history, lock-delays (each lock's and waiter's
+// LockDelayMs, a delay in force) and holders' values on plain locks; older
+// snapshots are still read. This build never wrote version 8 and refuses it.
+const snapshotVersion = 9
+
+const snapshotVersionUnused = 8
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -65,6 +70,7 @@ func (s *State) Snapshot() []byte {
 	s.dedupRing.each(func(e *dedupEntry) { writeDedupEntry(w, e) })
 	s.writeTokenKeys(w)
 	s.writeACL(w)
+	s.writeHistory(w)
 	return w.Buf
 }
 
@@ -98,6 +104,15 @@ func writeLockHead(w *wire.Writer, lk *Lock) {
 	w.Varint(lk.GrantedAt)
 	w.Uvarint(lk.GrantSeq)
 	w.String(lk.Value())
+	// version 9
+	var x lockExtra
+	if lk.extra != nil {
+		x = *lk.extra
+	}
+	w.Varint(x.delayMs)
+	w.Uvarint(x.delayToken)
+	w.Varint(x.delayUntil)
+	w.Varint(x.delayClock)
 }
 
 func writeWaiter(w *wire.Writer, q *Waiter) {
@@ -109,6 +124,7 @@ func writeWaiter(w *wire.Writer, q *Waiter) {
 	w.Varint(q.ClockDeadline)
 	w.String(q.Value)
 	w.String(q.RequestID)
+	w.Varint(q.LockDelayMs) // version 9
 }
 
 func writeDedupEntry(w *wire.Writer, e *dedupEntry) {
@@ -129,7 +145,7 @@ func Restore(b []byte) (*State, error) {
 	}
 	r := wire.NewReader(b[len(snapshotMagic):])
 	v := r.Byte()
-	if v < 1 || v > snapshotVersion {
+	if v < 1 || v > snapshotVersion || v == snapshotVersionUnused {
 		return nil, fmt.Errorf("restore snapshot: format version %d not supported by this build (upgrade this node)", v)
 	}
 	s := New()
@@ -144,6 +160,7 @@ func Restore(b []byte) (*State, error) {
 			return s.readTokenKeys(r, v)
 		},
 		s.readACLSection,
+		s.readHistory,
 	}
 	for _, read := range sections {
 		if err := read(r, v); err != nil {
@@ -251,11 +268,21 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 		if v >= 2 {
 			lk.setValue(r.String())
 		}
+		if v >= 9 {
+			lk.setDelayMs(r.Varint())
+			token, until, clock := r.Uvarint(), r.Varint(), r.Varint()
+			lk.setDelay(token, until, clock)
+			if d := lk.lockDelayMs(); d < 0 || d > command.MaxLockDelayMs || token > s.lastToken ||
+				(token == 0 && (until != 0 || clock != 0)) || (lk.Held() && token != 0) || (!lk.Held() && d != 0) {
+				return fmt.Errorf("lock %q has an inconsistent lock-delay", lk.Name)
+			}
+		}
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
 			wt := readWaiter(r, v)
 			lk.setQueue(append(lk.Queue(), wt))
 			l := s.leases[wt.LeaseID]
-			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen {
+			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen ||
+				wt.LockDelayMs < 0 || wt.LockDelayMs > command.MaxLockDelayMs {
 				return fmt.Errorf("lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
 			if l.Waits().Has(lk.Name) {
@@ -276,9 +303,9 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 			}
 			tokens[lk.Token] = true
 			l.Locks().Set(lk.Name, 0)
-		} else if r.Err() == nil {
-			// A lock is in the table only while held; a free lock's queue
-			// would have been handed the lock.
+		} else if r.Err() == nil && !lk.delayed() {
+			// A lock is in the table only while held or in a lock-delay; a
+			// free lock's queue would have been handed the lock.
 			return fmt.Errorf("lock %q is free but listed", lk.Name)
 		}
 		if r.Err() == nil {
@@ -308,6 +335,9 @@ func readWaiter(r *wire.Reader, v byte) Waiter {
 	}
 	if v >= 5 {
 		wt.RequestID = r.String()
+	}
+	if v >= 9 {
+		wt.LockDelayMs = r.Varint()
 	}
 	return wt
 }

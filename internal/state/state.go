@@ -7,6 +7,7 @@
 package state
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/google/btree"
@@ -76,6 +77,8 @@ type Waiter struct {
 	// dedup entry of that request is updated to the grant, so a retry of it
 	// learns it was granted even after the grant has ended.
 	RequestID string
+	// LockDelayMs is the acquire's lock-delay, the grant's once granted.
+	LockDelayMs int64
 }
 
 // Lock is a named lock. It exists in the table while held or waited for.
@@ -86,14 +89,23 @@ type Lock struct {
 	GrantedAt int64
 	// GrantSeq is the Seq of the acquire that was granted.
 	GrantSeq uint64
-	// extra holds what most locks never have — waiters, an election's value —
-	// so a held lock costs 64 bytes rather than 96 (docs/benchmarks.md).
+	// extra holds what most locks never have — waiters, a holder's value,
+	// a lock-delay — so a held lock costs 64 bytes rather than 96
+	// (docs/benchmarks.md).
 	extra *lockExtra
 }
 
 type lockExtra struct {
 	queue []Waiter
 	value string
+	// delayMs is the current grant's lock-delay (Acquire.LockDelayMs).
+	delayMs int64
+	// A lock-delay in force: the token of the grant whose end began it
+	// (0: none), and its end on the leader's wall clock (display) and on
+	// the lease clock.
+	delayToken uint64
+	delayUntil int64
+	delayClock int64
 }
 
 // Held reports whether some lease holds the lock.
@@ -115,19 +127,49 @@ func (l *Lock) Value() string {
 	return l.extra.value
 }
 
-func (l *Lock) setQueue(q []Waiter) { l.setExtra(q, l.Value()) }
-
-func (l *Lock) setValue(v string) { l.setExtra(l.Queue(), v) }
-
-func (l *Lock) setExtra(q []Waiter, v string) {
-	if len(q) == 0 && v == "" {
-		l.extra = nil
-		return
+// lockDelayMs is the current grant's lock-delay.
+func (l *Lock) lockDelayMs() int64 {
+	if l.extra == nil {
+		return 0
 	}
+	return l.extra.delayMs
+}
+
+// Delayed reports whether a lock-delay keeps the lock from everyone, and
+// until when (leader wall clock, display) and which grant's end began it.
+func (l *Lock) Delayed() (until int64, token uint64, ok bool) {
+	if l.extra == nil || l.extra.delayToken == 0 {
+		return 0, 0, false
+	}
+	return l.extra.delayUntil, l.extra.delayToken, true
+}
+
+func (l *Lock) delayed() bool { return l.extra != nil && l.extra.delayToken != 0 }
+
+func (l *Lock) setQueue(q []Waiter) { l.ext().queue = q; l.tidy() }
+
+func (l *Lock) setValue(v string) { l.ext().value = v; l.tidy() }
+
+func (l *Lock) setDelayMs(ms int64) { l.ext().delayMs = ms; l.tidy() }
+
+func (l *Lock) setDelay(token uint64, until, clock int64) {
+	e := l.ext()
+	e.delayToken, e.delayUntil, e.delayClock = token, until, clock
+	l.tidy()
+}
+
+func (l *Lock) ext() *lockExtra {
 	if l.extra == nil {
 		l.extra = &lockExtra{}
 	}
-	l.extra.queue, l.extra.value = q, v
+	return l.extra
+}
+
+// tidy drops the extra part once it holds nothing.
+func (l *Lock) tidy() {
+	if e := l.extra; e != nil && len(e.queue) == 0 && e.value == "" && e.delayMs == 0 && e.delayToken == 0 {
+		l.extra = nil
+	}
 }
 
 // Member is a node's advertised addresses.
@@ -158,6 +200,8 @@ type State struct {
 	dedup     map[dedupKey]int // key -> position in dedupRing
 	dedupRing dedupRing
 
+	hist history
+
 	// sum is the sum of every record's hash, kept up to date by each
 	// mutation (digest.go) with rh, whose buffer only apply uses.
 	sum uint64
@@ -180,6 +224,8 @@ func New() *State {
 		aclTokens:   make(map[[16]byte]*ACLToken),
 		aclBySecret: make(map[[32]byte][16]byte),
 		aclByCN:     make(map[string][16]byte),
+
+		hist: newHistory(),
 	}
 }
 
@@ -301,12 +347,20 @@ func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 		return s.setTokenKey(b)
 	case *command.SetACLToken:
 		_, existed := s.aclTokens[b.AccessorID]
-		return s.aclChanged(existed, b.AccessorID, s.setACLToken(b))
+		return s.aclChanged(existed, b.AccessorID, s.setACLToken(e, b))
 	case *command.DeleteACLToken:
 		return s.aclChanged(true, b.AccessorID, s.deleteACLToken(b))
 	case *command.Tick:
 		// Only the lease clock moves (above); nothing a reader sees changes.
 		return command.Result{Status: command.StatusOK}
+	case *command.Revoke:
+		return s.revoke(b)
+	case *command.SetHistoryRetention:
+		return s.setHistoryRetention(b)
+	case *command.TrimHistory:
+		return s.trimHistory()
+	case *command.EndLockDelay:
+		return s.endLockDelay(b)
 	}
 	return invalid("unknown command")
 }
@@ -375,11 +429,14 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		return invalid("bad lock name")
 	}
 	_, election := command.SplitKey(name)
-	if len(b.Value) > command.MaxValueLen || (b.Value != "" && !election) {
+	if len(b.Value) > command.MaxValueLen || (b.Value != "" && !election && !e.ValueOnLocks()) {
 		return invalid("value too long, or given for a lock (only elections carry values)")
 	}
 	if b.WaitMs < 0 || b.WaitMs > command.MaxWaitMs {
 		return invalid("wait_ms out of range")
+	}
+	if b.LockDelayMs < 0 || b.LockDelayMs > command.MaxLockDelayMs {
+		return invalid("lock_delay_ms out of range")
 	}
 	var lease *Lease
 	if b.Session {
@@ -400,10 +457,11 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	// The same lease already holds it: idempotent, same token, lease refreshed.
 	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
 		s.touch(lease)
-		if election && lk.Value() != b.Value {
-			// Campaigning again with a new value proclaims it, as in etcd.
+		if lk.Value() != b.Value {
+			// Campaigning again with a new value proclaims it, as in etcd;
+			// acquiring a lock again with a new value sets it.
 			s.setLockValue(lk, b.Value)
-			s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
+			s.emitValue(lk, lease, election)
 		}
 		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
 			ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
@@ -413,12 +471,12 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	// takes office with the new value, as a holder's re-campaign proclaims it.
 	if lease != nil {
 		if waitSeq, ok := lease.Waits().Get(name); ok {
-			if election && lk != nil {
+			if lk != nil {
 				q := lk.Queue()
 				for i := range q {
-					if q[i].LeaseID == lease.ID && q[i].Value != b.Value {
+					if q[i].LeaseID == lease.ID && (q[i].Value != b.Value || q[i].LockDelayMs != b.LockDelayMs) {
 						w := q[i]
-						w.Value = b.Value
+						w.Value, w.LockDelayMs = b.Value, b.LockDelayMs
 						s.queueReplace(lk, i, w)
 						s.changed = true
 					}
@@ -436,6 +494,20 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	}
 
 	switch {
+	case lk != nil && lk.delayed():
+		// A lock-delay keeps the lock from everyone; waiters keep their
+		// places and are served once it ends (endLockDelay).
+		if b.WaitMs == 0 {
+			return command.Result{Status: command.StatusLockDelayed, TTLms: max(lk.extra.delayClock-s.clock, 1)}
+		}
+		if queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover) {
+			return command.Result{Status: command.StatusQueueFull}
+		}
+		if lease == nil {
+			lease = newLease(false)
+		}
+		s.enqueue(lk, lease, seq, b, e.RequestID)
+		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 	case lk == nil || !lk.Held():
 		if lease == nil {
 			lease = newLease(true)
@@ -443,18 +515,18 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		if lk == nil {
 			lk = s.newLock(name)
 		}
-		s.grant(lk, lease, seq, b.Value, CauseAcquire)
+		s.grant(lk, lease, seq, b.Value, b.LockDelayMs, CauseAcquire)
 	case b.Takeover && s.leases[lk.Holder].ClientID == e.ClientID:
 		// The same client with a new lease asked to take over: its previous
 		// incarnation crashed and it came back. Take over at once, with a new
 		// token. Without the flag a client_id alone takes nothing: the
 		// holder is like any other.
 		old := s.leases[lk.Holder]
-		s.unhold(lk, old, CauseTakeover)
+		s.unhold(lk, old, CauseTakeover, "")
 		if lease == nil {
 			lease = newLease(true)
 		}
-		s.grant(lk, lease, seq, b.Value, CauseTakeover)
+		s.grant(lk, lease, seq, b.Value, b.LockDelayMs, CauseTakeover)
 	case b.WaitMs == 0:
 		holder := s.leases[lk.Holder]
 		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
@@ -465,7 +537,7 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		if lease == nil {
 			lease = newLease(false)
 		}
-		s.enqueue(lk, lease, seq, b.WaitMs, b.Value, e.RequestID, b.Takeover)
+		s.enqueue(lk, lease, seq, b, e.RequestID)
 		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 	}
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
@@ -491,8 +563,10 @@ func queueFull(lk *Lock, clientID string, limit int64, takeover bool) bool {
 // enqueue appends a wait, or, with takeover, if the same client already
 // waits with another lease (it restarted), moves that place in line to the
 // new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value, requestID string, takeover bool) {
-	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs, ClockDeadline: s.clock + waitMs, Value: value, RequestID: requestID}
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, b *command.Acquire, requestID string) {
+	waitMs, takeover := b.WaitMs, b.Takeover
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs,
+		ClockDeadline: s.clock + waitMs, Value: b.Value, RequestID: requestID, LockDelayMs: b.LockDelayMs}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
@@ -515,7 +589,7 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, waitMs int64, value,
 }
 
 // grant gives a free lock to a lease with a new fencing token.
-func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
+func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value string, delayMs int64, cause string) {
 	s.lastToken++
 	s.lockOut(lk)
 	lk.Holder = lease.ID
@@ -523,6 +597,7 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	lk.GrantedAt = s.ts
 	lk.GrantSeq = seq
 	lk.setValue(value)
+	lk.setDelayMs(delayMs)
 	s.lockIn(lk)
 	lease.Locks().Set(lk.Name, 0)
 	s.changed = true
@@ -537,19 +612,31 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string) {
 	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
 }
 
-// unhold takes a lock away from its holder without handing it on. An implicit
-// lease that holds nothing else ends with it.
-func (s *State) unhold(lk *Lock, holder *Lease, cause string) {
+// unhold takes a lock away from its holder without handing it on, and keeps
+// the grant in the history. A grant with a lock-delay that ends by expiry or
+// revoke starts the delay. An implicit lease that holds nothing else ends
+// with it.
+func (s *State) unhold(lk *Lock, holder *Lease, cause, reason string) {
 	typ := EventReleased
-	if cause == CauseExpired {
+	switch cause {
+	case CauseExpired:
 		typ = EventExpired
+	case CauseRevoked:
+		typ = EventRevoked
 	}
-	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, LeaseID: holder.ID})
+	_, election := command.SplitKey(lk.Name)
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, Reason: reason, LeaseID: holder.ID, Value: lk.Value()})
+	s.recordEnd(lk, holder, endCauseOf(cause, election), reason)
 	holder.Locks().Delete(lk.Name)
 	s.lockOut(lk)
+	if d := lk.lockDelayMs(); d > 0 && (cause == CauseExpired || cause == CauseRevoked) {
+		lk.setDelay(lk.Token, s.ts+d, s.clock+d)
+		s.emit(Event{Type: EventDelayTimer, Name: lk.Name, Token: lk.Token, RemainingMs: d})
+	}
 	lk.Holder = command.LeaseID{}
 	lk.GrantSeq = 0
 	lk.setValue("")
+	lk.setDelayMs(0)
 	s.lockIn(lk)
 	s.changed = true
 	s.dropIfIdle(holder)
@@ -564,8 +651,16 @@ func (s *State) dropIfIdle(l *Lease) {
 }
 
 // handOff grants a free lock to the head of its queue in the same step, or
-// removes the lock from the table when nobody waits.
+// removes the lock from the table when nobody waits. A lock in a lock-delay
+// stays as it is, waiters and all, until the delay ends.
 func (s *State) handOff(lk *Lock) {
+	s.handOffCause(lk, CauseHandoff)
+}
+
+func (s *State) handOffCause(lk *Lock, cause string) {
+	if lk.delayed() {
+		return
+	}
 	for q := lk.Queue(); len(q) > 0; q = lk.Queue() {
 		w := q[0]
 		s.queueRemove(lk, 0)
@@ -575,7 +670,7 @@ func (s *State) handOff(lk *Lock) {
 		}
 		lease.Waits().Delete(lk.Name)
 		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
-		s.grant(lk, lease, w.Seq, w.Value, CauseHandoff)
+		s.grant(lk, lease, w.Seq, w.Value, w.LockDelayMs, cause)
 		s.rememberGrant(w, lk, lease)
 		return
 	}
@@ -587,9 +682,54 @@ func (s *State) release(e *command.Envelope, b *command.Release) command.Result 
 	if !ok {
 		return command.Result{Status: command.StatusNotHolder}
 	}
-	s.unhold(lk, lease, CauseReleased)
+	s.unhold(lk, lease, CauseReleased, "")
 	s.handOff(lk)
 	return command.Result{Status: command.StatusOK}
+}
+
+// revoke ends a grant by force: no holder proof (the service checked the
+// caller's right to revoke). The lock goes to the next waiter at once, or
+// after the grant's lock-delay.
+func (s *State) revoke(b *command.Revoke) command.Result {
+	if !command.ValidKey(b.Name) || len(b.Reason) > command.MaxReasonLen {
+		return invalid("bad lock name, or a reason over 256 bytes")
+	}
+	lk, _ := s.locks.Get(&Lock{Name: b.Name})
+	if lk == nil || !lk.Held() || (b.Token != 0 && lk.Token != b.Token) {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	token := lk.Token
+	s.unhold(lk, s.leases[lk.Holder], CauseRevoked, b.Reason)
+	s.handOff(lk)
+	return command.Result{Status: command.StatusOK, Token: token, Message: strconv.FormatUint(token, 10)}
+}
+
+// endLockDelay ends the lock-delay begun by the end of grant b.Token and
+// hands the lock on. The leader commits it when the delay has passed on its
+// lease clock; anything else (no delay, another grant's) is left alone.
+func (s *State) endLockDelay(b *command.EndLockDelay) command.Result {
+	lk, _ := s.locks.Get(&Lock{Name: b.Name})
+	if lk == nil {
+		return command.Result{Status: command.StatusOK}
+	}
+	if _, token, ok := lk.Delayed(); !ok || token != b.Token {
+		return command.Result{Status: command.StatusOK}
+	}
+	s.lockOut(lk)
+	lk.setDelay(0, 0, 0)
+	s.lockIn(lk)
+	s.changed = true
+	s.handOffCause(lk, CauseLockDelay)
+	return command.Result{Status: command.StatusOK, Token: 1}
+}
+
+// emitValue tells watchers that a holder's value changed.
+func (s *State) emitValue(lk *Lock, lease *Lease, election bool) {
+	typ := EventValueChanged
+	if election {
+		typ = EventProclaimed
+	}
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: lk.Value()})
 }
 
 // proclaim replaces the value of an election's leader (holder proof as renew).
@@ -613,9 +753,22 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 	if b.TTLms != 0 && !validTTL(b.TTLms) {
 		return invalid("ttl_ms out of range")
 	}
-	_, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if b.SetValue && len(b.Value) > command.MaxValueLen {
+		return invalid("value over 4 KiB")
+	}
+	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
 	if !ok {
+		// A grant revoked before its holder heard of it: say so, with its
+		// token, while the history still has it.
+		if g, ok := s.endedGrant(b.Name, b.Token); ok && g.Cause == EndRevoked && g.ClientID == e.ClientID {
+			return command.Result{Status: command.StatusLockLost, Token: g.Token}
+		}
 		return command.Result{Status: command.StatusNotHolder}
+	}
+	if b.SetValue && lk.Value() != b.Value {
+		s.setLockValue(lk, b.Value)
+		_, election := command.SplitKey(lk.Name)
+		s.emitValue(lk, lease, election)
 	}
 	if b.TTLms != 0 {
 		s.leaseOut(lease)
@@ -658,7 +811,7 @@ func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
 func (s *State) endLease(l *Lease, cause string) {
 	for _, name := range l.Locks().Sorted() {
 		lk, _ := s.locks.Get(&Lock{Name: name})
-		s.unhold(lk, l, cause)
+		s.unhold(lk, l, cause, "")
 		s.handOff(lk)
 	}
 	for _, name := range l.Waits().Sorted() {
@@ -691,7 +844,7 @@ func (s *State) removeWait(l *Lease, name, cause string) {
 				break
 			}
 		}
-		if !lk.Held() && len(lk.Queue()) == 0 {
+		if !lk.Held() && len(lk.Queue()) == 0 && !lk.delayed() {
 			s.deleteLock(lk)
 		}
 	}
@@ -730,7 +883,7 @@ func (s *State) cancelWait(b *command.CancelWait) command.Result {
 	if b.ReleaseIfGranted {
 		lk, _ := s.locks.Get(&Lock{Name: b.Wait.Name})
 		if lk != nil && lk.Holder == b.Wait.LeaseID && lk.GrantSeq == b.Wait.Seq {
-			s.unhold(lk, s.leases[lk.Holder], CauseCancelled)
+			s.unhold(lk, s.leases[lk.Holder], CauseCancelled, "")
 			s.handOff(lk)
 			return command.Result{Status: command.StatusOK}
 		}
