@@ -192,6 +192,16 @@ func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
 	return leases, waits
 }
 
+// DelayOf says whether a lock-delay keeps the lock from everyone: until when
+// (leader wall clock, display) and which grant's end began it.
+func (s *State) DelayOf(name string) (until int64, token uint64, ok bool) {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return 0, 0, false
+	}
+	return lk.Delayed()
+}
+
 // DelayTimer is a lock-delay in force, for the leader's reaper.
 type DelayTimer struct {
 	Name        string
