@@ -243,7 +243,7 @@ func TestDecodeOlderVersions(t *testing.T) {
 			case *Acquire:
 				c := *b
 				c.LockDelayMs = 0 // added with version 7
-				c.MaxWaiters = 0 // added with version 5
+				c.MaxWaiters = 0  // added with version 5
 				c.Takeover = true
 				if old < 2 {
 					c.Value = ""
