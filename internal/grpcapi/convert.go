@@ -26,7 +26,8 @@ func holderPB(h *service.Holder) *dlockv1.Holder {
 }
 
 func lockPB(v *service.LockView) *dlockv1.Lock {
-	return &dlockv1.Lock{Name: v.Name, Held: v.Held, Holder: holderPB(v.Holder), Waiters: int64(v.Waiters), Revision: v.Revision}
+	return &dlockv1.Lock{Name: v.Name, Held: v.Held, Holder: holderPB(v.Holder), Waiters: int64(v.Waiters), Revision: v.Revision,
+		Value: v.Value, DelayedUntil: ts(v.DelayedUntil)}
 }
 
 func leaderPB(l *service.ElectionLeader) *dlockv1.ElectionLeader {
@@ -42,7 +43,7 @@ func electionPB(v *service.ElectionView) *dlockv1.Election {
 
 func eventPB(e service.WatchEvent) *dlockv1.Event {
 	return &dlockv1.Event{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientId: e.ClientID,
-		FencingToken: e.FencingToken, Cause: e.Cause, Value: e.Value, At: ts(e.At)}
+		FencingToken: e.FencingToken, Cause: e.Cause, Reason: e.Reason, Value: e.Value, At: ts(e.At)}
 }
 
 func renewPB(r *service.RenewResponse) *dlockv1.RenewResponse {

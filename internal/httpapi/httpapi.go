@@ -26,6 +26,8 @@ type Service interface {
 	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
 	GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error)
 	ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error)
+	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
+	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
@@ -201,6 +203,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	if rest, ok := cutSegments(p, historyPrefix); ok && len(rest) > 1 {
+		a.history(w, r, rest[1:])
+		return
+	}
 	if rest, ok := cutSegments(p, electionsPrefix); ok && len(rest) > 1 {
 		a.election(w, r, rest[1:])
 		return
@@ -233,7 +239,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl), health at /healthz and /readyz", apiPrefix))
+		"no endpoint at this path; the API is under %s (locks, history, sessions, elections, watch, cluster, acl), health at /healthz and /readyz", apiPrefix))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
@@ -320,7 +326,7 @@ func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
-	name, action, ok := a.splitAction(w, r, rest, "lock", locksPrefix, actionAcquire, actionRelease, actionRenew)
+	name, action, ok := a.splitAction(w, r, rest, "lock", locksPrefix, actionAcquire, actionRelease, actionRenew, actionRevoke)
 	if !ok {
 		return
 	}
@@ -346,6 +352,8 @@ func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
 		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ReleaseRequest) { q.Name = name }, a.svc.Release)
 	case actionRenew:
 		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RenewRequest) { q.Name = name }, a.svc.Renew)
+	case actionRevoke:
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RevokeRequest) { q.Name = name }, a.svc.Revoke)
 	}
 }
 

@@ -16,6 +16,12 @@ type AcquireRequest struct {
 	// of the same client_id at once; without it that lease is like any
 	// other holder. Under ACLs it needs a token naming the client_id.
 	Takeover bool `json:"takeover,omitempty"`
+	// Value is the holder's value while it holds the lock (at most 4 KiB):
+	// who holds it, where, doing what.
+	Value string `json:"value,omitempty"`
+	// LockDelayMs (0..60000) keeps the lock from everyone that long after
+	// this grant ends by expiry or revoke (never after a release).
+	LockDelayMs int64 `json:"lock_delay_ms,omitempty"`
 }
 
 // Holder is the public view of who holds a lock.
@@ -66,6 +72,8 @@ type RenewRequest struct {
 	LeaseID      string `json:"lease_id"`
 	TTLms        int64  `json:"ttl_ms,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
+	// Value, when present, replaces the holder's value ("" clears it).
+	Value *string `json:"value,omitempty"`
 }
 
 // RenewResponse answers a renewal.
@@ -78,11 +86,16 @@ type RenewResponse struct {
 
 // LockView is the public state of one lock.
 type LockView struct {
-	Name     string  `json:"name"`
-	Held     bool    `json:"held"`
-	Holder   *Holder `json:"holder,omitempty"`
-	Waiters  int     `json:"waiters"`
-	Revision uint64  `json:"revision"`
+	Name    string  `json:"name"`
+	Held    bool    `json:"held"`
+	Holder  *Holder `json:"holder,omitempty"`
+	Waiters int     `json:"waiters"`
+	// Value is the holder's value.
+	Value string `json:"value,omitempty"`
+	// DelayedUntil is set while a lock-delay keeps the lock from everyone
+	// (the leader's wall clock when it began, plus the delay).
+	DelayedUntil time.Time `json:"delayed_until,omitzero"`
+	Revision     uint64    `json:"revision"`
 	// Stale is set on a ?stale=true answer; the APIs send it as headers.
 	Stale *StaleRead `json:"-"`
 }
@@ -289,15 +302,17 @@ type WatchRequest struct {
 
 // WatchEvent is one state change as watchers see it.
 type WatchEvent struct {
-	Revision     uint64    `json:"revision"`
-	Type         string    `json:"type"`
-	Kind         string    `json:"kind"`
-	Name         string    `json:"name,omitempty"`
-	ClientID     string    `json:"client_id,omitempty"`
-	FencingToken uint64    `json:"fencing_token,omitempty"`
-	Cause        string    `json:"cause,omitempty"`
-	Value        string    `json:"value,omitempty"`
-	At           time.Time `json:"at"`
+	Revision     uint64 `json:"revision"`
+	Type         string `json:"type"`
+	Kind         string `json:"kind"`
+	Name         string `json:"name,omitempty"`
+	ClientID     string `json:"client_id,omitempty"`
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	Cause        string `json:"cause,omitempty"`
+	// Reason is a revoke's reason (type "revoked").
+	Reason string    `json:"reason,omitempty"`
+	Value  string    `json:"value,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 // MemberRequest adds a node to the cluster (it joins as a non-voter and is

@@ -90,7 +90,7 @@ func watchErr(err error) error {
 // Event converts a hub event to its public form.
 func Event(e watch.Event) WatchEvent {
 	return WatchEvent{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientID: e.ClientID,
-		FencingToken: e.Token, Cause: e.Cause, Value: e.Value, At: ms(e.At)}
+		FencingToken: e.Token, Cause: e.Cause, Reason: e.Reason, Value: e.Value, At: ms(e.At)}
 }
 
 // Watch streams every state change under a name prefix from a revision on.

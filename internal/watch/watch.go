@@ -27,8 +27,10 @@ type Event struct {
 	ClientID string
 	Token    uint64
 	Cause    string
-	Value    string
-	At       int64
+	// Reason is a revoke's reason.
+	Reason string
+	Value  string
+	At     int64
 }
 
 // Errors a subscription can end with.
@@ -373,14 +375,13 @@ func public(e *state.Event) (Event, bool) {
 		return Event{}, false
 	}
 	name, election := command.SplitKey(e.Name)
-	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, At: e.At, Kind: "lock"}
+	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, Reason: e.Reason, At: e.At, Kind: "lock", Value: e.Value}
 	out.Type = e.Type.String()
 	switch {
 	case e.Type == state.EventSessionCreated || e.Type == state.EventSessionExpired || e.Type == state.EventSessionDeleted:
 		out.Kind = "session"
 	case election:
 		out.Kind = "election"
-		out.Value = e.Value
 		switch e.Type {
 		case state.EventAcquired:
 			out.Type = "elected"
