@@ -58,6 +58,8 @@ type acquireParams struct {
 	wait      time.Duration
 	requestID string
 	takeover  bool
+	value     string
+	lockDelay time.Duration
 }
 
 // acquire sends one logical acquire (retried under p.requestID) and returns
@@ -67,7 +69,8 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover}
+	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover,
+		Value: p.value, LockDelayMs: p.lockDelay.Milliseconds()}
 	if p.sessionID == "" {
 		req.TTLms = p.ttl.Milliseconds()
 	}
@@ -155,6 +158,12 @@ func (c *Client) Renew(ctx context.Context, name string, token uint64, leaseID s
 }
 
 func (c *Client) renew(ctx context.Context, name string, token uint64, leaseID string, ttl, attemptTimeout time.Duration) (time.Time, time.Time, error) {
+	return c.renewWith(ctx, name, token, leaseID, ttl, attemptTimeout, nil)
+}
+
+// renewWith is renew that also replaces the holder's value when value is
+// not nil.
+func (c *Client) renewWith(ctx context.Context, name string, token uint64, leaseID string, ttl, attemptTimeout time.Duration, value *string) (time.Time, time.Time, error) {
 	path, err := lockPath(name, "renew")
 	if err != nil {
 		return time.Time{}, time.Time{}, err
@@ -162,7 +171,7 @@ func (c *Client) renew(ctx context.Context, name string, token uint64, leaseID s
 	id := newRequestID()
 	var out renewResponse
 	sent, err := c.do(ctx, call{method: http.MethodPost, path: path, out: &out, timeout: attemptTimeout, requestID: id,
-		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, TTLms: ttl.Milliseconds(), RequestID: id}})
+		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, TTLms: ttl.Milliseconds(), RequestID: id, Value: value}})
 	if err != nil {
 		return sent, time.Time{}, err
 	}

@@ -17,6 +17,34 @@ type LockStatus struct {
 	Holder   *Holder `json:"holder,omitempty"`
 	Waiters  int     `json:"waiters"`
 	Revision uint64  `json:"revision"`
+	// Value is the holder's value (WithValue, Lease.SetValue).
+	Value string `json:"value,omitempty"`
+	// DelayedUntil is set while a lock-delay keeps the lock from everyone
+	// (WithLockDelay).
+	DelayedUntil time.Time `json:"delayed_until,omitzero"`
+}
+
+// GrantRecord is one grant in a lock's history. EndedAt and EndCause are
+// empty for the grant that holds the lock now.
+type GrantRecord struct {
+	FencingToken uint64    `json:"fencing_token"`
+	ClientID     string    `json:"client_id"`
+	Value        string    `json:"value,omitempty"`
+	GrantedAt    time.Time `json:"granted_at"`
+	EndedAt      time.Time `json:"ended_at,omitzero"`
+	// EndCause is "released", "expired", "session_deleted", "revoked",
+	// "taken_over" or "resigned"; "" while the grant holds.
+	EndCause    string `json:"end_cause,omitempty"`
+	Reason      string `json:"reason,omitempty"` // a revoke's
+	TTLms       int64  `json:"ttl_ms"`
+	LockDelayMs int64  `json:"lock_delay_ms,omitempty"`
+}
+
+// History is a lock's (or an election's) recent grants, newest first.
+type History struct {
+	Name     string        `json:"name"`
+	Grants   []GrantRecord `json:"grants"`
+	Revision uint64        `json:"revision"`
 }
 
 // Member is one node of the cluster.
@@ -80,6 +108,8 @@ type acquireRequest struct {
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
 	Takeover      bool   `json:"takeover,omitempty"`
+	Value         string `json:"value,omitempty"`
+	LockDelayMs   int64  `json:"lock_delay_ms,omitempty"`
 }
 
 type acquireResponse struct {
@@ -98,6 +128,21 @@ type holderRequest struct {
 	LeaseID      string `json:"lease_id"`
 	TTLms        int64  `json:"ttl_ms,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
+	// Value, when set, replaces the holder's value (renew only).
+	Value *string `json:"value,omitempty"`
+}
+
+type revokeRequest struct {
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	Reason       string `json:"reason"`
+	ClientID     string `json:"client_id,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+type revokeResponse struct {
+	Revoked       bool     `json:"revoked"`
+	FencingToken  uint64   `json:"fencing_token"`
+	FencingTokens []uint64 `json:"fencing_tokens"`
 }
 
 type renewResponse struct {
@@ -127,8 +172,10 @@ type sessionResponse struct {
 // acquire conflict, which adds the holder.
 type errorResponse struct {
 	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
+		Code         string `json:"code"`
+		Message      string `json:"message"`
+		RetryAfterMs int64  `json:"retry_after_ms"`
 	} `json:"error"`
-	Holder *Holder `json:"holder"`
+	Holder       *Holder `json:"holder"`
+	FencingToken uint64  `json:"fencing_token"`
 }
