@@ -51,9 +51,9 @@ func WithLockDelay(d time.Duration) MutexOption { return func(m *Mutex) { m.lock
 // Mutex is a distributed lock. Mutexes of one Client also exclude each other
 // locally, so two goroutines sharing a Client cannot both hold a name.
 type Mutex struct {
-	c        *Client
-	name     string
-	ttl      time.Duration
+	c         *Client
+	name      string
+	ttl       time.Duration
 	session   *Session
 	takeover  bool
 	value     string
