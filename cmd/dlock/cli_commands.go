@@ -180,11 +180,18 @@ func newStatusCmd() *cobra.Command {
 				return printJSONOut(st)
 			}
 			if !st.Held {
+				if !st.DelayedUntil.IsZero() {
+					fmt.Printf("%s: free, in a lock-delay until %s, %d waiting\n", st.Name, showTime(st.DelayedUntil), st.Waiters)
+					return nil
+				}
 				fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
 				return nil
 			}
 			fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
 				st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
+			if st.Value != "" {
+				fmt.Printf("value          %s\n", st.Value)
+			}
 			return nil
 		},
 	}
