@@ -60,7 +60,7 @@ func (f *raftFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
 	fs.Int64Var(&f.historyPerName, "history-per-name", state.DefaultHistoryPerName, "ended grants kept in each lock's history (dlock history); 0 keeps none. The leader's value applies to the whole cluster: give every node the same")
 	fs.Int64Var(&f.historyMaxEntries, "history-max-entries", state.DefaultHistoryMaxEntries, "ended grants kept in all locks' histories together, oldest dropped first")
-	fs.StringVar(&f.historyMaxBytes, "history-max-bytes", "256MiB", "memory budget of the grant history (each record counts 160 bytes plus its client id, value and reason), oldest dropped first")
+	fs.StringVar(&f.historyMaxBytes, "history-max-bytes", "64MiB", "memory budget of the grant history (each record counts 240 bytes plus its lock name, client id, value and reason: about what it takes), oldest dropped first")
 	fs.DurationVar(&f.historyMaxAge, "history-max-age", time.Duration(state.DefaultHistoryMaxAgeMs)*time.Millisecond, "drop an ended grant from the history this long after it ended (on the leader's lease clock)")
 }
 

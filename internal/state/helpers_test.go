@@ -579,7 +579,7 @@ func checkHistory(t testing.TB, s *State, fail func(string, ...any)) {
 				fail("history record %d of %q missing from the age index", g.Seq, h.name)
 			}
 			count++
-			size += g.bytes()
+			size += recordBytes(h.name, g)
 		}
 		return true
 	})

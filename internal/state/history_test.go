@@ -165,7 +165,7 @@ func TestHistoryRetentionBounds(t *testing.T) {
 	t.Run("bytes", func(t *testing.T) {
 		h := newHarness(t)
 		big := strings.Repeat("v", command.MaxValueLen)
-		budget := int64(3 * (recordOverhead + 1 + command.MaxValueLen))
+		budget := int64(3 * (recordOverhead + len("a") + len("c") + command.MaxValueLen))
 		setRet(h, HistoryRetention{16, 1000, budget, DefaultHistoryMaxAgeMs})
 		cycle(h, "a", 5, big)
 		n, b := h.s.HistoryStats()
