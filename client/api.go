@@ -49,6 +49,13 @@ type AcquireOptions struct {
 	// another lease of this client's ClientID, as WithTakeover does for a
 	// Mutex. Never set by default.
 	Takeover bool
+	// Limit (1 to MaxLimit; 0 means 1) asks for one place of a counting
+	// lock, as a Semaphore does.
+	Limit int
+	// Shared asks for a shared grant, as RWMutex.RLock does.
+	Shared bool
+	// Subtree makes the grant cover the names below the lock (WithSubtree).
+	Subtree bool
 }
 
 type acquireParams struct {
@@ -58,8 +65,23 @@ type acquireParams struct {
 	wait      time.Duration
 	requestID string
 	takeover  bool
-	value     string
-	lockDelay time.Duration
+	kind      lockKind
+}
+
+// lockKind is what an acquire asks for beyond the name: a counting lock's
+// limit, the shared mode, a subtree; and the holder's value and lock-delay.
+type lockKind struct {
+	limit           int
+	shared, subtree bool
+	value           string
+	lockDelay       time.Duration
+}
+
+func (k lockKind) mode() string {
+	if k.shared {
+		return ModeShared
+	}
+	return ""
 }
 
 // acquire sends one logical acquire (retried under p.requestID) and returns
@@ -70,7 +92,7 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 		return nil, time.Time{}, err
 	}
 	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover,
-		Value: p.value, LockDelayMs: p.lockDelay.Milliseconds()}
+		Limit: p.kind.limit, Mode: p.kind.mode(), Subtree: p.kind.subtree, Value: p.kind.value, LockDelayMs: p.kind.lockDelay.Milliseconds()}
 	if p.sessionID == "" {
 		req.TTLms = p.ttl.Milliseconds()
 	}
@@ -115,7 +137,8 @@ func (c *Client) withdraw(ctx context.Context, p acquireParams) {
 // the low-level call under Mutex: the grant is not renewed (see Renew) and
 // not coordinated with Mutexes of this client. Prefer Mutex or WithLock.
 func (c *Client) Acquire(ctx context.Context, name string, opts AcquireOptions) (*Grant, error) {
-	p := acquireParams{name: name, ttl: opts.TTL, wait: opts.Wait, requestID: newRequestID(), takeover: opts.Takeover}
+	p := acquireParams{name: name, ttl: opts.TTL, wait: opts.Wait, requestID: newRequestID(), takeover: opts.Takeover,
+		kind: lockKind{limit: opts.Limit, shared: opts.Shared, subtree: opts.Subtree}}
 	if opts.Session != nil {
 		p.sessionID = opts.Session.id
 	} else if err := checkTTL(opts.TTL); err != nil {

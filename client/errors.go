@@ -12,6 +12,10 @@ import (
 var (
 	// ErrLockHeld: someone else holds the lock and the call did not wait.
 	ErrLockHeld = errors.New("dlock: lock is held by another client")
+	// ErrLimitMismatch: the lock is in use with another limit than the one
+	// asked for (a Semaphore's, or 1 for a Mutex or RWMutex); APIError.Limit
+	// is the lock's.
+	ErrLimitMismatch = errors.New("dlock: lock is in use with another limit")
 	// ErrWaitTimeout: the wait in line ended (the context's deadline or the
 	// server's wait limit) before the lock was granted.
 	ErrWaitTimeout = errors.New("dlock: timed out waiting for the lock")
@@ -71,6 +75,7 @@ var (
 const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeLockHeld        = "lock_held"
+	CodeLimitMismatch   = "limit_mismatch"
 	CodeWaitTimeout     = "wait_timeout"
 	CodeLockLost        = "lock_lost"
 	CodeNotHolder       = "not_holder"
@@ -104,6 +109,8 @@ type APIError struct {
 	FencingToken uint64
 	// RetryAfter is, on lock_delayed, how long the lock-delay has left.
 	RetryAfter time.Duration
+	// Limit is the lock's limit, on limit_mismatch answers.
+	Limit int
 }
 
 func (e *APIError) Error() string {
@@ -118,6 +125,8 @@ func (e *APIError) Is(target error) bool {
 	switch e.Code {
 	case CodeLockHeld:
 		return target == ErrLockHeld
+	case CodeLimitMismatch:
+		return target == ErrLimitMismatch
 	case CodeWaitTimeout:
 		return target == ErrWaitTimeout
 	case CodeLockLost:

@@ -48,6 +48,13 @@ func WithValue(v string) MutexOption { return func(m *Mutex) { m.value = v } }
 // starts.
 func WithLockDelay(d time.Duration) MutexOption { return func(m *Mutex) { m.lockDelay = d } }
 
+// WithSubtree makes the lock cover its name and every name below it: a
+// Mutex on "billing" with WithSubtree keeps out "billing/job-A" and
+// "billing/x/y" (not "billing2"), and waits for their holders. With an
+// RWMutex, RLock takes a shared subtree lock (it keeps out writers inside
+// the subtree, not readers) and Lock an exclusive one.
+func WithSubtree() MutexOption { return func(m *Mutex) { m.subtree = true } }
+
 // Mutex is a distributed lock. Mutexes of one Client also exclude each other
 // locally, so two goroutines sharing a Client cannot both hold a name.
 type Mutex struct {
@@ -56,6 +63,7 @@ type Mutex struct {
 	ttl       time.Duration
 	session   *Session
 	takeover  bool
+	subtree   bool
 	value     string
 	lockDelay time.Duration
 
@@ -99,12 +107,7 @@ func (m *Mutex) Lock(ctx context.Context) (*Lease, error) { return m.lock(ctx, t
 func (m *Mutex) TryLock(ctx context.Context) (*Lease, error) { return m.lock(ctx, false) }
 
 func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
-	if m.session == nil {
-		if err := checkTTL(m.ttl); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := lockPath(m.name, ""); err != nil {
+	if err := m.check(); err != nil {
 		return nil, err
 	}
 	var unlock func()
@@ -122,7 +125,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	if m.lockDelay < 0 || m.lockDelay > maxLockDelay {
 		return nil, fmt.Errorf("%w: WithLockDelay(%s) must be between 0 and %s", ErrInvalidArgument, m.lockDelay, maxLockDelay)
 	}
-	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover, m.value, m.lockDelay)
+	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover, lockKind{subtree: m.subtree, value: m.value, lockDelay: m.lockDelay})
 	if err != nil {
 		unlock()
 		return nil, err
@@ -201,11 +204,11 @@ func waitAgain(ctx context.Context, sent time.Time, asked time.Duration) bool {
 	return !ok || time.Since(sent) < asked*9/10 || time.Until(dl) > waitMargin
 }
 
-// lockLease acquires a lock and starts keeping its lease; takeover as
-// WithTakeover.
-func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool, value string, lockDelay time.Duration) (*Lease, error) {
+// lockLease acquires a lock of the given kind and starts keeping its lease;
+// takeover as WithTakeover.
+func (c *Client) lockLease(ctx context.Context, name string, ttl time.Duration, s *Session, wait, takeover bool, kind lockKind) (*Lease, error) {
 	params := func(requestID string, wait time.Duration) acquireParams {
-		p := acquireParams{name: name, ttl: ttl, requestID: requestID, wait: wait, takeover: takeover, value: value, lockDelay: lockDelay}
+		p := acquireParams{name: name, ttl: ttl, requestID: requestID, wait: wait, takeover: takeover, kind: kind}
 		if s != nil {
 			p.sessionID = s.id
 		}
@@ -257,37 +260,7 @@ func (c *Client) giveBack(ctx context.Context, g *Grant) {
 // error, else the lease's error if it was lost while fn ran, else nil.
 func (c *Client) WithLock(ctx context.Context, name string, fn func(ctx context.Context, l *Lease) error, opts ...MutexOption) error {
 	m := c.NewMutex(name, opts...)
-	l, err := m.Lock(ctx)
-	if err != nil {
-		return err
-	}
-	fctx, cancel := context.WithCancelCause(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-l.Done():
-			cancel(l.Err())
-		case <-fctx.Done():
-		}
-	}()
-	defer func() {
-		// Stop watching before Unlock, which also closes Done.
-		cancel(nil)
-		<-watched
-		uctx, ucancel := context.WithTimeout(context.WithoutCancel(ctx), c.reqTimeout)
-		defer ucancel()
-		if uerr := m.Unlock(uctx); uerr != nil && !errors.Is(uerr, ErrLeaseLost) {
-			// fn's work is done; a failed release only delays the next
-			// holder until the TTL runs out.
-			c.log.Warn("dlock: could not release lock; it expires after its TTL", "lock", name, "err", uerr)
-		}
-	}()
-	err = fn(fctx, l)
-	if err == nil {
-		err = l.Err()
-	}
-	return err
+	return c.withLease(ctx, name, m.Lock, func(ctx context.Context, _ *Lease) error { return m.Unlock(ctx) }, fn)
 }
 
 // localLocks makes Mutexes of one Client exclude each other: at the server

@@ -8,15 +8,37 @@ type Holder struct {
 	FencingToken uint64    `json:"fencing_token"`
 	GrantedAt    time.Time `json:"granted_at,omitzero"`
 	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+	// Mode is the grant's mode, ModeExclusive or ModeShared.
+	Mode string `json:"mode,omitempty"`
+	// Subtree: the grant covers the names below its lock.
+	Subtree bool `json:"subtree,omitempty"`
+	// Lock, in a refusal, is the lock the holder's grant is on when that
+	// is another one than asked for: a subtree lock above the name, or a
+	// lock inside the subtree asked for.
+	Lock string `json:"lock,omitempty"`
 }
+
+// Lock modes (Holder.Mode, LockStatus.Mode).
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+)
 
 // LockStatus is the state of one lock as GET /locks/{name} shows it.
 type LockStatus struct {
-	Name     string  `json:"name"`
-	Held     bool    `json:"held"`
-	Holder   *Holder `json:"holder,omitempty"`
-	Waiters  int     `json:"waiters"`
-	Revision uint64  `json:"revision"`
+	Name string `json:"name"`
+	Held bool   `json:"held"`
+	// Holder is the first holder in grant order (a Mutex's only one).
+	Holder  *Holder `json:"holder,omitempty"`
+	Waiters int     `json:"waiters"`
+	// Limit is the lock's limit (1: a mutex); Mode the holders' mode while
+	// held; Subtree says a holder's grant covers the names below.
+	Limit   int    `json:"limit"`
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
+	// Holders are every holder, in grant order.
+	Holders  []Holder `json:"holders"`
+	Revision uint64   `json:"revision"`
 	// Value is the holder's value (WithValue, Lease.SetValue).
 	Value string `json:"value,omitempty"`
 	// DelayedUntil is set while a lock-delay keeps the lock from everyone
@@ -25,7 +47,7 @@ type LockStatus struct {
 }
 
 // GrantRecord is one grant in a lock's history. EndedAt and EndCause are
-// empty for the grant that holds the lock now.
+// empty for a grant that holds the lock now.
 type GrantRecord struct {
 	FencingToken uint64    `json:"fencing_token"`
 	ClientID     string    `json:"client_id"`
@@ -108,6 +130,9 @@ type acquireRequest struct {
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id,omitempty"`
 	Takeover      bool   `json:"takeover,omitempty"`
+	Limit         int    `json:"limit,omitempty"`
+	Mode          string `json:"mode,omitempty"`
+	Subtree       bool   `json:"subtree,omitempty"`
 	Value         string `json:"value,omitempty"`
 	LockDelayMs   int64  `json:"lock_delay_ms,omitempty"`
 }
@@ -177,5 +202,6 @@ type errorResponse struct {
 		RetryAfterMs int64  `json:"retry_after_ms"`
 	} `json:"error"`
 	Holder       *Holder `json:"holder"`
+	Limit        int     `json:"limit"`
 	FencingToken uint64  `json:"fencing_token"`
 }

@@ -64,6 +64,11 @@ type WatchEvent struct {
 	Value string `json:"value,omitempty"`
 	// At is when it happened, in the leader's wall clock (for display).
 	At time.Time `json:"at"`
+	// Mode is a lock grant's or wait's mode (acquired, released, expired,
+	// queued, dequeued): ModeExclusive or ModeShared; Subtree says it
+	// covers the names below.
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
 }
 
 // Watch streams every state change under the name prefix ("" for all) from

@@ -33,6 +33,8 @@ Workloads:
   uncontended  each worker acquires its own lock (ttl) and releases it
   session      one session per worker; lock/unlock many names under it
   contended    all workers on one lock, waiting in line: hand-offs/s, wait times
+  semaphore    all workers on one counting lock of --limit places (dlock only)
+  readers      all workers on one lock, 90% shared and 10% exclusive (dlock only)
   held         hold --keys locks with their own TTL, renew them round-robin;
                renewals/s and every node's RSS and Go heap from /metrics
   watch        watchers on every node; grant-to-event delivery latency
@@ -63,6 +65,7 @@ func newBenchCmd() *cobra.Command {
 	fs.StringVar(&cfg.Target, "target", "dlock", "system under test: dlock or etcd")
 	fs.StringVar(&cfg.Workload, "workload", "uncontended", "workload: "+strings.Join(bench.Workloads, ", "))
 	fs.IntVar(&cfg.Workers, "workers", 8, "concurrent workers (clients)")
+	fs.IntVar(&cfg.Limit, "limit", 4, "semaphore: the counting lock's limit")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured time (held: the renewal phase)")
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured warm-up before the measured time")
 	fs.DurationVar(&cfg.TTL, "ttl", 10*time.Second, "lock TTL (ttl_ms) or session TTL; whole seconds for etcd")

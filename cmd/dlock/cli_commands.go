@@ -44,8 +44,9 @@ func newAcquireCmd() *cobra.Command {
 	g := globalFlags{stableID: true}
 	var ttl, wait time.Duration
 	var takeover bool
+	var k kindFlags
 	cmd := &cobra.Command{
-		Use:               "acquire NAME [--ttl 30s] [--wait D] [--takeover]",
+		Use:               "acquire NAME [--ttl 30s] [--wait D] [--takeover] [--limit N] [--shared] [--subtree]",
 		Short:             "take a lock; print its fencing token and lease id",
 		Long:              acquireLong,
 		Args:              exactArgs(1, oneName),
@@ -55,12 +56,15 @@ func newAcquireCmd() *cobra.Command {
 			if _, err := takeoverOpts(&g, takeover); err != nil {
 				return err
 			}
+			if err := k.check(); err != nil {
+				return err
+			}
 			c, ctx, done, err := g.connect(wait)
 			if err != nil {
 				return err
 			}
 			defer done()
-			gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: ttl, Wait: wait, Takeover: takeover})
+			gr, err := c.Acquire(ctx, name, k.options(client.AcquireOptions{TTL: ttl, Wait: wait, Takeover: takeover}))
 			if err != nil {
 				printHolder(err)
 				return err
@@ -76,6 +80,7 @@ func newAcquireCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lease TTL, 1s to 10m")
 	cmd.Flags().DurationVar(&wait, "wait", 0, "wait in line up to this long, at most 1h (0: do not wait)")
 	cmd.Flags().BoolVar(&takeover, "takeover", false, takeoverFlagUsage)
+	k.register(cmd.Flags())
 	return clientCmd(cmd, &g)
 }
 
@@ -163,7 +168,7 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "status NAME",
 		Short:             "who holds a lock",
-		Long:              "Shows who holds a lock, with its fencing token and expiry, and how many wait.",
+		Long:              "Shows who holds a lock, with its fencing token and expiry, and how many wait; a counting, shared or subtree lock with its limit, mode and every holder.",
 		Args:              exactArgs(1, oneName),
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(_ *cobra.Command, args []string) error {
@@ -179,20 +184,7 @@ func newStatusCmd() *cobra.Command {
 			if g.json() {
 				return printJSONOut(st)
 			}
-			if !st.Held {
-				if !st.DelayedUntil.IsZero() {
-					fmt.Printf("%s: free, in a lock-delay until %s, %d waiting\n", st.Name, showTime(st.DelayedUntil), st.Waiters)
-					return nil
-				}
-				fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
-				return nil
-			}
-			fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
-				st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
-			if st.Value != "" {
-				fmt.Printf("value          %s\n", st.Value)
-			}
-			return nil
+			return printStatus(st)
 		},
 	}
 	return clientCmd(cmd, &g)
@@ -233,6 +225,9 @@ func newListCmd() *cobra.Command {
 				holder, token, exp := "-", "-", "-"
 				if l.Holder != nil {
 					holder, token, exp = l.Holder.ClientID, strconv.FormatUint(l.Holder.FencingToken, 10), showTime(l.Holder.ExpiresAt)
+					if n := len(l.Holders); n > 1 {
+						holder += fmt.Sprintf(" (+%d more)", n-1)
+					}
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Name, holder, token, exp, l.Waiters)
 			}

@@ -27,6 +27,7 @@ revoke counts as lost: CMD is signalled at dlock's next renewal.`
 
 func newLockCmd() *cobra.Command {
 	var h heldFlags
+	var k kindFlags
 	var noWait bool
 	var value string
 	var lockDelay time.Duration
@@ -35,24 +36,32 @@ func newLockCmd() *cobra.Command {
 		Short: "run CMD while holding the lock NAME",
 		Long:  lockLong,
 		Example: `  dlock lock deploy -- ./deploy.sh production
-  dlock lock nightly --wait 10m --ttl 1m -- ./backup.sh`,
+  dlock lock nightly --wait 10m --ttl 1m -- ./backup.sh
+  dlock lock deploys --limit 3 -- ./deploy.sh      # at most 3 at once
+  dlock lock config --shared -- ./read-config.sh   # many readers, or one writer
+  dlock lock billing --subtree -- ./close-month.sh # keeps out billing/...`,
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		// The flags after NAME are parsed inside runLock: read them after.
-		return runLock(cmd, args, &h, &noWait, func() []client.MutexOption {
+		return runLock(cmd, args, &h, &k, &noWait, func() []client.MutexOption {
 			return []client.MutexOption{client.WithValue(value), client.WithLockDelay(lockDelay)}
 		})
 	}
 	h.register(cmd, client.DefaultTTL, "lock")
+	k.register(cmd.Flags())
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "exit 3 at once if the lock is held")
 	cmd.Flags().StringVar(&value, "value", "", "what the holder shows in status, list, watch and history (at most 4 KiB)")
 	cmd.Flags().DurationVar(&lockDelay, "lock-delay", 0, "after this grant ends by expiry or revoke, keep the lock from everyone this long (at most 1m)")
 	return clientCmd(cmd, &h.g)
 }
 
-func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool, extra func() []client.MutexOption) error {
+func runLock(cmd *cobra.Command, args []string, h *heldFlags, k *kindFlags, noWait *bool, extra func() []client.MutexOption) error {
 	name, argv, opts, c, err := h.parse(cmd, args, "dlock lock NAME -- CMD [ARGS...]")
 	if err != nil {
+		return err
+	}
+	if err := k.check(); err != nil {
+		c.Close()
 		return err
 	}
 	opts = append(opts, extra()...)
@@ -65,8 +74,8 @@ func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool, extr
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	m := c.NewMutex(name, opts...)
-	l, err := lockOrSignal(m, *wait, *noWait, sigs)
+	take, give := k.taker(c, name, opts)
+	l, err := lockOrSignal(take, give, *wait, *noWait, sigs)
 	if err != nil {
 		var sig *signalled
 		if errors.As(err, &sig) {
@@ -85,7 +94,7 @@ func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool, extr
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		if err := m.Unlock(ctx); err != nil && errors.Is(l.Err(), client.ErrReleased) {
+		if err := give(ctx, l); err != nil && errors.Is(l.Err(), client.ErrReleased) {
 			fmt.Fprintf(os.Stderr, "dlock lock: could not release %q, it expires after its TTL: %v\n", name, err)
 		}
 	}
@@ -131,15 +140,12 @@ type signalled struct{ sig os.Signal }
 
 func (s *signalled) Error() string { return "interrupted by " + s.sig.String() }
 
-// lockOrSignal takes the lock, giving up (and leaving nothing behind) if a
-// signal arrives first.
-func lockOrSignal(m *client.Mutex, wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
-	return waitOrSignal(wait, sigs, func(ctx context.Context) (*client.Lease, error) {
-		if noWait {
-			return m.TryLock(ctx)
-		}
-		return m.Lock(ctx)
-	}, func(ctx context.Context, _ *client.Lease) { m.Unlock(ctx) })
+// lockOrSignal takes the lock (take, waiting in line unless noWait), giving
+// up (and leaving nothing behind, give) if a signal arrives first.
+func lockOrSignal(take func(context.Context, bool) (*client.Lease, error), give func(context.Context, *client.Lease) error,
+	wait time.Duration, noWait bool, sigs <-chan os.Signal) (*client.Lease, error) {
+	return waitOrSignal(wait, sigs, func(ctx context.Context) (*client.Lease, error) { return take(ctx, !noWait) },
+		func(ctx context.Context, l *client.Lease) { give(ctx, l) })
 }
 
 // waitOrSignal runs take (a wait in line: Lock, Campaign) for at most wait

@@ -83,6 +83,7 @@ func TestCLI(t *testing.T) {
 	t.Run("LockEnvAndExitCodes", func(t *testing.T) { testLockExitCodes(t, e) })
 	t.Run("LockForwardsSignals", func(t *testing.T) { testLockSignals(t, e) })
 	t.Run("LowLevelCommands", func(t *testing.T) { testLowLevel(t, e) })
+	t.Run("LockModel", func(t *testing.T) { testLockModelCommands(t, e) })
 	t.Run("ElectRunsOnlyWhileLeader", func(t *testing.T) { testElect(t, e) })
 	t.Run("OperatorRevokes", func(t *testing.T) { testOperatorRevokes(t, e) })
 	t.Run("Watch", func(t *testing.T) { testWatchCommand(t, e) })
@@ -594,5 +595,46 @@ func testOperatorRevokes(t *testing.T, e *cliEnv) {
 	}
 	if _, errOut, code := e.run(t, "revoke", "ops/batch", "--token", tok, "--reason", "again"); code == 0 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("revoke of an ended grant: exit %d, %s", code, errOut)
+	}
+}
+
+// testLockModelCommands: --limit, --shared and --subtree on dlock acquire and
+// dlock lock, and dlock status listing every holder.
+func testLockModelCommands(t *testing.T, e *cliEnv) {
+	for i := range 2 {
+		if _, errOut, code := e.run(t, "acquire", "cli/sem", "--limit", "2", "--client-id", "sem-"+strconv.Itoa(i)); code != 0 {
+			t.Fatalf("acquire %d of limit 2: exit %d: %s", i, code, errOut)
+		}
+	}
+	if _, errOut, code := e.run(t, "acquire", "cli/sem", "--limit", "2"); code != 3 {
+		t.Fatalf("a third place of limit 2: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := e.run(t, "acquire", "cli/sem"); code != 1 || !strings.Contains(errOut, "limit_mismatch") {
+		t.Fatalf("a mutex acquire of a counting lock: exit %d: %s", code, errOut)
+	}
+	out, _, code := e.run(t, "status", "cli/sem")
+	if code != 0 || !strings.Contains(out, "held by 2 (exclusive, limit 2)") || !strings.Contains(out, "sem-0") || !strings.Contains(out, "sem-1") {
+		t.Fatalf("status of a counting lock: exit %d:\n%s", code, out)
+	}
+	// A shared holder lets a shared dlock lock run at once.
+	if _, errOut, code := e.run(t, "acquire", "cli/rw", "--shared", "--client-id", "reader"); code != 0 {
+		t.Fatalf("shared acquire: exit %d: %s", code, errOut)
+	}
+	out, errOut, code := e.run(t, "lock", "cli/rw", "--shared", "--no-wait", "--", "sh", "-c", "echo token $DLOCK_FENCING_TOKEN")
+	if code != 0 || !strings.Contains(out, "token ") {
+		t.Fatalf("dlock lock --shared beside a reader: exit %d: %s %s", code, out, errOut)
+	}
+	if _, _, code := e.run(t, "lock", "cli/rw", "--no-wait", "--", "true"); code != 3 {
+		t.Fatalf("dlock lock (exclusive) beside a reader: exit %d", code)
+	}
+	// A subtree lock waits for a holder inside it.
+	if _, errOut, code := e.run(t, "acquire", "cli/tree/job-a", "--client-id", "job-a"); code != 0 {
+		t.Fatalf("acquire inside the subtree: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := e.run(t, "lock", "cli/tree", "--subtree", "--no-wait", "--", "true"); code != 3 || !strings.Contains(errOut, "job-a") {
+		t.Fatalf("dlock lock --subtree over a holder inside: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := e.run(t, "lock", "cli/x", "--shared", "--limit", "2", "--", "true"); code != 2 || !strings.Contains(errOut, "--limit 1") {
+		t.Fatalf("--shared with --limit 2: exit %d: %s", code, errOut)
 	}
 }

@@ -19,10 +19,13 @@ type Code string
 
 // Error codes.
 const (
-	InvalidArgument  Code = "invalid_argument"
-	NotFound         Code = "not_found"
-	SessionNotFound  Code = "session_not_found"
-	LockHeld         Code = "lock_held"
+	InvalidArgument Code = "invalid_argument"
+	NotFound        Code = "not_found"
+	SessionNotFound Code = "session_not_found"
+	LockHeld        Code = "lock_held"
+	// LimitMismatch: an acquire whose limit (or shared mode) does not fit
+	// the lock in use; the answer says the lock's limit.
+	LimitMismatch    Code = "limit_mismatch"
 	WaitTimeout      Code = "wait_timeout"
 	LockLost         Code = "lock_lost"
 	NotHolder        Code = "not_holder"
@@ -56,6 +59,7 @@ var table = map[Code]mapping{
 	NotFound:             {http.StatusNotFound, codes.NotFound},
 	SessionNotFound:      {http.StatusNotFound, codes.NotFound},
 	LockHeld:             {http.StatusConflict, codes.FailedPrecondition},
+	LimitMismatch:        {http.StatusConflict, codes.FailedPrecondition},
 	WaitTimeout:          {http.StatusConflict, codes.DeadlineExceeded},
 	LockLost:             {http.StatusConflict, codes.Aborted},
 	NotHolder:            {http.StatusConflict, codes.FailedPrecondition},

@@ -20,6 +20,9 @@
 //   - session: one session per worker; lock/unlock a rotating set of names.
 //   - contended: every worker on one lock, waiting in line; hand-offs/s and
 //     the wait-time distribution.
+//   - semaphore: contended on one counting lock of Limit places (dlock only).
+//   - readers: every worker on one lock, 90 % of acquires shared and 10 %
+//     exclusive, waiting in line (dlock only).
 //   - held: hold K locks (each with its own TTL lease), renew them round-robin;
 //     renewal throughput and each node's memory from /metrics.
 //   - watch: watchers on every node; the time from a grant (its acquire
@@ -47,7 +50,7 @@ import (
 )
 
 // Workloads lists the workload names.
-var Workloads = []string{"uncontended", "session", "contended", "held", "watch", "failover"}
+var Workloads = []string{"uncontended", "session", "contended", "semaphore", "readers", "held", "watch", "failover"}
 
 // Config is one benchmark run.
 type Config struct {
@@ -90,6 +93,8 @@ type Config struct {
 	TTLPerAcquire bool
 	// WaitTimeout bounds a contended acquire's wait.
 	WaitTimeout time.Duration
+	// Limit is the semaphore workload's limit (default 4).
+	Limit int
 	// Names is how many lock names each session worker rotates over.
 	Names int
 	// Keys is how many locks the held workload holds; HeldTTL their TTL.
@@ -136,6 +141,9 @@ func (c *Config) defaults() {
 	}
 	if c.WaitTimeout <= 0 {
 		c.WaitTimeout = 60 * time.Second
+	}
+	if c.Limit <= 0 {
+		c.Limit = 4
 	}
 	if c.Names <= 0 {
 		c.Names = 16
@@ -207,6 +215,9 @@ func (c *Config) Validate() error {
 		case c.Target == "etcd" && c.EtcdAllEndpoints:
 			return errors.New("--via-follower and --etcd-all-endpoints contradict each other")
 		}
+	}
+	if c.Target == "etcd" && (c.Workload == "semaphore" || c.Workload == "readers") {
+		return fmt.Errorf("the %s workload is dlock's alone (etcd's client has no semaphore or shared lock)", c.Workload)
 	}
 	if c.TTLPerAcquire && c.Workload != "uncontended" {
 		return errors.New("--ttl-per-acquire applies to the uncontended workload only")

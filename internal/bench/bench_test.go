@@ -227,6 +227,8 @@ func TestValidate(t *testing.T) {
 		{Workload: "held", Endpoints: []string{"x"}, ViaFollower: true},
 		{Workload: "failover", ViaFollower: true},
 		{Workload: "uncontended", Target: "etcd", EtcdEndpoints: []string{"x"}, EtcdAllEndpoints: true, ViaFollower: true},
+		{Workload: "semaphore", Target: "etcd", EtcdEndpoints: []string{"x"}},
+		{Workload: "readers", Target: "etcd", EtcdEndpoints: []string{"x"}},
 	} {
 		c.defaults()
 		if err := c.Validate(); err == nil {
@@ -269,7 +271,7 @@ func TestWorkloadsInProcess(t *testing.T) {
 	for _, id := range c.IDs() {
 		eps = append(eps, c.URL(id))
 	}
-	for _, wl := range []string{"uncontended", "session", "contended", "held", "watch"} {
+	for _, wl := range []string{"uncontended", "session", "contended", "semaphore", "readers", "held", "watch"} {
 		t.Run(wl, func(t *testing.T) {
 			var logs bytes.Buffer
 			cfg := Config{Target: "dlock", Workload: wl, Endpoints: eps[1:], Workers: 4, Duration: 1500 * time.Millisecond,
@@ -284,7 +286,22 @@ func TestWorkloadsInProcess(t *testing.T) {
 				}
 			}
 			switch wl {
-			case "uncontended", "session", "contended":
+			case "semaphore", "readers":
+				want := []string{"acquire"}
+				if wl == "readers" {
+					want = []string{"acquire_shared", "acquire_exclusive"}
+				}
+				for _, op := range want {
+					if res.Ops[op].Count == 0 {
+						t.Errorf("op %s: %+v", op, res.Ops[op])
+					}
+				}
+				if res.ThroughputUnit != "grants" || res.Throughput <= 0 {
+					t.Errorf("throughput %v %s", res.Throughput, res.ThroughputUnit)
+				}
+			}
+			switch wl {
+			case "uncontended", "session", "contended", "semaphore", "readers":
 				// The three nodes share this test's process: counted once.
 				var names []string
 				for _, c := range res.CPU {

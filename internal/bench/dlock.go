@@ -291,6 +291,9 @@ type acquireReq struct {
 	// its own attempt whose answer was lost (a failover, a timeout), which
 	// it takes over at once instead of waiting out the TTL.
 	Takeover bool `json:"takeover,omitempty"`
+	// Limit and Mode: the semaphore and readers workloads.
+	Limit int64  `json:"limit,omitempty"`
+	Mode  string `json:"mode,omitempty"`
 }
 
 type acquireResp struct {

@@ -163,7 +163,8 @@ func grpcCall[Req, Resp any](ctx context.Context, extra time.Duration, call func
 
 func (c *grpcClient) acquire(ctx context.Context, name string, req acquireReq) (*acquireResp, error) {
 	r, err := grpcCall(ctx, time.Duration(req.WaitTimeoutMs)*time.Millisecond, c.lockStub().Acquire, &dlockv1.AcquireRequest{
-		Name: name, ClientId: req.ClientID, TtlMs: req.TTLms, SessionId: req.SessionID, WaitTimeoutMs: req.WaitTimeoutMs, Takeover: req.Takeover})
+		Name: name, ClientId: req.ClientID, TtlMs: req.TTLms, SessionId: req.SessionID, WaitTimeoutMs: req.WaitTimeoutMs, Takeover: req.Takeover,
+		Limit: req.Limit, Mode: req.Mode})
 	if err != nil {
 		return nil, err
 	}

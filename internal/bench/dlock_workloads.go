@@ -55,7 +55,7 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 	id := runID()
 	logf(cfg, "dlock %s over %s: %d workers, calls to %s (leader node %s), run %s", cfg.Workload, cfg.Protocol, cfg.Workers, leader, ci.LeaderID, id)
 	switch cfg.Workload {
-	case "uncontended", "session", "contended":
+	case "uncontended", "session", "contended", "semaphore", "readers":
 		meter := startCPUMeter(ctx, cfg, metricsURLs(ci.memberURLs()))
 		// A member the cluster names no API address for (it has not
 		// registered one yet) cannot be read: say so rather than leave it
@@ -70,6 +70,10 @@ func runDlock(ctx context.Context, cfg *Config, res *Result) error {
 			err = dlockUncontended(ctx, cfg, res, c, id)
 		case "session":
 			err = dlockSession(ctx, cfg, res, c, id)
+		case "semaphore":
+			err = dlockSemaphore(ctx, cfg, res, c, id)
+		case "readers":
+			err = dlockReaders(ctx, cfg, res, c, id)
 		default:
 			err = dlockContended(ctx, cfg, res, c, id)
 		}
@@ -181,20 +185,33 @@ func dlockSession(ctx context.Context, cfg *Config, res *Result, c lockAPI, id s
 
 func dlockContended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
 	rec := window(cfg)
-	name := fmt.Sprintf("bench/%s/c", id)
+	contend(ctx, cfg, rec, c, fmt.Sprintf("bench/%s/c", id), id, func(int, int) (string, acquireReq) { return "acquire", acquireReq{} })
+	rec.fill(res, cfg.CDF)
+	res.Throughput, res.ThroughputUnit = res.Ops["acquire"].PerSec, "hand-offs"
+	res.Notes = append(res.Notes, fmt.Sprintf("every worker on one lock: acquire with ttl_ms=%d and wait_timeout_ms=%d, release at once; "+
+		"hand-offs/s counts grants; the acquire latency is the wait-time distribution", cfg.TTL.Milliseconds(), cfg.WaitTimeout.Milliseconds()))
+	return nil
+}
+
+// contend runs every worker on one lock, waiting in line: acquire, release
+// at once, again. kind says, for worker w's j-th cycle, the operation name
+// its acquire is timed as and the acquire's limit and mode.
+func contend(ctx context.Context, cfg *Config, rec *recorder, c lockAPI, name, id string, kind func(w, j int) (string, acquireReq)) {
 	ttl, wait := cfg.TTL.Milliseconds(), cfg.WaitTimeout.Milliseconds()
 	runWorkers(ctx, cfg.Workers, rec, func(ctx, stop context.Context, w int) {
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
-		for stop.Err() == nil {
+		for j := 0; stop.Err() == nil; j++ {
+			op, req := kind(w, j)
+			req.ClientID, req.TTLms, req.WaitTimeoutMs, req.Takeover = cid, ttl, wait, true
 			t0 := time.Now()
-			a, err := c.acquire(ctx, name, acquireReq{ClientID: cid, TTLms: ttl, WaitTimeoutMs: wait, Takeover: true})
+			a, err := c.acquire(ctx, name, req)
 			if err != nil {
-				if !afterFailure(ctx, stop, c, rec, "acquire", err) {
+				if !afterFailure(ctx, stop, c, rec, op, err) {
 					return
 				}
 				continue
 			}
-			t1 := rec.observe("acquire", t0)
+			t1 := rec.observe(op, t0)
 			if err := c.release(ctx, name, holderReq{ClientID: cid, FencingToken: a.FencingToken, LeaseID: a.LeaseID}); err != nil {
 				if !afterFailure(ctx, stop, c, rec, "release", err) {
 					return
@@ -204,10 +221,37 @@ func dlockContended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id
 			rec.observe("release", t1)
 		}
 	})
+}
+
+// dlockSemaphore is contended on a counting lock: Limit holders at once.
+func dlockSemaphore(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
+	rec := window(cfg)
+	limit := int64(cfg.Limit)
+	contend(ctx, cfg, rec, c, fmt.Sprintf("bench/%s/sem", id), id, func(int, int) (string, acquireReq) {
+		return "acquire", acquireReq{Limit: limit}
+	})
 	rec.fill(res, cfg.CDF)
-	res.Throughput, res.ThroughputUnit = res.Ops["acquire"].PerSec, "hand-offs"
-	res.Notes = append(res.Notes, fmt.Sprintf("every worker on one lock: acquire with ttl_ms=%d and wait_timeout_ms=%d, release at once; "+
-		"hand-offs/s counts grants; the acquire latency is the wait-time distribution", ttl, wait))
+	res.Config["limit"] = fmt.Sprint(cfg.Limit)
+	res.Throughput, res.ThroughputUnit = res.Ops["acquire"].PerSec, "grants"
+	res.Notes = append(res.Notes, fmt.Sprintf("every worker on one counting lock (limit %d): acquire with limit, ttl_ms=%d and wait_timeout_ms=%d, release at once; "+
+		"grants/s counts grants; the acquire latency is the wait-time distribution", cfg.Limit, cfg.TTL.Milliseconds(), cfg.WaitTimeout.Milliseconds()))
+	return nil
+}
+
+// dlockReaders is contended on a shared/exclusive lock: one acquire in ten
+// (each worker's every tenth, staggered across workers) is exclusive.
+func dlockReaders(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
+	rec := window(cfg)
+	contend(ctx, cfg, rec, c, fmt.Sprintf("bench/%s/rw", id), id, func(w, j int) (string, acquireReq) {
+		if (w+j)%10 == 0 {
+			return "acquire_exclusive", acquireReq{}
+		}
+		return "acquire_shared", acquireReq{Mode: "shared"}
+	})
+	rec.fill(res, cfg.CDF)
+	res.Throughput, res.ThroughputUnit = res.Ops["acquire_shared"].PerSec+res.Ops["acquire_exclusive"].PerSec, "grants"
+	res.Notes = append(res.Notes, fmt.Sprintf("every worker on one lock, 90%% of acquires shared and 10%% exclusive (a worker's every tenth, staggered), ttl_ms=%d and wait_timeout_ms=%d, release at once; "+
+		"grants/s counts both kinds; each acquire latency is its wait-time distribution", cfg.TTL.Milliseconds(), cfg.WaitTimeout.Milliseconds()))
 	return nil
 }
 

@@ -47,13 +47,10 @@ const (
 // SetACLToken always carries TTLms and CertCNs (version 2 entries come with
 // and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters,
 // Acquire.Takeover and RegisterMember.Version (earlier acquires decode with Takeover true: they
-// always took over); version 7 Acquire.LockDelayMs, Renew.Value and
-// Renew.SetValue, and values on plain locks (Envelope.Version). Version 6 is
-// not written by this build.
+// always took over); version 6 Acquire.Limit, Acquire.Shared and Acquire.Subtree (earlier
+// acquires are exclusive, limit 1, one name); version 7 Acquire.LockDelayMs,
+// Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version).
 const Version = 7
-
-// versionUnused is a version number this build never wrote and refuses.
-const versionUnused = 6
 
 // Limits shared by validation and the state machine.
 const (
@@ -70,6 +67,8 @@ const (
 	MaxLockDelayMs = 60_000
 	// MaxReasonLen bounds a revoke's reason.
 	MaxReasonLen = 256
+	// MaxLimit bounds a counting lock's limit (Acquire.Limit).
+	MaxLimit = 10_000
 )
 
 // LeaseID is a 128-bit random lease or session id. It is the holder's secret
@@ -195,6 +194,16 @@ type Acquire struct {
 	// nothing. Entries before version 5 decode with Takeover true: they
 	// always took over, and a replay must do what they did.
 	Takeover bool
+	// Limit (version 6) is how many exclusive holders the lock admits at
+	// once (a counting lock, or semaphore); 0 and 1 are a plain mutex. The
+	// acquire that finds the lock unused sets it; any other must match.
+	Limit int64
+	// Shared (version 6) asks for a shared grant: shared holders coexist,
+	// a shared and an exclusive holder never do.
+	Shared bool
+	// Subtree (version 6) makes the grant cover the name and every name
+	// below it ("a" covers "a/b" and "a/b/c", not "ab").
+	Subtree bool
 	// LockDelayMs (version 7; 0..MaxLockDelayMs) keeps the lock from
 	// anyone for that long after this grant ends by expiry or revoke (not
 	// by a release), for resources that cannot check fencing tokens.
@@ -474,7 +483,7 @@ func Decode(b []byte) (*Envelope, error) {
 	if body == nil {
 		return nil, fmt.Errorf("decode command: type %d: %w (is this node older than the leader? upgrade it)", t, ErrUnknownType)
 	}
-	if v == 0 || v > Version || v == versionUnused {
+	if v == 0 || v > Version {
 		return nil, fmt.Errorf("decode command: type %d version %d not supported by this build (upgrade this node)", t, v)
 	}
 	if t >= TypeRevoke && v < 7 {
@@ -539,6 +548,9 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.String(b.Value)
 	w.Varint(b.MaxWaiters)  // version 5
 	w.Bool(b.Takeover)      // version 5
+	w.Varint(b.Limit)       // version 6
+	w.Bool(b.Shared)        // version 6
+	w.Bool(b.Subtree)       // version 6
 	w.Varint(b.LockDelayMs) // version 7
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
@@ -555,6 +567,11 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 		b.Takeover = r.Bool()
 	} else {
 		b.Takeover = true
+	}
+	if v >= 6 {
+		b.Limit = r.Varint()
+		b.Shared = r.Bool()
+		b.Subtree = r.Bool()
 	}
 	if v >= 7 {
 		b.LockDelayMs = r.Varint()

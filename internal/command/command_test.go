@@ -55,6 +55,7 @@ func roundTripCases() []struct {
 			Body: &Acquire{Name: ElectionKey("db/primary"), LeaseID: testLease(4), TTLms: 10_000, WaitMs: 60_000, Value: strings.Repeat("v", MaxValueLen)}}},
 		{"acquire/value-binary", &Envelope{Body: &Acquire{Name: "a", Value: "\x00\xff\n"}}},
 		{"acquire/max-waiters", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, MaxWaiters: 1000}}},
+		{"acquire/lock-model", &Envelope{Body: &Acquire{Name: "a", WaitMs: 1000, Limit: MaxLimit, Shared: true, Subtree: true, Takeover: true}}},
 		{"acquire/takeover", &Envelope{TS: 3, ClientID: "c", RequestID: "r",
 			Body: &Acquire{Name: "a", LeaseID: testLease(5), TTLms: 10_000, Takeover: true}}},
 		{"release/empty", &Envelope{Body: &Release{}}},
@@ -227,9 +228,9 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // and version 2 entries (before SetTokenKey.RevokeRetired) decode to the same
 // command with those fields empty, and re-encode at the current version.
 // Acquires before version 5 decode with Takeover true (they always took
-// over).
+// over); before version 6 they are exclusive, limit 1, one name.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, old := range []byte{1, 2, 3, 4, 5} {
+	for _, old := range []byte{1, 2, 3, 4, 5, 6} {
 		for _, tc := range roundTripCases() {
 			e := *tc.env
 			if e.Body.Type() >= TypeRevoke {
@@ -242,17 +243,22 @@ func TestDecodeOlderVersions(t *testing.T) {
 				e.Body = &c
 			case *Acquire:
 				c := *b
-				c.LockDelayMs = 0 // added with version 7
-				c.MaxWaiters = 0  // added with version 5
-				c.Takeover = true
+				c.LockDelayMs = 0                              // added with version 7
+				c.Limit, c.Shared, c.Subtree = 0, false, false // added with version 6
+				if old < 5 {
+					c.MaxWaiters = 0 // added with version 5
+					c.Takeover = true
+				}
 				if old < 2 {
 					c.Value = ""
 				}
 				e.Body = &c
 			case *RegisterMember:
-				c := *b
-				c.Version = "" // added with version 5
-				e.Body = &c
+				if old < 5 {
+					c := *b
+					c.Version = "" // added with version 5
+					e.Body = &c
+				}
 			case *Proclaim:
 				if old < 2 {
 					continue // added with version 2
@@ -292,6 +298,13 @@ func TestDecodeOlderVersions(t *testing.T) {
 			// last field of its command, and empty here (Takeover, last
 			// of all, is true).
 			_, isAcquire := e.Body.(*Acquire)
+			if isAcquire && old < 6 {
+				// Limit, Shared and Subtree (version 6), all zero.
+				if !bytes.Equal(b[len(b)-3:], []byte{0, 0, 0}) {
+					t.Fatalf("%s: the version 6 fields are not the last ones", tc.name)
+				}
+				b = b[:len(b)-3]
+			}
 			if isAcquire && old < 5 {
 				if b[len(b)-1] != 1 {
 					t.Fatalf("%s: Acquire.Takeover is not the last field", tc.name)
@@ -301,13 +314,12 @@ func TestDecodeOlderVersions(t *testing.T) {
 			_, isSetKey := e.Body.(*SetTokenKey)
 			isSetKey = isSetKey && old < 3
 			_, isRegister := e.Body.(*RegisterMember)
+			isRegister = isRegister && old < 5
 			cut := 0
 			switch {
 			case isAcquire && old < 2:
 				cut = 2 // Value and MaxWaiters
-			case isAcquire && old >= 5:
-				cut = 0
-			case isAcquire || isSetKey || isRegister:
+			case isAcquire && old < 5, isSetKey, isRegister && old < 5:
 				cut = 1
 			}
 			if isRegister && old >= 5 {
@@ -422,7 +434,7 @@ func TestDecodeRejectsUnknownType(t *testing.T) {
 func TestDecodeRejectsVersions(t *testing.T) {
 	for _, tc := range roundTripCases() {
 		b := Encode(tc.env)
-		for _, v := range []byte{0, 6, Version + 1, Version + 2, 255} {
+		for _, v := range []byte{0, Version + 1, Version + 2, 255} {
 			c := append([]byte(nil), b...)
 			c[1] = v
 			e, err := Decode(c)
@@ -491,7 +503,26 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.String("") // Value (version 2)
 			w.Varint(0)  // MaxWaiters (version 5)
 			w.Byte(0)    // Takeover (version 5)
+			w.Varint(0)  // Limit (version 6)
+			w.Byte(0)    // Shared (version 6)
+			w.Byte(0)    // Subtree (version 6)
 			w.Varint(0)  // LockDelayMs (version 7)
+			return w.Buf
+		},
+		"acquire/bad-shared": func(b byte) []byte {
+			w := hdr(TypeAcquire)
+			w.String("a")
+			w.Fixed(make([]byte, 16))
+			w.Byte(0)
+			w.Varint(1000)
+			w.Varint(0)
+			w.String("")
+			w.Varint(0)
+			w.Byte(0)
+			w.Varint(3)
+			w.Byte(b)
+			w.Byte(0)
+			w.Varint(0) // LockDelayMs
 			return w.Buf
 		},
 		"acquire/bad-takeover": func(b byte) []byte {
@@ -504,6 +535,9 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.String("")
 			w.Varint(0)
 			w.Byte(b)
+			w.Varint(0)
+			w.Byte(0)
+			w.Byte(0)
 			w.Varint(0) // LockDelayMs
 			return w.Buf
 		},

@@ -21,13 +21,16 @@ const (
 	// StatusQueueFull refuses an acquire that would wait in a queue that
 	// already has Acquire.MaxWaiters waiters.
 	StatusQueueFull Status = 8
+	// StatusLimitMismatch refuses an acquire whose limit (or shared mode)
+	// does not fit the lock in use: Result.Limit is the lock's limit.
+	StatusLimitMismatch Status = 9
 	// StatusLockDelayed refuses an immediate acquire while the lock is in a
 	// lock-delay (command.Acquire.LockDelayMs); Result.TTLms is then the
 	// delay's time left on the lease clock.
-	StatusLockDelayed Status = 9
+	StatusLockDelayed Status = 10
 	// StatusLockLost answers a renew of a grant that has ended (revoked) but
 	// that the history still records: Result.Token is its token.
-	StatusLockLost Status = 10
+	StatusLockLost Status = 11
 )
 
 func (s Status) String() string {
@@ -48,6 +51,8 @@ func (s Status) String() string {
 		return "not_waiting"
 	case StatusQueueFull:
 		return "queue_full"
+	case StatusLimitMismatch:
+		return "limit_mismatch"
 	case StatusLockDelayed:
 		return "lock_delayed"
 	case StatusLockLost:
@@ -56,7 +61,7 @@ func (s Status) String() string {
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
 
-// Holder describes the current holder of a lock, as shown to other clients.
+// Holder describes the holder of a lock, as shown to other clients.
 type Holder struct {
 	ClientID  string
 	Token     uint64
@@ -65,9 +70,19 @@ type Holder struct {
 }
 
 // Result is what applying a command produced. One flat shape for every command
-// keeps the dedup table and the forwarding path simple.
+// keeps the dedup table and the forwarding path simple. The dedup table keeps
+// 100,000 of them, so the small fields share the word before LeaseID.
 type Result struct {
-	Status  Status
+	Status Status
+	// Replayed says this answer came from the dedup table: the request was
+	// applied before, by an earlier entry. Never stored (EncodeResult leaves
+	// it out): only the answer to a repeated request carries it.
+	Replayed bool
+	// HolderShared and HolderSubtree are the mode of Holder's grant in a
+	// StatusLockHeld refusal.
+	HolderShared, HolderSubtree bool
+	// Limit is the lock's limit in a StatusLimitMismatch refusal.
+	Limit   int32
 	LeaseID LeaseID
 	Token   uint64
 	// ExpiresAt is the lease's expiry in the leader's wall clock (display only).
@@ -78,13 +93,12 @@ type Result struct {
 	// its place in the entry); a queued wait keeps it.
 	Seq    uint64
 	Holder Holder
-	// Message explains StatusInvalid; for a Revoke it lists the revoked
-	// fencing tokens (decimal, space-separated).
+	// Message explains StatusInvalid. In a StatusLockHeld refusal it is
+	// the name of the lock Holder's grant is on when that is not the one
+	// asked for: a subtree grant above it, or a grant inside the subtree
+	// asked for. For a Revoke it lists the revoked fencing tokens
+	// (decimal, space-separated).
 	Message string
-	// Replayed says this answer came from the dedup table: the request was
-	// applied before, by an earlier entry. Never stored (EncodeResult leaves
-	// it out): only the answer to a repeated request carries it.
-	Replayed bool
 }
 
 // EncodeResult serialises a result for the snapshot's dedup table.
@@ -119,4 +133,20 @@ func DecodeResult(r *wire.Reader) Result {
 	x.Holder.ExpiresAt = r.Varint()
 	x.Message = r.String()
 	return x
+}
+
+// EncodeResultExt writes the fields EncodeResult leaves out for the layouts
+// that came before them (snapshot version 8, the forwarding answer's tail):
+// the refusal's limit and the holder's mode and subtree flag.
+func EncodeResultExt(w *wire.Writer, r *Result) {
+	w.Varint(int64(r.Limit))
+	w.Bool(r.HolderShared)
+	w.Bool(r.HolderSubtree)
+}
+
+// DecodeResultExt reads what EncodeResultExt wrote into x.
+func DecodeResultExt(r *wire.Reader, x *Result) {
+	x.Limit = int32(r.Varint())
+	x.HolderShared = r.Bool()
+	x.HolderSubtree = r.Bool()
 }

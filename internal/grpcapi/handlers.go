@@ -25,14 +25,16 @@ type lockServer struct{ *api }
 func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
 	resp, err := s.svc.Acquire(ctx, service.AcquireRequest{Name: req.Name, ClientID: req.ClientId, TTLms: req.TtlMs,
 		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId, Takeover: req.Takeover,
-		Value: req.Value, LockDelayMs: req.LockDelayMs})
+		Limit: req.Limit, Mode: req.Mode, Subtree: req.Subtree, Value: req.Value, LockDelayMs: req.LockDelayMs})
 	if err != nil {
 		// lock_held and wait_timeout come with who holds the lock, lock_lost
-		// with the token of the grant that was lost.
+		// with the token of the grant that was lost, limit_mismatch with the
+		// lock's limit.
 		var d dlockv1.ErrorDetail
 		if resp != nil {
 			d.Holder = holderPB(resp.Holder)
 			d.FencingToken = resp.FencingToken
+			d.Limit = int64(resp.Limit)
 		}
 		return nil, s.status(ctx, err, &d)
 	}

@@ -36,12 +36,14 @@ func bodyOf(e *apierror.Error) errorBody {
 
 // acquireConflict is the 409 answer of an acquire that did not get the lock:
 // the error plus who holds it, so the caller can decide whether to wait. A
-// lock_lost answer carries the token of the grant that was lost instead.
+// lock_lost answer carries the token of the grant that was lost instead, a
+// limit_mismatch answer the lock's limit.
 type acquireConflict struct {
 	Acquired     bool            `json:"acquired"`
 	Error        errorBody       `json:"error"`
 	Holder       *service.Holder `json:"holder,omitempty"`
 	FencingToken uint64          `json:"fencing_token,omitempty"`
+	Limit        int             `json:"limit,omitempty"`
 }
 
 // The fixed headers of every JSON answer, shared (see writeJSON).
@@ -122,6 +124,7 @@ func (a *api) writeAcquireConflict(w http.ResponseWriter, r *http.Request, resp 
 		Error:        errorBody{Code: e.Code, Message: message(e)},
 		Holder:       resp.Holder,
 		FencingToken: resp.FencingToken,
+		Limit:        resp.Limit,
 	})
 }
 

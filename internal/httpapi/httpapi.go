@@ -382,10 +382,11 @@ func (a *api) splitAction(w http.ResponseWriter, r *http.Request, rest, kind, pr
 }
 
 // isConflict reports the acquire outcomes answered with more than the error:
-// who holds the lock, or (lock_lost) the token of the grant that was lost.
+// who holds the lock, (lock_lost) the token of the grant that was lost, or
+// (limit_mismatch) the lock's limit.
 func isConflict(err error) bool {
 	c := apierror.CodeOf(err)
-	return c == apierror.LockHeld || c == apierror.WaitTimeout || c == apierror.LockLost
+	return c == apierror.LockHeld || c == apierror.WaitTimeout || c == apierror.LockLost || c == apierror.LimitMismatch
 }
 
 // decodeAndCall decodes the body into a Req, lets fill add what came from the

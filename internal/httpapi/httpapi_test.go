@@ -103,9 +103,9 @@ func (f *fakeService) Renew(ctx context.Context, req service.RenewRequest) (*ser
 }
 
 func (f *fakeService) GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error) {
+	h := service.Holder{ClientID: "c1", FencingToken: 7, GrantedAt: t0, ExpiresAt: t1, Mode: service.ModeExclusive}
 	return answer(ctx, f, "GetLock", getLockCall{name, stale}, &service.LockView{
-		Name: name, Held: true, Waiters: 2, Revision: 12,
-		Holder: &service.Holder{ClientID: "c1", FencingToken: 7, GrantedAt: t0, ExpiresAt: t1},
+		Name: name, Held: true, Waiters: 2, Revision: 12, Holder: &h, Limit: 1, Mode: service.ModeExclusive, Holders: []service.Holder{h},
 	})
 }
 
@@ -120,7 +120,7 @@ func (f *fakeService) Revoke(ctx context.Context, req service.RevokeRequest) (*s
 
 func (f *fakeService) ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error) {
 	return answer(ctx, f, "ListLocks", req, &service.ListResponse{
-		Locks:    []service.LockView{{Name: "billing/job", Held: false, Revision: 13}},
+		Locks:    []service.LockView{{Name: "billing/job", Held: false, Revision: 13, Limit: 1, Holders: []service.Holder{}}},
 		More:     true,
 		Revision: 13,
 	})
@@ -356,8 +356,8 @@ func checkError(t *testing.T, rec *httptest.ResponseRecorder, wantStatus int, wa
 
 func TestRoutes(t *testing.T) {
 	const acquireOK = `{"acquired":true,"fencing_token":7,"expires_at":"2030-01-02T03:04:35Z","lease_id":"L-secret","revision":9}`
-	const lockView = `{"name":%q,"held":true,"holder":{"client_id":"c1","fencing_token":7,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z"},"waiters":2,"revision":12}`
-	const listOK = `{"locks":[{"name":"billing/job","held":false,"waiters":0,"revision":13}],"more":true,"revision":13}`
+	const lockView = `{"name":%q,"held":true,"holder":{"client_id":"c1","fencing_token":7,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z","mode":"exclusive"},"waiters":2,"limit":1,"mode":"exclusive","holders":[{"client_id":"c1","fencing_token":7,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z","mode":"exclusive"}],"revision":12}`
+	const listOK = `{"locks":[{"name":"billing/job","held":false,"waiters":0,"limit":1,"holders":[],"revision":13}],"more":true,"revision":13}`
 	const keepAliveOK = `{"ttl_ms":10000,"expires_at":"2030-01-02T03:04:35Z","revision":15}`
 	const deleteOK = `{"deleted":true,"revision":16}`
 	jsonCT := map[string]string{"Content-Type": "application/json"}
@@ -375,6 +375,13 @@ func TestRoutes(t *testing.T) {
 			req:        request{method: "POST", target: "/api/v1/locks/billing/job/acquire", header: jsonCT, body: `{"client_id":"c1","ttl_ms":30000,"wait_timeout_ms":5000,"request_id":"r1"}`},
 			wantStatus: 200, wantMethod: "Acquire",
 			wantReq:  service.AcquireRequest{Name: "billing/job", ClientID: "c1", TTLms: 30000, WaitTimeoutMs: 5000, RequestID: "r1"},
+			wantBody: acquireOK,
+		},
+		{
+			name:       "acquire with limit, mode and subtree",
+			req:        request{method: "POST", target: "/api/v1/locks/billing/acquire", header: jsonCT, body: `{"client_id":"c1","ttl_ms":30000,"limit":3,"mode":"exclusive","subtree":true}`},
+			wantStatus: 200, wantMethod: "Acquire",
+			wantReq:  service.AcquireRequest{Name: "billing", ClientID: "c1", TTLms: 30000, Limit: 3, Mode: "exclusive", Subtree: true},
 			wantBody: acquireOK,
 		},
 		{
@@ -826,6 +833,18 @@ func TestAcquireConflict(t *testing.T) {
 			resp:     &service.AcquireResponse{Acquired: false},
 			err:      apierror.New(apierror.WaitTimeout, "timed out"),
 			wantBody: `{"acquired":false,"error":{"code":"wait_timeout","message":"timed out"}}`,
+		},
+		{
+			name:     "lock_held through a subtree names the lock and the mode",
+			resp:     &service.AcquireResponse{Acquired: false, Holder: &service.Holder{ClientID: "other", FencingToken: 41, GrantedAt: t0, ExpiresAt: t1, Mode: "shared", Subtree: true, Lock: "billing"}},
+			err:      apierror.New(apierror.LockHeld, "held through billing"),
+			wantBody: `{"acquired":false,"error":{"code":"lock_held","message":"held through billing"},"holder":{"client_id":"other","fencing_token":41,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z","mode":"shared","subtree":true,"lock":"billing"}}`,
+		},
+		{
+			name:     "limit_mismatch carries the lock's limit",
+			resp:     &service.AcquireResponse{Acquired: false, Limit: 3},
+			err:      apierror.New(apierror.LimitMismatch, "in use with limit 3"),
+			wantBody: `{"acquired":false,"error":{"code":"limit_mismatch","message":"in use with limit 3"},"limit":3}`,
 		},
 		{
 			name:     "lock_held wrapped and without a response is a plain error",

@@ -281,7 +281,8 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	resp.Result = command.DecodeResult(r)
 	// The trailing fields are absent from leaders of earlier versions: the
 	// Replayed flag, then the Seq (a leader that does not pack names each
-	// command by its entry's index), then the endorsement (SetEndorser).
+	// command by its entry's index), then the endorsement (SetEndorser),
+	// then the result's lock-model fields (command.EncodeResultExt).
 	resp.Seq = resp.Index
 	if r.Len() > 0 {
 		resp.Result.Replayed = r.Bool()
@@ -291,6 +292,9 @@ func (n *Node) forwardApply(ctx context.Context, e *command.Envelope) (*fsm.Resp
 	}
 	if r.Len() > 0 {
 		resp.Endorsement = r.String()
+	}
+	if r.Len() > 0 {
+		command.DecodeResultExt(r, &resp.Result)
 	}
 	if err := r.Err(); err != nil {
 		return nil, fmt.Errorf("forward to leader %s: bad answer: %w", addr, err)
@@ -360,8 +364,10 @@ func (n *Node) forwardHandler() http.Handler {
 		// out; the forwarding node needs it (Service.replayedGrant).
 		wr.Bool(resp.Result.Replayed)
 		wr.Uvarint(resp.Seq)
-		// Followers of earlier versions stop reading before it.
+		// Followers of earlier versions stop reading before it, and before
+		// the result's newer fields.
 		wr.String(n.endorse(e, resp))
+		command.EncodeResultExt(wr, &resp.Result)
 		_, _ = w.Write(wr.Buf)
 	})
 	mux.HandleFunc("POST /forward/join", n.serveMember(func(r memberRequest) error { return n.joinLocal(context.Background(), r.ID, r.RaftAddr) }))

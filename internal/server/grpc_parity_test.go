@@ -74,12 +74,13 @@ func (h *httpTransport) do(method, path string, body any, out any) outcome {
 		Error   struct{ Code, Message string } `json:"error"`
 		Holder  *service.Holder                `json:"holder"`
 		Current *service.ElectionLeader        `json:"current"`
+		Limit   int                            `json:"limit"`
 	}
 	_ = json.Unmarshal(raw, &e)
 	o := outcome{code: e.Error.Code, status: code, message: e.Error.Message}
 	switch out.(type) {
 	case *service.AcquireResponse:
-		o.body = &service.AcquireResponse{Holder: e.Holder}
+		o.body = &service.AcquireResponse{Holder: e.Holder, Limit: e.Limit}
 	case *service.CampaignResponse:
 		o.body = &service.CampaignResponse{Current: e.Current}
 	}
@@ -169,7 +170,8 @@ func holderOf(h *dlockv1.Holder) *service.Holder {
 	if h == nil {
 		return nil
 	}
-	return &service.Holder{ClientID: h.ClientId, FencingToken: h.FencingToken, GrantedAt: tm(h.GrantedAt), ExpiresAt: tm(h.ExpiresAt)}
+	return &service.Holder{ClientID: h.ClientId, FencingToken: h.FencingToken, GrantedAt: tm(h.GrantedAt), ExpiresAt: tm(h.ExpiresAt),
+		Mode: h.Mode, Subtree: h.Subtree, Lock: h.Lock}
 }
 
 func leaderOf(l *dlockv1.ElectionLeader) *service.ElectionLeader {
@@ -180,7 +182,12 @@ func leaderOf(l *dlockv1.ElectionLeader) *service.ElectionLeader {
 }
 
 func lockOf(l *dlockv1.Lock) service.LockView {
-	return service.LockView{Name: l.Name, Held: l.Held, Holder: holderOf(l.Holder), Waiters: int(l.Waiters), Revision: l.Revision}
+	v := service.LockView{Name: l.Name, Held: l.Held, Holder: holderOf(l.Holder), Waiters: int(l.Waiters), Revision: l.Revision,
+		Limit: int(l.Limit), Mode: l.Mode, Subtree: l.Subtree, Holders: []service.Holder{}}
+	for _, h := range l.Holders {
+		v.Holders = append(v.Holders, *holderOf(h))
+	}
+	return v
 }
 
 func electionOf(e *dlockv1.Election) *service.ElectionView {
@@ -211,10 +218,12 @@ var bg = context.Background()
 
 func (g *grpcTransport) acquire(r service.AcquireRequest) outcome {
 	resp, err := g.locks.Acquire(bg, &dlockv1.AcquireRequest{Name: r.Name, ClientId: r.ClientID, TtlMs: r.TTLms, SessionId: r.SessionID,
-		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID, Takeover: r.Takeover})
+		WaitTimeoutMs: r.WaitTimeoutMs, RequestId: r.RequestID, Takeover: r.Takeover, Limit: r.Limit, Mode: r.Mode, Subtree: r.Subtree})
 	return grpcOutcome(resp, err, func(p *dlockv1.AcquireResponse) any {
 		return &service.AcquireResponse{Acquired: p.Acquired, FencingToken: p.FencingToken, TokenProof: p.TokenProof, LeaseRef: p.LeaseRef, ExpiresAt: tm(p.ExpiresAt), LeaseID: p.LeaseId, Revision: p.Revision}
-	}, func(d *dlockv1.ErrorDetail) any { return &service.AcquireResponse{Holder: holderOf(d.Holder)} })
+	}, func(d *dlockv1.ErrorDetail) any {
+		return &service.AcquireResponse{Holder: holderOf(d.Holder), Limit: int(d.Limit)}
+	})
 }
 
 func (g *grpcTransport) release(r service.ReleaseRequest) outcome {
@@ -382,6 +391,26 @@ func parityTable() []parityStep {
 		{"takeover by another client is an ordinary acquire", func(tr transport, f *fixture) outcome {
 			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "other", TTLms: 5000, Takeover: true})
 		}, "lock_held", nil},
+		{"a counting lock", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: "lm/" + f.ns + "/sem", ClientID: "other", TTLms: 5000, Limit: 3})
+		}, "", nil},
+		{"limit_mismatch carries the lock's limit", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: "lm/" + f.ns + "/sem", ClientID: "other", TTLms: 5000, Limit: 2})
+		}, "limit_mismatch", func(t *testing.T, f *fixture, b any) {
+			if l := b.(*service.AcquireResponse).Limit; l != 3 {
+				t.Fatalf("limit %d, want 3", l)
+			}
+		}},
+		{"shared with a limit is refused", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: f.ns + "/x", ClientID: "other", TTLms: 5000, Limit: 2, Mode: "shared"})
+		}, "invalid_argument", nil},
+		{"a subtree over a held lock names it", func(tr transport, f *fixture) outcome {
+			return tr.acquire(service.AcquireRequest{Name: f.ns, ClientID: "other", TTLms: 5000, Subtree: true, Mode: "shared"})
+		}, "lock_held", func(t *testing.T, f *fixture, b any) {
+			if h := b.(*service.AcquireResponse).Holder; h == nil || h.ClientID != "owner" || h.Lock != lock(f) || h.Mode != "exclusive" {
+				t.Fatalf("holder %+v", h)
+			}
+		}},
 		{"held: lock_held with the holder", func(tr transport, f *fixture) outcome {
 			return tr.acquire(service.AcquireRequest{Name: lock(f), ClientID: "other", TTLms: 5000})
 		}, "lock_held", func(t *testing.T, f *fixture, b any) {

@@ -49,20 +49,42 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	if err := s.authorizeTakeover(tok, req.Takeover, req.ClientID); err != nil {
 		return nil, err
 	}
+	shared, err := checkLockModel(req)
+	if err != nil {
+		return nil, err
+	}
 	// A wait in line ends when the token that queued it is revoked.
 	ctx, untrack := s.trackToken(ctx, tok)
 	defer untrack()
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
 		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, takeover: req.Takeover,
-		value: req.Value, lockDelayMs: req.LockDelayMs})
+		value: req.Value, lockDelayMs: req.LockDelayMs, limit: req.Limit, shared: shared, subtree: req.Subtree})
 	if g == nil {
 		return nil, err
 	}
-	res := &AcquireResponse{Acquired: g.granted, FencingToken: g.token, TokenProof: g.proof, LeaseRef: g.leaseRef, ExpiresAt: g.expiresAt, LeaseID: g.leaseID, Revision: g.revision}
-	if g.holder != nil {
-		res.Holder = holderView(*g.holder)
-	}
+	res := &AcquireResponse{Acquired: g.granted, FencingToken: g.token, TokenProof: g.proof, LeaseRef: g.leaseRef, ExpiresAt: g.expiresAt,
+		LeaseID: g.leaseID, Revision: g.revision, Holder: g.holder, Limit: g.limit}
 	return res, err
+}
+
+// checkLockModel validates an acquire's limit and mode; it reports whether
+// the mode is shared.
+func checkLockModel(req AcquireRequest) (bool, error) {
+	var shared bool
+	switch req.Mode {
+	case "", ModeExclusive:
+	case ModeShared:
+		shared = true
+	default:
+		return false, invalid("mode must be %q (the default) or %q, got %q", ModeExclusive, ModeShared, req.Mode)
+	}
+	switch {
+	case req.Limit < 0 || req.Limit > command.MaxLimit:
+		return false, invalid("limit must be between 1 and %d (a counting lock's holders at once; 1, the default, is a mutex), got %d", command.MaxLimit, req.Limit)
+	case shared && req.Limit > 1:
+		return false, invalid("a counting lock (limit above 1) is exclusive only: drop the limit to take a shared lock, or the mode to take one of its %d places", req.Limit)
+	}
+	return shared, nil
 }
 
 // acquire is the one acquire path behind locks and election campaigns. Every
@@ -121,7 +143,8 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if a.lockDelayMs < 0 || a.lockDelayMs > command.MaxLockDelayMs {
 		return nil, invalid("lock_delay_ms must be between 0 and %d, got %d", command.MaxLockDelayMs, a.lockDelayMs)
 	}
-	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value, Takeover: a.takeover, LockDelayMs: a.lockDelayMs}
+	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value, Takeover: a.takeover, Limit: a.limit, Shared: a.shared, Subtree: a.subtree,
+		LockDelayMs: a.lockDelayMs}
 	switch {
 	case a.sessionID != "" && a.ttlMs != 0:
 		return nil, invalid("give either ttl_ms (a lease for this %s alone) or session_id, not both", a.what)
@@ -165,9 +188,11 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 		return &grantAnswer{granted: true, token: r.Token, expiresAt: ms(r.ExpiresAt), leaseID: r.LeaseID.String(), revision: r.Revision,
 			index: resp.Index, proof: resp.Endorsement}, nil
 	case command.StatusLockHeld:
-		h := r.Holder
-		return &grantAnswer{holder: &h, revision: r.Revision, index: resp.Index},
-			apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or wait in line for it", a.what, displayName(a.key), r.Holder.ClientID)
+		return refused(a, r, resp.Index)
+	case command.StatusLimitMismatch:
+		return &grantAnswer{limit: int(r.Limit), revision: r.Revision, index: resp.Index}, apierror.New(apierror.LimitMismatch,
+			"lock %q is in use with limit %d; acquire it with limit %d (a shared request needs limit 1), or wait until nobody holds or waits for it to set another",
+			displayName(a.key), r.Limit, r.Limit)
 	case command.StatusQueued:
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
 	case command.StatusQueueFull:
@@ -181,6 +206,26 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	return nil, statusErr(r, a.what)
 }
 
+// refused is the lock_held answer: who holds what keeps the request out —
+// the lock itself, a subtree grant above it, or a grant inside the subtree
+// asked for — or, when only requests ahead of it in line do, no holder.
+func refused(a acquireArgs, r command.Result, index uint64) (*grantAnswer, error) {
+	g := &grantAnswer{revision: r.Revision, index: index}
+	name := displayName(a.key)
+	if r.Holder.ClientID == "" && r.Holder.Token == 0 {
+		return g, apierror.New(apierror.LockHeld, "%s %q is kept out by requests waiting ahead of it in line (for it, or through a subtree); retry later, or wait in line for it", a.what, name)
+	}
+	h := holderView(r.Holder)
+	g.holder = h
+	if _, election := command.SplitKey(a.key); !election {
+		h.Mode, h.Subtree, h.Lock = modeName(r.HolderShared), r.HolderSubtree, r.Message
+	}
+	if h.Lock != "" {
+		return g, apierror.New(apierror.LockHeld, "%s %q is held through %q by %q (a subtree lock covers both); retry later, or wait in line for it", a.what, name, h.Lock, h.ClientID)
+	}
+	return g, apierror.New(apierror.LockHeld, "%s %q is held by %q; retry later, or wait in line for it", a.what, name, r.Holder.ClientID)
+}
+
 func displayName(key string) string {
 	name, _ := command.SplitKey(key)
 	return name
@@ -189,9 +234,9 @@ func displayName(key string) string {
 // liveGrant describes the grant (lease, seq) of key if it still holds; token 0
 // matches any token.
 func liveGrant(st *state.State, key string, lease command.LeaseID, seq, token uint64) *grantAnswer {
-	h := st.LockHolder(key)
+	h, held := st.LockGrant(key, lease)
 	l, ok := st.Lease(lease)
-	if !ok || h.Holder != lease || h.GrantSeq != seq || (token != 0 && h.Token != token) {
+	if !ok || !held || h.GrantSeq != seq || (token != 0 && h.Token != token) {
 		return nil
 	}
 	return &grantAnswer{granted: true, token: h.Token, expiresAt: ms(l.ExpiresAt()), leaseID: lease.String(), revision: st.Revision()}
@@ -351,7 +396,10 @@ func (s *Service) timedOut(a acquireArgs) (*grantAnswer, error) {
 	s.fsm.Read(func(st *state.State) { li = st.GetLock(a.key) })
 	res := &grantAnswer{}
 	if li.Held {
-		h := li.Holder
+		h := lockHolderView(li.Holders[0])
+		if _, election := command.SplitKey(a.key); election {
+			h.Mode = ""
+		}
 		res.holder = &h
 	}
 	return res, apierror.New(apierror.WaitTimeout, "gave up waiting for %s %q after %s without getting it; wait longer or try again later", a.what, displayName(a.key), time.Duration(a.waitMs)*time.Millisecond)

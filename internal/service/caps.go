@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/dlock/dlock/internal/state"
@@ -39,11 +40,12 @@ func (s *Service) checkCaps(a acquireArgs, newLease bool) (counts bool, _ error)
 		s.fsm.Read(func(st *state.State) {
 			li := st.GetLock(a.key)
 			n = li.Waiters
-			// Only a held lock queues. A takeover by the holder's own
+			// Only a lock in use queues. A takeover by a holder's own
 			// client takes the lock instead, and one by a client that
 			// waits already takes its place: neither adds a waiter.
-			replaces := a.takeover && (li.Holder.ClientID == a.clientID || st.ClientQueued(a.key, a.clientID))
-			full = li.Held && n >= c.MaxWaitersPerLock && !replaces
+			holds := slices.ContainsFunc(li.Holders, func(h state.Holder) bool { return h.ClientID == a.clientID })
+			replaces := a.takeover && (holds || st.ClientQueued(a.key, a.clientID))
+			full = (li.Held || n > 0) && n >= c.MaxWaitersPerLock && !replaces
 		})
 		if full {
 			return false, s.queueFullErr(a, int64(n))

@@ -254,6 +254,20 @@ func holderView(h command.Holder) *Holder {
 	return &Holder{ClientID: h.ClientID, FencingToken: h.Token, GrantedAt: ms(h.GrantedAt), ExpiresAt: ms(h.ExpiresAt)}
 }
 
+func modeName(shared bool) string {
+	if shared {
+		return ModeShared
+	}
+	return ModeExclusive
+}
+
+// lockHolderView is a lock holder's view, with its grant's mode.
+func lockHolderView(h state.Holder) Holder {
+	v := holderView(h.Holder)
+	v.Mode, v.Subtree = modeName(h.Shared), h.Subtree
+	return *v
+}
+
 type acquireArgs struct {
 	key, what           string
 	clientID, requestID string
@@ -263,6 +277,8 @@ type acquireArgs struct {
 	value               string
 	takeover            bool
 	lockDelayMs         int64
+	limit               int64
+	shared, subtree     bool
 }
 
 // grantAnswer is the protocol-neutral outcome of an acquire or campaign. With a
@@ -273,9 +289,11 @@ type grantAnswer struct {
 	expiresAt time.Time
 	leaseID   string
 	revision  uint64
-	holder    *command.Holder
-	proof     string
-	leaseRef  string
+	holder    *Holder
+	// limit is the lock's limit, with a limit_mismatch error.
+	limit    int
+	proof    string
+	leaseRef string
 	// index is the log entry that made the grant, or refused it (holder
 	// set), when this answer comes straight from it (0 when it was read from
 	// the local state, which has then applied the grant already).
@@ -350,12 +368,17 @@ func (s *Service) staleRead(stale bool) *StaleRead {
 }
 
 func lockView(li state.LockInfo, rev uint64) LockView {
-	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev, Value: li.Value}
+	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev, Limit: li.Limit, Subtree: li.Subtree, Holders: []Holder{},
+		Value: li.Value}
 	if li.DelayedUntil != 0 {
 		v.DelayedUntil = ms(li.DelayedUntil)
 	}
+	for _, h := range li.Holders {
+		v.Holders = append(v.Holders, lockHolderView(h))
+	}
 	if li.Held {
-		v.Holder = holderView(li.Holder)
+		v.Holder = &v.Holders[0]
+		v.Mode = modeName(li.Shared)
 	}
 	return v
 }

@@ -16,6 +16,14 @@ type AcquireRequest struct {
 	// of the same client_id at once; without it that lease is like any
 	// other holder. Under ACLs it needs a token naming the client_id.
 	Takeover bool `json:"takeover,omitempty"`
+	// Limit (1-10,000; 0 means 1) makes a counting lock: up to Limit
+	// exclusive holders at once. The acquire that finds the lock unused
+	// sets it; any other must ask for the same (limit_mismatch).
+	Limit int64 `json:"limit,omitempty"`
+	// Mode is ModeExclusive (the default, "") or ModeShared.
+	Mode string `json:"mode,omitempty"`
+	// Subtree makes the grant cover the name and every name below it.
+	Subtree bool `json:"subtree,omitempty"`
 	// Value is the holder's value while it holds the lock (at most 4 KiB):
 	// who holds it, where, doing what.
 	Value string `json:"value,omitempty"`
@@ -24,12 +32,26 @@ type AcquireRequest struct {
 	LockDelayMs int64 `json:"lock_delay_ms,omitempty"`
 }
 
+// Lock modes.
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+)
+
 // Holder is the public view of who holds a lock.
 type Holder struct {
 	ClientID     string    `json:"client_id"`
 	FencingToken uint64    `json:"fencing_token"`
 	GrantedAt    time.Time `json:"granted_at"`
 	ExpiresAt    time.Time `json:"expires_at"`
+	// Mode is the grant's mode (ModeExclusive or ModeShared).
+	Mode string `json:"mode,omitempty"`
+	// Subtree: the grant covers the names below its lock.
+	Subtree bool `json:"subtree,omitempty"`
+	// Lock is the name of the lock the grant is on when a refusal names a
+	// grant on another lock: a subtree grant above the name asked for, or
+	// a grant inside the subtree asked for.
+	Lock string `json:"lock,omitempty"`
 }
 
 // AcquireResponse answers an acquire. When Acquired is false the error returned
@@ -46,6 +68,8 @@ type AcquireResponse struct {
 	LeaseID   string    `json:"lease_id,omitempty"`
 	Revision  uint64    `json:"revision,omitempty"`
 	Holder    *Holder   `json:"holder,omitempty"`
+	// Limit is the lock's limit, with a limit_mismatch error.
+	Limit int `json:"limit,omitempty"`
 }
 
 // ReleaseRequest gives a lock back. The token and lease id prove the caller is
@@ -86,10 +110,18 @@ type RenewResponse struct {
 
 // LockView is the public state of one lock.
 type LockView struct {
-	Name    string  `json:"name"`
-	Held    bool    `json:"held"`
+	Name string `json:"name"`
+	Held bool   `json:"held"`
+	// Holder is the first holder in grant order (the only one of a mutex).
 	Holder  *Holder `json:"holder,omitempty"`
 	Waiters int     `json:"waiters"`
+	// Limit is the lock's limit (1: a mutex); Mode its holders' mode, when
+	// held; Subtree says some holder's grant covers the names below it.
+	Limit   int    `json:"limit"`
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
+	// Holders are every holder, in grant order.
+	Holders []Holder `json:"holders"`
 	// Value is the holder's value.
 	Value string `json:"value,omitempty"`
 	// DelayedUntil is set while a lock-delay keeps the lock from everyone
@@ -302,17 +334,22 @@ type WatchRequest struct {
 
 // WatchEvent is one state change as watchers see it.
 type WatchEvent struct {
-	Revision     uint64 `json:"revision"`
-	Type         string `json:"type"`
-	Kind         string `json:"kind"`
-	Name         string `json:"name,omitempty"`
-	ClientID     string `json:"client_id,omitempty"`
-	FencingToken uint64 `json:"fencing_token,omitempty"`
-	Cause        string `json:"cause,omitempty"`
+	Revision     uint64    `json:"revision"`
+	Type         string    `json:"type"`
+	Kind         string    `json:"kind"`
+	Name         string    `json:"name,omitempty"`
+	ClientID     string    `json:"client_id,omitempty"`
+	FencingToken uint64    `json:"fencing_token,omitempty"`
+	Cause        string    `json:"cause,omitempty"`
+	Value        string    `json:"value,omitempty"`
+	At           time.Time `json:"at"`
+	// Mode is a lock event's grant or wait mode (acquired, released,
+	// expired, queued, dequeued): "exclusive" or "shared"; Subtree says it
+	// covers the names below.
+	Mode    string `json:"mode,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
 	// Reason is a revoke's reason (type "revoked").
-	Reason string    `json:"reason,omitempty"`
-	Value  string    `json:"value,omitempty"`
-	At     time.Time `json:"at"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // MemberRequest adds a node to the cluster (it joins as a non-voter and is

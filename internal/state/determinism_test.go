@@ -42,10 +42,13 @@ func newGen(seed uint64, s *State) *gen {
 	for i := 0; i < 12; i++ {
 		g.clients = append(g.clients, fmt.Sprintf("client-%d", i))
 	}
-	g.hot = []string{"hot/a", "hot/b", command.ElectionKey("leader")}
+	// "hot" and "hot/a" take subtree grants over the others; "sem" is a
+	// counting lock (limit 3), "rw" mostly shared.
+	g.hot = []string{"hot/a", "hot/b", command.ElectionKey("leader"), "hot", "hot/a/x", "sem", "rw"}
 	for i := 0; i < 40; i++ {
 		g.cold = append(g.cold, fmt.Sprintf("cold/%02d", i))
 	}
+	g.cold = append(g.cold, "cold", "cold", "cold")
 	return g
 }
 
@@ -70,6 +73,45 @@ func (g *gen) value(name string) string {
 		return strings.Repeat("v", command.MaxValueLen+1)
 	}
 	return fmt.Sprintf("node-%d", g.rng.IntN(4))
+}
+
+// shape gives an acquire its limit, mode and subtree flag: mostly what its
+// lock is used with, sometimes a mismatch or an invalid one.
+func (g *gen) shape(b *command.Acquire) {
+	if _, el := command.SplitKey(b.Name); el {
+		if g.pct(2) {
+			b.Shared = true
+		}
+		return
+	}
+	switch b.Name {
+	case "sem":
+		b.Limit = 3
+		if g.pct(5) {
+			b.Limit = []int64{0, 2, 4}[g.rng.IntN(3)]
+		}
+	case "rw":
+		b.Shared = g.pct(75)
+	default:
+		b.Shared = g.pct(30)
+	}
+	switch {
+	case b.Name == "hot" || b.Name == "hot/a" || b.Name == "cold":
+		b.Subtree = g.pct(50)
+	case g.pct(5):
+		b.Subtree = true
+	}
+	switch {
+	case g.pct(1):
+		b.Limit = []int64{-1, command.MaxLimit + 1}[g.rng.IntN(2)]
+	case g.pct(2):
+		b.Shared, b.Limit = true, 3
+	}
+}
+
+// holder picks one grant of a held lock.
+func (g *gen) holder(lk *Lock) Grant {
+	return lk.grantAt(g.rng.IntN(lk.NumHolders()))
 }
 
 func (g *gen) newLease() command.LeaseID {
@@ -215,9 +257,12 @@ func (g *gen) next() *command.Envelope {
 	} else {
 		e.Body = g.body(e)
 	}
-	if b, ok := e.Body.(*command.Acquire); ok && g.pct(20) {
-		// A node's waiter cap, in the command (negative: none).
-		b.MaxWaiters = g.rng.Int64N(6) - 1
+	if b, ok := e.Body.(*command.Acquire); ok {
+		g.shape(b)
+		if g.pct(20) {
+			// A node's waiter cap, in the command (negative: none).
+			b.MaxWaiters = g.rng.Int64N(6) - 1
+		}
 	}
 	if b, ok := e.Body.(*command.Acquire); ok && g.pct(25) {
 		b.LockDelayMs = []int64{1, 500, 5000, command.MaxLockDelayMs, -1, command.MaxLockDelayMs + 1}[g.rng.IntN(6)]
@@ -260,7 +305,7 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		// Often the same client as the holder (a restarted holder), or as a
 		// waiter; half of those ask to take over.
 		if lk, _ := g.s.locks.Get(&Lock{Name: b.Name}); lk != nil && lk.Held() && g.pct(25) {
-			e.ClientID = g.s.leases[lk.Holder].ClientID
+			e.ClientID = g.s.leases[g.holder(lk).LeaseID].ClientID
 			if q := lk.Queue(); len(q) > 0 && g.pct(30) {
 				e.ClientID = q[g.rng.IntN(len(q))].ClientID
 			}
@@ -288,13 +333,14 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		var token uint64
 		if len(held) > 0 && g.pct(90) {
 			lk := held[g.rng.IntN(len(held))]
-			name, id, token = lk.Name, lk.Holder, lk.Token
-			e.ClientID = g.s.leases[lk.Holder].ClientID
+			gr := g.holder(lk)
+			name, id, token = lk.Name, gr.LeaseID, gr.Token
+			e.ClientID = g.s.leases[gr.LeaseID].ClientID
 			if g.pct(35) {
 				switch g.rng.IntN(4) {
 				case 0:
 					token = token - 1 + uint64(g.rng.IntN(3))*1 // older, same or newer
-					if token == lk.Token {
+					if token == gr.Token {
 						token++
 					}
 				case 1:
@@ -371,9 +417,10 @@ func (g *gen) body(e *command.Envelope) command.Body {
 		held := g.heldLocks()
 		c := &command.CancelWait{ReleaseIfGranted: g.pct(50)}
 		switch {
-		case len(held) > 0 && g.pct(30):
+		case len(held) > 0 && g.pct(40):
 			lk := held[g.rng.IntN(len(held))]
-			c.Wait = command.WaitRef{LeaseID: lk.Holder, Name: lk.Name, Seq: lk.GrantSeq}
+			gr := g.holder(lk)
+			c.Wait = command.WaitRef{LeaseID: gr.LeaseID, Name: lk.Name, Seq: gr.GrantSeq}
 			if g.pct(30) {
 				c.Wait = g.perturbWait(c.Wait)
 			}
@@ -488,6 +535,11 @@ func checkFIFO(t *testing.T, index uint64, before, after map[string][]Waiter, ev
 		}
 		q := before[e.Name]
 		pos := slices.IndexFunc(q, func(w Waiter) bool { return w.LeaseID == e.LeaseID && w.Seq == e.Seq })
+		if pos < 0 && e.Seq == index {
+			// A takeover of a place in line in another mode, let in at
+			// once: checkNoJump checks it.
+			continue
+		}
 		if pos < 0 {
 			t.Fatalf("index %d: hand-off of %q to a lease that was not queued: %+v", index, e.Name, e)
 		}
@@ -505,45 +557,61 @@ type stepRecord struct {
 	events []Event
 }
 
-// tokenModel follows grants and releases through the public events.
+// tokenModel follows grants and releases through the public events: every
+// grant's token is new and larger than any before it, a lock never has more
+// exclusive holders than its limit, and shared and exclusive holders never
+// meet.
 type tokenModel struct {
-	holder    map[string]uint64 // lock -> token of its current grant
+	holders   map[string]map[uint64]bool // lock -> token -> shared
 	lastToken uint64
 }
 
-func (m *tokenModel) apply(t *testing.T, index uint64, ev []Event) {
+func (m *tokenModel) apply(t *testing.T, s *State, index uint64, ev []Event) {
 	t.Helper()
 	for _, e := range ev {
 		switch e.Type {
 		case EventAcquired:
-			if tok, held := m.holder[e.Name]; held {
-				t.Fatalf("index %d: %q granted (token %d) while held with token %d: two holders", index, e.Name, e.Token, tok)
+			hs := m.holders[e.Name]
+			for tok, shared := range hs {
+				if shared != e.Shared || !e.Shared && len(hs) >= s.GetLock(e.Name).Limit {
+					t.Fatalf("index %d: %q granted (token %d, shared %v) while held with token %d (shared %v) by %d", index, e.Name, e.Token, e.Shared, tok, shared, len(hs))
+				}
 			}
 			if e.Token <= m.lastToken {
 				t.Fatalf("index %d: token %d granted after %d", index, e.Token, m.lastToken)
 			}
 			m.lastToken = e.Token
-			m.holder[e.Name] = e.Token
-		case EventReleased, EventExpired, EventRevoked:
-			if tok, held := m.holder[e.Name]; !held || tok != e.Token {
-				t.Fatalf("index %d: %v of %q token %d, but the model has %d (held %v)", index, e.Type, e.Name, e.Token, tok, held)
+			if hs == nil {
+				hs = map[uint64]bool{}
+				m.holders[e.Name] = hs
 			}
-			delete(m.holder, e.Name)
+			hs[e.Token] = e.Shared
+		case EventReleased, EventExpired, EventRevoked:
+			if _, held := m.holders[e.Name][e.Token]; !held {
+				t.Fatalf("index %d: %v of %q token %d, but the model has %v", index, e.Type, e.Name, e.Token, m.holders[e.Name])
+			}
+			delete(m.holders[e.Name], e.Token)
+			if len(m.holders[e.Name]) == 0 {
+				delete(m.holders, e.Name)
+			}
 		}
 	}
 }
 
 func (m *tokenModel) check(t *testing.T, s *State) {
 	t.Helper()
-	got := map[string]uint64{}
+	got := map[string]map[uint64]bool{}
 	s.locks.Ascend(func(lk *Lock) bool {
-		if lk.Held() {
-			got[lk.Name] = lk.Token
+		for _, g := range lk.Grants() {
+			if got[lk.Name] == nil {
+				got[lk.Name] = map[uint64]bool{}
+			}
+			got[lk.Name][g.Token] = lk.Shared()
 		}
 		return true
 	})
-	if !reflect.DeepEqual(got, m.holder) && !(len(got) == 0 && len(m.holder) == 0) {
-		t.Fatalf("index %d: state holders %v, events say %v", s.index, got, m.holder)
+	if !reflect.DeepEqual(got, m.holders) && !(len(got) == 0 && len(m.holders) == 0) {
+		t.Fatalf("index %d: state holders %v, events say %v", s.index, got, m.holders)
 	}
 	if s.lastToken != m.lastToken {
 		t.Fatalf("index %d: last token %d, events say %d", s.index, s.lastToken, m.lastToken)
@@ -567,7 +635,7 @@ func TestDeterminismAndSnapshots(t *testing.T) {
 func runDeterminism(t *testing.T, seed uint64, steps int) {
 	a, b := New(), New()
 	g := newGen(seed, a)
-	model := &tokenModel{holder: map[string]uint64{}}
+	model := &tokenModel{holders: map[string]map[uint64]bool{}}
 	var (
 		log     [][]byte
 		records []stepRecord
@@ -592,6 +660,9 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	grants := map[grantRef]uint64{}
 	prevDump := dump(a)
 	maxLocks, maxLeases, maxQueue := 0, 0, 0
+	// What the lock model did: grants by mode, locks held by several at
+	// once, and waiters held back by a grant or a waiter on another name.
+	shared, subtree, multi, crossWaits, crossGrants := 0, 0, 0, 0, 0
 
 	for i := 0; i < steps; i++ {
 		isRetry := g.retry != nil
@@ -635,8 +706,9 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		prevDump = coreAfter
 		checkStep(t, a, revBefore, coreBefore, coreAfter, leasesBefore, evA, ra)
 		// (c) Tokens increase in grant order and no lock has two holders.
-		model.apply(t, g.idx, evA)
+		model.apply(t, a, g.idx, evA)
 		checkFIFO(t, g.idx, queuesBefore, queues(a), evA)
+		checkNoJump(t, a, g.idx, queuesBefore, evA)
 		model.check(t, a)
 		if ra.Revision > a.revision {
 			t.Fatalf("step %d: result revision %d ahead of state %d", i, ra.Revision, a.revision)
@@ -698,12 +770,34 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		}
 		// An OK acquire that was acted on names the current grant.
 		if acq, ok := env.Body.(*command.Acquire); ok && ra.Status == command.StatusOK && !isDup {
-			lk := a.LockHolder(acq.Name)
+			lk, _ := a.LockGrant(acq.Name, ra.LeaseID)
 			if lk.Holder != ra.LeaseID || lk.Token != ra.Token || lk.GrantSeq != ra.Seq {
 				t.Fatalf("step %d: acquire result %+v but lock is %+v", i, ra, lk)
 			}
 		}
 
+		for _, ev := range evA {
+			if ev.Type == EventAcquired {
+				if ev.Shared {
+					shared++
+				}
+				if ev.Subtree {
+					subtree++
+				}
+				if ev.Cause == CauseHandoff && a.GetLock(ev.Name).Holder.Token != ev.Token && ev.Name != "sem" && ev.Name != "rw" {
+					crossGrants++ // let in beside other holders
+				}
+			}
+		}
+		a.locks.Ascend(func(lk *Lock) bool {
+			if lk.NumHolders() > 1 {
+				multi++
+			}
+			if !lk.Held() && len(lk.Queue()) > 0 {
+				crossWaits++
+			}
+			return true
+		})
 		records = append(records, stepRecord{ra, evA})
 		maxLocks, maxLeases = max(maxLocks, a.locks.Len()), max(maxLeases, len(a.leases))
 		a.locks.Ascend(func(lk *Lock) bool { maxQueue = max(maxQueue, len(lk.Queue())); return true })
@@ -754,7 +848,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		t.Fatalf("weak run: %d grants, %d dedup hits (%d answered with a later grant), %d retries, %d cuts", model.lastToken, dedupHits, grantedRetries, retries, len(cuts))
 	}
 	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
-		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull,
+		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull, command.StatusLimitMismatch,
 		command.StatusLockDelayed, command.StatusLockLost} {
 		if stats[st] == 0 {
 			t.Fatalf("no %v result in the run: %v", st, stats)
@@ -769,7 +863,7 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	for _, k := range []string{"acquired/acquire", "acquired/handoff", "acquired/takeover", "released/release", "released/takeover",
 		"released/cancelled", "released/session_deleted", "expired/expired", "dequeued/timeout", "dequeued/cancelled",
 		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted", "proclaimed/",
-		"revoked/revoked", "value_changed/", "delay_timer/", "history_timer/", "acquired/lock_delay_ended"} {
+		"revoked/revoked", "value_changed/", "delay_timer/", "history_timer/"} {
 		if cnt[k] == 0 {
 			t.Errorf("seed %d never produced %s; counts %v", seed, k, cnt)
 		}
@@ -777,6 +871,11 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	if maxQueue < 3 || maxLocks < 8 {
 		t.Errorf("weak run: at most %d locks, queues of at most %d", maxLocks, maxQueue)
 	}
+	if shared < 20 || subtree < 10 || multi < 20 || crossWaits < 10 {
+		t.Errorf("weak run for the lock model: %d shared and %d subtree grants, %d steps with several holders, %d with a free lock's waiter held back elsewhere",
+			shared, subtree, multi, crossWaits)
+	}
+	t.Logf("lock model: %d shared, %d subtree grants, %d lock-steps with several holders, %d with waiters held back elsewhere, %d let in beside others", shared, subtree, multi, crossWaits, crossGrants)
 	t.Logf("seed %d: %d steps, %d tokens, %d dedup hits (%d answered with a later grant), %d retries, max %d locks %d leases queue %d, %d-byte final snapshot, statuses %v",
 		seed, steps, model.lastToken, dedupHits, grantedRetries, retries, maxLocks, maxLeases, maxQueue, len(final), stats)
 }

@@ -176,9 +176,12 @@ func (s *State) deleteLease(l *Lease) {
 }
 
 // newLock puts a new, free lock in the table (it is granted or queued for
-// in the same step).
-func (s *State) newLock(name string) *Lock {
+// in the same step) with the limit it is first taken with.
+func (s *State) newLock(name string, limit int64) *Lock {
 	lk := &Lock{Name: name}
+	if limit > 1 {
+		lk.ext().limit = int32(limit)
+	}
 	s.locks.ReplaceOrInsert(lk)
 	s.lockIn(lk)
 	return lk
@@ -208,6 +211,7 @@ func prevSeq(q []Waiter, i int) uint64 {
 func (s *State) queueAppend(lk *Lock, w Waiter) {
 	q := lk.Queue()
 	s.sum += s.rh.waiter(lk.Name, prevSeq(q, len(q)), &w)
+	s.waitIndex(lk.Name, &w, true)
 	lk.setQueue(append(q, w))
 }
 
@@ -222,6 +226,8 @@ func (s *State) queueReplace(lk *Lock, i int, w Waiter) {
 		s.sum -= s.rh.waiter(lk.Name, old.Seq, &q[i+1])
 		s.sum += s.rh.waiter(lk.Name, w.Seq, &q[i+1])
 	}
+	s.waitIndex(lk.Name, &old, false)
+	s.waitIndex(lk.Name, &w, true)
 	q[i] = w
 }
 
@@ -230,6 +236,7 @@ func (s *State) queueRemove(lk *Lock, i int) {
 	q := lk.Queue()
 	prev := prevSeq(q, i)
 	s.sum -= s.rh.waiter(lk.Name, prev, &q[i])
+	s.waitIndex(lk.Name, &q[i], false)
 	if i+1 < len(q) {
 		s.sum -= s.rh.waiter(lk.Name, q[i].Seq, &q[i+1])
 		s.sum += s.rh.waiter(lk.Name, prev, &q[i+1])

@@ -58,6 +58,7 @@ func TestDigestCoversEveryRecord(t *testing.T) {
 		"queue order": func(s *State) {
 			q := lock(s, "a/q").Queue()
 			q[0], q[1] = q[1], q[0]
+			q[0].Place, q[1].Place = q[1].Place, q[0].Place
 		},
 		"lease ttl":        func(s *State) { s.leases[lid(1)].TTLms += 1000 },
 		"lease generation": func(s *State) { s.leases[lid(2)].Gen++ },

@@ -56,8 +56,6 @@ const (
 	CauseCancelled      = "cancelled"
 	CauseSessionDeleted = "session_deleted"
 	CauseRevoked        = "revoked"
-	// CauseLockDelay is a hand-off made when a lock-delay ended.
-	CauseLockDelay = "lock_delay_ended"
 )
 
 var eventNames = map[EventType]string{
@@ -111,6 +109,9 @@ type Event struct {
 	RemainingMs int64
 	// Accessor is the ACL token of an EventACLChanged.
 	Accessor [16]byte
+	// Shared and Subtree are the grant's or the wait's mode (acquired,
+	// released, expired, queued, dequeued).
+	Shared, Subtree bool
 }
 
 func (s *State) emit(e Event) {

@@ -285,11 +285,9 @@ func dump(s *State) string {
 	s.locks.Ascend(func(lk *Lock) bool {
 		b = append(b, "\nlock "...)
 		str(lk.Name)
-		id(lk.Holder)
-		num(lk.Token)
-		inum(lk.GrantedAt)
-		num(lk.GrantSeq)
 		str(lk.Value())
+		num(uint64(lk.Limit()))
+		flag(lk.Shared())
 		if x := lk.extra; x != nil {
 			b = append(b, "delay "...)
 			inum(x.delayMs)
@@ -297,15 +295,26 @@ func dump(s *State) string {
 			inum(x.delayUntil)
 			inum(x.delayClock)
 		}
+		b = append(b, "holders "...)
+		for _, g := range lk.Grants() {
+			id(g.LeaseID)
+			num(g.Token)
+			inum(g.GrantedAt)
+			num(g.GrantSeq)
+			flag(g.Subtree)
+		}
 		b = append(b, "queue "...)
 		for _, w := range lk.Queue() {
 			id(w.LeaseID)
 			str(w.ClientID)
 			num(w.Seq)
+			num(w.Place)
 			inum(w.EnqueuedAt)
 			inum(w.Deadline)
 			str(w.Value)
 			inum(w.LockDelayMs)
+			flag(w.Shared)
+			flag(w.Subtree)
 			b = append(b, "; "...)
 		}
 		return true
@@ -396,42 +405,73 @@ func checkInvariants(t testing.TB, s *State) {
 		if len(lk.Value()) > command.MaxValueLen {
 			fail("lock %q value of %d bytes", lk.Name, len(lk.Value()))
 		}
-		// A lock is in the table only while held or in a lock-delay; a free
-		// lock has no queue (the head is granted in the same step) unless a
-		// lock-delay holds it back.
+		// A lock is in the table only while held, waited for or in a
+		// lock-delay; a delay is on a free lock of limit 1.
 		if _, dtoken, delayed := lk.Delayed(); delayed {
-			if lk.Held() || lk.lockDelayMs() != 0 || dtoken > s.lastToken {
-				fail("lock %q is delayed by token %d but held or with a grant's delay", lk.Name, dtoken)
+			if lk.Held() || lk.lockDelayMs() != 0 || dtoken > s.lastToken || lk.Limit() != 1 {
+				fail("lock %q is delayed by token %d but held, with a grant's delay, or counting", lk.Name, dtoken)
 			}
-			for _, w := range lk.Queue() {
-				if s.leases[w.LeaseID] == nil {
-					fail("lock %q: waiter with unknown lease", lk.Name)
-				}
+		} else if !lk.Held() && len(lk.Queue()) == 0 {
+			fail("lock %q is in the table but unused", lk.Name)
+		}
+		_, election := command.SplitKey(lk.Name)
+		n := lk.NumHolders()
+		switch {
+		case lk.Limit() < 1 || lk.Limit() > command.MaxLimit:
+			fail("lock %q has limit %d", lk.Name, lk.Limit())
+		case lk.Shared() && lk.Limit() != 1:
+			fail("lock %q is shared with limit %d", lk.Name, lk.Limit())
+		case !lk.Shared() && n > lk.Limit():
+			fail("lock %q has %d exclusive holders, limit %d", lk.Name, n, lk.Limit())
+		case n == 0 && lk.Shared():
+			fail("lock %q is shared without holders", lk.Name)
+		case election && (lk.Limit() != 1 || lk.Shared() || lk.subtreeHolders() != 0):
+			fail("election %q has a limit, a mode or a subtree", lk.Name)
+		}
+		subtrees := 0
+		for i, g := range lk.Grants() {
+			holder := s.leases[g.LeaseID]
+			if holder == nil {
+				fail("lock %q held by unknown lease %x", lk.Name, g.LeaseID)
 			}
-			return true
+			if !holder.Locks().Has(lk.Name) {
+				fail("lock %q: holder lease does not list it", lk.Name)
+			}
+			if !holder.Active {
+				fail("lock %q: holder lease is not active", lk.Name)
+			}
+			if g.Token == 0 || g.Token > s.lastToken {
+				fail("lock %q token %d outside 1..%d", lk.Name, g.Token, s.lastToken)
+			}
+			if other, dup := tokens[g.Token]; dup {
+				fail("token %d on both %q and %q", g.Token, other, lk.Name)
+			}
+			tokens[g.Token] = lk.Name
+			if g.GrantSeq == 0 || placeOfSeq(g.GrantSeq) > placeOf(s.index, s.index+1<<48-1) {
+				fail("lock %q grant seq %d after index %d", lk.Name, g.GrantSeq, s.index)
+			}
+			if i > 0 && g.Token <= lk.grantAt(i-1).Token {
+				fail("lock %q holders out of grant order", lk.Name)
+			}
+			if lk.grantIndex(g.LeaseID) != i {
+				fail("lock %q: a lease holds it twice", lk.Name)
+			}
+			if g.Subtree {
+				subtrees++
+			}
 		}
-		if !lk.Held() {
-			fail("lock %q is in the table but free (queue %d)", lk.Name, len(lk.Queue()))
+		if subtrees != lk.subtreeHolders() {
+			fail("lock %q counts %d subtree holders, has %d", lk.Name, lk.subtreeHolders(), subtrees)
 		}
-		holder := s.leases[lk.Holder]
-		if holder == nil {
-			fail("lock %q held by unknown lease %x", lk.Name, lk.Holder)
-		}
-		if !holder.Locks().Has(lk.Name) {
-			fail("lock %q: holder lease does not list it", lk.Name)
-		}
-		if !holder.Active {
-			fail("lock %q: holder lease is not active", lk.Name)
-		}
-		if lk.Token == 0 || lk.Token > s.lastToken {
-			fail("lock %q token %d outside 1..%d", lk.Name, lk.Token, s.lastToken)
-		}
-		if other, dup := tokens[lk.Token]; dup {
-			fail("token %d on both %q and %q", lk.Token, other, lk.Name)
-		}
-		tokens[lk.Token] = lk.Name
-		if lk.GrantSeq == 0 || lk.GrantSeq > s.index {
-			fail("lock %q grant seq %d outside 1..%d", lk.Name, lk.GrantSeq, s.index)
+		var prevPlace uint64
+		for _, w := range lk.Queue() {
+			if w.Place <= prevPlace {
+				fail("lock %q: queue out of line order", lk.Name)
+			}
+			prevPlace = w.Place
+			if lk.grantIndex(w.LeaseID) >= 0 {
+				fail("lock %q: a holder also waits for it", lk.Name)
+			}
 		}
 		// One client may hold and wait, or wait twice, under different
 		// leases: without takeover a client_id is no claim on anything.
@@ -447,14 +487,11 @@ func checkInvariants(t testing.TB, s *State) {
 			if w.ClientID != l.ClientID {
 				fail("lock %q: waiter client %q but lease client %q", lk.Name, w.ClientID, l.ClientID)
 			}
-			if w.LeaseID == lk.Holder {
-				fail("lock %q: holder also waits for it", lk.Name)
-			}
 			if leases[w.LeaseID] {
 				fail("lock %q: lease waits twice", lk.Name)
 			}
 			leases[w.LeaseID] = true
-			if w.Seq == 0 || w.Seq > s.index {
+			if w.Seq == 0 || placeOfSeq(w.Seq) > placeOf(s.index, s.index+1<<48-1) {
 				fail("lock %q: wait seq %d outside 1..%d", lk.Name, w.Seq, s.index)
 			}
 		}
@@ -470,7 +507,7 @@ func checkInvariants(t testing.TB, s *State) {
 		}
 		for _, name := range l.Locks().Sorted() {
 			lk, _ := s.locks.Get(&Lock{Name: name})
-			if lk == nil || lk.Holder != id {
+			if lk == nil || lk.grantIndex(id) < 0 {
 				fail("lease %x lists lock %q it does not hold", id, name)
 			}
 		}
@@ -502,6 +539,7 @@ func checkInvariants(t testing.TB, s *State) {
 			}
 		}
 	}
+	checkLockModel(t, s)
 }
 
 // checkStep verifies the per-command rules: revision moves by one exactly when

@@ -152,15 +152,16 @@ func newHistory() history {
 	}
 }
 
-// recordEnd keeps the end of the lock's current grant (before unhold clears
-// it) and applies the bounds.
-func (s *State) recordEnd(lk *Lock, holder *Lease, cause EndCause, reason string) {
+// recordEnd keeps the end of one grant of the lock (before unhold takes it
+// away) and applies the bounds. One record per fencing token: a lock with
+// several holders keeps each grant's end on its own.
+func (s *State) recordEnd(lk *Lock, gr Grant, holder *Lease, cause EndCause, reason string) {
 	if s.hist.retention.PerName == 0 {
 		return
 	}
 	s.hist.seq++
-	g := GrantRecord{Token: lk.Token, ClientID: holder.ClientID, Value: lk.Value(), Reason: reason,
-		GrantedAt: lk.GrantedAt, EndedAt: s.ts, EndedClock: s.clock, Seq: s.hist.seq,
+	g := GrantRecord{Token: gr.Token, ClientID: holder.ClientID, Value: lk.Value(), Reason: reason,
+		GrantedAt: gr.GrantedAt, EndedAt: s.ts, EndedClock: s.clock, Seq: s.hist.seq,
 		TTLms: holder.TTLms, LockDelayMs: int32(lk.lockDelayMs()), Cause: cause}
 	h, _ := s.hist.byName.Get(&lockHistory{name: lk.Name})
 	if h == nil {
@@ -297,13 +298,17 @@ func (s *State) HistoryRetentionBounds() HistoryRetention { return s.hist.retent
 func (s *State) HistoryStats() (entries, bytes int64) { return s.hist.count, s.hist.bytes }
 
 // History returns up to limit grants of a lock-table key, newest first: the
-// current one (not ended) if the key is held, then the ended ones kept.
+// current ones (not ended), newest first, if the key is held, then the
+// ended ones kept.
 func (s *State) History(key string, limit int) []GrantRecord {
 	var out []GrantRecord
-	if lk, _ := s.locks.Get(&Lock{Name: key}); lk != nil && lk.Held() && limit > 0 {
-		l := s.leases[lk.Holder]
-		out = append(out, GrantRecord{Token: lk.Token, ClientID: l.ClientID, Value: lk.Value(),
-			GrantedAt: lk.GrantedAt, TTLms: l.TTLms, LockDelayMs: int32(lk.lockDelayMs())})
+	if lk, _ := s.locks.Get(&Lock{Name: key}); lk != nil && lk.Held() {
+		gs := lk.Grants()
+		for i := len(gs) - 1; i >= 0 && len(out) < limit; i-- {
+			l := s.leases[gs[i].LeaseID]
+			out = append(out, GrantRecord{Token: gs[i].Token, ClientID: l.ClientID, Value: lk.Value(),
+				GrantedAt: gs[i].GrantedAt, TTLms: l.TTLms, LockDelayMs: int32(lk.lockDelayMs())})
+		}
 	}
 	if h, _ := s.hist.byName.Get(&lockHistory{name: key}); h != nil {
 		for i := len(h.recs) - 1; i >= 0 && len(out) < limit; i-- {

@@ -304,7 +304,7 @@ func TestLockDelay(t *testing.T) {
 	if !li.Held || li.Holder.ClientID != "c2" || li.DelayedUntil != 0 || li.Waiters != 1 {
 		t.Fatalf("after the delay: %+v; want c2, then c4 waiting", li)
 	}
-	if a := ofType(h.ev, EventAcquired); len(a) != 1 || a[0].Cause != CauseLockDelay {
+	if a := ofType(h.ev, EventAcquired); len(a) != 1 || a[0].Cause != CauseHandoff {
 		t.Fatalf("acquired events %+v", a)
 	}
 

@@ -8,8 +8,9 @@ import (
 
 // LockInfo is the public view of one lock.
 type LockInfo struct {
-	Name    string
-	Held    bool
+	Name string
+	Held bool
+	// Holder is the first holder in grant order.
 	Holder  command.Holder
 	Waiters int
 	// Value is the holder's value.
@@ -17,6 +18,13 @@ type LockInfo struct {
 	// DelayedUntil is, while a lock-delay keeps the lock from everyone, its
 	// end on the leader's wall clock (display; 0 otherwise).
 	DelayedUntil int64
+	// Limit is the lock's limit (1 for a mutex); Shared the holders' mode.
+	Limit  int
+	Shared bool
+	// Subtree: some holder's grant covers the subtree.
+	Subtree bool
+	// Holders are every holder, in grant order.
+	Holders []Holder
 }
 
 // GetLock returns the view of a lock; a lock nobody holds or waits for is
@@ -24,16 +32,21 @@ type LockInfo struct {
 func (s *State) GetLock(name string) LockInfo {
 	lk, _ := s.locks.Get(&Lock{Name: name})
 	if lk == nil {
-		return LockInfo{Name: name}
+		return LockInfo{Name: name, Limit: 1}
 	}
 	return s.info(lk)
 }
 
 func (s *State) info(lk *Lock) LockInfo {
-	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue()), Value: lk.Value()}
+	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue()), Limit: lk.Limit(), Shared: lk.Shared(), Subtree: lk.subtreeHolders() > 0,
+		Value: lk.Value()}
 	li.DelayedUntil, _, _ = lk.Delayed()
 	if lk.Held() {
-		li.Holder = holderOf(lk, s.leases[lk.Holder])
+		li.Holders = make([]Holder, lk.NumHolders())
+		for i := range li.Holders {
+			li.Holders[i] = s.holderOf(lk, lk.grantAt(i))
+		}
+		li.Holder = li.Holders[0].Holder
 	}
 	return li
 }
@@ -102,13 +115,28 @@ type LockState struct {
 	GrantSeq uint64
 }
 
-// LockHolder returns who holds a lock, by lease (internal).
+// LockHolder returns the first holder of a lock, by lease (internal).
 func (s *State) LockHolder(name string) LockState {
 	lk, _ := s.locks.Get(&Lock{Name: name})
 	if lk == nil {
 		return LockState{}
 	}
 	return LockState{Holder: lk.Holder, Token: lk.Token, GrantSeq: lk.GrantSeq}
+}
+
+// LockGrant returns the grant a lease holds on a lock, if it holds one
+// (internal).
+func (s *State) LockGrant(name string, id command.LeaseID) (LockState, bool) {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return LockState{}, false
+	}
+	i := lk.grantIndex(id)
+	if i < 0 {
+		return LockState{}, false
+	}
+	g := lk.grantAt(i)
+	return LockState{Holder: g.LeaseID, Token: g.Token, GrantSeq: g.GrantSeq}, true
 }
 
 // Lease returns a copy of the lease's scalar fields (nil maps), if it exists.
@@ -134,6 +162,9 @@ func (s *State) WaitSeq(id command.LeaseID, name string) (uint64, bool) {
 // Counts is a summary for metrics and status pages.
 type Counts struct {
 	Locks, Held, Waiters, Leases, Sessions int
+	// Grants counts holders: more than Held when counting or shared locks
+	// have several.
+	Grants int
 }
 
 // Counts summarises the table. It walks everything: not for hot paths.
@@ -144,6 +175,7 @@ func (s *State) Counts() Counts {
 		if lk.Held() {
 			c.Held++
 		}
+		c.Grants += lk.NumHolders()
 		c.Waiters += len(lk.Queue())
 		return true
 	})

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"bytes"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -31,14 +33,15 @@ func TestAcquireFreeLockGetsToken1(t *testing.T) {
 		t.Fatalf("lease timer = %+v", lt)
 	}
 	info := h.s.GetLock("billing/batch-job")
-	want := LockInfo{Name: "billing/batch-job", Held: true, Holder: command.Holder{ClientID: "c1", Token: 1, GrantedAt: h.ts, ExpiresAt: h.ts + ttl}}
-	if info != want {
+	holder := command.Holder{ClientID: "c1", Token: 1, GrantedAt: h.ts, ExpiresAt: h.ts + ttl}
+	want := LockInfo{Name: "billing/batch-job", Held: true, Holder: holder, Limit: 1, Holders: []Holder{{Holder: holder}}}
+	if !reflect.DeepEqual(info, want) {
 		t.Fatalf("GetLock = %+v, want %+v", info, want)
 	}
 	if h.s.LastToken() != 1 || h.s.Revision() != 1 || h.s.Index() != h.idx || h.s.LastTS() != h.ts {
 		t.Fatalf("counters: token %d rev %d index %d ts %d", h.s.LastToken(), h.s.Revision(), h.s.Index(), h.s.LastTS())
 	}
-	if free := h.s.GetLock("other"); free != (LockInfo{Name: "other"}) {
+	if free := h.s.GetLock("other"); !reflect.DeepEqual(free, LockInfo{Name: "other", Limit: 1}) {
 		t.Fatalf("GetLock of a free lock = %+v", free)
 	}
 }
@@ -486,12 +489,13 @@ func TestVersion4AcquireStillTakesOver(t *testing.T) {
 		h.idx++
 		h.ts += h.step
 		raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "c1", Body: b})
-		// Version 4 wrote the same layout without the trailing MaxWaiters,
-		// Takeover and LockDelayMs fields (all zero here).
-		if raw[1] != 7 || raw[len(raw)-1] != 0 || raw[len(raw)-2] != 0 || raw[len(raw)-3] != 0 {
+		// Version 4 wrote the same layout without the trailing MaxWaiters
+		// and Takeover fields, nor version 6's Limit, Shared and Subtree,
+		// nor version 7's LockDelayMs (all zero here).
+		if raw[1] != 7 || !bytes.Equal(raw[len(raw)-6:], make([]byte, 6)) {
 			t.Fatalf("unexpected current encoding %x", raw)
 		}
-		raw = raw[:len(raw)-3]
+		raw = raw[:len(raw)-6]
 		raw[1] = 4
 		dec, err := command.Decode(raw)
 		if err != nil {
@@ -827,11 +831,12 @@ func TestSessions(t *testing.T) {
 			kinds = append(kinds, "del:"+e.ClientID+":"+e.Cause)
 		}
 	}
+	// The waits go first, so no release can let the ending session in.
 	want := []string{
+		"deq:busy:session_deleted",
 		"rel:s/a:session_deleted", "acq:s/a:w1:handoff",
 		"rel:s/b:session_deleted",
 		"rel:s/c:session_deleted", "acq:s/c:w2:handoff",
-		"deq:busy:session_deleted",
 		"del:c1:session_deleted",
 	}
 	if !slices.Equal(kinds, want) {
@@ -1243,7 +1248,7 @@ func TestReads(t *testing.T) {
 		t.Fatalf("list entry %+v", got)
 	}
 	c := h.s.Counts()
-	if c != (Counts{Locks: 5, Held: 5, Waiters: 1, Leases: 6, Sessions: 0}) {
+	if c != (Counts{Locks: 5, Held: 5, Waiters: 1, Leases: 6, Sessions: 0, Grants: 5}) {
 		t.Fatalf("counts %+v", c)
 	}
 	if seq, ok := h.s.WaitSeq(lid(20), "a/2"); !ok || seq != h.idx {

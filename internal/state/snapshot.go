@@ -18,12 +18,12 @@ var snapshotMagic = []byte("DLSNAP")
 // ids and no more lease creation times, version 6 each retired token key's
 // bound (TokenKey.MaxToken) and the lease clock (State.clock, each lease's
 // RenewedClock, each wait's ClockDeadline), version 7 members' versions,
-// version 9 the grant history, lock-delays (each lock's and waiter's
-// LockDelayMs, a delay in force) and holders' values on plain locks; older
-// snapshots are still read. This build never wrote version 8 and refuses it.
+// version 8 the lock model (each lock's limit, mode and every holder, each
+// waiter's mode and place in line, and the refusals' new result fields in
+// the dedup table), version 9 the grant history, lock-delays (each lock's
+// and waiter's LockDelayMs, a delay in force) and holders' values on plain
+// locks; older snapshots are still read.
 const snapshotVersion = 9
-
-const snapshotVersionUnused = 8
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -96,7 +96,8 @@ func writeLease(w *wire.Writer, l *Lease) {
 	w.Varint(l.RenewedClock)
 }
 
-// writeLockHead writes a lock's own fields; its queue follows.
+// writeLockHead writes a lock's own fields (its first holder among them);
+// its other holders and the queue follow.
 func writeLockHead(w *wire.Writer, lk *Lock) {
 	w.String(lk.Name)
 	w.Fixed(lk.Holder[:])
@@ -104,6 +105,21 @@ func writeLockHead(w *wire.Writer, lk *Lock) {
 	w.Varint(lk.GrantedAt)
 	w.Uvarint(lk.GrantSeq)
 	w.String(lk.Value())
+	// version 8
+	w.Uvarint(uint64(lk.Limit()))
+	w.Bool(lk.Shared())
+	first := lk.grantAt(0)
+	w.Bool(lk.Held() && first.Subtree)
+	n := lk.NumHolders()
+	w.Uvarint(uint64(max(n-1, 0)))
+	for i := 1; i < n; i++ {
+		g := lk.grantAt(i)
+		w.Fixed(g.LeaseID[:])
+		w.Uvarint(g.Token)
+		w.Varint(g.GrantedAt)
+		w.Uvarint(g.GrantSeq)
+		w.Bool(g.Subtree)
+	}
 	// version 9
 	var x lockExtra
 	if lk.extra != nil {
@@ -124,6 +140,10 @@ func writeWaiter(w *wire.Writer, q *Waiter) {
 	w.Varint(q.ClockDeadline)
 	w.String(q.Value)
 	w.String(q.RequestID)
+	// version 8
+	w.Uvarint(q.Place)
+	w.Bool(q.Shared)
+	w.Bool(q.Subtree)
 	w.Varint(q.LockDelayMs) // version 9
 }
 
@@ -131,6 +151,7 @@ func writeDedupEntry(w *wire.Writer, e *dedupEntry) {
 	w.String(e.key.client)
 	w.String(e.key.request)
 	command.EncodeResult(w, &e.result)
+	command.EncodeResultExt(w, &e.result) // version 8
 }
 
 func sortLeaseIDs(ids []command.LeaseID) {
@@ -145,7 +166,7 @@ func Restore(b []byte) (*State, error) {
 	}
 	r := wire.NewReader(b[len(snapshotMagic):])
 	v := r.Byte()
-	if v < 1 || v > snapshotVersion || v == snapshotVersionUnused {
+	if v < 1 || v > snapshotVersion {
 		return nil, fmt.Errorf("restore snapshot: format version %d not supported by this build (upgrade this node)", v)
 	}
 	s := New()
@@ -250,8 +271,8 @@ func (s *State) readLease(r *wire.Reader, v byte) (*Lease, error) {
 	return l, nil
 }
 
-// readLocks reads the held locks, in name order, each with its queue, and
-// ties them to their leases.
+// readLocks reads the locks, in name order, each with its holders and its
+// queue, ties them to their leases and rebuilds the derived indexes.
 func (s *State) readLocks(r *wire.Reader, v byte) error {
 	prevName := ""
 	tokens := map[uint64]bool{}
@@ -261,51 +282,107 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 			return fmt.Errorf("lock name %q is invalid, repeated or out of order", lk.Name)
 		}
 		prevName = lk.Name
-		r.Fixed(lk.Holder[:])
-		lk.Token = r.Uvarint()
-		lk.GrantedAt = r.Varint()
-		lk.GrantSeq = r.Uvarint()
+		var first Grant
+		r.Fixed(first.LeaseID[:])
+		first.Token = r.Uvarint()
+		first.GrantedAt = r.Varint()
+		first.GrantSeq = r.Uvarint()
+		value := ""
 		if v >= 2 {
-			lk.setValue(r.String())
+			value = r.String()
 		}
-		if v >= 9 {
-			lk.setDelayMs(r.Varint())
-			token, until, clock := r.Uvarint(), r.Varint(), r.Varint()
-			lk.setDelay(token, until, clock)
-			if d := lk.lockDelayMs(); d < 0 || d > command.MaxLockDelayMs || token > s.lastToken ||
-				(token == 0 && (until != 0 || clock != 0)) || (lk.Held() && token != 0) || (!lk.Held() && d != 0) {
-				return fmt.Errorf("lock %q has an inconsistent lock-delay", lk.Name)
+		limit, shared := uint64(1), false
+		grants := []Grant{first}
+		if v >= 8 {
+			limit = r.Uvarint()
+			shared = r.Bool()
+			grants[0].Subtree = r.Bool()
+			for m := r.Count(20); m > 0 && r.Err() == nil; m-- {
+				var g Grant
+				r.Fixed(g.LeaseID[:])
+				g.Token, g.GrantedAt, g.GrantSeq, g.Subtree = r.Uvarint(), r.Varint(), r.Uvarint(), r.Bool()
+				grants = append(grants, g)
 			}
 		}
+		var delayMs, delayUntil, delayClock int64
+		var delayToken uint64
+		if v >= 9 {
+			delayMs, delayToken, delayUntil, delayClock = r.Varint(), r.Uvarint(), r.Varint(), r.Varint()
+		}
+		if r.Err() != nil {
+			return nil
+		}
+		held := !first.LeaseID.IsZero()
+		_, election := command.SplitKey(lk.Name)
+		switch {
+		case limit < 1 || limit > command.MaxLimit || (shared && limit != 1):
+			return fmt.Errorf("lock %q has limit %d (shared %v)", lk.Name, limit, shared)
+		case election && (limit != 1 || shared):
+			return fmt.Errorf("election %q has a limit or a mode", lk.Name)
+		case !held && (len(grants) > 1 || shared || grants[0].Subtree || value != "" || first.Token != 0 || first.GrantSeq != 0 || first.GrantedAt != 0):
+			return fmt.Errorf("lock %q has no first holder but holder fields", lk.Name)
+		case !shared && uint64(len(grants)) > limit:
+			return fmt.Errorf("lock %q has %d exclusive holders, over its limit %d", lk.Name, len(grants), limit)
+		case len(value) > command.MaxValueLen:
+			return fmt.Errorf("lock %q has an oversized value", lk.Name)
+		}
+		if limit > 1 {
+			lk.ext().limit = int32(limit)
+		}
+		if held {
+			for _, g := range grants {
+				l := s.leases[g.LeaseID]
+				if l == nil {
+					return fmt.Errorf("lock %q is held by an unknown lease", lk.Name)
+				}
+				if g.Token == 0 || g.Token > s.lastToken || tokens[g.Token] {
+					return fmt.Errorf("lock %q has token %d (last granted %d), zero or reused", lk.Name, g.Token, s.lastToken)
+				}
+				if l.Locks().Has(lk.Name) || (election && g.Subtree) {
+					return fmt.Errorf("a lease holds lock %q twice, or an election as a subtree", lk.Name)
+				}
+				tokens[g.Token] = true
+				l.Locks().Set(lk.Name, 0)
+				s.addGrant(lk, g, shared)
+			}
+		}
+		lk.setValue(value)
+		lk.setDelayMs(delayMs)
+		lk.setDelay(delayToken, delayUntil, delayClock)
+		if delayMs < 0 || delayMs > command.MaxLockDelayMs || delayToken > s.lastToken ||
+			(delayToken == 0 && (delayUntil != 0 || delayClock != 0)) || (held && delayToken != 0) || (!held && delayMs != 0) ||
+			(delayMs != 0 && (limit != 1 || shared || len(grants) > 1 || grants[0].Subtree)) {
+			return fmt.Errorf("lock %q has an inconsistent lock-delay", lk.Name)
+		}
+		var prevPlace uint64
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
 			wt := readWaiter(r, v)
-			lk.setQueue(append(lk.Queue(), wt))
+			if v < 8 {
+				// Before version 8 a waiter's place is its acquire's; a
+				// takeover kept its place with a later acquire, so the
+				// queue's order wins where they disagree.
+				wt.Place = max(placeOfSeq(wt.Seq), prevPlace)
+			} else if wt.Place <= prevPlace && r.Err() == nil {
+				return fmt.Errorf("lock %q has a queue out of line order", lk.Name)
+			}
+			prevPlace = wt.Place
 			l := s.leases[wt.LeaseID]
-			if l == nil || l.ClientID != wt.ClientID || wt.LeaseID == lk.Holder || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen ||
-				wt.LockDelayMs < 0 || wt.LockDelayMs > command.MaxLockDelayMs {
+			if l == nil || l.ClientID != wt.ClientID || lk.grantIndex(wt.LeaseID) >= 0 || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen ||
+				(election && (wt.Shared || wt.Subtree)) || wt.LockDelayMs < 0 || wt.LockDelayMs > command.MaxLockDelayMs {
 				return fmt.Errorf("lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
 			if l.Waits().Has(lk.Name) {
 				return fmt.Errorf("a lease waits twice for lock %q", lk.Name)
 			}
 			l.Waits().Set(lk.Name, wt.Seq)
+			lk.setQueue(append(lk.Queue(), wt))
+			s.waitIndex(lk.Name, &wt, true)
 		}
-		if len(lk.Value()) > command.MaxValueLen {
-			return fmt.Errorf("lock %q has an oversized value", lk.Name)
-		}
-		if lk.Held() {
-			l := s.leases[lk.Holder]
-			if l == nil {
-				return fmt.Errorf("lock %q is held by an unknown lease", lk.Name)
-			}
-			if lk.Token == 0 || lk.Token > s.lastToken || tokens[lk.Token] {
-				return fmt.Errorf("lock %q has token %d (last granted %d), zero or reused", lk.Name, lk.Token, s.lastToken)
-			}
-			tokens[lk.Token] = true
-			l.Locks().Set(lk.Name, 0)
-		} else if r.Err() == nil && !lk.delayed() {
-			// A lock is in the table only while held or in a lock-delay; a
-			// free lock's queue would have been handed the lock.
+		if !held && r.Err() == nil && (v < 8 || len(lk.Queue()) == 0) && !lk.delayed() {
+			// A lock is in the table only while held, waited for or in a
+			// lock-delay; and
+			// before version 8 a free lock's queue would have been
+			// handed the lock.
 			return fmt.Errorf("lock %q is free but listed", lk.Name)
 		}
 		if r.Err() == nil {
@@ -314,6 +391,10 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 	}
 	return nil
 }
+
+// placeOfSeq is placeOf for a command named only by its Seq (its index is
+// the Seq's low 48 bits).
+func placeOfSeq(seq uint64) uint64 { return placeOf(seq&(1<<48-1), seq) }
 
 func readWaiter(r *wire.Reader, v byte) Waiter {
 	var wt Waiter
@@ -336,13 +417,18 @@ func readWaiter(r *wire.Reader, v byte) Waiter {
 	if v >= 5 {
 		wt.RequestID = r.String()
 	}
+	if v >= 8 {
+		wt.Place = r.Uvarint()
+		wt.Shared = r.Bool()
+		wt.Subtree = r.Bool()
+	}
 	if v >= 9 {
 		wt.LockDelayMs = r.Varint()
 	}
 	return wt
 }
 
-func (s *State) readDedup(r *wire.Reader, _ byte) error {
+func (s *State) readDedup(r *wire.Reader, v byte) error {
 	n := r.Count(4)
 	if n > DedupCapacity {
 		return fmt.Errorf("%d dedup entries exceed capacity %d", n, DedupCapacity)
@@ -352,7 +438,11 @@ func (s *State) readDedup(r *wire.Reader, _ byte) error {
 		if _, dup := s.dedup[key]; dup {
 			return errors.New("repeated dedup entry")
 		}
-		s.remember(key, command.DecodeResult(r))
+		res := command.DecodeResult(r)
+		if v >= 8 {
+			command.DecodeResultExt(r, &res)
+		}
+		s.remember(key, res)
 	}
 	return nil
 }

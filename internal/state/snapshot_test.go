@@ -57,7 +57,11 @@ type rawWaiter struct {
 	value         string
 	requestID     string
 	clockDeadline int64
-	lockDelay     int64
+	// version 8
+	place           uint64
+	shared, subtree bool
+	// version 9
+	lockDelay int64
 }
 
 type rawLock struct {
@@ -68,6 +72,11 @@ type rawLock struct {
 	grantSeq uint64
 	value    string
 	queue    []rawWaiter
+	// version 8
+	limit   uint64
+	shared  bool
+	subtree bool
+	more    []Grant
 	// version 9: the grant's lock-delay, a delay in force
 	delayMs, delayUntil, delayClock int64
 	delayToken                      uint64
@@ -124,6 +133,19 @@ func (r *rawSnap) encode() []byte {
 		if r.version >= 2 {
 			w.String(lk.value)
 		}
+		if r.version >= 8 {
+			w.Uvarint(lk.limit)
+			w.Bool(lk.shared)
+			w.Bool(lk.subtree)
+			w.Uvarint(uint64(len(lk.more)))
+			for _, g := range lk.more {
+				w.Fixed(g.LeaseID[:])
+				w.Uvarint(g.Token)
+				w.Varint(g.GrantedAt)
+				w.Uvarint(g.GrantSeq)
+				w.Bool(g.Subtree)
+			}
+		}
 		if r.version >= 9 {
 			w.Varint(lk.delayMs)
 			w.Uvarint(lk.delayToken)
@@ -146,6 +168,11 @@ func (r *rawSnap) encode() []byte {
 			if r.version >= 5 {
 				w.String(q.requestID)
 			}
+			if r.version >= 8 {
+				w.Uvarint(q.place)
+				w.Bool(q.shared)
+				w.Bool(q.subtree)
+			}
 			if r.version >= 9 {
 				w.Varint(q.lockDelay)
 			}
@@ -156,6 +183,9 @@ func (r *rawSnap) encode() []byte {
 		w.String(d.client)
 		w.String(d.request)
 		command.EncodeResult(w, &d.result)
+		if r.version >= 8 {
+			command.EncodeResultExt(w, &d.result)
+		}
 	}
 	if r.version >= 3 {
 		w.Uvarint(uint64(len(r.keys)))
@@ -230,12 +260,16 @@ func toRaw(s *State) *rawSnap {
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
 	}
 	s.locks.Ascend(func(lk *Lock) bool {
-		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value()}
+		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value(),
+			limit: uint64(lk.Limit()), shared: lk.Shared(), subtree: lk.Held() && lk.grantAt(0).Subtree}
 		if x := lk.extra; x != nil {
 			rl.delayMs, rl.delayToken, rl.delayUntil, rl.delayClock = x.delayMs, x.delayToken, x.delayUntil, x.delayClock
 		}
+		for i := 1; i < lk.NumHolders(); i++ {
+			rl.more = append(rl.more, lk.grantAt(i))
+		}
 		for _, q := range lk.Queue() {
-			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID, q.ClockDeadline, q.LockDelayMs})
+			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID, q.ClockDeadline, q.Place, q.Shared, q.Subtree, q.LockDelayMs})
 		}
 		r.locks = append(r.locks, rl)
 		return true
@@ -383,7 +417,45 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 8":       raw(func(r *rawSnap) { r.version = 8 }),
+		"version 10":      raw(func(r *rawSnap) { r.version = 10 }),
+		"v8 body as v7": func() []byte {
+			b := raw(func(r *rawSnap) {})
+			b[6] = 7
+			return b
+		}(),
+		"v7 body as v8": func() []byte {
+			b := raw(func(r *rawSnap) { r.version = 7 })
+			b[6] = 8
+			return b
+		}(),
+		"limit 0":                raw(func(r *rawSnap) { lockAt(r, "jobs/a").limit = 0 }),
+		"limit over the maximum": raw(func(r *rawSnap) { lockAt(r, "jobs/a").limit = command.MaxLimit + 1 }),
+		"shared counting lock":   raw(func(r *rawSnap) { lk := lockAt(r, "jobs/a"); lk.limit, lk.shared = 3, true }),
+		"holders over the limit": raw(func(r *rawSnap) {
+			lk := lockAt(r, "jobs/a")
+			lk.more = []Grant{{LeaseID: lid(3), Token: 1, GrantSeq: 1}}
+		}),
+		"second holder reuses a token": raw(func(r *rawSnap) {
+			lk := lockAt(r, "jobs/a")
+			lk.limit, lk.more = 2, []Grant{{LeaseID: lid(3), Token: lk.token, GrantSeq: 1}}
+		}),
+		"holder also waits": raw(func(r *rawSnap) {
+			lk := lockAt(r, "jobs/a")
+			lk.limit, lk.more = 2, []Grant{{LeaseID: lk.queue[0].lease, Token: 1, GrantSeq: 1}}
+		}),
+		"free lock with a mode": raw(func(r *rawSnap) {
+			lk := lockAt(r, "jobs/a")
+			lk.holder, lk.token, lk.granted, lk.grantSeq, lk.shared = command.LeaseID{}, 0, 0, 0, true
+		}),
+		"free lock without waiters": raw(func(r *rawSnap) {
+			lk := lockAt(r, "jobs/a")
+			lk.holder, lk.token, lk.granted, lk.grantSeq, lk.queue = command.LeaseID{}, 0, 0, 0, nil
+		}),
+		"queue out of line order": raw(func(r *rawSnap) {
+			q := lockAt(r, "jobs/a").queue
+			q[0].place = 1 << 62
+		}),
+		"election with a limit": raw(func(r *rawSnap) { lockAt(r, command.ElectionKey("db")).limit = 2 }),
 		"v6 body as v5": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 5

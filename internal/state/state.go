@@ -64,7 +64,11 @@ type Waiter struct {
 	LeaseID  command.LeaseID
 	ClientID string
 	// Seq names the acquire that queued (command.Seq); it names this wait.
-	Seq        uint64
+	Seq uint64
+	// Place is the waiter's place in line across every lock: the log
+	// position of the acquire that queued (a takeover keeps the place it
+	// takes over). A queue is in place order.
+	Place      uint64
 	EnqueuedAt int64
 	// Deadline is the leader timestamp at which the wait times out, for
 	// display; ClockDeadline is the same moment on the lease clock, which
@@ -79,9 +83,13 @@ type Waiter struct {
 	RequestID string
 	// LockDelayMs is the acquire's lock-delay, the grant's once granted.
 	LockDelayMs int64
+	// Shared and Subtree are what the acquire asked for.
+	Shared, Subtree bool
 }
 
 // Lock is a named lock. It exists in the table while held or waited for.
+// Its own fields are its first holder (in grant order); the others, the
+// limit and the mode live in extra (lockmodel.go).
 type Lock struct {
 	Name      string
 	Holder    command.LeaseID
@@ -89,23 +97,10 @@ type Lock struct {
 	GrantedAt int64
 	// GrantSeq is the Seq of the acquire that was granted.
 	GrantSeq uint64
-	// extra holds what most locks never have — waiters, a holder's value,
-	// a lock-delay — so a held lock costs 64 bytes rather than 96
-	// (docs/benchmarks.md).
+	// extra holds what most locks never have — waiters, an election's value,
+	// more holders, a limit, a mode — so a held lock costs 64 bytes rather
+	// than 96 (docs/benchmarks.md).
 	extra *lockExtra
-}
-
-type lockExtra struct {
-	queue []Waiter
-	value string
-	// delayMs is the current grant's lock-delay (Acquire.LockDelayMs).
-	delayMs int64
-	// A lock-delay in force: the token of the grant whose end began it
-	// (0: none), and its end on the leader's wall clock (display) and on
-	// the lease clock.
-	delayToken uint64
-	delayUntil int64
-	delayClock int64
 }
 
 // Held reports whether some lease holds the lock.
@@ -127,7 +122,27 @@ func (l *Lock) Value() string {
 	return l.extra.value
 }
 
-// lockDelayMs is the current grant's lock-delay.
+func (l *Lock) setQueue(q []Waiter) {
+	if len(q) == 0 && l.extra == nil {
+		return
+	}
+	if len(q) == 0 {
+		q = nil
+	}
+	l.ext().queue = q
+	l.tidy()
+}
+
+func (l *Lock) setValue(v string) {
+	if v == "" && l.extra == nil {
+		return
+	}
+	l.ext().value = v
+	l.tidy()
+}
+
+// lockDelayMs is the current grant's lock-delay (only a lock of limit 1,
+// held exclusively and not as a subtree, may have one).
 func (l *Lock) lockDelayMs() int64 {
 	if l.extra == nil {
 		return 0
@@ -146,30 +161,21 @@ func (l *Lock) Delayed() (until int64, token uint64, ok bool) {
 
 func (l *Lock) delayed() bool { return l.extra != nil && l.extra.delayToken != 0 }
 
-func (l *Lock) setQueue(q []Waiter) { l.ext().queue = q; l.tidy() }
-
-func (l *Lock) setValue(v string) { l.ext().value = v; l.tidy() }
-
-func (l *Lock) setDelayMs(ms int64) { l.ext().delayMs = ms; l.tidy() }
-
-func (l *Lock) setDelay(token uint64, until, clock int64) {
-	e := l.ext()
-	e.delayToken, e.delayUntil, e.delayClock = token, until, clock
+func (l *Lock) setDelayMs(ms int64) {
+	if ms == 0 && l.extra == nil {
+		return
+	}
+	l.ext().delayMs = ms
 	l.tidy()
 }
 
-func (l *Lock) ext() *lockExtra {
-	if l.extra == nil {
-		l.extra = &lockExtra{}
+func (l *Lock) setDelay(token uint64, until, clock int64) {
+	if token == 0 && l.extra == nil {
+		return
 	}
-	return l.extra
-}
-
-// tidy drops the extra part once it holds nothing.
-func (l *Lock) tidy() {
-	if e := l.extra; e != nil && len(e.queue) == 0 && e.value == "" && e.delayMs == 0 && e.delayToken == 0 {
-		l.extra = nil
-	}
+	e := l.ext()
+	e.delayToken, e.delayUntil, e.delayClock = token, until, clock
+	l.tidy()
 }
 
 // Member is a node's advertised addresses.
@@ -209,6 +215,16 @@ type State struct {
 
 	events  []Event
 	changed bool
+
+	// Derived, rebuilt on restore (lockmodel.go): grants below each name
+	// prefix, the waiters' index, and the place in line of the command
+	// being applied.
+	intent  map[string]intentCount
+	waitIdx *btree.BTreeG[waitItem]
+	place   uint64
+	// probe and cands are apply's scratch (lock, wake).
+	probe Lock
+	cands []*Lock
 }
 
 func lockLess(a, b *Lock) bool { return a.Name < b.Name }
@@ -225,9 +241,15 @@ func New() *State {
 		aclBySecret: make(map[[32]byte][16]byte),
 		aclByCN:     make(map[string][16]byte),
 
-		hist: newHistory(),
+		hist:    newHistory(),
+		intent:  make(map[string]intentCount),
+		waitIdx: newWaitIdx(),
 	}
 }
+
+// placeOf orders commands by their position in the log (command.Seq does
+// not: a packed entry's later commands get Seqs above any index).
+func placeOf(index, seq uint64) uint64 { return index<<16 | (seq-index)>>48 }
 
 // Index is the Raft index of the last applied entry.
 func (s *State) Index() uint64 { return s.index }
@@ -264,6 +286,7 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 // of the acquire it may be.
 func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 	s.SetIndex(index)
+	s.place = placeOf(index, seq)
 	// The leader never lets timestamps go backwards, but a log is input: keep the
 	// invariant here too so remaining-time arithmetic can rely on it.
 	if e.TS > s.ts {
@@ -314,7 +337,7 @@ func (s *State) rememberGrant(w Waiter, lk *Lock, lease *Lease) {
 		return
 	}
 	s.dedupOut(pos)
-	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
+	e.result = command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.grantAt(lk.grantIndex(lease.ID)).Token,
 		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: w.Seq, Revision: e.result.Revision}
 	s.dedupIn(pos)
 }
@@ -419,10 +442,6 @@ func (s *State) deleteSession(e *command.Envelope, b *command.DeleteSession) com
 	return command.Result{Status: command.StatusOK}
 }
 
-func holderOf(l *Lock, lease *Lease) command.Holder {
-	return command.Holder{ClientID: lease.ClientID, Token: l.Token, GrantedAt: l.GrantedAt, ExpiresAt: lease.ExpiresAt()}
-}
-
 func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) command.Result {
 	name := b.Name
 	if !command.ValidKey(name) {
@@ -437,6 +456,17 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	}
 	if b.LockDelayMs < 0 || b.LockDelayMs > command.MaxLockDelayMs {
 		return invalid("lock_delay_ms out of range")
+	}
+	limit := max(b.Limit, 1)
+	switch {
+	case b.Limit < 0 || b.Limit > command.MaxLimit:
+		return invalid("limit out of range")
+	case election && (limit != 1 || b.Shared || b.Subtree):
+		return invalid("an election has one leader: limit, shared and subtree are for locks")
+	case b.Shared && limit != 1:
+		return invalid("a counting lock (limit above 1) is exclusive only")
+	case b.LockDelayMs != 0 && (limit != 1 || b.Shared || b.Subtree):
+		return invalid("lock_delay_ms is for a lock of limit 1 held exclusively, not as a subtree")
 	}
 	var lease *Lease
 	if b.Session {
@@ -453,33 +483,47 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		}
 	}
 	lk, _ := s.locks.Get(&Lock{Name: name})
+	// The lock in use keeps the limit it was first taken with.
+	if lk != nil && int64(lk.Limit()) != limit {
+		return command.Result{Status: command.StatusLimitMismatch, Limit: int32(lk.Limit())}
+	}
 
 	// The same lease already holds it: idempotent, same token, lease refreshed.
-	if lk != nil && lk.Holder == b.LeaseID && lease != nil {
-		s.touch(lease)
-		if lk.Value() != b.Value {
-			// Campaigning again with a new value proclaims it, as in etcd;
-			// acquiring a lock again with a new value sets it.
-			s.setLockValue(lk, b.Value)
-			s.emitValue(lk, lease, election)
+	if i := -1; lk != nil && lease != nil {
+		if i = lk.grantIndex(lease.ID); i >= 0 {
+			g := lk.grantAt(i)
+			if g.Subtree != b.Subtree || lk.Shared() != b.Shared {
+				return invalid("this lease already holds the lock in another mode; release it first")
+			}
+			s.touch(lease)
+			if lk.Value() != b.Value {
+				// Campaigning again with a new value proclaims it, as in
+				// etcd; acquiring a lock again with a new value sets it.
+				s.setLockValue(lk, b.Value)
+				s.emitValue(lk, lease, g.Token, election)
+			}
+			return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: g.Token,
+				ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: g.GrantSeq}
 		}
-		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
-			ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
 	}
 	// The same lease already waits for it: idempotent, same place. A
 	// campaigner that campaigns again with a new value keeps its place and
 	// takes office with the new value, as a holder's re-campaign proclaims it.
 	if lease != nil {
 		if waitSeq, ok := lease.Waits().Get(name); ok {
-			if lk != nil {
-				q := lk.Queue()
-				for i := range q {
-					if q[i].LeaseID == lease.ID && (q[i].Value != b.Value || q[i].LockDelayMs != b.LockDelayMs) {
-						w := q[i]
-						w.Value, w.LockDelayMs = b.Value, b.LockDelayMs
-						s.queueReplace(lk, i, w)
-						s.changed = true
-					}
+			q := lk.Queue()
+			for i := range q {
+				if q[i].LeaseID != lease.ID {
+					continue
+				}
+				if q[i].Shared != b.Shared || q[i].Subtree != b.Subtree {
+					return invalid("this lease already waits for the lock in another mode; cancel that wait first")
+				}
+				if q[i].Value != b.Value || q[i].LockDelayMs != b.LockDelayMs {
+					w := q[i]
+					w.Value, w.LockDelayMs = b.Value, b.LockDelayMs
+					s.queueReplace(lk, i, w)
+					s.changed = true
 				}
 			}
 			return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: waitSeq}
@@ -492,7 +536,35 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		s.addLease(l)
 		return l
 	}
+	ok := func() command.Result {
+		g := lk.grantAt(lk.grantIndex(lease.ID))
+		return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: g.Token,
+			ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: g.GrantSeq}
+	}
 
+	// The same client with a new lease asked to take over: its previous
+	// incarnation crashed and it came back. Take its grant over at once,
+	// with a new token (the grant must be in the same mode, so nothing
+	// else is let in or kept out by the swap). Without the flag a
+	// client_id alone takes nothing: the holder is like any other.
+	if b.Takeover && lk != nil {
+		for i := range lk.NumHolders() {
+			g := lk.grantAt(i)
+			old := s.leases[g.LeaseID]
+			if old.ClientID != e.ClientID || g.Subtree != b.Subtree || lk.Shared() != b.Shared {
+				continue
+			}
+			s.unhold(lk, i, CauseTakeover, "")
+			if lease == nil {
+				lease = newLease(true)
+			}
+			s.grant(lk, lease, seq, b.Value, CauseTakeover, b.Shared, b.Subtree, b.LockDelayMs)
+			return ok()
+		}
+	}
+
+	r := request{name: name, shared: b.Shared, subtree: b.Subtree, place: s.place}
+	blocked, by := s.blocked(lk, r, true)
 	switch {
 	case lk != nil && lk.delayed():
 		// A lock-delay keeps the lock from everyone; waiters keep their
@@ -503,45 +575,35 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		if queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover) {
 			return command.Result{Status: command.StatusQueueFull}
 		}
-		if lease == nil {
-			lease = newLease(false)
-		}
-		s.enqueue(lk, lease, seq, b, e.RequestID)
-		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
-	case lk == nil || !lk.Held():
+	case !blocked:
 		if lease == nil {
 			lease = newLease(true)
 		}
 		if lk == nil {
-			lk = s.newLock(name)
+			lk = s.newLock(name, limit)
 		}
-		s.grant(lk, lease, seq, b.Value, b.LockDelayMs, CauseAcquire)
-	case b.Takeover && s.leases[lk.Holder].ClientID == e.ClientID:
-		// The same client with a new lease asked to take over: its previous
-		// incarnation crashed and it came back. Take over at once, with a new
-		// token. Without the flag a client_id alone takes nothing: the
-		// holder is like any other.
-		old := s.leases[lk.Holder]
-		s.unhold(lk, old, CauseTakeover, "")
-		if lease == nil {
-			lease = newLease(true)
-		}
-		s.grant(lk, lease, seq, b.Value, b.LockDelayMs, CauseTakeover)
+		s.grant(lk, lease, seq, b.Value, CauseAcquire, b.Shared, b.Subtree, b.LockDelayMs)
+		return ok()
 	case b.WaitMs == 0:
-		holder := s.leases[lk.Holder]
-		return command.Result{Status: command.StatusLockHeld, Holder: holderOf(lk, holder)}
-	default:
-		if queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover) {
-			return command.Result{Status: command.StatusQueueFull}
-		}
-		if lease == nil {
-			lease = newLease(false)
-		}
-		s.enqueue(lk, lease, seq, b, e.RequestID)
-		return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
+		return s.refusal(r, by)
+	case lk != nil && queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover):
+		return command.Result{Status: command.StatusQueueFull}
 	}
-	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: lk.Token,
-		ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: lk.GrantSeq}
+	if lease == nil {
+		lease = newLease(false)
+	}
+	if lk == nil {
+		lk = s.newLock(name, limit)
+	}
+	if s.enqueue(lk, lease, seq, b, e.RequestID) {
+		// A takeover of a place in line in another mode may have let it,
+		// or those it held back, in.
+		s.wake(name, true)
+		if lk.grantIndex(lease.ID) >= 0 {
+			return ok()
+		}
+	}
+	return command.Result{Status: command.StatusQueued, LeaseID: lease.ID, TTLms: int64(lease.TTLms), Seq: seq}
 }
 
 // queueFull reports whether a wait by clientID would exceed the cap (0: none)
@@ -562,43 +624,45 @@ func queueFull(lk *Lock, clientID string, limit int64, takeover bool) bool {
 
 // enqueue appends a wait, or, with takeover, if the same client already
 // waits with another lease (it restarted), moves that place in line to the
-// new lease.
-func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, b *command.Acquire, requestID string) {
-	waitMs, takeover := b.WaitMs, b.Takeover
-	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, EnqueuedAt: s.ts, Deadline: s.ts + waitMs,
-		ClockDeadline: s.clock + waitMs, Value: b.Value, RequestID: requestID, LockDelayMs: b.LockDelayMs}
+// new lease. It reports whether it took over a place in another mode.
+func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, b *command.Acquire, requestID string) bool {
+	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, Place: s.place, EnqueuedAt: s.ts, Deadline: s.ts + b.WaitMs,
+		ClockDeadline: s.clock + b.WaitMs, Value: b.Value, RequestID: requestID, Shared: b.Shared, Subtree: b.Subtree, LockDelayMs: b.LockDelayMs}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
 	for i := range q {
-		if takeover && q[i].ClientID == lease.ClientID {
+		if b.Takeover && q[i].ClientID == lease.ClientID {
 			prev := q[i]
+			w.Place = prev.Place
 			s.queueReplace(lk, i, w)
 			if old := s.leases[prev.LeaseID]; old != nil {
 				old.Waits().Delete(lk.Name)
 				s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: prev.LeaseID, Seq: prev.Seq})
 				s.dropIfIdle(old)
 			}
-			s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: waitMs})
-			return
+			s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: b.WaitMs})
+			return prev.Shared != w.Shared || prev.Subtree != w.Subtree
 		}
 	}
 	s.queueAppend(lk, w)
-	s.emit(Event{Type: EventQueued, Name: lk.Name, ClientID: lease.ClientID, LeaseID: lease.ID, Seq: seq})
-	s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: waitMs})
+	s.emit(Event{Type: EventQueued, Name: lk.Name, ClientID: lease.ClientID, LeaseID: lease.ID, Seq: seq, Shared: w.Shared, Subtree: w.Subtree})
+	s.emit(Event{Type: EventWaitTimer, Name: lk.Name, LeaseID: lease.ID, Seq: seq, RemainingMs: b.WaitMs})
+	return false
 }
 
-// grant gives a free lock to a lease with a new fencing token.
-func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value string, delayMs int64, cause string) {
+// grant makes a lease a holder of the lock with a new fencing token.
+func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string, shared, subtree bool, delayMs int64) {
 	s.lastToken++
-	s.lockOut(lk)
-	lk.Holder = lease.ID
-	lk.Token = s.lastToken
-	lk.GrantedAt = s.ts
-	lk.GrantSeq = seq
-	lk.setValue(value)
-	lk.setDelayMs(delayMs)
-	s.lockIn(lk)
+	s.addGrant(lk, Grant{LeaseID: lease.ID, Token: s.lastToken, GrantedAt: s.ts, GrantSeq: seq, Subtree: subtree}, shared)
+	if value != lk.Value() {
+		s.setLockValue(lk, value)
+	}
+	if delayMs != lk.lockDelayMs() {
+		s.lockOut(lk)
+		lk.setDelayMs(delayMs)
+		s.lockIn(lk)
+	}
 	lease.Locks().Set(lk.Name, 0)
 	s.changed = true
 	if !lease.Session {
@@ -609,14 +673,14 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value string, delayMs 
 		s.leaseIn(lease)
 		s.touch(lease)
 	}
-	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value})
+	s.emit(Event{Type: EventAcquired, Name: lk.Name, ClientID: lease.ClientID, Token: s.lastToken, Cause: cause, LeaseID: lease.ID, Seq: seq, Value: value, Shared: shared, Subtree: subtree})
 }
 
-// unhold takes a lock away from its holder without handing it on, and keeps
-// the grant in the history. A grant with a lock-delay that ends by expiry or
-// revoke starts the delay. An implicit lease that holds nothing else ends
-// with it.
-func (s *State) unhold(lk *Lock, holder *Lease, cause, reason string) {
+// unhold takes the i-th grant of a lock away from its holder without
+// letting anyone in, and keeps it in the history. A grant with a lock-delay
+// that ends by expiry or revoke starts the delay. An implicit lease that
+// holds nothing else ends with it.
+func (s *State) unhold(lk *Lock, i int, cause, reason string) Grant {
 	typ := EventReleased
 	switch cause {
 	case CauseExpired:
@@ -624,22 +688,38 @@ func (s *State) unhold(lk *Lock, holder *Lease, cause, reason string) {
 	case CauseRevoked:
 		typ = EventRevoked
 	}
+	g := lk.grantAt(i)
+	holder := s.leases[g.LeaseID]
 	_, election := command.SplitKey(lk.Name)
-	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: lk.Token, Cause: cause, Reason: reason, LeaseID: holder.ID, Value: lk.Value()})
-	s.recordEnd(lk, holder, endCauseOf(cause, election), reason)
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: g.Token, Cause: cause, Reason: reason, LeaseID: holder.ID,
+		Shared: lk.Shared(), Subtree: g.Subtree, Value: lk.Value()})
+	s.recordEnd(lk, g, holder, endCauseOf(cause, election), reason)
 	holder.Locks().Delete(lk.Name)
-	s.lockOut(lk)
-	if d := lk.lockDelayMs(); d > 0 && (cause == CauseExpired || cause == CauseRevoked) {
-		lk.setDelay(lk.Token, s.ts+d, s.clock+d)
-		s.emit(Event{Type: EventDelayTimer, Name: lk.Name, Token: lk.Token, RemainingMs: d})
+	delay := lk.lockDelayMs()
+	s.removeGrant(lk, i)
+	if !lk.Held() {
+		if lk.Value() != "" {
+			s.setLockValue(lk, "")
+		}
+		if delay > 0 {
+			s.lockOut(lk)
+			lk.setDelayMs(0)
+			if cause == CauseExpired || cause == CauseRevoked {
+				lk.setDelay(g.Token, s.ts+delay, s.clock+delay)
+				s.emit(Event{Type: EventDelayTimer, Name: lk.Name, Token: g.Token, RemainingMs: delay})
+			}
+			s.lockIn(lk)
+		}
 	}
-	lk.Holder = command.LeaseID{}
-	lk.GrantSeq = 0
-	lk.setValue("")
-	lk.setDelayMs(0)
-	s.lockIn(lk)
 	s.changed = true
 	s.dropIfIdle(holder)
+	return g
+}
+
+// release ends the i-th grant of a lock and lets in whoever it held back.
+func (s *State) releaseGrant(lk *Lock, i int, cause, reason string) {
+	g := s.unhold(lk, i, cause, reason)
+	s.wake(lk.Name, g.Subtree)
 }
 
 // dropIfIdle ends an implicit lease that no longer holds or waits for anything.
@@ -650,40 +730,12 @@ func (s *State) dropIfIdle(l *Lease) {
 	}
 }
 
-// handOff grants a free lock to the head of its queue in the same step, or
-// removes the lock from the table when nobody waits. A lock in a lock-delay
-// stays as it is, waiters and all, until the delay ends.
-func (s *State) handOff(lk *Lock) {
-	s.handOffCause(lk, CauseHandoff)
-}
-
-func (s *State) handOffCause(lk *Lock, cause string) {
-	if lk.delayed() {
-		return
-	}
-	for q := lk.Queue(); len(q) > 0; q = lk.Queue() {
-		w := q[0]
-		s.queueRemove(lk, 0)
-		lease := s.leases[w.LeaseID]
-		if lease == nil {
-			continue // cannot happen: waits end with their lease
-		}
-		lease.Waits().Delete(lk.Name)
-		s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
-		s.grant(lk, lease, w.Seq, w.Value, w.LockDelayMs, cause)
-		s.rememberGrant(w, lk, lease)
-		return
-	}
-	s.deleteLock(lk)
-}
-
 func (s *State) release(e *command.Envelope, b *command.Release) command.Result {
-	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
-	if !ok {
+	lk, _, i := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if i < 0 {
 		return command.Result{Status: command.StatusNotHolder}
 	}
-	s.unhold(lk, lease, CauseReleased, "")
-	s.handOff(lk)
+	s.releaseGrant(lk, i, CauseReleased, "")
 	return command.Result{Status: command.StatusOK}
 }
 
@@ -695,13 +747,35 @@ func (s *State) revoke(b *command.Revoke) command.Result {
 		return invalid("bad lock name, or a reason over 256 bytes")
 	}
 	lk, _ := s.locks.Get(&Lock{Name: b.Name})
-	if lk == nil || !lk.Held() || (b.Token != 0 && lk.Token != b.Token) {
+	if lk == nil || !lk.Held() {
 		return command.Result{Status: command.StatusNotHolder}
 	}
-	token := lk.Token
-	s.unhold(lk, s.leases[lk.Holder], CauseRevoked, b.Reason)
-	s.handOff(lk)
-	return command.Result{Status: command.StatusOK, Token: token, Message: strconv.FormatUint(token, 10)}
+	// The grants to end, by token: the one named, or every one there is
+	// now (not those the revokes let in).
+	var tokens []uint64
+	for _, g := range lk.Grants() {
+		if b.Token == 0 || g.Token == b.Token {
+			tokens = append(tokens, g.Token)
+		}
+	}
+	if len(tokens) == 0 {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	subtree := false
+	msg := make([]string, len(tokens))
+	for k, t := range tokens {
+		i := -1
+		for j, g := range lk.Grants() {
+			if g.Token == t {
+				i = j
+			}
+		}
+		g := s.unhold(lk, i, CauseRevoked, b.Reason)
+		subtree = subtree || g.Subtree
+		msg[k] = strconv.FormatUint(t, 10)
+	}
+	s.wake(lk.Name, subtree)
+	return command.Result{Status: command.StatusOK, Token: tokens[len(tokens)-1], Message: strings.Join(msg, " ")}
 }
 
 // endLockDelay ends the lock-delay begun by the end of grant b.Token and
@@ -719,17 +793,17 @@ func (s *State) endLockDelay(b *command.EndLockDelay) command.Result {
 	lk.setDelay(0, 0, 0)
 	s.lockIn(lk)
 	s.changed = true
-	s.handOffCause(lk, CauseLockDelay)
+	s.wake(lk.Name, false)
 	return command.Result{Status: command.StatusOK, Token: 1}
 }
 
 // emitValue tells watchers that a holder's value changed.
-func (s *State) emitValue(lk *Lock, lease *Lease, election bool) {
+func (s *State) emitValue(lk *Lock, lease *Lease, token uint64, election bool) {
 	typ := EventValueChanged
 	if election {
 		typ = EventProclaimed
 	}
-	s.emit(Event{Type: typ, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: lk.Value()})
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: lease.ClientID, Token: token, LeaseID: lease.ID, Value: lk.Value()})
 }
 
 // proclaim replaces the value of an election's leader (holder proof as renew).
@@ -737,8 +811,8 @@ func (s *State) proclaim(e *command.Envelope, b *command.Proclaim) command.Resul
 	if _, election := command.SplitKey(b.Name); !election || len(b.Value) > command.MaxValueLen {
 		return invalid("proclaim is for elections, with a value of at most 4 KiB")
 	}
-	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
-	if !ok {
+	lk, lease, i := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if i < 0 {
 		return command.Result{Status: command.StatusNotHolder}
 	}
 	if lk.Value() != b.Value {
@@ -756,8 +830,8 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 	if b.SetValue && len(b.Value) > command.MaxValueLen {
 		return invalid("value over 4 KiB")
 	}
-	lk, lease, ok := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
-	if !ok {
+	lk, lease, i := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if i < 0 {
 		// A grant revoked before its holder heard of it: say so, with its
 		// token, while the history still has it.
 		if g, ok := s.endedGrant(b.Name, b.Token); ok && g.Cause == EndRevoked && g.ClientID == e.ClientID {
@@ -768,7 +842,7 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 	if b.SetValue && lk.Value() != b.Value {
 		s.setLockValue(lk, b.Value)
 		_, election := command.SplitKey(lk.Name)
-		s.emitValue(lk, lease, election)
+		s.emitValue(lk, lease, lk.grantAt(i).Token, election)
 	}
 	if b.TTLms != 0 {
 		s.leaseOut(lease)
@@ -779,18 +853,23 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 	return command.Result{Status: command.StatusOK, LeaseID: lease.ID, ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms)}
 }
 
-// holderCheck proves the caller holds the lock: right name, current token, the
-// holder's lease id and its client id. A token alone proves nothing.
-func (s *State) holderCheck(e *command.Envelope, name string, id command.LeaseID, token uint64) (*Lock, *Lease, bool) {
+// holderCheck proves the caller holds the lock: right name, the token of
+// its grant, the holder's lease id and its client id. A token alone proves
+// nothing. It returns the grant's position, or -1.
+func (s *State) holderCheck(e *command.Envelope, name string, id command.LeaseID, token uint64) (*Lock, *Lease, int) {
 	lk, _ := s.locks.Get(&Lock{Name: name})
-	if lk == nil || !lk.Held() || lk.Holder != id || lk.Token != token {
-		return nil, nil, false
+	if lk == nil {
+		return nil, nil, -1
+	}
+	i := lk.grantIndex(id)
+	if i < 0 || lk.grantAt(i).Token != token {
+		return nil, nil, -1
 	}
 	lease := s.leases[id]
 	if lease == nil || lease.ClientID != e.ClientID {
-		return nil, nil, false
+		return nil, nil, -1
 	}
-	return lk, lease, true
+	return lk, lease, i
 }
 
 func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
@@ -806,16 +885,17 @@ func (s *State) expireLeases(b *command.ExpireLeases) command.Result {
 	return command.Result{Status: command.StatusOK, Token: uint64(n)}
 }
 
-// endLease releases every lock of a lease (handing each on), drops its waits and
-// deletes it. Names are visited in sorted order so every replica does the same.
+// endLease drops a lease's waits, releases every lock it holds (letting
+// the next ones in) and deletes it. The waits go first, so a release cannot
+// let the ending lease itself in. Names are visited in sorted order so every
+// replica does the same.
 func (s *State) endLease(l *Lease, cause string) {
-	for _, name := range l.Locks().Sorted() {
-		lk, _ := s.locks.Get(&Lock{Name: name})
-		s.unhold(lk, l, cause, "")
-		s.handOff(lk)
-	}
 	for _, name := range l.Waits().Sorted() {
 		s.removeWait(l, name, cause)
+	}
+	for _, name := range l.Locks().Sorted() {
+		lk, _ := s.locks.Get(&Lock{Name: name})
+		s.releaseGrant(lk, lk.grantIndex(l.ID), cause, "")
 	}
 	if _, still := s.leases[l.ID]; still {
 		s.deleteLease(l)
@@ -836,21 +916,22 @@ func (s *State) removeWait(l *Lease, name, cause string) {
 	seq, _ := l.Waits().Get(name)
 	l.Waits().Delete(name)
 	lk, _ := s.locks.Get(&Lock{Name: name})
+	var w Waiter
 	if lk != nil {
 		q := lk.Queue()
 		for i := range q {
 			if q[i].LeaseID == l.ID {
+				w = q[i]
 				s.queueRemove(lk, i)
 				break
 			}
 		}
-		if !lk.Held() && len(lk.Queue()) == 0 && !lk.delayed() {
-			s.deleteLock(lk)
-		}
 	}
 	s.changed = true
-	s.emit(Event{Type: EventDequeued, Name: name, ClientID: l.ClientID, Cause: cause, LeaseID: l.ID, Seq: seq})
+	s.emit(Event{Type: EventDequeued, Name: name, ClientID: l.ClientID, Cause: cause, LeaseID: l.ID, Seq: seq, Shared: w.Shared, Subtree: w.Subtree})
 	s.emit(Event{Type: EventWaitGone, Name: name, LeaseID: l.ID, Seq: seq})
+	// Those it was ahead of may go in now.
+	s.wake(name, w.Subtree)
 }
 
 func (s *State) waitMatches(w command.WaitRef) (*Lease, bool) {
@@ -882,10 +963,11 @@ func (s *State) cancelWait(b *command.CancelWait) command.Result {
 	}
 	if b.ReleaseIfGranted {
 		lk, _ := s.locks.Get(&Lock{Name: b.Wait.Name})
-		if lk != nil && lk.Holder == b.Wait.LeaseID && lk.GrantSeq == b.Wait.Seq {
-			s.unhold(lk, s.leases[lk.Holder], CauseCancelled, "")
-			s.handOff(lk)
-			return command.Result{Status: command.StatusOK}
+		if lk != nil {
+			if i := lk.grantIndex(b.Wait.LeaseID); i >= 0 && lk.grantAt(i).GrantSeq == b.Wait.Seq {
+				s.releaseGrant(lk, i, CauseCancelled, "")
+				return command.Result{Status: command.StatusOK}
+			}
 		}
 	}
 	return command.Result{Status: command.StatusNotWaiting}

@@ -27,10 +27,13 @@ type Event struct {
 	ClientID string
 	Token    uint64
 	Cause    string
+	Value    string
+	At       int64
+	// Shared and Subtree are a lock grant's or wait's mode (acquired,
+	// released, expired, queued, dequeued).
+	Shared, Subtree bool
 	// Reason is a revoke's reason.
 	Reason string
-	Value  string
-	At     int64
 }
 
 // Errors a subscription can end with.
@@ -375,7 +378,8 @@ func public(e *state.Event) (Event, bool) {
 		return Event{}, false
 	}
 	name, election := command.SplitKey(e.Name)
-	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, Reason: e.Reason, At: e.At, Kind: "lock", Value: e.Value}
+	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, Reason: e.Reason, At: e.At, Kind: "lock",
+		Value: e.Value, Shared: e.Shared, Subtree: e.Subtree}
 	out.Type = e.Type.String()
 	switch {
 	case e.Type == state.EventSessionCreated || e.Type == state.EventSessionExpired || e.Type == state.EventSessionDeleted:

@@ -33,15 +33,17 @@ type message struct {
 	WatchID       string `json:"watch_id"`
 	TargetID      string `json:"target_id"`
 	Takeover      bool   `json:"takeover"`
+	Limit         int64  `json:"limit"`
+	Mode          string `json:"mode"`
+	Subtree       bool   `json:"subtree"`
 	// Token is the ACL token secret of an auth message (auth.go).
 	Token string `json:"token"`
 	// Value is a holder's value (acquire; renew replaces it when present).
 	Value       *string `json:"value"`
 	LockDelayMs int64   `json:"lock_delay_ms"`
-	// Reason, Kind and Limit are revoke's and history's.
+	// Reason and Kind are revoke's and history's (whose limit is Limit).
 	Reason string `json:"reason"`
 	Kind   string `json:"kind"`
-	Limit  int    `json:"limit"`
 }
 
 func (m *message) value() string {
@@ -76,7 +78,7 @@ const (
 )
 
 var fields = map[string][]string{
-	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover", "value", "lock_delay_ms"},
+	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover", "limit", "mode", "subtree", "value", "lock_delay_ms"},
 	opRelease: {"id", "op", "name", "client_id", "fencing_token", "lease_id", "request_id"},
 	opRenew:   {"id", "op", "name", "client_id", "fencing_token", "lease_id", "ttl_ms", "request_id", "value"},
 	opHistory: {"id", "op", "name", "kind", "limit"},
@@ -103,6 +105,8 @@ type answer struct {
 	// FencingToken is, with a lock_lost error, the token of the grant that
 	// was lost.
 	FencingToken uint64 `json:"fencing_token,omitempty"`
+	// Limit is, with a limit_mismatch error, the lock's limit.
+	Limit int `json:"limit,omitempty"`
 }
 
 // handle decodes one message and starts it. Acquires run on goroutines of
@@ -161,7 +165,7 @@ func (c *conn) run(m *message) {
 		el, err := m.election()
 		var resp *service.HistoryResponse
 		if err == nil {
-			resp, err = c.h.svc.History(c.ctx, service.HistoryRequest{Name: m.Name, Election: el, Limit: m.Limit})
+			resp, err = c.h.svc.History(c.ctx, service.HistoryRequest{Name: m.Name, Election: el, Limit: int(min(max(m.Limit, -1), 1<<20))})
 		}
 		c.reply(c.ctx, m, resp, err)
 	case opRevoke:
@@ -328,11 +332,11 @@ func (c *conn) acquire(m *message) {
 		defer c.finish(m.ID, o)
 		resp, err := c.h.svc.Acquire(ctx, service.AcquireRequest{Name: m.Name, ClientID: m.ClientID, TTLms: m.TTLms,
 			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID, Takeover: m.Takeover,
-			Value: m.value(), LockDelayMs: m.LockDelayMs})
+			Limit: m.Limit, Mode: m.Mode, Subtree: m.Subtree, Value: m.value(), LockDelayMs: m.LockDelayMs})
 		if err != nil {
 			a := &answer{ID: m.ID, Op: m.Op, Error: c.publicError(ctx, err)}
 			if resp != nil {
-				a.Holder, a.FencingToken = resp.Holder, resp.FencingToken
+				a.Holder, a.FencingToken, a.Limit = resp.Holder, resp.FencingToken, resp.Limit
 			}
 			c.send(c.ctx, a)
 			return

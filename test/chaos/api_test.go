@@ -27,6 +27,8 @@ type apiError struct {
 type holderJSON struct {
 	ClientID     string `json:"client_id"`
 	FencingToken uint64 `json:"fencing_token"`
+	// Lock: a refusal by a grant on another lock (through a subtree).
+	Lock string `json:"lock,omitempty"`
 }
 
 type leaderJSON struct {
@@ -209,6 +211,9 @@ type acquireBody struct {
 	WaitTimeoutMs int64  `json:"wait_timeout_ms,omitempty"`
 	RequestID     string `json:"request_id"`
 	Takeover      bool   `json:"takeover,omitempty"`
+	Limit         int    `json:"limit,omitempty"`
+	Mode          string `json:"mode,omitempty"`
+	Subtree       bool   `json:"subtree,omitempty"`
 }
 
 type tokenBody struct {
@@ -252,7 +257,11 @@ type electionTokenBody struct {
 // acquire sends an acquire (wait > 0: a blocking one) and fills op's outcome;
 // for an election, a campaign.
 func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
-	var body any = acquireBody{ClientID: op.Client, RequestID: op.ReqID, WaitTimeoutMs: op.Wait / 1e6, Takeover: op.Takeover}
+	ab := acquireBody{ClientID: op.Client, RequestID: op.ReqID, WaitTimeoutMs: op.Wait / 1e6, Takeover: op.Takeover, Limit: op.Limit, Subtree: op.Subtree}
+	if op.Shared {
+		ab.Mode = "shared"
+	}
+	var body any = ab
 	action := "acquire"
 	if isElection(op.Lock) {
 		body = campaignBody{CandidateID: op.Client, Value: op.Value, TTLms: op.TTL / 1e6, WaitTimeoutMs: op.Wait / 1e6, RequestID: op.ReqID, Takeover: op.Takeover}
@@ -287,7 +296,8 @@ func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
 		op.OutProof, op.OutLeaseRef = ans.TokenProof, ans.LeaseRef
 		a.h.end(op, oOK)
 	case status == 409 && ans.Error != nil && (ans.Error.Code == "lock_held" || ans.Error.Code == "wait_timeout"):
-		if ans.Holder != nil {
+		// A holder on another lock (through a subtree) is not this lock's.
+		if ans.Holder != nil && ans.Holder.Lock == "" {
 			op.HolderClient, op.HolderToken = ans.Holder.ClientID, ans.Holder.FencingToken
 		}
 		out := oHeld
@@ -303,6 +313,9 @@ func (a *apiClient) acquire(op *Op, rng *rand.Rand, o callOpts) {
 	default:
 		a.unexpected.Add(1)
 		op.Err = fmt.Sprintf("unexpected answer %d %+v", status, ans)
+		if ans.Error != nil {
+			op.Err += fmt.Sprintf(" error %+v", *ans.Error)
+		}
 		a.h.end(op, oError)
 	}
 }

@@ -440,6 +440,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	// Check the history.
 	rep.ops, rep.writes, rep.holds = r.h.snapshot()
 	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
+	rep.anomalies = append(rep.anomalies, checkModelHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops)...)
 	if keys != nil {
 		pa, n := checkProofs(rep.ops, keys)
@@ -1017,6 +1018,7 @@ func (r *runner) summary() string {
 	fmt.Fprintf(&b, "token proofs verified: %d\n", rep.proofs)
 	fmt.Fprintf(&b, "holds: %d; fenced writes: %d (accepted %d, rejected %d); GC-pause writes: %d (rejected %d, accepted after a newer grant because its holder had not written yet %d)\n",
 		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
+	fmt.Fprintf(&b, "lock-model holds: %s\n", modelStats(rep.holds))
 	fmt.Fprintf(&b, "watches: %s\n", rep.watch)
 	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
 	// faults

@@ -355,3 +355,34 @@ func TestConflictHolderChecker(t *testing.T) {
 		t.Fatalf("the model judged the election history %s", r)
 	}
 }
+
+func TestCheckModelHolds(t *testing.T) {
+	h := func(lock, client string, token uint64, start, end int64, limit int, shared, subtree bool) hold {
+		return hold{Lock: lock, Client: client, Token: token, Start: start, End: end, Limit: limit, Shared: shared, Subtree: subtree}
+	}
+	cases := []struct {
+		name  string
+		holds []hold
+		want  string // the anomaly kind, "" for none
+	}{
+		{"three of limit 3", []hold{h("sem/a", "a", 1, 0, 5*s, 3, false, false), h("sem/a", "b", 2, s, 5*s, 3, false, false), h("sem/a", "c", 3, 2*s, 5*s, 3, false, false)}, ""},
+		{"four of limit 3", []hold{h("sem/a", "a", 1, 0, 5*s, 3, false, false), h("sem/a", "b", 2, s, 5*s, 3, false, false), h("sem/a", "c", 3, 2*s, 5*s, 3, false, false), h("sem/a", "d", 4, 3*s, 4*s, 3, false, false)}, "safety:over-limit"},
+		{"a fourth after one ended", []hold{h("sem/a", "a", 1, 0, 2*s, 3, false, false), h("sem/a", "b", 2, s, 5*s, 3, false, false), h("sem/a", "c", 3, s, 5*s, 3, false, false), h("sem/a", "d", 4, 3*s, 4*s, 3, false, false)}, ""},
+		{"two readers", []hold{h("rw/a", "a", 1, 0, 5*s, 0, true, false), h("rw/a", "b", 2, s, 5*s, 0, true, false)}, ""},
+		{"a writer beside a reader", []hold{h("rw/a", "a", 1, 0, 5*s, 0, true, false), h("rw/a", "b", 2, s, 5*s, 0, false, false)}, "safety:exclusive-overlap"},
+		{"a subtree over a holder inside", []hold{h("tree/a", "a", 1, 0, 5*s, 0, false, false), h("tree", "b", 2, s, 5*s, 0, false, true)}, "safety:subtree-overlap"},
+		{"a holder deep inside a subtree", []hold{h("tree", "a", 1, 0, 5*s, 0, false, true), h("tree/b/c", "b", 2, s, 5*s, 0, false, false)}, "safety:subtree-overlap"},
+		{"shared subtree and shared inside", []hold{h("tree", "a", 1, 0, 5*s, 0, true, true), h("tree/a", "b", 2, s, 5*s, 0, true, false)}, ""},
+		{"a subtree after the holder inside", []hold{h("tree/a", "a", 1, 0, s, 0, false, false), h("tree", "b", 2, 2*s, 5*s, 0, false, true)}, ""},
+		{"a lock inside without a subtree", []hold{h("tree", "a", 1, 0, 5*s, 0, false, false), h("tree/a", "b", 2, s, 5*s, 0, false, false)}, ""},
+	}
+	for _, c := range cases {
+		got := checkModelHolds(nil, c.holds)
+		switch {
+		case c.want == "" && len(got) != 0:
+			t.Errorf("%s: %v", c.name, got)
+		case c.want != "" && (len(got) == 0 || got[0].Kind != c.want):
+			t.Errorf("%s: got %v, want %s", c.name, got, c.want)
+		}
+	}
+}

@@ -83,7 +83,8 @@ func (g *grpcConns) send(ctx context.Context, node int, method, path string, bod
 		}
 		var r *dlockv1.AcquireResponse
 		r, callErr = lc.Acquire(ctx, &dlockv1.AcquireRequest{Name: name, ClientId: b.ClientID, TtlMs: b.TTLms,
-			SessionId: b.SessionID, WaitTimeoutMs: b.WaitTimeoutMs, RequestId: b.RequestID, Takeover: b.Takeover})
+			SessionId: b.SessionID, WaitTimeoutMs: b.WaitTimeoutMs, RequestId: b.RequestID, Takeover: b.Takeover,
+			Limit: int64(b.Limit), Mode: b.Mode, Subtree: b.Subtree})
 		if callErr == nil {
 			out = map[string]any{"acquired": r.Acquired, "fencing_token": r.FencingToken, "lease_id": r.LeaseId,
 				"token_proof": r.TokenProof, "lease_ref": r.LeaseRef}
@@ -136,7 +137,10 @@ func (g *grpcConns) send(ctx context.Context, node int, method, path string, bod
 	}
 	ans := map[string]any{"error": map[string]string{"code": d.Code, "message": st.Message()}}
 	if d.Holder != nil {
-		ans["holder"] = map[string]any{"client_id": d.Holder.ClientId, "fencing_token": d.Holder.FencingToken}
+		ans["holder"] = map[string]any{"client_id": d.Holder.ClientId, "fencing_token": d.Holder.FencingToken, "lock": d.Holder.Lock}
+	}
+	if d.Limit != 0 {
+		ans["limit"] = d.Limit
 	}
 	if d.FencingToken != 0 {
 		ans["fencing_token"] = d.FencingToken

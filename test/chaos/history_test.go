@@ -78,10 +78,14 @@ type Op struct {
 	Value   string `json:"value,omitempty"`   // elections: campaign/proclaim value
 	// Takeover: an acquire that may take the lock (or a place in line)
 	// from another lease of the same client_id.
-	Takeover bool   `json:"takeover,omitempty"`
-	ReqID    string `json:"req_id,omitempty"`
-	Call     int64  `json:"call"`   // first send
-	Return   int64  `json:"return"` // definitive answer; MaxInt64 when unknown
+	Takeover bool `json:"takeover,omitempty"`
+	// Limit, Shared and Subtree: what a lock-model acquire asked for.
+	Limit   int    `json:"limit,omitempty"`
+	Shared  bool   `json:"shared,omitempty"`
+	Subtree bool   `json:"subtree,omitempty"`
+	ReqID   string `json:"req_id,omitempty"`
+	Call    int64  `json:"call"`   // first send
+	Return  int64  `json:"return"` // definitive answer; MaxInt64 when unknown
 
 	Out          string `json:"out"`
 	OutToken     uint64 `json:"out_token,omitempty"`
@@ -186,6 +190,10 @@ type hold struct {
 	End     int64  `json:"end"`
 	Why     string `json:"why"`
 	GrantOp int    `json:"grant_op"`
+	// The grant's kind, on the lock-model locks.
+	Limit   int  `json:"limit,omitempty"`
+	Shared  bool `json:"shared,omitempty"`
+	Subtree bool `json:"subtree,omitempty"`
 }
 
 // history collects everything the checkers read.

@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,31 @@ type lockSpec struct {
 	// every grant and release on them is checked without expiry's leeway.
 	// Their clients always release them (or take them over after a crash).
 	long bool
+	// The lock model (model locks): a counting lock's limit; rw: each
+	// acquire is shared or exclusive at random; subtree: every grant
+	// covers the names below.
+	limit   int
+	rw      bool
+	subtree bool
+}
+
+// modelLocks are the locks of the lock model: a counting lock, a
+// shared/exclusive one, and a subtree lock with locks inside it. Their
+// grants overlap by design, so the one-holder checkers (holds, fence,
+// linearizability, conflict holders) leave them to checkModelHolds.
+func modelLocks() []lockSpec {
+	return []lockSpec{
+		{name: "sem/a", ttl: 2 * time.Second, limit: 3},
+		{name: "rw/a", ttl: 2 * time.Second, rw: true},
+		{name: "tree", ttl: 2 * time.Second, rw: true, subtree: true},
+		{name: "tree/a", ttl: 1500 * time.Millisecond, rw: true},
+		{name: "tree/b/c", ttl: 1500 * time.Millisecond},
+	}
+}
+
+// isModelLock reports whether a lock is one of modelLocks.
+func isModelLock(name string) bool {
+	return strings.HasPrefix(name, "sem/") || strings.HasPrefix(name, "rw/") || name == "tree" || strings.HasPrefix(name, "tree/")
 }
 
 const longTTL = 600 * time.Second
@@ -44,6 +70,7 @@ type workload struct {
 	api *apiClient
 
 	hot, cold []lockSpec
+	model     []lockSpec
 	sess      []string
 
 	stopping chan struct{} // closed: finish the current job, clean up, return
@@ -92,6 +119,7 @@ type belief struct {
 func newWorkload(clk *clock, h *history, api *apiClient, seed uint64, nImplicit, nSession int) *workload {
 	w := &workload{clk: clk, h: h, api: api, stopping: make(chan struct{}), abort: make(chan struct{})}
 	w.hot, w.cold, w.sess = buildLocks()
+	w.model = modelLocks()
 	for i := range nImplicit + nSession {
 		c := &client{
 			w: w, idx: i, id: fmt.Sprintf("c%d", i),
@@ -192,7 +220,10 @@ func (c *client) endHold(b *belief, t int64, why string) {
 }
 
 func (c *client) pickLock() lockSpec {
-	if c.rng.IntN(100) < 70 {
+	switch r := c.rng.IntN(100); {
+	case r < 15:
+		return c.w.model[c.rng.IntN(len(c.w.model))]
+	case r < 70:
 		return c.w.hot[c.rng.IntN(len(c.w.hot))]
 	}
 	return c.w.cold[c.rng.IntN(len(c.w.cold))]
@@ -242,6 +273,8 @@ func (c *client) job(spec lockSpec) {
 	// Some acquires take over what an earlier incarnation of this client_id
 	// left behind; the others wait for it or are refused like anyone.
 	op.Takeover = c.rng.IntN(100) < 25
+	op.Limit, op.Subtree = spec.limit, spec.subtree
+	op.Shared = spec.rw && c.rng.IntN(100) < 60
 	o := c.opts()
 	if op.Wait > 0 {
 		o.attempt = time.Second // plus the wait
@@ -250,7 +283,8 @@ func (c *client) job(spec lockSpec) {
 	switch op.Out {
 	case oOK:
 		b := &belief{spec: spec, token: op.OutToken, lease: op.OutLease, bound: op.Call + int64(spec.ttl)}
-		b.hd = &hold{Lock: spec.name, Client: c.id, Inc: c.inc, Token: op.OutToken, Lease: op.OutLease, Start: op.Return, GrantOp: op.ID}
+		b.hd = &hold{Lock: spec.name, Client: c.id, Inc: c.inc, Token: op.OutToken, Lease: op.OutLease, Start: op.Return, GrantOp: op.ID,
+			Limit: op.Limit, Shared: op.Shared, Subtree: op.Subtree}
 		if op.Return >= b.bound {
 			c.endHold(b, op.Return, "granted after its bound")
 			return
@@ -293,7 +327,12 @@ func (c *client) hold(b *belief) {
 			c.lost(b, b.bound, "bound passed")
 			return
 		}
-		accepted, late := c.w.h.fencedWrite(b.spec.name, c.id, c.inc, b.token, b.bound, false)
+		// A model lock has several holders by design: its one register
+		// would refuse all but the newest token.
+		accepted, late := true, false
+		if !isModelLock(b.spec.name) {
+			accepted, late = c.w.h.fencedWrite(b.spec.name, c.id, c.inc, b.token, b.bound, false)
+		}
 		if late {
 			c.lost(b, b.bound, "bound passed")
 			return
@@ -409,7 +448,9 @@ func (c *client) pausedWrite(b *belief, d time.Duration) {
 	}
 	c.w.pauses.Add(1)
 	c.sleep(d)
-	c.w.h.fencedWrite(b.spec.name, c.id, c.inc, b.token, b.bound, true)
+	if !isModelLock(b.spec.name) {
+		c.w.h.fencedWrite(b.spec.name, c.id, c.inc, b.token, b.bound, true)
+	}
 	now := c.now()
 	if now < b.bound {
 		// A pause shorter than the bound (long locks): carry on holding.

@@ -43,6 +43,15 @@ func wsSend(ctx context.Context, url string, method, path string, body any) (cod
 		if b.Takeover {
 			msg["takeover"] = true
 		}
+		if b.Limit != 0 {
+			msg["limit"] = b.Limit
+		}
+		if b.Mode != "" {
+			msg["mode"] = b.Mode
+		}
+		if b.Subtree {
+			msg["subtree"] = true
+		}
 	case tokenBody:
 		if action != "release" && action != "renew" {
 			return 0, nil, false, nil
@@ -78,6 +87,7 @@ func wsSend(ctx context.Context, url string, method, path string, body any) (cod
 			Error        *apiError       `json:"error"`
 			Holder       json.RawMessage `json:"holder"`
 			FencingToken uint64          `json:"fencing_token"`
+			Limit        int             `json:"limit"`
 		}
 		if err := json.Unmarshal(data, &ans); err != nil || ans.ID != "1" {
 			continue // not the answer to this call
@@ -90,6 +100,9 @@ func wsSend(ctx context.Context, url string, method, path string, body any) (cod
 			return code, data, true, nil
 		}
 		conflict := map[string]any{"error": ans.Error}
+		if ans.Limit != 0 {
+			conflict["limit"] = ans.Limit
+		}
 		if len(ans.Holder) > 0 {
 			conflict["holder"] = ans.Holder
 		}

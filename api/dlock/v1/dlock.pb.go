@@ -54,7 +54,9 @@ type ErrorDetail struct {
 	// On lock_lost from Acquire or Campaign: the fencing token of the grant
 	// that ended before its answer arrived (HTTP's 409 has it as
 	// fencing_token); from Renew: the token of the revoked grant.
-	FencingToken  uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	FencingToken uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// On limit_mismatch from Acquire: the limit the lock is in use with.
+	Limit         int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,13 +126,29 @@ func (x *ErrorDetail) GetFencingToken() uint64 {
 	return 0
 }
 
+func (x *ErrorDetail) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // Holder is the public view of who holds a lock.
 type Holder struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	GrantedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ClientId     string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	FencingToken uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	GrantedAt    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// A lock holder's grant: "exclusive" or "shared" (empty for an election's
+	// leader).
+	Mode string `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant covers the names below its lock.
+	Subtree bool `protobuf:"varint,6,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// In a lock_held refusal caused by a grant on another lock (a subtree
+	// grant above the name asked for, or a grant inside the subtree asked
+	// for): that lock's name.
+	Lock          string `protobuf:"bytes,7,opt,name=lock,proto3" json:"lock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +211,27 @@ func (x *Holder) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Holder) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Holder) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
+}
+
+func (x *Holder) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
 type AcquireRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -210,6 +249,15 @@ type AcquireRequest struct {
 	// held lock (lock_held, or wait). With ACLs it needs a token whose
 	// client_ids names this client_id (or a management token).
 	Takeover bool `protobuf:"varint,7,opt,name=takeover,proto3" json:"takeover,omitempty"`
+	// 1-10000 (0 means 1): a counting lock admits up to limit exclusive
+	// holders at once. The acquire that finds the lock unused sets it; any
+	// other with a different limit gets limit_mismatch.
+	Limit int64 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// "exclusive" (the default, also "") or "shared": shared holders coexist,
+	// a shared and an exclusive holder never do. Shared needs limit 1.
+	Mode string `protobuf:"bytes,9,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant covers the name and every name below it ("a" covers "a/b").
+	Subtree bool `protobuf:"varint,10,opt,name=subtree,proto3" json:"subtree,omitempty"`
 	// The holder's value while it holds the lock (at most 4 KiB).
 	Value string `protobuf:"bytes,20,opt,name=value,proto3" json:"value,omitempty"`
 	// 0-60000: after this grant ends by expiry or revoke, nobody gets the
@@ -294,6 +342,27 @@ func (x *AcquireRequest) GetRequestId() string {
 func (x *AcquireRequest) GetTakeover() bool {
 	if x != nil {
 		return x.Takeover
+	}
+	return false
+}
+
+func (x *AcquireRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
 	}
 	return false
 }
@@ -755,12 +824,21 @@ func (x *GetLockRequest) GetStale() bool {
 
 // Lock is the public state of one lock.
 type Lock struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Held     bool                   `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
-	Holder   *Holder                `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
-	Waiters  int64                  `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
-	Revision uint64                 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Held  bool                   `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	// The first holder in grant order (the only one of a mutex).
+	Holder   *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Waiters  int64   `protobuf:"varint,4,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	Revision uint64  `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The lock's limit (1: a mutex).
+	Limit int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The holders' mode when held: "exclusive" or "shared".
+	Mode string `protobuf:"bytes,7,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Some holder's grant covers the names below the lock.
+	Subtree bool `protobuf:"varint,8,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// Every holder, in grant order.
+	Holders []*Holder `protobuf:"bytes,9,rep,name=holders,proto3" json:"holders,omitempty"`
 	// The holder's value.
 	Value string `protobuf:"bytes,20,opt,name=value,proto3" json:"value,omitempty"`
 	// Set while a lock-delay keeps the lock from everyone.
@@ -832,6 +910,34 @@ func (x *Lock) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Lock) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *Lock) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Lock) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
+}
+
+func (x *Lock) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
 }
 
 func (x *Lock) GetValue() string {
@@ -2920,6 +3026,11 @@ type Event struct {
 	Cause        string                 `protobuf:"bytes,7,opt,name=cause,proto3" json:"cause,omitempty"`
 	Value        string                 `protobuf:"bytes,8,opt,name=value,proto3" json:"value,omitempty"`
 	At           *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=at,proto3" json:"at,omitempty"`
+	// A lock event's grant or wait mode (acquired, released, expired, queued,
+	// dequeued): "exclusive" or "shared".
+	Mode string `protobuf:"bytes,10,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The grant or wait covers the names below the lock.
+	Subtree bool `protobuf:"varint,11,opt,name=subtree,proto3" json:"subtree,omitempty"`
 	// A revoke's reason (type revoked).
 	Reason        string `protobuf:"bytes,20,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -3017,6 +3128,20 @@ func (x *Event) GetAt() *timestamppb.Timestamp {
 		return x.At
 	}
 	return nil
+}
+
+func (x *Event) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Event) GetSubtree() bool {
+	if x != nil {
+		return x.Subtree
+	}
+	return false
 }
 
 func (x *Event) GetReason() string {
@@ -3869,20 +3994,24 @@ var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
-	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x01\n" +
+	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe0\x01\n" +
 	"\vErrorDetail\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12(\n" +
 	"\x06holder\x18\x02 \x01(\v2\x10.dlock.v1.HolderR\x06holder\x122\n" +
 	"\acurrent\x18\x03 \x01(\v2\x18.dlock.v1.ElectionLeaderR\acurrent\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12#\n" +
-	"\rfencing_token\x18\x05 \x01(\x04R\ffencingToken\"\xc0\x01\n" +
+	"\rfencing_token\x18\x05 \x01(\x04R\ffencingToken\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\"\x82\x02\n" +
 	"\x06Holder\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
 	"\n" +
 	"granted_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x94\x02\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\x06 \x01(\bR\asubtree\x12\x12\n" +
+	"\x04lock\x18\a \x01(\tR\x04lock\"\xd8\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x15\n" +
@@ -3893,6 +4022,10 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1a\n" +
 	"\btakeover\x18\a \x01(\bR\btakeover\x12\x14\n" +
+	"\x05limit\x18\b \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04mode\x18\t \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\n" +
+	" \x01(\bR\asubtree\x12\x14\n" +
 	"\x05value\x18\x14 \x01(\tR\x05value\x12\"\n" +
 	"\rlock_delay_ms\x18\x15 \x01(\x03R\vlockDelayMs\"\x82\x02\n" +
 	"\x0fAcquireResponse\x12\x1a\n" +
@@ -3933,13 +4066,17 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\":\n" +
 	"\x0eGetLockRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xe5\x01\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xd5\x02\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\x12(\n" +
 	"\x06holder\x18\x03 \x01(\v2\x10.dlock.v1.HolderR\x06holder\x12\x18\n" +
 	"\awaiters\x18\x04 \x01(\x03R\awaiters\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x04R\brevision\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04mode\x18\a \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\b \x01(\bR\asubtree\x12*\n" +
+	"\aholders\x18\t \x03(\v2\x10.dlock.v1.HolderR\aholders\x12\x14\n" +
 	"\x05value\x18\x14 \x01(\tR\x05value\x12?\n" +
 	"\rdelayed_until\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\fdelayedUntil\"5\n" +
 	"\x0fGetLockResponse\x12\"\n" +
@@ -4111,7 +4248,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\belection\x18\x01 \x01(\v2\x12.dlock.v1.ElectionR\belection\"K\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\x91\x02\n" +
+	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\xbf\x02\n" +
 	"\x05Event\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
@@ -4121,7 +4258,10 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\x12\x14\n" +
 	"\x05cause\x18\a \x01(\tR\x05cause\x12\x14\n" +
 	"\x05value\x18\b \x01(\tR\x05value\x12*\n" +
-	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
+	"\x04mode\x18\n" +
+	" \x01(\tR\x04mode\x12\x18\n" +
+	"\asubtree\x18\v \x01(\bR\asubtree\x12\x16\n" +
 	"\x06reason\x18\x14 \x01(\tR\x06reason\"6\n" +
 	"\rWatchResponse\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"\xa1\x01\n" +
@@ -4287,84 +4427,85 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	58, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
 	58, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: dlock.v1.Lock.holder:type_name -> dlock.v1.Holder
-	58, // 7: dlock.v1.Lock.delayed_until:type_name -> google.protobuf.Timestamp
-	9,  // 8: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
-	9,  // 9: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
-	58, // 10: dlock.v1.Grant.granted_at:type_name -> google.protobuf.Timestamp
-	58, // 11: dlock.v1.Grant.ended_at:type_name -> google.protobuf.Timestamp
-	14, // 12: dlock.v1.GetHistoryResponse.grants:type_name -> dlock.v1.Grant
-	58, // 13: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 14: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 15: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 16: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
-	58, // 17: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 18: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
-	58, // 19: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 20: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
-	58, // 21: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 22: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
-	58, // 23: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
-	41, // 24: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
-	43, // 25: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
-	43, // 26: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
-	48, // 27: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
-	49, // 28: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 29: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 30: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 31: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
-	2,  // 32: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 33: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
-	6,  // 34: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
-	8,  // 35: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
-	11, // 36: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
-	13, // 37: dlock.v1.LockService.GetHistory:input_type -> dlock.v1.GetHistoryRequest
-	16, // 38: dlock.v1.LockService.Revoke:input_type -> dlock.v1.RevokeRequest
-	18, // 39: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
-	20, // 40: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
-	22, // 41: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
-	24, // 42: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
-	28, // 43: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
-	30, // 44: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
-	32, // 45: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
-	34, // 46: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
-	36, // 47: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
-	38, // 48: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
-	40, // 49: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
-	50, // 50: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
-	52, // 51: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
-	54, // 52: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
-	56, // 53: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
-	44, // 54: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
-	46, // 55: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
-	3,  // 56: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
-	5,  // 57: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
-	7,  // 58: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 59: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
-	12, // 60: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
-	15, // 61: dlock.v1.LockService.GetHistory:output_type -> dlock.v1.GetHistoryResponse
-	17, // 62: dlock.v1.LockService.Revoke:output_type -> dlock.v1.RevokeResponse
-	19, // 63: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
-	21, // 64: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
-	23, // 65: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
-	25, // 66: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
-	29, // 67: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
-	31, // 68: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
-	33, // 69: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
-	35, // 70: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
-	37, // 71: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
-	39, // 72: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
-	42, // 73: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
-	51, // 74: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
-	53, // 75: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
-	55, // 76: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
-	57, // 77: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
-	45, // 78: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
-	47, // 79: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
-	56, // [56:80] is the sub-list for method output_type
-	32, // [32:56] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	1,  // 7: dlock.v1.Lock.holders:type_name -> dlock.v1.Holder
+	58, // 8: dlock.v1.Lock.delayed_until:type_name -> google.protobuf.Timestamp
+	9,  // 9: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
+	9,  // 10: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
+	58, // 11: dlock.v1.Grant.granted_at:type_name -> google.protobuf.Timestamp
+	58, // 12: dlock.v1.Grant.ended_at:type_name -> google.protobuf.Timestamp
+	14, // 13: dlock.v1.GetHistoryResponse.grants:type_name -> dlock.v1.Grant
+	58, // 14: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 15: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 16: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 17: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
+	58, // 18: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 19: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
+	58, // 20: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 21: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
+	58, // 22: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 23: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
+	58, // 24: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
+	41, // 25: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
+	43, // 26: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
+	43, // 27: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
+	48, // 28: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
+	49, // 29: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 30: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 31: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 32: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
+	2,  // 33: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 34: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
+	6,  // 35: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
+	8,  // 36: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
+	11, // 37: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
+	13, // 38: dlock.v1.LockService.GetHistory:input_type -> dlock.v1.GetHistoryRequest
+	16, // 39: dlock.v1.LockService.Revoke:input_type -> dlock.v1.RevokeRequest
+	18, // 40: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
+	20, // 41: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
+	22, // 42: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
+	24, // 43: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
+	28, // 44: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
+	30, // 45: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
+	32, // 46: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
+	34, // 47: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
+	36, // 48: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
+	38, // 49: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
+	40, // 50: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
+	50, // 51: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
+	52, // 52: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
+	54, // 53: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
+	56, // 54: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
+	44, // 55: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
+	46, // 56: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
+	3,  // 57: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
+	5,  // 58: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
+	7,  // 59: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
+	10, // 60: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
+	12, // 61: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
+	15, // 62: dlock.v1.LockService.GetHistory:output_type -> dlock.v1.GetHistoryResponse
+	17, // 63: dlock.v1.LockService.Revoke:output_type -> dlock.v1.RevokeResponse
+	19, // 64: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
+	21, // 65: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
+	23, // 66: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
+	25, // 67: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
+	29, // 68: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
+	31, // 69: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
+	33, // 70: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
+	35, // 71: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
+	37, // 72: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
+	39, // 73: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
+	42, // 74: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
+	51, // 75: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
+	53, // 76: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
+	55, // 77: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
+	57, // 78: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
+	45, // 79: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
+	47, // 80: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
+	57, // [57:81] is the sub-list for method output_type
+	33, // [33:57] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
