@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -362,3 +363,36 @@ func TestLockValues(t *testing.T) {
 		t.Fatalf("a version 5 acquire with a lock value: %v", res.Status)
 	}
 }
+
+// With several holders (a counting lock), each grant ends on its own
+// record; a revoke without a token ends every grant there is at that
+// moment, not the waiter it lets in; a lock-delay is for a plain mutex.
+func TestRevokeEveryHolderOfACountingLock(t *testing.T) {
+	h := newHarness(t)
+	a := h.do("a", &command.Acquire{Name: "sem", LeaseID: lid(1), TTLms: ttl, Limit: 2})
+	b := h.do("b", &command.Acquire{Name: "sem", LeaseID: lid(2), TTLms: ttl, Limit: 2})
+	mustStatus(t, a, command.StatusOK)
+	mustStatus(t, b, command.StatusOK)
+	mustStatus(t, h.do("c", &command.Acquire{Name: "sem", LeaseID: lid(3), TTLms: ttl, Limit: 2, WaitMs: 60_000}), command.StatusQueued)
+	if got := h.s.History("sem", 10); len(got) != 2 || got[0].Token != b.Token || got[1].Token != a.Token || got[0].Cause != 0 {
+		t.Fatalf("history of two holders: %+v", got)
+	}
+	mustStatus(t, h.do("op", &command.Revoke{Name: "sem", Token: a.Token + 100, Reason: "x"}), command.StatusNotHolder)
+	r := h.do("op", &command.Revoke{Name: "sem", Reason: "drain"})
+	mustStatus(t, r, command.StatusOK)
+	if r.Message != strings.Join([]string{uintStr(a.Token), uintStr(b.Token)}, " ") {
+		t.Fatalf("revoked tokens %q, want both holders'", r.Message)
+	}
+	li := h.s.GetLock("sem")
+	if !li.Held || len(li.Holders) != 1 || li.Holders[0].ClientID != "c" {
+		t.Fatalf("after revoking every holder: %+v; want c let in", li)
+	}
+	got := h.s.History("sem", 10)
+	if len(got) != 3 || got[1].Cause != EndRevoked || got[2].Cause != EndRevoked || got[1].Reason != "drain" {
+		t.Fatalf("history %+v", got)
+	}
+	mustStatus(t, h.do("d", &command.Acquire{Name: "sem2", LeaseID: lid(4), TTLms: ttl, Limit: 2, LockDelayMs: 1000}), command.StatusInvalid)
+	mustStatus(t, h.do("d", &command.Acquire{Name: "tree", LeaseID: lid(5), TTLms: ttl, Subtree: true, LockDelayMs: 1000}), command.StatusInvalid)
+}
+
+func uintStr(v uint64) string { return strconv.FormatUint(v, 10) }
