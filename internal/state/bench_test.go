@@ -247,6 +247,22 @@ func BenchmarkHeldMemory(b *testing.B) {
 	}
 }
 
+// heldTwice takes n locks, releases each and takes it again under a new
+// lease: every lock is held and has one ended grant in the history (or
+// fewer, when the history's bounds drop them).
+func heldTwice(b *testing.B, st *benchState, n int) {
+	// Each command gets strings of its own, as decoding a log entry gives.
+	client := func(i int) string { return fmt.Sprintf("worker-%08d", i) }
+	name := func(i int) string { return fmt.Sprintf("bench/held/%08d", i) }
+	for i := range n {
+		r := st.apply(b, client(i), fmt.Sprintf("req-%08d", i), &command.Acquire{Name: name(i), LeaseID: benchLease(i), TTLms: 600_000})
+		st.must(b, r, command.StatusOK)
+		st.must(b, st.apply(b, client(i), fmt.Sprintf("rel-%08d", i), &command.Release{Name: name(i), LeaseID: benchLease(i), Token: r.Token}), command.StatusOK)
+		st.must(b, st.apply(b, client(i), fmt.Sprintf("again-%08d", i),
+			&command.Acquire{Name: name(i), LeaseID: benchLease(n + i), TTLms: 600_000}), command.StatusOK)
+	}
+}
+
 // BenchmarkHeldMemoryWithHistory is BenchmarkHeldMemory where every lock
 // was held and released once before it was taken again: the history keeps
 // one ended grant per lock (the most a million locks keep under the default
@@ -259,17 +275,7 @@ func BenchmarkHeldMemoryWithHistory(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		st := newBenchState()
-		for i := range n {
-			r := st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("req-%08d", i),
-				&command.Acquire{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(i), TTLms: 600_000})
-			st.must(b, r, command.StatusOK)
-			st.must(b, st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("rel-%08d", i),
-				&command.Release{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(i), Token: r.Token}), command.StatusOK)
-		}
-		for i := range n {
-			st.must(b, st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("again-%08d", i),
-				&command.Acquire{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(n + i), TTLms: 600_000}), command.StatusOK)
-		}
+		heldTwice(b, st, n)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		if got, _ := st.s.HistoryStats(); got != n {
@@ -291,15 +297,7 @@ func BenchmarkMillionHeldWithHistory(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		st := newBenchState()
-		for i := range n {
-			r := st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("req-%08d", i),
-				&command.Acquire{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(i), TTLms: 600_000})
-			st.must(b, r, command.StatusOK)
-			st.must(b, st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("rel-%08d", i),
-				&command.Release{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(i), Token: r.Token}), command.StatusOK)
-			st.must(b, st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("again-%08d", i),
-				&command.Acquire{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(n + i), TTLms: 600_000}), command.StatusOK)
-		}
+		heldTwice(b, st, n)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		records, bytes := st.s.HistoryStats()
