@@ -69,10 +69,12 @@ type acquireParams struct {
 }
 
 // lockKind is what an acquire asks for beyond the name: a counting lock's
-// limit, the shared mode, a subtree.
+// limit, the shared mode, a subtree; and the holder's value and lock-delay.
 type lockKind struct {
 	limit           int
 	shared, subtree bool
+	value           string
+	lockDelay       time.Duration
 }
 
 func (k lockKind) mode() string {
@@ -90,7 +92,7 @@ func (c *Client) acquire(ctx context.Context, p acquireParams) (*Grant, time.Tim
 		return nil, time.Time{}, err
 	}
 	req := acquireRequest{ClientID: c.id, SessionID: p.sessionID, WaitTimeoutMs: p.wait.Milliseconds(), RequestID: p.requestID, Takeover: p.takeover,
-		Limit: p.kind.limit, Mode: p.kind.mode(), Subtree: p.kind.subtree}
+		Limit: p.kind.limit, Mode: p.kind.mode(), Subtree: p.kind.subtree, Value: p.kind.value, LockDelayMs: p.kind.lockDelay.Milliseconds()}
 	if p.sessionID == "" {
 		req.TTLms = p.ttl.Milliseconds()
 	}
@@ -179,6 +181,12 @@ func (c *Client) Renew(ctx context.Context, name string, token uint64, leaseID s
 }
 
 func (c *Client) renew(ctx context.Context, name string, token uint64, leaseID string, ttl, attemptTimeout time.Duration) (time.Time, time.Time, error) {
+	return c.renewWith(ctx, name, token, leaseID, ttl, attemptTimeout, nil)
+}
+
+// renewWith is renew that also replaces the holder's value when value is
+// not nil.
+func (c *Client) renewWith(ctx context.Context, name string, token uint64, leaseID string, ttl, attemptTimeout time.Duration, value *string) (time.Time, time.Time, error) {
 	path, err := lockPath(name, "renew")
 	if err != nil {
 		return time.Time{}, time.Time{}, err
@@ -186,7 +194,7 @@ func (c *Client) renew(ctx context.Context, name string, token uint64, leaseID s
 	id := newRequestID()
 	var out renewResponse
 	sent, err := c.do(ctx, call{method: http.MethodPost, path: path, out: &out, timeout: attemptTimeout, requestID: id,
-		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, TTLms: ttl.Milliseconds(), RequestID: id}})
+		body: holderRequest{ClientID: c.id, FencingToken: token, LeaseID: leaseID, TTLms: ttl.Milliseconds(), RequestID: id, Value: value}})
 	if err != nil {
 		return sent, time.Time{}, err
 	}

@@ -486,6 +486,7 @@ func decodeError(status int, data []byte) *APIError {
 	var er errorResponse
 	if json.Unmarshal(data, &er) == nil && er.Error != nil {
 		e.Code, e.Message, e.Holder, e.Limit = er.Error.Code, er.Error.Message, er.Holder, er.Limit
+		e.FencingToken, e.RetryAfter = er.FencingToken, time.Duration(er.Error.RetryAfterMs)*time.Millisecond
 		return e
 	}
 	msg := strings.TrimSpace(string(data))

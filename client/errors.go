@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
 // Errors callers branch on with errors.Is. Errors that come from a server
@@ -23,7 +24,15 @@ var (
 	// in a failover, retried after the unclaimed lease had lapsed. Mutex.Lock
 	// and Election.Campaign handle it by trying again; the low-level calls
 	// return it.
+	//
+	// A renewal answered with it means an operator revoked the grant
+	// (Client.Revoke): the Lease ends with it.
 	ErrLockLost = errors.New("dlock: the lock was granted but lost before the answer arrived")
+	// ErrLockDelayed: the lock is in a lock-delay after its last holder's
+	// grant ended by expiry or revoke; nobody gets it until
+	// APIError.RetryAfter has passed. Lock (which waits in line) never
+	// returns it; TryLock and a low-level Acquire without a wait do.
+	ErrLockDelayed = errors.New("dlock: the lock is in a lock-delay")
 	// ErrNotHolder: a release or renew named a token and lease that do not
 	// hold the lock (it expired, was released, or was never yours).
 	ErrNotHolder = errors.New("dlock: not the holder of the lock")
@@ -80,6 +89,8 @@ const (
 	// CodeDiskFull: the leader's disk is below its free-space reserve; new
 	// writes are refused until space returns (it matches ErrUnavailable).
 	CodeDiskFull = "disk_full"
+	// CodeLockDelayed: see ErrLockDelayed.
+	CodeLockDelayed = "lock_delayed"
 )
 
 // codeNotFound answers a request for a thing the cluster does not have.
@@ -94,6 +105,10 @@ type APIError struct {
 	HTTPStatus int
 	// Holder is who holds the lock, on lock_held and wait_timeout answers.
 	Holder *Holder
+	// FencingToken is, on lock_lost, the token of the grant that ended.
+	FencingToken uint64
+	// RetryAfter is, on lock_delayed, how long the lock-delay has left.
+	RetryAfter time.Duration
 	// Limit is the lock's limit, on limit_mismatch answers.
 	Limit int
 }
@@ -116,6 +131,8 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrWaitTimeout
 	case CodeLockLost:
 		return target == ErrLockLost
+	case CodeLockDelayed:
+		return target == ErrLockDelayed
 	case CodeNotHolder:
 		return target == ErrNotHolder
 	case CodeSessionNotFound:

@@ -133,7 +133,8 @@ func (k *keeper) keepAlive(renew func(ctx context.Context) (time.Time, error)) {
 			retryAt = time.Time{}
 		case k.ctx.Err() != nil:
 			return
-		case errors.Is(err, ErrNotHolder), errors.Is(err, ErrSessionExpired):
+		case errors.Is(err, ErrNotHolder), errors.Is(err, ErrSessionExpired), errors.Is(err, ErrLockLost):
+			// ErrLockLost on a renewal: an operator revoked the grant.
 			if k.end(lost(err)) {
 				k.c.log.Warn("dlock: "+k.what+" lost", "err", err)
 			}
@@ -159,8 +160,33 @@ func (k *keeper) follow(parent *keeper) {
 
 // Lease is one holding of a lock. It renews itself (or, for a lock held under
 // a Session, lives as long as the session) until Unlock or until it is lost.
+// A grant an operator revokes (Client.Revoke) is lost at its next renewal,
+// at most a third of the TTL later: Done closes and Err wraps ErrLeaseLost
+// and ErrLockLost. (A lock held under a Session is renewed by the session's
+// keepalive, which does not learn of a revoke: Unlock then fails with
+// ErrNotHolder. Fencing tokens protect the resource either way.)
 type Lease struct {
 	*held
+}
+
+// SetValue replaces the value the lock's holder shows in GET, list, watch
+// events and the history (at most 4 KiB; "" clears it). It is sent as a
+// renewal, so it also extends the lease.
+func (l *Lease) SetValue(ctx context.Context, value string) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	sent, _, err := l.k.c.renewWith(ctx, l.name, l.token, l.leaseID, 0, 0, &value)
+	if err != nil {
+		if errors.Is(err, ErrNotHolder) || errors.Is(err, ErrLockLost) {
+			l.k.end(lost(err))
+		}
+		return err
+	}
+	if l.session == nil {
+		l.k.extend(sent)
+	}
+	return nil
 }
 
 // release ends the lease and gives the lock back.

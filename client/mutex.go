@@ -36,6 +36,18 @@ func WithSession(s *Session) MutexOption { return func(m *Mutex) { m.session = s
 // takes over the seat, or the place in line, of the same candidate id.
 func WithTakeover() MutexOption { return func(m *Mutex) { m.takeover = true } }
 
+// WithValue gives the holder a value (at most 4 KiB) that GET, list, watch
+// events and the lock's history show while it holds the lock: who holds it,
+// where, doing what. Lease.SetValue replaces it.
+func WithValue(v string) MutexOption { return func(m *Mutex) { m.value = v } }
+
+// WithLockDelay (0 to 60 s, whole milliseconds) keeps the lock from everyone
+// for d after this client's grant ends by expiry or revoke — never after
+// Unlock — for resources that cannot check fencing tokens: a holder that
+// stopped renewing gets that much more time to notice before the next one
+// starts.
+func WithLockDelay(d time.Duration) MutexOption { return func(m *Mutex) { m.lockDelay = d } }
+
 // WithSubtree makes the lock cover its name and every name below it: a
 // Mutex on "billing" with WithSubtree keeps out "billing/job-A" and
 // "billing/x/y" (not "billing2"), and waits for their holders. With an
@@ -46,12 +58,14 @@ func WithSubtree() MutexOption { return func(m *Mutex) { m.subtree = true } }
 // Mutex is a distributed lock. Mutexes of one Client also exclude each other
 // locally, so two goroutines sharing a Client cannot both hold a name.
 type Mutex struct {
-	c        *Client
-	name     string
-	ttl      time.Duration
-	session  *Session
-	takeover bool
-	subtree  bool
+	c         *Client
+	name      string
+	ttl       time.Duration
+	session   *Session
+	takeover  bool
+	subtree   bool
+	value     string
+	lockDelay time.Duration
 
 	mu     sync.Mutex
 	lease  *Lease
@@ -105,7 +119,13 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (*Lease, error) {
 	} else if unlock = m.c.locals.tryLock(m.name); unlock == nil {
 		return nil, fmt.Errorf("%w: %q is held by another Mutex of this client", ErrLockHeld, m.name)
 	}
-	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover, lockKind{subtree: m.subtree})
+	if len(m.value) > maxValueLen {
+		return nil, fmt.Errorf("%w: WithValue of %d bytes; the limit is %d", ErrInvalidArgument, len(m.value), maxValueLen)
+	}
+	if m.lockDelay < 0 || m.lockDelay > maxLockDelay {
+		return nil, fmt.Errorf("%w: WithLockDelay(%s) must be between 0 and %s", ErrInvalidArgument, m.lockDelay, maxLockDelay)
+	}
+	l, err := m.c.lockLease(ctx, m.name, m.ttl, m.session, wait, m.takeover, lockKind{subtree: m.subtree, value: m.value, lockDelay: m.lockDelay})
 	if err != nil {
 		unlock()
 		return nil, err

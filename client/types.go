@@ -39,6 +39,34 @@ type LockStatus struct {
 	// Holders are every holder, in grant order.
 	Holders  []Holder `json:"holders"`
 	Revision uint64   `json:"revision"`
+	// Value is the holder's value (WithValue, Lease.SetValue).
+	Value string `json:"value,omitempty"`
+	// DelayedUntil is set while a lock-delay keeps the lock from everyone
+	// (WithLockDelay).
+	DelayedUntil time.Time `json:"delayed_until,omitzero"`
+}
+
+// GrantRecord is one grant in a lock's history. EndedAt and EndCause are
+// empty for a grant that holds the lock now.
+type GrantRecord struct {
+	FencingToken uint64    `json:"fencing_token"`
+	ClientID     string    `json:"client_id"`
+	Value        string    `json:"value,omitempty"`
+	GrantedAt    time.Time `json:"granted_at"`
+	EndedAt      time.Time `json:"ended_at,omitzero"`
+	// EndCause is "released", "expired", "session_deleted", "revoked",
+	// "taken_over" or "resigned"; "" while the grant holds.
+	EndCause    string `json:"end_cause,omitempty"`
+	Reason      string `json:"reason,omitempty"` // a revoke's
+	TTLms       int64  `json:"ttl_ms"`
+	LockDelayMs int64  `json:"lock_delay_ms,omitempty"`
+}
+
+// History is a lock's (or an election's) recent grants, newest first.
+type History struct {
+	Name     string        `json:"name"`
+	Grants   []GrantRecord `json:"grants"`
+	Revision uint64        `json:"revision"`
 }
 
 // Member is one node of the cluster.
@@ -105,6 +133,8 @@ type acquireRequest struct {
 	Limit         int    `json:"limit,omitempty"`
 	Mode          string `json:"mode,omitempty"`
 	Subtree       bool   `json:"subtree,omitempty"`
+	Value         string `json:"value,omitempty"`
+	LockDelayMs   int64  `json:"lock_delay_ms,omitempty"`
 }
 
 type acquireResponse struct {
@@ -123,6 +153,21 @@ type holderRequest struct {
 	LeaseID      string `json:"lease_id"`
 	TTLms        int64  `json:"ttl_ms,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
+	// Value, when set, replaces the holder's value (renew only).
+	Value *string `json:"value,omitempty"`
+}
+
+type revokeRequest struct {
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+	Reason       string `json:"reason"`
+	ClientID     string `json:"client_id,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+}
+
+type revokeResponse struct {
+	Revoked       bool     `json:"revoked"`
+	FencingToken  uint64   `json:"fencing_token"`
+	FencingTokens []uint64 `json:"fencing_tokens"`
 }
 
 type renewResponse struct {
@@ -152,9 +197,11 @@ type sessionResponse struct {
 // acquire conflict, which adds the holder.
 type errorResponse struct {
 	Error *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
+		Code         string `json:"code"`
+		Message      string `json:"message"`
+		RetryAfterMs int64  `json:"retry_after_ms"`
 	} `json:"error"`
-	Holder *Holder `json:"holder"`
-	Limit  int     `json:"limit"`
+	Holder       *Holder `json:"holder"`
+	Limit        int     `json:"limit"`
+	FencingToken uint64  `json:"fencing_token"`
 }

@@ -22,12 +22,15 @@ process group. dlock renews the lock every TTL/3; if it is lost, dlock sends
 SIGTERM to CMD's whole process group, SIGKILL after the grace period, and
 exits 4. Otherwise it exits with CMD's exit code (128+N if CMD died of signal
 N). SIGINT, SIGTERM and SIGHUP are passed on to CMD's process group; the lock
-is released when CMD exits. Flags after "--" are CMD's.`
+is released when CMD exits. Flags after "--" are CMD's. An operator's dlock
+revoke counts as lost: CMD is signalled at dlock's next renewal.`
 
 func newLockCmd() *cobra.Command {
 	var h heldFlags
 	var k kindFlags
 	var noWait bool
+	var value string
+	var lockDelay time.Duration
 	cmd := &cobra.Command{
 		Use:   "lock NAME [flags] -- CMD [ARGS...]",
 		Short: "run CMD while holding the lock NAME",
@@ -38,14 +41,21 @@ func newLockCmd() *cobra.Command {
   dlock lock config --shared -- ./read-config.sh   # many readers, or one writer
   dlock lock billing --subtree -- ./close-month.sh # keeps out billing/...`,
 	}
-	cmd.RunE = func(cmd *cobra.Command, args []string) error { return runLock(cmd, args, &h, &k, &noWait) }
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		// The flags after NAME are parsed inside runLock: read them after.
+		return runLock(cmd, args, &h, &k, &noWait, func() []client.MutexOption {
+			return []client.MutexOption{client.WithValue(value), client.WithLockDelay(lockDelay)}
+		})
+	}
 	h.register(cmd, client.DefaultTTL, "lock")
 	k.register(cmd.Flags())
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "exit 3 at once if the lock is held")
+	cmd.Flags().StringVar(&value, "value", "", "what the holder shows in status, list, watch and history (at most 4 KiB)")
+	cmd.Flags().DurationVar(&lockDelay, "lock-delay", 0, "after this grant ends by expiry or revoke, keep the lock from everyone this long (at most 1m)")
 	return clientCmd(cmd, &h.g)
 }
 
-func runLock(cmd *cobra.Command, args []string, h *heldFlags, k *kindFlags, noWait *bool) error {
+func runLock(cmd *cobra.Command, args []string, h *heldFlags, k *kindFlags, noWait *bool, extra func() []client.MutexOption) error {
 	name, argv, opts, c, err := h.parse(cmd, args, "dlock lock NAME -- CMD [ARGS...]")
 	if err != nil {
 		return err
@@ -54,6 +64,7 @@ func runLock(cmd *cobra.Command, args []string, h *heldFlags, k *kindFlags, noWa
 		c.Close()
 		return err
 	}
+	opts = append(opts, extra()...)
 	defer c.Close()
 	g, wait, grace := &h.g, h.wait, h.grace
 

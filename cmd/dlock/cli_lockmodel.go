@@ -79,12 +79,19 @@ func (k *kindFlags) taker(c *client.Client, name string, opts []client.MutexOpti
 // before, any other with its limit, mode and every holder.
 func printStatus(st *client.LockStatus) error {
 	if !st.Held {
+		if !st.DelayedUntil.IsZero() {
+			fmt.Printf("%s: free, in a lock-delay until %s, %d waiting\n", st.Name, showTime(st.DelayedUntil), st.Waiters)
+			return nil
+		}
 		fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
 		return nil
 	}
 	if len(st.Holders) <= 1 && st.Limit <= 1 && st.Mode != client.ModeShared && !st.Subtree {
 		fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
 			st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
+		if st.Value != "" {
+			fmt.Printf("value          %s\n", st.Value)
+		}
 		return nil
 	}
 	fmt.Printf("%s: held by %d (%s, limit %d), %d waiting\n", st.Name, len(st.Holders), st.Mode, st.Limit, st.Waiters)

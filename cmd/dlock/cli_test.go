@@ -85,6 +85,7 @@ func TestCLI(t *testing.T) {
 	t.Run("LowLevelCommands", func(t *testing.T) { testLowLevel(t, e) })
 	t.Run("LockModel", func(t *testing.T) { testLockModelCommands(t, e) })
 	t.Run("ElectRunsOnlyWhileLeader", func(t *testing.T) { testElect(t, e) })
+	t.Run("OperatorRevokes", func(t *testing.T) { testOperatorRevokes(t, e) })
 	t.Run("Watch", func(t *testing.T) { testWatchCommand(t, e) })
 	t.Run("MembersChanges", func(t *testing.T) { testMembersChanges(t, e) })
 	t.Run("NewUserManners", func(t *testing.T) { testNewUserManners(t, e) })
@@ -536,6 +537,64 @@ func testServeFromEnvironment(t *testing.T, e *cliEnv) {
 	out, _, code := e.run(t, "version")
 	if code != 0 || !strings.HasPrefix(out, "dlock ") || !strings.Contains(out, " commit ") {
 		t.Errorf("dlock version: exit %d, %q", code, out)
+	}
+}
+
+// testOperatorRevokes is the operator's story with the CLI: dlock history
+// shows the holder of a lock held by `dlock lock` (with its value), dlock
+// revoke frees it, the held command is signalled and dlock exits 4, and the
+// history then says revoked with the reason.
+func testOperatorRevokes(t *testing.T, e *cliEnv) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder := e.command(ctx, "lock", "ops/batch", "--ttl", "3s", "--value", "nightly batch on host-1", "--grace", "5s", "--",
+		"sh", "-c", `trap 'echo got TERM; exit 9' TERM; echo ready; while :; do sleep 0.1; done`)
+	stdout, _ := holder.StdoutPipe()
+	var holderErr bytes.Buffer
+	holder.Stderr = &holderErr
+	// The command runs in its own process group and keeps the pipes open
+	// if the test fails before it ends: Wait must not wait for it for ever.
+	holder.WaitDelay = 10 * time.Second
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	rd := bufio.NewReader(stdout)
+	if line, err := rd.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	out, errOut, code := e.run(t, "history", "ops/batch", "-o", "json")
+	var h struct {
+		Name   string `json:"name"`
+		Grants []struct {
+			FencingToken uint64 `json:"fencing_token"`
+			ClientID     string `json:"client_id"`
+			Value        string `json:"value"`
+			EndCause     string `json:"end_cause"`
+			Reason       string `json:"reason"`
+		} `json:"grants"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &h) != nil || len(h.Grants) != 1 || h.Grants[0].EndCause != "" || h.Grants[0].Value != "nightly batch on host-1" {
+		t.Fatalf("history of the held lock: exit %d %s %s", code, out, errOut)
+	}
+	tok := strconv.FormatUint(h.Grants[0].FencingToken, 10)
+	if _, errOut, code := e.run(t, "revoke", "ops/batch"); code != 2 || !strings.Contains(errOut, "--reason") {
+		t.Fatalf("revoke without --reason: exit %d, %s", code, errOut)
+	}
+	if out, errOut, code := e.run(t, "revoke", "ops/batch", "--token", tok, "--reason", "stuck"); code != 0 || out != "revoked ops/batch fencing_token "+tok+"\n" {
+		t.Fatalf("revoke: exit %d, %q %s", code, out, errOut)
+	}
+	rest, _ := rd.ReadString(0)
+	holder.Wait()
+	if code := holder.ProcessState.ExitCode(); code != 4 || rest != "got TERM\n" || !strings.Contains(holderErr.String(), "revoked") {
+		t.Fatalf("the revoked dlock lock: exit %d, command output %q, stderr %q; want SIGTERM to the command and exit 4", code, rest, holderErr.String())
+	}
+	out, _, code = e.run(t, "history", "ops/batch")
+	if code != 0 || !strings.Contains(out, "revoked") || !strings.Contains(out, "stuck") || !strings.Contains(out, tok) {
+		t.Fatalf("history after the revoke: exit %d\n%s", code, out)
+	}
+	if _, errOut, code := e.run(t, "revoke", "ops/batch", "--token", tok, "--reason", "again"); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("revoke of an ended grant: exit %d, %s", code, errOut)
 	}
 }
 

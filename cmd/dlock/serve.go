@@ -18,6 +18,7 @@ import (
 	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
+	"github.com/dlock/dlock/internal/state"
 )
 
 // raftFlags are the Raft tuning flags shared by serve and dev.
@@ -37,6 +38,10 @@ type raftFlags struct {
 	pprof             bool
 	ui                bool
 	minFreeDisk       string
+	// the grant history's retention, committed by whichever node leads
+	historyPerName, historyMaxEntries int64
+	historyMaxBytes                   string
+	historyMaxAge                     time.Duration
 }
 
 func (f *raftFlags) register(fs *pflag.FlagSet) {
@@ -55,6 +60,10 @@ func (f *raftFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "64MiB", "free space kept in reserve on the data dir's disk: below it the leader refuses writes (503 disk_full) until space returns; 0 turns the check off (sizes: bytes, or with KiB, MiB, GiB)")
 	fs.BoolVar(&f.ui, "ui", true, "serve the web console at /ui/ on the API port (same TLS and ACL tokens as the API; --ui=false turns it off)")
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
+	fs.Int64Var(&f.historyPerName, "history-per-name", state.DefaultHistoryPerName, "ended grants kept in each lock's history (dlock history); 0 keeps none. The leader's value applies to the whole cluster: give every node the same")
+	fs.Int64Var(&f.historyMaxEntries, "history-max-entries", state.DefaultHistoryMaxEntries, "ended grants kept in all locks' histories together, oldest dropped first")
+	fs.StringVar(&f.historyMaxBytes, "history-max-bytes", "64MiB", "memory budget of the grant history (each record counts 240 bytes plus its lock name, client id, value and reason: about what it takes), oldest dropped first")
+	fs.DurationVar(&f.historyMaxAge, "history-max-age", time.Duration(state.DefaultHistoryMaxAgeMs)*time.Millisecond, "drop an ended grant from the history this long after it ended (on the leader's lease clock)")
 }
 
 // complete offers the values of the flags that take one of a few words.
@@ -94,6 +103,16 @@ func (f *raftFlags) apply(c *raftnode.Config) error {
 	if minFree == 0 {
 		c.MinFreeDisk = -1 // off
 	}
+	histBytes, err := parseSize(f.historyMaxBytes)
+	if err != nil {
+		return fmt.Errorf("--history-max-bytes %q: %w", f.historyMaxBytes, err)
+	}
+	rt := state.HistoryRetention{PerName: f.historyPerName, MaxEntries: f.historyMaxEntries, MaxBytes: histBytes, MaxAgeMs: f.historyMaxAge.Milliseconds()}
+	if !rt.Valid() {
+		return fmt.Errorf("history retention out of range: --history-per-name 0..%d, --history-max-entries 0..%d, --history-max-bytes up to %d, --history-max-age 1s..%s",
+			state.MaxHistoryPerName, state.MaxHistoryMaxEntries, int64(state.MaxHistoryMaxBytes), time.Duration(state.MaxHistoryMaxAgeMs)*time.Millisecond)
+	}
+	c.HistoryRetention = &rt
 	return nil
 }
 

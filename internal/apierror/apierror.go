@@ -44,6 +44,9 @@ const (
 	// DiskFull: the leader's disk is below its free-space reserve; writes
 	// are refused until space returns, reads still work.
 	DiskFull Code = "disk_full"
+	// LockDelayed: the lock is in a lock-delay after its last grant ended by
+	// expiry or revoke; nobody gets it until RetryAfter has passed.
+	LockDelayed Code = "lock_delayed"
 )
 
 type mapping struct {
@@ -72,6 +75,7 @@ var table = map[Code]mapping{
 	Internal:             {http.StatusInternalServerError, codes.Internal},
 	UnsupportedMediaType: {http.StatusUnsupportedMediaType, codes.InvalidArgument},
 	DiskFull:             {http.StatusServiceUnavailable, codes.Unavailable},
+	LockDelayed:          {http.StatusConflict, codes.FailedPrecondition},
 }
 
 // HTTPStatus is the HTTP status for a code.
@@ -91,11 +95,13 @@ func GRPCCode(c Code) codes.Code {
 }
 
 // Error is a client-facing error: a code, a message that says what to do, and
-// for 503s how long to wait before retrying.
+// for 503s, 429s and lock_delayed how long to wait before retrying.
 type Error struct {
 	Code       Code
 	Message    string
 	RetryAfter time.Duration
+	// FencingToken is, with lock_lost, the token of the grant that ended.
+	FencingToken uint64
 	// Err is the underlying cause, for logs; never shown to clients.
 	Err error
 }
@@ -124,7 +130,7 @@ func Wrap(c Code, err error, format string, args ...any) *Error {
 // upstream must not park clients for days); ok is false for answers that carry
 // none (only 503 and 429 do).
 func RetryAfterSeconds(e *Error) (secs int64, ok bool) {
-	if s := HTTPStatus(e.Code); s != http.StatusServiceUnavailable && s != http.StatusTooManyRequests {
+	if s := HTTPStatus(e.Code); s != http.StatusServiceUnavailable && s != http.StatusTooManyRequests && e.Code != LockDelayed {
 		return 0, false
 	}
 	secs = int64(math.Ceil(e.RetryAfter.Seconds()))

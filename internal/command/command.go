@@ -34,6 +34,11 @@ const (
 	TypeSetACLToken    Type = 13
 	TypeDeleteACLToken Type = 14
 	TypeTick           Type = 15
+	// 16 is TypePacked (packed.go).
+	TypeRevoke              Type = 17
+	TypeSetHistoryRetention Type = 18
+	TypeTrimHistory         Type = 19
+	TypeEndLockDelay        Type = 20
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
@@ -43,8 +48,9 @@ const (
 // and without them); version 4 Envelope.ClockTerm; version 5 Acquire.MaxWaiters,
 // Acquire.Takeover and RegisterMember.Version (earlier acquires decode with Takeover true: they
 // always took over); version 6 Acquire.Limit, Acquire.Shared and Acquire.Subtree (earlier
-// acquires are exclusive, limit 1, one name).
-const Version = 6
+// acquires are exclusive, limit 1, one name); version 7 Acquire.LockDelayMs,
+// Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version).
+const Version = 7
 
 // Limits shared by validation and the state machine.
 const (
@@ -55,8 +61,12 @@ const (
 	MaxWaitMs           = 3_600_000
 	// MaxClientID bounds client_id and request_id.
 	MaxClientID = 128
-	// MaxValueLen bounds an election value.
+	// MaxValueLen bounds a holder's value (a lock's or an election's).
 	MaxValueLen = 4096
+	// MaxLockDelayMs bounds Acquire.LockDelayMs.
+	MaxLockDelayMs = 60_000
+	// MaxReasonLen bounds a revoke's reason.
+	MaxReasonLen = 256
 	// MaxLimit bounds a counting lock's limit (Acquire.Limit).
 	MaxLimit = 10_000
 )
@@ -117,7 +127,16 @@ type Envelope struct {
 	ClientID  string
 	RequestID string
 	Body      Body
+	// Version is the encoding version the entry was decoded from; 0 for an
+	// envelope built in this process (the current version). Encode ignores
+	// it. A rule that changed with a version asks it (ValueOnLocks).
+	Version byte
 }
+
+// ValueOnLocks reports whether the entry may give a plain lock a value:
+// from version 7 on. An earlier acquire with a value on a lock was refused,
+// and a replay must refuse it again.
+func (e *Envelope) ValueOnLocks() bool { return e.Version == 0 || e.Version >= 7 }
 
 // Body is the typed payload of a command.
 type Body interface {
@@ -185,6 +204,10 @@ type Acquire struct {
 	// Subtree (version 6) makes the grant cover the name and every name
 	// below it ("a" covers "a/b" and "a/b/c", not "ab").
 	Subtree bool
+	// LockDelayMs (version 7; 0..MaxLockDelayMs) keeps the lock from
+	// anyone for that long after this grant ends by expiry or revoke (not
+	// by a release), for resources that cannot check fencing tokens.
+	LockDelayMs int64
 }
 
 // Release gives a lock back; holder proof is token plus lease id.
@@ -195,11 +218,50 @@ type Release struct {
 }
 
 // Renew extends the lease that holds a lock; TTLms 0 keeps the lease's TTL.
+// With SetValue (version 7) it also replaces the holder's value with Value.
 type Renew struct {
-	Name    string
-	LeaseID LeaseID
-	Token   uint64
-	TTLms   int64
+	Name     string
+	LeaseID  LeaseID
+	Token    uint64
+	TTLms    int64
+	Value    string
+	SetValue bool
+}
+
+// Revoke ends a grant by force (an operator's act, allowed by the service):
+// the grant whose fencing token is Token, or with Token 0 every grant of the
+// lock. The lock is handed to the next waiter in the same step, after the
+// grant's lock-delay if it set one. Reason is kept in the history.
+type Revoke struct {
+	Name   string
+	Token  uint64
+	Reason string
+}
+
+// SetHistoryRetention sets the bounds of the grant history (state keeps
+// them, so every replica trims alike): the ended grants kept per name, in
+// all, and in bytes, and for how long (MaxAgeMs on the lease clock, judged
+// when the leader commits a TrimHistory). The leader proposes it when its
+// flags differ from the state's.
+type SetHistoryRetention struct {
+	PerName    int64
+	MaxEntries int64
+	MaxBytes   int64
+	MaxAgeMs   int64
+}
+
+// TrimHistory drops the ended grants older than the retention's MaxAgeMs,
+// counted back from this entry's lease clock (Envelope.Clock): the leader
+// commits one when the oldest record is due, as it commits expiries.
+type TrimHistory struct{}
+
+// EndLockDelay ends the lock-delay that the end of grant Token started on
+// lock Name, and hands the lock to its first waiter. The leader commits it
+// when the delay has passed on its lease clock; a delay started by another
+// grant since is left alone.
+type EndLockDelay struct {
+	Name  string
+	Token uint64
 }
 
 // Proclaim replaces the value of an election's current leader.
@@ -226,12 +288,13 @@ type SetTokenKey struct {
 
 // Permission bits of an ACL rule.
 const (
-	PermRead  uint8 = 1 << iota // read locks and elections, cluster info
-	PermLock                    // acquire, renew, release locks
-	PermElect                   // campaign, proclaim, resign
-	PermWatch                   // watch changes, observe elections
-	PermAdmin                   // membership, snapshots, keys, ACLs
-	PermAll   = PermRead | PermLock | PermElect | PermWatch | PermAdmin
+	PermRead   uint8 = 1 << iota // read locks and elections, cluster info
+	PermLock                     // acquire, renew, release locks
+	PermElect                    // campaign, proclaim, resign
+	PermWatch                    // watch changes, observe elections
+	PermAdmin                    // membership, snapshots, keys, ACLs
+	PermRevoke                   // end anyone's grant by force (revoke)
+	PermAll    = PermRead | PermLock | PermElect | PermWatch | PermAdmin | PermRevoke
 )
 
 // ACLRule grants permissions on every name that starts with Prefix ("" is
@@ -322,6 +385,12 @@ func (*SetTokenKey) Type() Type    { return TypeSetTokenKey }
 func (*SetACLToken) Type() Type    { return TypeSetACLToken }
 func (*DeleteACLToken) Type() Type { return TypeDeleteACLToken }
 func (*Tick) Type() Type           { return TypeTick }
+func (*Revoke) Type() Type         { return TypeRevoke }
+func (*SetHistoryRetention) Type() Type {
+	return TypeSetHistoryRetention
+}
+func (*TrimHistory) Type() Type  { return TypeTrimHistory }
+func (*EndLockDelay) Type() Type { return TypeEndLockDelay }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -389,6 +458,14 @@ func newBody(t Type) Body {
 		return &DeleteACLToken{}
 	case TypeTick:
 		return &Tick{}
+	case TypeRevoke:
+		return &Revoke{}
+	case TypeSetHistoryRetention:
+		return &SetHistoryRetention{}
+	case TypeTrimHistory:
+		return &TrimHistory{}
+	case TypeEndLockDelay:
+		return &EndLockDelay{}
 	}
 	return nil
 }
@@ -409,7 +486,10 @@ func Decode(b []byte) (*Envelope, error) {
 	if v == 0 || v > Version {
 		return nil, fmt.Errorf("decode command: type %d version %d not supported by this build (upgrade this node)", t, v)
 	}
-	e := &Envelope{Body: body}
+	if t >= TypeRevoke && v < 7 {
+		return nil, fmt.Errorf("decode command: type %d did not exist in version %d", t, v)
+	}
+	e := &Envelope{Body: body, Version: v}
 	e.TS = r.Varint()
 	if v >= 3 {
 		e.Clock = r.Varint()
@@ -466,11 +546,12 @@ func (b *Acquire) encode(w *wire.Writer) {
 	w.Varint(b.TTLms)
 	w.Varint(b.WaitMs)
 	w.String(b.Value)
-	w.Varint(b.MaxWaiters) // version 5
-	w.Bool(b.Takeover)     // version 5
-	w.Varint(b.Limit)      // version 6
-	w.Bool(b.Shared)       // version 6
-	w.Bool(b.Subtree)      // version 6
+	w.Varint(b.MaxWaiters)  // version 5
+	w.Bool(b.Takeover)      // version 5
+	w.Varint(b.Limit)       // version 6
+	w.Bool(b.Shared)        // version 6
+	w.Bool(b.Subtree)       // version 6
+	w.Varint(b.LockDelayMs) // version 7
 }
 func (b *Acquire) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
@@ -491,6 +572,9 @@ func (b *Acquire) decode(r *wire.Reader, v byte) {
 		b.Limit = r.Varint()
 		b.Shared = r.Bool()
 		b.Subtree = r.Bool()
+	}
+	if v >= 7 {
+		b.LockDelayMs = r.Varint()
 	}
 }
 
@@ -523,12 +607,48 @@ func (b *Renew) encode(w *wire.Writer) {
 	putLease(w, b.LeaseID)
 	w.Uvarint(b.Token)
 	w.Varint(b.TTLms)
+	w.String(b.Value)  // version 7
+	w.Bool(b.SetValue) // version 7
 }
-func (b *Renew) decode(r *wire.Reader, _ byte) {
+func (b *Renew) decode(r *wire.Reader, v byte) {
 	b.Name = r.String()
 	b.LeaseID = getLease(r)
 	b.Token = r.Uvarint()
 	b.TTLms = r.Varint()
+	if v >= 7 {
+		b.Value = r.String()
+		b.SetValue = r.Bool()
+	}
+}
+
+func (b *Revoke) encode(w *wire.Writer) {
+	w.String(b.Name)
+	w.Uvarint(b.Token)
+	w.String(b.Reason)
+}
+func (b *Revoke) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.Token = r.Uvarint()
+	b.Reason = r.String()
+}
+
+func (b *SetHistoryRetention) encode(w *wire.Writer) {
+	w.Varint(b.PerName)
+	w.Varint(b.MaxEntries)
+	w.Varint(b.MaxBytes)
+	w.Varint(b.MaxAgeMs)
+}
+func (b *SetHistoryRetention) decode(r *wire.Reader, _ byte) {
+	b.PerName, b.MaxEntries, b.MaxBytes, b.MaxAgeMs = r.Varint(), r.Varint(), r.Varint(), r.Varint()
+}
+
+func (*TrimHistory) encode(*wire.Writer)       {}
+func (*TrimHistory) decode(*wire.Reader, byte) {}
+
+func (b *EndLockDelay) encode(w *wire.Writer) { w.String(b.Name); w.Uvarint(b.Token) }
+func (b *EndLockDelay) decode(r *wire.Reader, _ byte) {
+	b.Name = r.String()
+	b.Token = r.Uvarint()
 }
 
 func (b *ExpireLeases) encode(w *wire.Writer) {
@@ -603,7 +723,8 @@ func (e *Envelope) Stamped(ts int64) *Envelope {
 // once, so it may be retried after an unknown outcome even without request_id.
 func (e *Envelope) Idempotent() bool {
 	switch e.Body.(type) {
-	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive, *Tick:
+	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive, *Tick,
+		*SetHistoryRetention, *TrimHistory, *EndLockDelay:
 		return true
 	}
 	return false

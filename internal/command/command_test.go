@@ -85,6 +85,14 @@ func roundTripCases() []struct {
 			Body: &SetTokenKey{Seed: [32]byte{4, 31: 0xee}, Rotate: true, RevokeRetired: true}}},
 		{"cancel-wait/full", &Envelope{TS: 7, ClientID: "c", RequestID: "r",
 			Body: &CancelWait{Wait: WaitRef{LeaseID: testLease(5), Name: "x/y", Seq: 99}, ReleaseIfGranted: true}}},
+		{"acquire/lock-delay-value", &Envelope{TS: 3, ClientID: "c", RequestID: "r",
+			Body: &Acquire{Name: "billing/batch-job", LeaseID: testLease(6), TTLms: 10_000, Value: "pid 42", LockDelayMs: MaxLockDelayMs}}},
+		{"renew/value", &Envelope{TS: 4, ClientID: "c", Body: &Renew{Name: "a", LeaseID: testLease(12), Token: 9, Value: long, SetValue: true}}},
+		{"revoke/empty", &Envelope{Body: &Revoke{}}},
+		{"revoke/full", &Envelope{TS: 11, ClientID: "operator", RequestID: "rv", Body: &Revoke{Name: "billing/batch-job", Token: math.MaxUint64, Reason: "stuck"}}},
+		{"set-history-retention", &Envelope{TS: 12, Body: &SetHistoryRetention{PerName: 16, MaxEntries: 1_000_000, MaxBytes: math.MaxInt64, MaxAgeMs: -1}}},
+		{"trim-history", &Envelope{TS: 13, Clock: 86_400_001, Body: &TrimHistory{}}},
+		{"end-lock-delay", &Envelope{TS: 14, Body: &EndLockDelay{Name: "a/b", Token: 77}}},
 	}
 }
 
@@ -92,6 +100,7 @@ func roundTripCases() []struct {
 func sameEnvelope(a, b *Envelope) bool {
 	norm := func(e *Envelope) Envelope {
 		c := *e
+		c.Version = 0 // what Decode saw, not part of the command
 		switch x := e.Body.(type) {
 		case *ExpireLeases:
 			y := *x
@@ -118,6 +127,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 		1: &RegisterMember{}, 2: &CreateSession{}, 3: &KeepAlive{}, 4: &DeleteSession{},
 		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
 		11: &Proclaim{}, 12: &SetTokenKey{}, 13: &SetACLToken{}, 14: &DeleteACLToken{}, 15: &Tick{},
+		17: &Revoke{}, 18: &SetHistoryRetention{}, 19: &TrimHistory{}, 20: &EndLockDelay{},
 	}
 	for n, b := range want {
 		if b.Type() != n {
@@ -132,7 +142,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 6 {
+	if Version != 7 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -220,12 +230,20 @@ func TestEncodeDecodeMaxSizeFields(t *testing.T) {
 // Acquires before version 5 decode with Takeover true (they always took
 // over); before version 6 they are exclusive, limit 1, one name.
 func TestDecodeOlderVersions(t *testing.T) {
-	for _, old := range []byte{1, 2, 3, 4, 5} {
+	for _, old := range []byte{1, 2, 3, 4, 5, 6} {
 		for _, tc := range roundTripCases() {
 			e := *tc.env
+			if e.Body.Type() >= TypeRevoke {
+				continue // added with version 7
+			}
 			switch b := e.Body.(type) {
+			case *Renew:
+				c := *b
+				c.Value, c.SetValue = "", false // added with version 7
+				e.Body = &c
 			case *Acquire:
 				c := *b
+				c.LockDelayMs = 0                              // added with version 7
 				c.Limit, c.Shared, c.Subtree = 0, false, false // added with version 6
 				if old < 5 {
 					c.MaxWaiters = 0 // added with version 5
@@ -261,11 +279,26 @@ func TestDecodeOlderVersions(t *testing.T) {
 			cur := Encode(&e)
 			b := oldEnvelope(t, cur, old)
 			b[1] = old
+			// Cut the fields of version 7 (zero here): Acquire.LockDelayMs,
+			// Renew.Value and SetValue, all last.
+			v7 := 0
+			switch e.Body.(type) {
+			case *Acquire:
+				v7 = 1
+			case *Renew:
+				v7 = 2
+			}
+			for ; v7 > 0; v7-- {
+				if b[len(b)-1] != 0 {
+					t.Fatalf("%s: a version 7 field is not last or not zero", tc.name)
+				}
+				b = b[:len(b)-1]
+			}
 			// Cut the fields the old version did not have; each was the
 			// last field of its command, and empty here (Takeover, last
 			// of all, is true).
 			_, isAcquire := e.Body.(*Acquire)
-			if isAcquire {
+			if isAcquire && old < 6 {
 				// Limit, Shared and Subtree (version 6), all zero.
 				if !bytes.Equal(b[len(b)-3:], []byte{0, 0, 0}) {
 					t.Fatalf("%s: the version 6 fields are not the last ones", tc.name)
@@ -286,8 +319,11 @@ func TestDecodeOlderVersions(t *testing.T) {
 			switch {
 			case isAcquire && old < 2:
 				cut = 2 // Value and MaxWaiters
-			case isAcquire && old < 5, isSetKey, isRegister:
+			case isAcquire && old < 5, isSetKey, isRegister && old < 5:
 				cut = 1
+			}
+			if isRegister && old >= 5 {
+				cut = 0
 			}
 			for ; cut > 0; cut-- {
 				if b[len(b)-1] != 0 {
@@ -381,7 +417,7 @@ func TestEncodeCheckedOutputIsAlwaysDecodable(t *testing.T) {
 }
 
 func TestDecodeRejectsUnknownType(t *testing.T) {
-	for _, typ := range []int{0, 16, 17, 100, 254, 255} {
+	for _, typ := range []int{0, 16, 21, 100, 254, 255} {
 		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
 			b := append([]byte{byte(typ), Version}, body...)
 			e, err := Decode(b)
@@ -470,6 +506,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.Varint(0)  // Limit (version 6)
 			w.Byte(0)    // Shared (version 6)
 			w.Byte(0)    // Subtree (version 6)
+			w.Varint(0)  // LockDelayMs (version 7)
 			return w.Buf
 		},
 		"acquire/bad-shared": func(b byte) []byte {
@@ -485,6 +522,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.Varint(3)
 			w.Byte(b)
 			w.Byte(0)
+			w.Varint(0) // LockDelayMs
 			return w.Buf
 		},
 		"acquire/bad-takeover": func(b byte) []byte {
@@ -500,6 +538,7 @@ func TestDecodeRejectsMalformedFields(t *testing.T) {
 			w.Varint(0)
 			w.Byte(0)
 			w.Byte(0)
+			w.Varint(0) // LockDelayMs
 			return w.Buf
 		},
 		"cancel-wait/bad-bool": func(b byte) []byte {
@@ -840,7 +879,7 @@ func TestDecodeVersion2SetACLTokenBothLayouts(t *testing.T) {
 	}
 	got, ok := e.Body.(*SetACLToken)
 	if !ok || !got.Bootstrap || got.TTLms != 0 || len(got.CertCNs) != 0 || got.Description != "bootstrap token" ||
-		len(got.Rules) != 1 || got.Rules[0].Perms != PermAll || e.ClientID != "admin" || e.RequestID != "req-1" {
+		len(got.Rules) != 1 || got.Rules[0].Perms != PermRead|PermLock|PermElect|PermWatch|PermAdmin || e.ClientID != "admin" || e.RequestID != "req-1" {
 		t.Fatalf("decoded %+v %+v", e, got)
 	}
 	// The later version 2 layout: the same entry with TTLms and CertCNs.

@@ -24,6 +24,13 @@ const (
 	// StatusLimitMismatch refuses an acquire whose limit (or shared mode)
 	// does not fit the lock in use: Result.Limit is the lock's limit.
 	StatusLimitMismatch Status = 9
+	// StatusLockDelayed refuses an immediate acquire while the lock is in a
+	// lock-delay (command.Acquire.LockDelayMs); Result.TTLms is then the
+	// delay's time left on the lease clock.
+	StatusLockDelayed Status = 10
+	// StatusLockLost answers a renew of a grant that has ended (revoked) but
+	// that the history still records: Result.Token is its token.
+	StatusLockLost Status = 11
 )
 
 func (s Status) String() string {
@@ -46,6 +53,10 @@ func (s Status) String() string {
 		return "queue_full"
 	case StatusLimitMismatch:
 		return "limit_mismatch"
+	case StatusLockDelayed:
+		return "lock_delayed"
+	case StatusLockLost:
+		return "lock_lost"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }
@@ -85,7 +96,8 @@ type Result struct {
 	// Message explains StatusInvalid. In a StatusLockHeld refusal it is
 	// the name of the lock Holder's grant is on when that is not the one
 	// asked for: a subtree grant above it, or a grant inside the subtree
-	// asked for.
+	// asked for. For a Revoke it lists the revoked fencing tokens
+	// (decimal, space-separated).
 	Message string
 }
 

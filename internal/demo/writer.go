@@ -25,13 +25,18 @@ type WriterConfig struct {
 	// MaxWait bounds the wait for the lock and then for the go-ahead.
 	// Default 60 s.
 	MaxWait time.Duration
+	// ReportLease: after the write, wait (at most TTL) for the client to
+	// learn its lease's fate and report it ("lease": error is why it ended).
+	ReportLease bool
 }
 
 // writerEvent is one line the writer prints on stdout, for the demo to read.
 type writerEvent struct {
-	Event  string       `json:"event"` // "granted", then "wrote"
+	Event  string       `json:"event"` // "granted", then "wrote" (then "lease")
 	Grant  *grant       `json:"grant,omitempty"`
 	Answer *storeAnswer `json:"answer,omitempty"`
+	// Error is, on "lease", why the lease ended ("" if it still holds).
+	Error string `json:"error,omitempty"`
 }
 
 // RunWriter is the paused client of step d (`dlock demo-writer`). It takes
@@ -71,6 +76,18 @@ func RunWriter(ctx context.Context, cfg WriterConfig, in io.Reader, out io.Write
 	}
 	if err := emit(out, writerEvent{Event: "wrote", Answer: &a}); err != nil {
 		return err
+	}
+	if cfg.ReportLease {
+		ev := writerEvent{Event: "lease"}
+		select {
+		case <-l.Done():
+			ev.Error = l.Err().Error()
+		case <-time.After(cfg.TTL):
+		case <-ctx.Done():
+		}
+		if err := emit(out, ev); err != nil {
+			return err
+		}
 	}
 	// After a long pause the lock is someone else's and the cluster says
 	// not_holder; that is expected, and there is nothing left to give back.

@@ -1,6 +1,8 @@
 // Package expiry is the leader's lease reaper: one deadline heap (monotonic
-// clock) for every active lease and queued wait, and one goroutine that commits
-// conditional ExpireLeases / ExpireWaits commands when deadlines pass. It runs
+// clock) for every active lease, queued wait, lock-delay and the grant
+// history's age bound, and one goroutine that commits conditional
+// ExpireLeases / ExpireWaits / EndLockDelay / TrimHistory commands when
+// deadlines pass. It runs
 // only while its node is the ready leader (Promote/Demote); followers keep no
 // timers. The clock and the proposer are injected so tests drive time by hand.
 package expiry
@@ -59,18 +61,29 @@ type waitKey struct {
 	name  string
 }
 
-// item is one deadline: a lease's (name empty) or a wait's. The leader keeps
-// one per held lock, so it is kept small: 64 bytes, half of what a time.Time
-// and a WaitRef beside the lease fields took (docs/benchmarks.md, held locks).
+// item is one deadline: a lease's, a wait's, a lock-delay's or the
+// history's. The leader keeps one per held lock, so it is kept small: 64
+// bytes, half of what a time.Time and a WaitRef beside the lease fields took
+// (docs/benchmarks.md, held locks).
 type item struct {
 	deadline time.Duration // since the reaper's epoch, on the monotonic clock
-	gen      uint64        // a lease's renewal generation; a wait's seq
+	gen      uint64        // a lease's renewal generation; a wait's seq; a delay's token
 	lease    command.LeaseID
-	name     string // a wait's lock name (lock names are never empty)
+	name     string // a wait's or a delay's lock name
 	index    int32
+	kind     itemKind
 }
 
-func (it *item) isWait() bool { return it.name != "" }
+type itemKind uint8
+
+const (
+	kindLease itemKind = iota
+	kindWait
+	kindDelay
+	kindHistory
+)
+
+func (it *item) isWait() bool { return it.kind == kindWait }
 
 func (it *item) waitRef() command.WaitRef {
 	return command.WaitRef{LeaseID: it.lease, Name: it.name, Seq: it.gen}
@@ -118,7 +131,13 @@ type Reaper struct {
 	h      deadlineHeap
 	leases map[command.LeaseID]*item
 	waits  map[waitKey]*item
-	kick   chan struct{}
+	delays map[string]*item
+	hist   *item // the history's age bound; nil when nothing is kept
+	// retention is what this node's flags ask the history to keep (nil:
+	// leave the state's as it is); retentionAt is when it was last proposed.
+	retention   *state.HistoryRetention
+	retentionAt time.Time
+	kick        chan struct{}
 }
 
 // New makes an inactive reaper.
@@ -127,7 +146,15 @@ func New(clock Clock, proposer Proposer, reader StateReader, logger *slog.Logger
 		logger = slog.Default()
 	}
 	return &Reaper{clock: clock, proposer: proposer, reader: reader, logger: logger, epoch: clock.Now(),
-		leases: map[command.LeaseID]*item{}, waits: map[waitKey]*item{}, kick: make(chan struct{}, 1)}
+		leases: map[command.LeaseID]*item{}, waits: map[waitKey]*item{}, delays: map[string]*item{}, kick: make(chan struct{}, 1)}
+}
+
+// SetRetention makes the leader commit these history bounds when the
+// state's differ (flags of dlock serve). Call before Run.
+func (r *Reaper) SetRetention(rt state.HistoryRetention) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retention = &rt
 }
 
 // Promote starts tracking: every active lease and queued wait gets the time it
@@ -155,7 +182,14 @@ func (r *Reaper) rebuildLocked(s *state.State) {
 	for _, w := range waits {
 		r.setWaitLocked(now, w.Wait, w.RemainingMs)
 	}
-	r.logger.Info("lease reaper timers started", "leases", len(leases), "waits", len(waits))
+	delays := s.DelayTimers()
+	for _, d := range delays {
+		r.setDelayLocked(now, d.Name, d.Token, d.RemainingMs)
+	}
+	if ms, ok := s.HistoryTimer(); ok {
+		r.setHistLocked(now, ms)
+	}
+	r.logger.Info("lease reaper timers started", "leases", len(leases), "waits", len(waits), "lock_delays", len(delays))
 }
 
 // Demote stops tracking; a follower never expires anything.
@@ -176,10 +210,14 @@ func (r *Reaper) Active() bool {
 	return r.active
 }
 
-// Len is the number of tracked deadlines.
+// Len is the number of tracked leases, waits and lock-delays (the
+// history's one deadline aside).
 func (r *Reaper) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.hist != nil {
+		return len(r.h) - 1
+	}
 	return len(r.h)
 }
 
@@ -187,6 +225,9 @@ func (r *Reaper) resetLocked() {
 	r.h = nil
 	r.leases = map[command.LeaseID]*item{}
 	r.waits = map[waitKey]*item{}
+	r.delays = map[string]*item{}
+	r.hist = nil
+	r.retentionAt = time.Time{}
 }
 
 func (r *Reaper) poke() {
@@ -225,6 +266,12 @@ func (r *Reaper) Applied(_ uint64, events []state.Event) {
 				heap.Remove(&r.h, int(it.index))
 				delete(r.waits, k)
 			}
+		case state.EventDelayTimer:
+			r.setDelayLocked(now, e.Name, e.Token, e.RemainingMs)
+			changed = true
+		case state.EventHistoryTimer:
+			r.setHistLocked(now, e.RemainingMs)
+			changed = true
 		}
 	}
 	r.mu.Unlock()
@@ -269,27 +316,94 @@ func (r *Reaper) setWaitLocked(now time.Time, w command.WaitRef, remainingMs int
 		heap.Fix(&r.h, int(it.index))
 		return
 	}
-	it := &item{deadline: d, lease: w.LeaseID, name: w.Name, gen: w.Seq}
+	it := &item{deadline: d, lease: w.LeaseID, name: w.Name, gen: w.Seq, kind: kindWait}
 	heap.Push(&r.h, it)
 	r.waits[k] = it
+}
+
+func (r *Reaper) setDelayLocked(now time.Time, name string, token uint64, remainingMs int64) {
+	d := r.at(now, remainingMs)
+	if it := r.delays[name]; it != nil {
+		it.gen, it.deadline = token, d
+		heap.Fix(&r.h, int(it.index))
+		return
+	}
+	it := &item{deadline: d, name: name, gen: token, kind: kindDelay}
+	heap.Push(&r.h, it)
+	r.delays[name] = it
+}
+
+func (r *Reaper) setHistLocked(now time.Time, remainingMs int64) {
+	d := r.at(now, remainingMs)
+	if r.hist != nil {
+		r.hist.deadline = d
+		heap.Fix(&r.h, int(r.hist.index))
+		return
+	}
+	r.hist = &item{deadline: d, kind: kindHistory}
+	heap.Push(&r.h, r.hist)
+}
+
+// dropLocked forgets a delay's or the history's deadline the state no
+// longer has.
+func (r *Reaper) dropLocked(it *item) {
+	if it.index < 0 || int(it.index) >= len(r.h) || r.h[it.index] != it {
+		return
+	}
+	heap.Remove(&r.h, int(it.index))
+	switch it.kind {
+	case kindDelay:
+		if r.delays[it.name] == it {
+			delete(r.delays, it.name)
+		}
+	case kindHistory:
+		if r.hist == it {
+			r.hist = nil
+		}
+	}
+}
+
+// DueWork is what Due found due.
+type DueWork struct {
+	Leases []command.LeaseGen
+	Waits  []command.WaitRef
+	// Delays are lock-delays to end (Name, Token).
+	Delays []command.EndLockDelay
+	// Trim: the history's oldest record is due to age out.
+	Trim bool
+}
+
+func (d *DueWork) empty() bool {
+	return len(d.Leases) == 0 && len(d.Waits) == 0 && len(d.Delays) == 0 && !d.Trim
 }
 
 // Due collects what is due at now (at most MaxBatch of each kind) and pushes
 // those deadlines back by RetryAfter, so a proposal in flight is not repeated
 // at once. It returns the time of the next deadline (zero when none).
 func (r *Reaper) Due(now time.Time) (leases []command.LeaseGen, waits []command.WaitRef, next time.Time) {
+	w, next := r.DueAll(now)
+	return w.Leases, w.Waits, next
+}
+
+// DueAll is Due with every kind of deadline.
+func (r *Reaper) DueAll(now time.Time) (w DueWork, next time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.active {
-		return nil, nil, time.Time{}
+		return w, time.Time{}
 	}
 	at := now.Sub(r.epoch)
-	for len(r.h) > 0 && r.h[0].deadline <= at && len(leases) < MaxBatch && len(waits) < MaxBatch {
+	for len(r.h) > 0 && r.h[0].deadline <= at && len(w.Leases) < MaxBatch && len(w.Waits) < MaxBatch && len(w.Delays) < MaxBatch {
 		it := r.h[0]
-		if it.isWait() {
-			waits = append(waits, it.waitRef())
-		} else {
-			leases = append(leases, command.LeaseGen{LeaseID: it.lease, Gen: it.gen})
+		switch it.kind {
+		case kindWait:
+			w.Waits = append(w.Waits, it.waitRef())
+		case kindDelay:
+			w.Delays = append(w.Delays, command.EndLockDelay{Name: it.name, Token: it.gen})
+		case kindHistory:
+			w.Trim = true
+		default:
+			w.Leases = append(w.Leases, command.LeaseGen{LeaseID: it.lease, Gen: it.gen})
 		}
 		it.deadline = at + RetryAfter
 		heap.Fix(&r.h, 0)
@@ -297,7 +411,54 @@ func (r *Reaper) Due(now time.Time) (leases []command.LeaseGen, waits []command.
 	if len(r.h) > 0 {
 		next = r.epoch.Add(r.h[0].deadline)
 	}
-	return leases, waits, next
+	return w, next
+}
+
+// settle checks due lock-delays and the history's deadline against the
+// state before they are proposed: a delay that ended, or a history that
+// emptied or is not yet due on the lease clock (the leader's estimate ran
+// ahead), is dropped or put back instead of proposed again and again.
+func (r *Reaper) settle(w *DueWork) {
+	type delayState struct {
+		token uint64
+		ok    bool
+	}
+	var (
+		now    = r.clock.Now()
+		states = make([]delayState, len(w.Delays))
+		histMs int64
+		histOK bool
+	)
+	r.reader.Read(func(s *state.State) {
+		for i, d := range w.Delays {
+			_, tok, ok := s.DelayOf(d.Name)
+			states[i] = delayState{tok, ok}
+		}
+		if w.Trim {
+			histMs, histOK = s.HistoryTimer()
+		}
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keep := w.Delays[:0]
+	for i, d := range w.Delays {
+		if states[i].ok && states[i].token == d.Token {
+			keep = append(keep, d)
+		} else if it := r.delays[d.Name]; it != nil && it.gen == d.Token {
+			r.dropLocked(it)
+		}
+	}
+	w.Delays = keep
+	if w.Trim && r.hist != nil {
+		switch {
+		case !histOK:
+			r.dropLocked(r.hist)
+			w.Trim = false
+		case histMs > 0:
+			r.setHistLocked(now, histMs)
+			w.Trim = false
+		}
+	}
 }
 
 // Run expires due deadlines until ctx ends. It is the reaper's only goroutine.
@@ -305,16 +466,26 @@ func (r *Reaper) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		leases, waits, next := r.Due(r.clock.Now())
-		if len(leases) > 0 {
-			r.propose(ctx, &command.ExpireLeases{Leases: leases})
+		w, next := r.DueAll(r.clock.Now())
+		if len(w.Leases) > 0 {
+			r.propose(ctx, &command.ExpireLeases{Leases: w.Leases})
 		}
-		if len(waits) > 0 {
-			r.propose(ctx, &command.ExpireWaits{Waits: waits})
+		if len(w.Waits) > 0 {
+			r.propose(ctx, &command.ExpireWaits{Waits: w.Waits})
 		}
-		if len(leases) > 0 || len(waits) > 0 {
+		if len(w.Delays) > 0 || w.Trim {
+			r.settle(&w)
+		}
+		for i := range w.Delays {
+			r.propose(ctx, &w.Delays[i])
+		}
+		if w.Trim {
+			r.propose(ctx, &command.TrimHistory{})
+		}
+		if !w.empty() {
 			continue // more may be due; Due bounded the batch
 		}
+		r.proposeRetention(ctx, r.clock.Now())
 		r.tick(ctx, r.clock.Now())
 		// Read the clock again: a tick's commit may have taken a while, and
 		// next must not be counted from before it.
@@ -338,11 +509,40 @@ func (r *Reaper) Run(ctx context.Context) {
 	}
 }
 
-// tracking reports whether the reaper leads and any lease or wait runs.
+// tracking reports whether the reaper leads and any lease, wait or
+// lock-delay runs. The history's deadline alone needs no ticks: it is a day
+// away, and a failover may only keep records a little longer.
 func (r *Reaper) tracking() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.active && len(r.h) > 0
+	n := len(r.h)
+	if r.hist != nil {
+		n--
+	}
+	return r.active && n > 0
+}
+
+// proposeRetention commits this node's history bounds when the state's
+// differ (at most once per RetryAfter while they do).
+func (r *Reaper) proposeRetention(ctx context.Context, now time.Time) {
+	r.mu.Lock()
+	want := r.retention
+	due := r.active && want != nil && now.Sub(r.retentionAt) >= RetryAfter
+	if due {
+		r.retentionAt = now
+	}
+	r.mu.Unlock()
+	if !due {
+		return
+	}
+	var cur state.HistoryRetention
+	r.reader.Read(func(s *state.State) { cur = s.HistoryRetentionBounds() })
+	if cur == *want {
+		return
+	}
+	r.logger.Info("setting the grant history's retention from this leader's flags",
+		"per_name", want.PerName, "max_entries", want.MaxEntries, "max_bytes", want.MaxBytes, "max_age", time.Duration(want.MaxAgeMs)*time.Millisecond)
+	r.propose(ctx, &command.SetHistoryRetention{PerName: want.PerName, MaxEntries: want.MaxEntries, MaxBytes: want.MaxBytes, MaxAgeMs: want.MaxAgeMs})
 }
 
 // tick commits a Tick when a check is due and the lease clock has not moved
@@ -371,6 +571,6 @@ func (r *Reaper) propose(ctx context.Context, b command.Body) {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := r.proposer.Propose(pctx, &command.Envelope{Body: b}); err != nil {
-		r.logger.Warn("proposing expiry failed; will retry", "err", err)
+		r.logger.Warn("proposing expiry failed; will retry", "command", b.Type(), "err", err)
 	}
 }

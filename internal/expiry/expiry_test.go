@@ -389,3 +389,107 @@ func TestTickOnlyWhenTheLogIsQuiet(t *testing.T) {
 		t.Fatal("a demoted reaper ticked")
 	}
 }
+
+// A lock-delay's end is committed when it is due on the lease clock, once:
+// a delay that has ended is dropped instead of proposed again.
+func TestLockDelayDeadline(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	res := h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 1_000, LockDelayMs: 5_000}})
+	h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "x", LeaseID: lid(2), TTLms: 1_000, WaitMs: 60_000}})
+	clock.Advance(time.Second)
+	h.apply(1_000, &command.Envelope{Body: &command.ExpireLeases{Leases: []command.LeaseGen{{LeaseID: lid(1), Gen: 1}}}})
+	if h.st.GetLock("x").DelayedUntil == 0 {
+		t.Fatal("no lock-delay after the expiry")
+	}
+	if w, _ := r.DueAll(clock.Now().Add(4_999 * time.Millisecond)); len(w.Delays) != 0 {
+		t.Fatalf("delay due early: %+v", w)
+	}
+	w, _ := r.DueAll(clock.Now().Add(5 * time.Second))
+	if len(w.Delays) != 1 || w.Delays[0] != (command.EndLockDelay{Name: "x", Token: res.Token}) {
+		t.Fatalf("due at 5 s: %+v", w)
+	}
+	r.settle(&w)
+	if len(w.Delays) != 1 {
+		t.Fatal("settle dropped a delay the state still has")
+	}
+	clock.Advance(5 * time.Second)
+	h.apply(5_000, &command.Envelope{Body: &w.Delays[0]})
+	if li := h.st.GetLock("x"); !li.Held || li.Holder.ClientID != "b" {
+		t.Fatalf("after the delay: %+v", li)
+	}
+	// Proposed once and applied: when its retry comes due, it is dropped.
+	w, _ = r.DueAll(clock.Now().Add(RetryAfter))
+	r.settle(&w)
+	if len(w.Delays) != 0 || len(r.delays) != 0 {
+		t.Fatalf("an ended delay is still proposed or tracked: %+v", w)
+	}
+}
+
+// The history's age bound is one deadline: due when the oldest record is
+// MaxAgeMs old on the lease clock; trimmed by a TrimHistory; gone when the
+// history is empty. It needs no ticks.
+func TestHistoryDeadline(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	h.apply(0, &command.Envelope{Body: &command.SetHistoryRetention{PerName: 4, MaxEntries: 100, MaxBytes: 1 << 20, MaxAgeMs: 60_000}})
+	res := h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 10_000}})
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Release{Name: "x", LeaseID: lid(1), Token: res.Token}})
+	if r.tracking() {
+		t.Fatal("the history's deadline alone asks for ticks")
+	}
+	if w, _ := r.DueAll(clock.Now().Add(59_999 * time.Millisecond)); w.Trim {
+		t.Fatal("trim due early")
+	}
+	// Due by the leader's clock, but no entry has carried the lease clock
+	// that far: put back, not proposed.
+	w, _ := r.DueAll(clock.Now().Add(60 * time.Second))
+	if !w.Trim {
+		t.Fatal("trim not due at 60 s")
+	}
+	r.settle(&w)
+	if w.Trim || r.hist == nil {
+		t.Fatalf("trim proposed before the lease clock reached it, or its deadline dropped: %+v", w)
+	}
+	clock.Advance(60 * time.Second)
+	h.apply(60_000, &command.Envelope{Body: &command.Tick{}})
+	w, _ = r.DueAll(clock.Now())
+	r.settle(&w)
+	if !w.Trim {
+		t.Fatal("trim not proposed once due on the lease clock")
+	}
+	h.apply(0, &command.Envelope{Body: &command.TrimHistory{}})
+	if n, _ := h.st.HistoryStats(); n != 0 {
+		t.Fatalf("%d records after the trim", n)
+	}
+	w, _ = r.DueAll(clock.Now().Add(RetryAfter))
+	r.settle(&w)
+	if w.Trim || r.hist != nil {
+		t.Fatal("an empty history keeps a deadline")
+	}
+}
+
+// A leader whose flags ask for other history bounds commits them.
+func TestRunProposesRetention(t *testing.T) {
+	_, _, r := setup(t)
+	p := r.proposer.(*recordingProposer)
+	want := state.HistoryRetention{PerName: 4, MaxEntries: 10, MaxBytes: 1 << 20, MaxAgeMs: 3_600_000}
+	r.SetRetention(want)
+	r.Promote()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	testutil.Eventually(t, 10*time.Second, "the leader proposes its retention", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, b := range p.got {
+			if sr, ok := b.(*command.SetHistoryRetention); ok && *sr == (command.SetHistoryRetention{PerName: want.PerName, MaxEntries: want.MaxEntries, MaxBytes: want.MaxBytes, MaxAgeMs: want.MaxAgeMs}) {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -28,7 +28,7 @@ func holderPB(h *service.Holder) *dlockv1.Holder {
 
 func lockPB(v *service.LockView) *dlockv1.Lock {
 	out := &dlockv1.Lock{Name: v.Name, Held: v.Held, Holder: holderPB(v.Holder), Waiters: int64(v.Waiters), Revision: v.Revision,
-		Limit: int64(v.Limit), Mode: v.Mode, Subtree: v.Subtree}
+		Limit: int64(v.Limit), Mode: v.Mode, Subtree: v.Subtree, Value: v.Value, DelayedUntil: ts(v.DelayedUntil)}
 	for i := range v.Holders {
 		out.Holders = append(out.Holders, holderPB(&v.Holders[i]))
 	}
@@ -48,7 +48,7 @@ func electionPB(v *service.ElectionView) *dlockv1.Election {
 
 func eventPB(e service.WatchEvent) *dlockv1.Event {
 	return &dlockv1.Event{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientId: e.ClientID,
-		FencingToken: e.FencingToken, Cause: e.Cause, Value: e.Value, At: ts(e.At), Mode: e.Mode, Subtree: e.Subtree}
+		FencingToken: e.FencingToken, Cause: e.Cause, Reason: e.Reason, Value: e.Value, At: ts(e.At), Mode: e.Mode, Subtree: e.Subtree}
 }
 
 func renewPB(r *service.RenewResponse) *dlockv1.RenewResponse {

@@ -37,6 +37,8 @@ type Service interface {
 	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
 	GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error)
 	ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error)
+	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
+	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
@@ -307,6 +309,12 @@ func (a *api) status(ctx context.Context, err error, detail *dlockv1.ErrorDetail
 	if code == codes.Unavailable || code == codes.ResourceExhausted {
 		// Never 0: that would invite a retry storm.
 		detail.RetryAfterMs = max(e.RetryAfter.Milliseconds(), 1000)
+	}
+	if e.Code == apierror.LockDelayed {
+		detail.RetryAfterMs = max(e.RetryAfter.Milliseconds(), 1)
+	}
+	if e.FencingToken != 0 {
+		detail.FencingToken = e.FencingToken // a renew's lock_lost
 	}
 	st, derr := status.New(code, msg).WithDetails(detail)
 	if derr != nil {

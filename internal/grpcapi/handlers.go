@@ -25,7 +25,7 @@ type lockServer struct{ *api }
 func (s *lockServer) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
 	resp, err := s.svc.Acquire(ctx, service.AcquireRequest{Name: req.Name, ClientID: req.ClientId, TTLms: req.TtlMs,
 		SessionID: req.SessionId, WaitTimeoutMs: req.WaitTimeoutMs, RequestID: req.RequestId, Takeover: req.Takeover,
-		Limit: req.Limit, Mode: req.Mode, Subtree: req.Subtree})
+		Limit: req.Limit, Mode: req.Mode, Subtree: req.Subtree, Value: req.Value, LockDelayMs: req.LockDelayMs})
 	if err != nil {
 		// lock_held and wait_timeout come with who holds the lock, lock_lost
 		// with the token of the grant that was lost, limit_mismatch with the
@@ -53,8 +53,31 @@ func (s *lockServer) Release(ctx context.Context, req *dlockv1.ReleaseRequest) (
 
 func (s *lockServer) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlockv1.RenewResponse, error) {
 	resp, err := s.svc.Renew(ctx, service.RenewRequest{Name: req.Name, ClientID: req.ClientId, FencingToken: req.FencingToken,
-		LeaseID: req.LeaseId, TTLms: req.TtlMs, RequestID: req.RequestId})
+		LeaseID: req.LeaseId, TTLms: req.TtlMs, RequestID: req.RequestId, Value: req.Value})
 	return reply(s.api, ctx, resp, err, renewPB)
+}
+
+func (s *lockServer) GetHistory(ctx context.Context, req *dlockv1.GetHistoryRequest) (*dlockv1.GetHistoryResponse, error) {
+	resp, err := s.svc.History(ctx, service.HistoryRequest{Name: req.Name, Election: req.Election, Limit: int(req.Limit), Stale: req.Stale})
+	if err == nil {
+		staleHeaders(ctx, resp.Stale)
+	}
+	return reply(s.api, ctx, resp, err, func(r *service.HistoryResponse) *dlockv1.GetHistoryResponse {
+		out := &dlockv1.GetHistoryResponse{Name: r.Name, Revision: r.Revision}
+		for _, g := range r.Grants {
+			out.Grants = append(out.Grants, &dlockv1.Grant{FencingToken: g.FencingToken, ClientId: g.ClientID, Value: g.Value,
+				GrantedAt: ts(g.GrantedAt), EndedAt: ts(g.EndedAt), EndCause: g.EndCause, Reason: g.Reason, TtlMs: g.TTLms, LockDelayMs: g.LockDelayMs})
+		}
+		return out
+	})
+}
+
+func (s *lockServer) Revoke(ctx context.Context, req *dlockv1.RevokeRequest) (*dlockv1.RevokeResponse, error) {
+	resp, err := s.svc.Revoke(ctx, service.RevokeRequest{Name: req.Name, Election: req.Election, FencingToken: req.FencingToken,
+		Reason: req.Reason, ClientID: req.ClientId, RequestID: req.RequestId})
+	return reply(s.api, ctx, resp, err, func(r *service.RevokeResponse) *dlockv1.RevokeResponse {
+		return &dlockv1.RevokeResponse{Revoked: r.Revoked, FencingToken: r.FencingToken, FencingTokens: r.FencingTokens, Revision: r.Revision}
+	})
 }
 
 func (s *lockServer) GetLock(ctx context.Context, req *dlockv1.GetLockRequest) (*dlockv1.GetLockResponse, error) {

@@ -64,7 +64,7 @@ func (a *api) election(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string) {
-	name, action, ok := a.splitAction(w, r, rest, "election", electionsPrefix, actionCampaign, actionProclaim, actionRenew, actionResign)
+	name, action, ok := a.splitAction(w, r, rest, "election", electionsPrefix, actionCampaign, actionProclaim, actionRenew, actionResign, actionRevoke)
 	if !ok {
 		return
 	}
@@ -93,6 +93,8 @@ func (a *api) electionAction(w http.ResponseWriter, r *http.Request, rest string
 		})
 	case actionResign:
 		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ResignRequest) { q.Name = name }, a.svc.Resign)
+	case actionRevoke:
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RevokeRequest) { q.Name, q.Election = name, true }, a.svc.Revoke)
 	}
 }
 

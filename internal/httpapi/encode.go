@@ -16,10 +16,22 @@ import (
 type errorBody struct {
 	Code    apierror.Code `json:"code"`
 	Message string        `json:"message"`
+	// RetryAfterMs is, with lock_delayed, the lock-delay's time left.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }
 
 type errorEnvelope struct {
 	Error errorBody `json:"error"`
+	// FencingToken is, with lock_lost, the token of the grant that ended.
+	FencingToken uint64 `json:"fencing_token,omitempty"`
+}
+
+func bodyOf(e *apierror.Error) errorBody {
+	b := errorBody{Code: e.Code, Message: message(e)}
+	if e.Code == apierror.LockDelayed {
+		b.RetryAfterMs = max(e.RetryAfter.Milliseconds(), 1)
+	}
+	return b
 }
 
 // acquireConflict is the 409 answer of an acquire that did not get the lock:
@@ -103,7 +115,7 @@ func (a *api) publicError(r *http.Request, err error) (*apierror.Error, int) {
 func (a *api) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, status := a.publicError(r, err)
 	setRetryAfter(w, e)
-	writeJSON(w, status, errorEnvelope{Error: errorBody{Code: e.Code, Message: message(e)}})
+	writeJSON(w, status, errorEnvelope{Error: bodyOf(e), FencingToken: e.FencingToken})
 }
 
 func (a *api) writeAcquireConflict(w http.ResponseWriter, r *http.Request, resp *service.AcquireResponse, e *apierror.Error) {

@@ -27,6 +27,8 @@ type Service interface {
 	GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error)
 	ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error)
 	ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error)
+	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
+	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
@@ -215,6 +217,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	if rest, ok := cutSegments(p, historyPrefix); ok && len(rest) > 1 {
+		a.history(w, r, rest[1:])
+		return
+	}
 	if rest, ok := cutSegments(p, electionsPrefix); ok {
 		if rest == "" || rest == "/" {
 			a.listElections(w, r)
@@ -255,7 +261,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl; described at %s), health at /healthz and /readyz", apiPrefix, openAPIPath))
+		"no endpoint at this path; the API is under %s (locks, history, sessions, elections, watch, cluster, acl; described at %s), health at /healthz and /readyz", apiPrefix, openAPIPath))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
@@ -342,7 +348,7 @@ func (a *api) lock(w http.ResponseWriter, r *http.Request, rest string) {
 }
 
 func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
-	name, action, ok := a.splitAction(w, r, rest, "lock", locksPrefix, actionAcquire, actionRelease, actionRenew)
+	name, action, ok := a.splitAction(w, r, rest, "lock", locksPrefix, actionAcquire, actionRelease, actionRenew, actionRevoke)
 	if !ok {
 		return
 	}
@@ -368,6 +374,8 @@ func (a *api) lockAction(w http.ResponseWriter, r *http.Request, rest string) {
 		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.ReleaseRequest) { q.Name = name }, a.svc.Release)
 	case actionRenew:
 		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RenewRequest) { q.Name = name }, a.svc.Renew)
+	case actionRevoke:
+		decodeAndCall(a, w, r, http.StatusOK, true, func(q *service.RevokeRequest) { q.Name = name }, a.svc.Revoke)
 	}
 }
 

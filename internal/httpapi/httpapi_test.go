@@ -109,6 +109,15 @@ func (f *fakeService) GetLock(ctx context.Context, name string, stale bool) (*se
 	})
 }
 
+func (f *fakeService) History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error) {
+	return answer(ctx, f, "History", req, &service.HistoryResponse{Name: req.Name, Grants: []service.GrantView{
+		{FencingToken: 9, ClientID: "worker-1", EndCause: "revoked", Reason: "stuck", TTLms: 30_000}}, Revision: 20})
+}
+
+func (f *fakeService) Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error) {
+	return answer(ctx, f, "Revoke", req, &service.RevokeResponse{Revoked: true, FencingToken: req.FencingToken, Revision: 21})
+}
+
 func (f *fakeService) ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error) {
 	return answer(ctx, f, "ListLocks", req, &service.ListResponse{
 		Locks:    []service.LockView{{Name: "billing/job", Held: false, Revision: 13, Limit: 1, Holders: []service.Holder{}}},
@@ -324,11 +333,14 @@ func checkError(t *testing.T, rec *httptest.ResponseRecorder, wantStatus int, wa
 	if rec.Header().Get(RequestIDHeader) == "" {
 		t.Error("no X-Request-Id on the answer")
 	}
+	// The one error shape; lock_delayed adds its wait, lock_lost the token.
 	var env struct {
 		Error struct {
-			Code    apierror.Code `json:"code"`
-			Message string        `json:"message"`
+			Code         apierror.Code `json:"code"`
+			Message      string        `json:"message"`
+			RetryAfterMs int64         `json:"retry_after_ms"`
 		} `json:"error"`
+		FencingToken uint64 `json:"fencing_token"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
 	dec.DisallowUnknownFields()
@@ -413,6 +425,41 @@ func TestRoutes(t *testing.T) {
 			wantStatus: 200, wantMethod: "Acquire",
 			wantReq:  service.AcquireRequest{Name: "j", ClientID: "c1", TTLms: 1000},
 			wantBody: acquireOK,
+		},
+		{
+			name:       "acquire with a value and a lock-delay",
+			req:        request{method: "POST", target: "/api/v1/locks/j/acquire", body: `{"client_id":"c1","ttl_ms":1000,"value":"pid 42","lock_delay_ms":5000}`},
+			wantStatus: 200, wantMethod: "Acquire",
+			wantReq:  service.AcquireRequest{Name: "j", ClientID: "c1", TTLms: 1000, Value: "pid 42", LockDelayMs: 5000},
+			wantBody: acquireOK,
+		},
+		{
+			name:       "history of a lock named like an action",
+			req:        request{method: "GET", target: "/api/v1/history/billing/batch-job/revoke?limit=5"},
+			wantStatus: 200, wantMethod: "History",
+			wantReq:  service.HistoryRequest{Name: "billing/batch-job/revoke", Limit: 5},
+			wantBody: `{"name":"billing/batch-job/revoke","grants":[{"fencing_token":9,"client_id":"worker-1","granted_at":"0001-01-01T00:00:00Z","end_cause":"revoked","reason":"stuck","ttl_ms":30000}],"revision":20}`,
+		},
+		{
+			name:       "history of an election, stale",
+			req:        request{method: "GET", target: "/api/v1/history/db%2Fprimary?kind=election&stale=true"},
+			wantStatus: 200, wantMethod: "History",
+			wantReq:  service.HistoryRequest{Name: "db/primary", Election: true, Stale: true},
+			wantBody: `{"name":"db/primary","grants":[{"fencing_token":9,"client_id":"worker-1","granted_at":"0001-01-01T00:00:00Z","end_cause":"revoked","reason":"stuck","ttl_ms":30000}],"revision":20}`,
+		},
+		{
+			name:       "revoke one grant",
+			req:        request{method: "POST", target: "/api/v1/locks/billing/batch-job/revoke", body: `{"fencing_token":9,"reason":"stuck"}`},
+			wantStatus: 200, wantMethod: "Revoke",
+			wantReq:  service.RevokeRequest{Name: "billing/batch-job", FencingToken: 9, Reason: "stuck"},
+			wantBody: `{"revoked":true,"fencing_token":9,"revision":21}`,
+		},
+		{
+			name:       "revoke an election's leader",
+			req:        request{method: "POST", target: "/api/v1/elections/db/revoke", body: `{"reason":"stuck","client_id":"ops","request_id":"r9"}`},
+			wantStatus: 200, wantMethod: "Revoke",
+			wantReq:  service.RevokeRequest{Name: "db", Election: true, Reason: "stuck", ClientID: "ops", RequestID: "r9"},
+			wantBody: `{"revoked":true,"revision":21}`,
 		},
 		{
 			name:       "release",
@@ -863,6 +910,9 @@ func TestServiceErrors(t *testing.T) {
 		{"sub-second hint says 1", request{method: "DELETE", target: "/api/v1/sessions/S1"}, &apierror.Error{Code: apierror.NoLeader, Message: "election", RetryAfter: 10 * time.Millisecond}, 503, "no_leader", "1"},
 		{"rate limited", request{method: "POST", target: "/api/v1/sessions", body: `{"client_id":"c","ttl_ms":1000}`}, &apierror.Error{Code: apierror.RateLimited, Message: "slow down", RetryAfter: 4 * time.Second}, 429, "rate_limited", "4"},
 		{"too large from service", request{method: "GET", target: "/api/v1/locks"}, apierror.New(apierror.TooLarge, "value over 4 KiB"), 413, "too_large", ""},
+		{"lock_delayed says when", request{method: "POST", target: "/api/v1/locks/a/acquire", body: `{"client_id":"c","ttl_ms":1000}`}, &apierror.Error{Code: apierror.LockDelayed, Message: "delayed", RetryAfter: 4200 * time.Millisecond}, 409, "lock_delayed", "5"},
+		{"lock_lost on renew", request{method: "POST", target: "/api/v1/locks/a/renew", body: `{"client_id":"c","fencing_token":1,"lease_id":"L"}`}, &apierror.Error{Code: apierror.LockLost, Message: "revoked", FencingToken: 1}, 409, "lock_lost", ""},
+		{"history with a bad kind", request{method: "GET", target: "/api/v1/history/a?kind=x"}, nil, 400, "invalid_argument", ""},
 		{"empty message gets words", request{method: "GET", target: "/api/v1/locks/a"}, &apierror.Error{Code: apierror.NotFound}, 404, "not_found", ""},
 		{"plain error is internal", request{method: "GET", target: "/api/v1/locks/a"}, errors.New("boom"), 500, "internal", ""},
 		{"unknown code is internal", request{method: "GET", target: "/api/v1/locks/a"}, &apierror.Error{Code: "weird_code", Message: "?"}, 500, "internal", ""},
@@ -877,8 +927,15 @@ func TestServiceErrors(t *testing.T) {
 			if got := rec.Header().Get("Retry-After"); got != tt.wantRetryAfter {
 				t.Errorf("Retry-After %q, want %q", got, tt.wantRetryAfter)
 			}
-			if len(f.recorded()) != 1 {
+			if calls := len(f.recorded()); calls != 1 && (tt.err != nil || calls != 0) {
 				t.Errorf("service calls: %+v", f.recorded())
+			}
+			body := rec.Body.String()
+			if tt.wantCode == apierror.LockDelayed && !strings.Contains(body, `"retry_after_ms":4200`) {
+				t.Errorf("lock_delayed body without retry_after_ms: %s", body)
+			}
+			if tt.wantCode == apierror.LockLost && !strings.Contains(body, `"fencing_token":1`) {
+				t.Errorf("lock_lost body without the token: %s", body)
 			}
 		})
 	}

@@ -85,6 +85,10 @@ type Config struct {
 	// inject a full disk with it.
 	FreeSpace func(dir string) (uint64, error)
 
+	// HistoryRetention, when set, is what this node commits as the grant
+	// history's bounds while it leads (nil leaves the state's bounds).
+	HistoryRetention *state.HistoryRetention
+
 	// wrapLogStore, set only by tests, wraps the log store under the
 	// checksumming layer to inject faults.
 	wrapLogStore func(LogAndStableStore) LogAndStableStore
@@ -225,6 +229,9 @@ func Open(cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.fsm = fsm.New(n.logger)
 	n.reaper = expiry.New(expiry.SystemClock{}, proposerFunc(n.Propose), n.fsm, n.logger)
+	if cfg.HistoryRetention != nil {
+		n.reaper.SetRetention(*cfg.HistoryRetention)
+	}
 	n.fsm.AddObserver(n.reaper)
 	for _, o := range cfg.Observers {
 		n.fsm.AddObserver(o)

@@ -63,7 +63,8 @@ func (s *Service) ACLEnabled() bool { return s.aclOn }
 var permNames = []struct {
 	bit  uint8
 	name string
-}{{command.PermRead, "read"}, {command.PermLock, "lock"}, {command.PermElect, "elect"}, {command.PermWatch, "watch"}, {command.PermAdmin, "admin"}}
+}{{command.PermRead, "read"}, {command.PermLock, "lock"}, {command.PermElect, "elect"}, {command.PermWatch, "watch"}, {command.PermAdmin, "admin"},
+	{command.PermRevoke, "revoke"}}
 
 func permString(p uint8) string {
 	var out []string
@@ -91,7 +92,7 @@ func ParsePerms(names []string) (uint8, error) {
 			}
 		}
 		if !found {
-			return 0, fmt.Errorf("unknown permission %q: use read, lock, elect, watch, admin or all", n)
+			return 0, fmt.Errorf("unknown permission %q: use read, lock, elect, watch, admin, revoke or all", n)
 		}
 	}
 	return p, nil

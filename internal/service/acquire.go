@@ -58,7 +58,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (_ *AcquireRe
 	defer untrack()
 	g, err := s.acquire(ctx, acquireArgs{key: name, what: "lock", clientID: req.ClientID, requestID: req.RequestID,
 		ttlMs: req.TTLms, sessionID: req.SessionID, waitMs: req.WaitTimeoutMs, takeover: req.Takeover,
-		limit: req.Limit, shared: shared, subtree: req.Subtree})
+		value: req.Value, lockDelayMs: req.LockDelayMs, limit: req.Limit, shared: shared, subtree: req.Subtree})
 	if g == nil {
 		return nil, err
 	}
@@ -140,7 +140,11 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 	if len(a.value) > command.MaxValueLen {
 		return nil, invalid("value is %d bytes; the limit is %d", len(a.value), command.MaxValueLen)
 	}
-	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value, Takeover: a.takeover, Limit: a.limit, Shared: a.shared, Subtree: a.subtree}
+	if a.lockDelayMs < 0 || a.lockDelayMs > command.MaxLockDelayMs {
+		return nil, invalid("lock_delay_ms must be between 0 and %d, got %d", command.MaxLockDelayMs, a.lockDelayMs)
+	}
+	body := &command.Acquire{Name: a.key, WaitMs: a.waitMs, Value: a.value, Takeover: a.takeover, Limit: a.limit, Shared: a.shared, Subtree: a.subtree,
+		LockDelayMs: a.lockDelayMs}
 	switch {
 	case a.sessionID != "" && a.ttlMs != 0:
 		return nil, invalid("give either ttl_ms (a lease for this %s alone) or session_id, not both", a.what)
@@ -193,6 +197,11 @@ func (s *Service) acquireOnce(ctx context.Context, a acquireArgs) (*grantAnswer,
 		return s.await(ctx, a, env.RequestID, body.Session, r, resp.Index, time.Duration(a.waitMs)*time.Millisecond)
 	case command.StatusQueueFull:
 		return nil, s.queueFullErr(a, body.MaxWaiters)
+	case command.StatusLockDelayed:
+		left := time.Duration(r.TTLms) * time.Millisecond
+		return nil, &apierror.Error{Code: apierror.LockDelayed, RetryAfter: left, Message: fmt.Sprintf(
+			"%s %q is in a lock-delay (its last grant ended by expiry or revoke): nobody gets it for another %s; retry then, or wait in line (wait_timeout_ms)",
+			a.what, displayName(a.key), left)}
 	}
 	return nil, statusErr(r, a.what)
 }

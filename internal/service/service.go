@@ -243,6 +243,9 @@ func statusErr(r command.Result, what string) error {
 		return apierror.New(apierror.SessionNotFound, "session not found (it expired, was deleted, or belongs to another client_id); create a new session")
 	case command.StatusInvalid:
 		return invalid("%s: %s", what, r.Message)
+	case command.StatusLockLost:
+		return &apierror.Error{Code: apierror.LockLost, FencingToken: r.Token, Message: fmt.Sprintf(
+			"%s refused: the grant with fencing token %d was revoked by an operator (see its history); stop using the resource and acquire again", what, r.Token)}
 	}
 	return apierror.New(apierror.Internal, "%s: unexpected result %s", what, r.Status)
 }
@@ -273,6 +276,7 @@ type acquireArgs struct {
 	waitMs              int64
 	value               string
 	takeover            bool
+	lockDelayMs         int64
 	limit               int64
 	shared, subtree     bool
 }
@@ -333,7 +337,14 @@ func (s *Service) renew(ctx context.Context, req RenewRequest, key string, id co
 	if err := checkTTL(req.TTLms, false); err != nil {
 		return nil, err
 	}
-	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.Renew{Name: key, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}), "renew")
+	body := &command.Renew{Name: key, LeaseID: id, Token: req.FencingToken, TTLms: req.TTLms}
+	if req.Value != nil {
+		if len(*req.Value) > command.MaxValueLen {
+			return nil, invalid("value is %d bytes; the limit is %d", len(*req.Value), command.MaxValueLen)
+		}
+		body.Value, body.SetValue = *req.Value, true
+	}
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, body), "renew")
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +368,11 @@ func (s *Service) staleRead(stale bool) *StaleRead {
 }
 
 func lockView(li state.LockInfo, rev uint64) LockView {
-	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev, Limit: li.Limit, Subtree: li.Subtree, Holders: []Holder{}}
+	v := LockView{Name: li.Name, Held: li.Held, Waiters: li.Waiters, Revision: rev, Limit: li.Limit, Subtree: li.Subtree, Holders: []Holder{},
+		Value: li.Value}
+	if li.DelayedUntil != 0 {
+		v.DelayedUntil = ms(li.DelayedUntil)
+	}
 	for _, h := range li.Holders {
 		v.Holders = append(v.Holders, lockHolderView(h))
 	}

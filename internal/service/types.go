@@ -24,6 +24,12 @@ type AcquireRequest struct {
 	Mode string `json:"mode,omitempty"`
 	// Subtree makes the grant cover the name and every name below it.
 	Subtree bool `json:"subtree,omitempty"`
+	// Value is the holder's value while it holds the lock (at most 4 KiB):
+	// who holds it, where, doing what.
+	Value string `json:"value,omitempty"`
+	// LockDelayMs (0..60000) keeps the lock from everyone that long after
+	// this grant ends by expiry or revoke (never after a release).
+	LockDelayMs int64 `json:"lock_delay_ms,omitempty"`
 }
 
 // Lock modes.
@@ -90,6 +96,8 @@ type RenewRequest struct {
 	LeaseID      string `json:"lease_id"`
 	TTLms        int64  `json:"ttl_ms,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
+	// Value, when present, replaces the holder's value ("" clears it).
+	Value *string `json:"value,omitempty"`
 }
 
 // RenewResponse answers a renewal.
@@ -116,8 +124,13 @@ type LockView struct {
 	Holders []Holder `json:"holders"`
 	// Queue is the head of the wait queue in order (at most 100 waiters;
 	// Waiters counts them all). Only a read of one lock fills it.
-	Queue    []Waiter `json:"queue,omitempty"`
-	Revision uint64   `json:"revision"`
+	Queue []Waiter `json:"queue,omitempty"`
+	// Value is the holder's value.
+	Value string `json:"value,omitempty"`
+	// DelayedUntil is set while a lock-delay keeps the lock from everyone
+	// (the leader's wall clock when it began, plus the delay).
+	DelayedUntil time.Time `json:"delayed_until,omitzero"`
+	Revision     uint64    `json:"revision"`
 	// Stale is set on a ?stale=true answer; the APIs send it as headers.
 	Stale *StaleRead `json:"-"`
 }
@@ -354,6 +367,8 @@ type WatchEvent struct {
 	// covers the names below.
 	Mode    string `json:"mode,omitempty"`
 	Subtree bool   `json:"subtree,omitempty"`
+	// Reason is a revoke's reason (type "revoked").
+	Reason string `json:"reason,omitempty"`
 }
 
 // MemberRequest adds a node to the cluster (it joins as a non-voter and is

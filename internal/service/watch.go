@@ -90,10 +90,10 @@ func watchErr(err error) error {
 // Event converts a hub event to its public form.
 func Event(e watch.Event) WatchEvent {
 	v := WatchEvent{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientID: e.ClientID,
-		FencingToken: e.Token, Cause: e.Cause, Value: e.Value, At: ms(e.At), Subtree: e.Subtree}
+		FencingToken: e.Token, Cause: e.Cause, Reason: e.Reason, Value: e.Value, At: ms(e.At), Subtree: e.Subtree}
 	if e.Kind == "lock" {
 		switch e.Type {
-		case "acquired", "released", "expired", "queued", "dequeued":
+		case "acquired", "released", "expired", "revoked", "queued", "dequeued":
 			v.Mode = modeName(e.Shared)
 		}
 	}

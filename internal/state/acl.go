@@ -104,9 +104,18 @@ func validACLToken(b *command.SetACLToken) string {
 	return ""
 }
 
-func (s *State) setACLToken(b *command.SetACLToken) command.Result {
+func (s *State) setACLToken(e *command.Envelope, b *command.SetACLToken) command.Result {
 	if msg := validACLToken(b); msg != "" {
 		return invalid(msg)
+	}
+	if e.Version != 0 && e.Version < 7 {
+		// The revoke permission came with command version 7: an earlier
+		// entry with its bit was refused, and a replay refuses it again.
+		for _, r := range b.Rules {
+			if r.Perms&command.PermRevoke != 0 {
+				return invalid("acl rule has no or unknown permissions, or a too long prefix")
+			}
+		}
 	}
 	if b.Bootstrap && len(s.aclTokens) > 0 {
 		return invalid("ACLs are already bootstrapped")

@@ -33,6 +33,8 @@ type gen struct {
 	// retry is an idempotent command to propose again (a retry after an
 	// unknown outcome), with the core state it must leave unchanged.
 	retry *command.Envelope
+	// revoked are grants a Revoke was aimed at, for their holders' renewals.
+	revoked []*command.Envelope
 }
 
 func newGen(seed uint64, s *State) *gen {
@@ -247,6 +249,11 @@ func (g *gen) next() *command.Envelope {
 		} else {
 			e.Body = &command.Acquire{Name: name, LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: 1 + g.rng.Int64N(100_000), Value: g.value(name)}
 		}
+	} else if len(g.revoked) > 0 && g.pct(3) {
+		r := g.revoked[g.rng.IntN(len(g.revoked))]
+		e.ClientID, e.Body = r.ClientID, r.Body
+	} else if g.pct(10) {
+		e.Body = g.opsBody(e)
 	} else {
 		e.Body = g.body(e)
 	}
@@ -255,6 +262,15 @@ func (g *gen) next() *command.Envelope {
 		if g.pct(20) {
 			// A node's waiter cap, in the command (negative: none).
 			b.MaxWaiters = g.rng.Int64N(6) - 1
+		}
+	}
+	if b, ok := e.Body.(*command.Acquire); ok && g.pct(25) {
+		b.LockDelayMs = []int64{1, 500, 5000, command.MaxLockDelayMs, -1, command.MaxLockDelayMs + 1}[g.rng.IntN(6)]
+	}
+	if b, ok := e.Body.(*command.Renew); ok && g.pct(30) {
+		b.SetValue, b.Value = true, g.value(b.Name)
+		if g.pct(30) {
+			b.Value = fmt.Sprintf("lock-value-%d", g.rng.IntN(3))
 		}
 	}
 	if g.pct(10) {
@@ -447,6 +463,56 @@ func (g *gen) body(e *command.Envelope) command.Body {
 	}
 }
 
+// opsBody is an operator's or the leader's command of the lock-operations
+// kind: revokes (of a holder, of everyone, of a wrong token), retention
+// changes with small bounds (so every bound trims), history trims and the
+// end of lock-delays (right, stale or unknown).
+func (g *gen) opsBody(e *command.Envelope) command.Body {
+	if d := g.s.DelayTimers(); len(d) > 0 && g.pct(15) {
+		// Someone tries a lock in its lock-delay, at once or waiting.
+		return &command.Acquire{Name: d[g.rng.IntN(len(d))].Name, LeaseID: g.newLease(), TTLms: g.ttl(), WaitMs: g.wait()}
+	}
+	switch p := g.rng.IntN(100); {
+	case p < 45:
+		e.ClientID = "operator"
+		b := &command.Revoke{Name: g.name(), Reason: []string{"", "stuck", strings.Repeat("r", command.MaxReasonLen+1)}[g.rng.IntN(3)]}
+		if held := g.heldLocks(); len(held) > 0 && g.pct(80) {
+			lk := held[g.rng.IntN(len(held))]
+			b.Name, b.Token = lk.Name, lk.Token
+			g.revoked = append(g.revoked, &command.Envelope{ClientID: g.s.leases[lk.Holder].ClientID,
+				Body: &command.Renew{Name: lk.Name, LeaseID: lk.Holder, Token: lk.Token}})
+			if g.pct(25) {
+				b.Token = 0
+			} else if g.pct(10) {
+				b.Token++
+			}
+		}
+		return b
+	case p < 60:
+		e.ClientID = ""
+		return &command.SetHistoryRetention{PerName: g.rng.Int64N(6), MaxEntries: g.rng.Int64N(60), MaxBytes: 200 + g.rng.Int64N(20_000),
+			MaxAgeMs: []int64{1000, 20_000, 200_000, 0}[g.rng.IntN(4)]}
+	case p < 75:
+		e.ClientID = ""
+		return &command.TrimHistory{}
+	default:
+		e.ClientID = ""
+		var delayed []DelayTimer
+		for _, d := range g.s.DelayTimers() {
+			delayed = append(delayed, d)
+		}
+		if len(delayed) > 0 && g.pct(85) {
+			d := delayed[g.rng.IntN(len(delayed))]
+			b := &command.EndLockDelay{Name: d.Name, Token: d.Token}
+			if g.pct(15) {
+				b.Token--
+			}
+			return b
+		}
+		return &command.EndLockDelay{Name: g.name(), Token: uint64(g.rng.IntN(int(g.s.lastToken) + 1))}
+	}
+}
+
 func queues(s *State) map[string][]Waiter {
 	m := map[string][]Waiter{}
 	s.locks.Ascend(func(lk *Lock) bool {
@@ -520,7 +586,7 @@ func (m *tokenModel) apply(t *testing.T, s *State, index uint64, ev []Event) {
 				m.holders[e.Name] = hs
 			}
 			hs[e.Token] = e.Shared
-		case EventReleased, EventExpired:
+		case EventReleased, EventExpired, EventRevoked:
 			if _, held := m.holders[e.Name][e.Token]; !held {
 				t.Fatalf("index %d: %v of %q token %d, but the model has %v", index, e.Type, e.Name, e.Token, m.holders[e.Name])
 			}
@@ -692,10 +758,13 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 			t.Fatalf("step %d: result revision %d, state %d", i, ra.Revision, a.revision)
 		}
 		// A retried idempotent command changes nothing the first one did not
-		// (KeepAlive is a fresh renewal, so it is left out).
+		// (KeepAlive is a fresh renewal, and TrimHistory a trim at a later
+		// lease clock, which may drop what has aged since: both are left out).
 		if isRetry {
 			retries++
-			if _, ka := env.Body.(*command.KeepAlive); !ka && coreAfter != coreBefore {
+			_, ka := env.Body.(*command.KeepAlive)
+			_, trim := env.Body.(*command.TrimHistory)
+			if !ka && !trim && coreAfter != coreBefore {
 				t.Fatalf("step %d: retry of idempotent %T changed the state", i, env.Body)
 			}
 		}
@@ -779,7 +848,8 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 		t.Fatalf("weak run: %d grants, %d dedup hits (%d answered with a later grant), %d retries, %d cuts", model.lastToken, dedupHits, grantedRetries, retries, len(cuts))
 	}
 	for _, st := range []command.Status{command.StatusOK, command.StatusQueued, command.StatusLockHeld, command.StatusNotHolder,
-		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull, command.StatusLimitMismatch} {
+		command.StatusSessionNotFound, command.StatusInvalid, command.StatusNotWaiting, command.StatusQueueFull, command.StatusLimitMismatch,
+		command.StatusLockDelayed, command.StatusLockLost} {
 		if stats[st] == 0 {
 			t.Fatalf("no %v result in the run: %v", st, stats)
 		}
@@ -792,7 +862,8 @@ func runDeterminism(t *testing.T, seed uint64, steps int) {
 	}
 	for _, k := range []string{"acquired/acquire", "acquired/handoff", "acquired/takeover", "released/release", "released/takeover",
 		"released/cancelled", "released/session_deleted", "expired/expired", "dequeued/timeout", "dequeued/cancelled",
-		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted", "proclaimed/"} {
+		"dequeued/expired", "session_expired/expired", "session_deleted/session_deleted", "proclaimed/",
+		"revoked/revoked", "value_changed/", "delay_timer/", "history_timer/"} {
 		if cnt[k] == 0 {
 			t.Errorf("seed %d never produced %s; counts %v", seed, k, cnt)
 		}

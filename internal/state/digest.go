@@ -32,6 +32,7 @@ const (
 	recDedup
 	recTokenKey
 	recCounters
+	recGrant
 )
 
 // hasher is a small word-at-a-time hash (deterministic across processes and
@@ -135,6 +136,14 @@ func (r *recordHasher) dedup(prev, e *dedupEntry) uint64 {
 		w.Bool(false)
 	}
 	writeDedupEntry(w, e)
+	return r.sum()
+}
+
+// grant hashes one ended grant of the named lock (its Seq places it).
+func (r *recordHasher) grant(name string, g *GrantRecord) uint64 {
+	w := r.begin(recGrant)
+	w.String(name)
+	writeGrantRecord(w, g)
 	return r.sum()
 }
 
@@ -283,6 +292,12 @@ func (s *State) recordsSum() uint64 {
 	for _, t := range s.aclTokens {
 		sum += rh.acl(t)
 	}
+	s.hist.byName.Ascend(func(h *lockHistory) bool {
+		for i := range h.recs {
+			sum += rh.grant(h.name, &h.recs[i])
+		}
+		return true
+	})
 	var prev *dedupEntry
 	s.dedupRing.each(func(e *dedupEntry) {
 		sum += rh.dedup(prev, e)
@@ -304,6 +319,13 @@ func (s *State) digestOf(records uint64) uint64 {
 	h.u64(uint64(len(s.leases)))
 	h.u64(uint64(s.dedupRing.count))
 	h.u64(uint64(len(s.tokenKeys)))
+	rt := s.hist.retention
+	h.i64(rt.PerName)
+	h.i64(rt.MaxEntries)
+	h.i64(rt.MaxBytes)
+	h.i64(rt.MaxAgeMs)
+	h.u64(s.hist.seq)
+	h.i64(s.hist.count)
 	var rh recordHasher // not s.rh: Digest may run under a read lock
 	for i := range s.tokenKeys {
 		h.u64(rh.tokenKey(&s.tokenKeys[i]))

@@ -32,6 +32,17 @@ const (
 	// Internal: an ACL token was revoked or replaced (Accessor says which),
 	// so what it authorized may have to end on every node.
 	EventACLChanged
+
+	// Public: a grant was ended by force (Revoke); Reason says why.
+	EventRevoked
+	// Public: a lock holder replaced its value (a renew with a value).
+	EventValueChanged
+	// Internal: a lock-delay began (Name, Token: the grant whose end began
+	// it); RemainingMs is its length.
+	EventDelayTimer
+	// Internal: the oldest history record is due to age out in RemainingMs
+	// (lease clock); the leader then commits a TrimHistory.
+	EventHistoryTimer
 )
 
 // Causes carried by events.
@@ -44,6 +55,7 @@ const (
 	CauseTimeout        = "timeout"
 	CauseCancelled      = "cancelled"
 	CauseSessionDeleted = "session_deleted"
+	CauseRevoked        = "revoked"
 )
 
 var eventNames = map[EventType]string{
@@ -61,13 +73,18 @@ var eventNames = map[EventType]string{
 	EventWaitGone:       "wait_gone",
 	EventProclaimed:     "proclaimed",
 	EventACLChanged:     "acl_changed",
+	EventRevoked:        "revoked",
+	EventValueChanged:   "value_changed",
+	EventDelayTimer:     "delay_timer",
+	EventHistoryTimer:   "history_timer",
 }
 
 func (t EventType) String() string { return eventNames[t] }
 
 // Public reports whether watchers may see this event type.
 func (t EventType) Public() bool {
-	return t >= EventAcquired && t <= EventSessionDeleted || t == EventProclaimed
+	return t >= EventAcquired && t <= EventSessionDeleted || t == EventProclaimed ||
+		t == EventRevoked || t == EventValueChanged
 }
 
 // Event is one effect of a command. LeaseID is internal: the lease id is a
@@ -80,10 +97,12 @@ type Event struct {
 	// At is the leader timestamp of the command (display only).
 	At int64
 	// Value is an election leader's value (acquired, proclaimed).
-	Value       string
-	ClientID    string
-	Token       uint64
-	Cause       string
+	Value    string
+	ClientID string
+	Token    uint64
+	Cause    string
+	// Reason is a revoke's reason (EventRevoked).
+	Reason      string
 	LeaseID     command.LeaseID
 	Seq         uint64
 	Gen         uint64

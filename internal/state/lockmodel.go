@@ -62,10 +62,19 @@ type lockExtra struct {
 	more []Grant
 	// subtrees counts the holders with Subtree (derived).
 	subtrees int32
+	// delayMs is the (only) holder's lock-delay (Acquire.LockDelayMs).
+	delayMs int64
+	// A lock-delay in force: the token of the grant whose end began it
+	// (0: none), and its end on the leader's wall clock (display) and on
+	// the lease clock.
+	delayToken uint64
+	delayUntil int64
+	delayClock int64
 }
 
 func (e *lockExtra) empty() bool {
-	return len(e.queue) == 0 && e.value == "" && e.limit <= 1 && !e.shared && !e.subtree && len(e.more) == 0
+	return len(e.queue) == 0 && e.value == "" && e.limit <= 1 && !e.shared && !e.subtree && len(e.more) == 0 &&
+		e.delayMs == 0 && e.delayToken == 0
 }
 
 // ext returns the lock's extra record, making one if needed; tidy drops it
@@ -489,13 +498,16 @@ func (s *State) wake(name string, below bool) {
 		for len(lk.Queue()) > 0 && s.letIn(lk) {
 		}
 	}
-	if lk := s.lock(name); lk != nil && !lk.Held() && len(lk.Queue()) == 0 {
+	if lk := s.lock(name); lk != nil && !lk.Held() && len(lk.Queue()) == 0 && !lk.delayed() {
 		s.deleteLock(lk)
 	}
 }
 
 // letIn grants the head of lk's queue if nothing stands in its way.
 func (s *State) letIn(lk *Lock) bool {
+	if lk.delayed() {
+		return false // until the leader commits the delay's end
+	}
 	w := lk.Queue()[0]
 	if blocked, _ := s.blocked(lk, request{name: lk.Name, shared: w.Shared, subtree: w.Subtree, place: w.Place}, false); blocked {
 		return false
@@ -507,7 +519,7 @@ func (s *State) letIn(lk *Lock) bool {
 	}
 	lease.Waits().Delete(lk.Name)
 	s.emit(Event{Type: EventWaitGone, Name: lk.Name, LeaseID: w.LeaseID, Seq: w.Seq})
-	s.grant(lk, lease, w.Seq, w.Value, CauseHandoff, w.Shared, w.Subtree)
+	s.grant(lk, lease, w.Seq, w.Value, CauseHandoff, w.Shared, w.Subtree, w.LockDelayMs)
 	s.rememberGrant(w, lk, lease)
 	return true
 }

@@ -347,6 +347,9 @@ func TestNobodyWaitsForEver(t *testing.T) {
 				}
 				var rel []command.Envelope
 				s.locks.Ascend(func(lk *Lock) bool {
+					if _, tok, ok := lk.Delayed(); ok { // the leader ends lock-delays in time
+						rel = append(rel, command.Envelope{Body: &command.EndLockDelay{Name: lk.Name, Token: tok}})
+					}
 					for _, gr := range lk.Grants() {
 						rel = append(rel, command.Envelope{ClientID: s.leases[gr.LeaseID].ClientID, Body: &command.Release{Name: lk.Name, LeaseID: gr.LeaseID, Token: gr.Token}})
 					}

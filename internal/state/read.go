@@ -13,6 +13,11 @@ type LockInfo struct {
 	// Holder is the first holder in grant order.
 	Holder  command.Holder
 	Waiters int
+	// Value is the holder's value.
+	Value string
+	// DelayedUntil is, while a lock-delay keeps the lock from everyone, its
+	// end on the leader's wall clock (display; 0 otherwise).
+	DelayedUntil int64
 	// Limit is the lock's limit (1 for a mutex); Shared the holders' mode.
 	Limit  int
 	Shared bool
@@ -60,7 +65,9 @@ func (s *State) GetLock(name string) LockInfo {
 }
 
 func (s *State) info(lk *Lock) LockInfo {
-	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue()), Limit: lk.Limit(), Shared: lk.Shared(), Subtree: lk.subtreeHolders() > 0}
+	li := LockInfo{Name: lk.Name, Held: lk.Held(), Waiters: len(lk.Queue()), Limit: lk.Limit(), Shared: lk.Shared(), Subtree: lk.subtreeHolders() > 0,
+		Value: lk.Value()}
+	li.DelayedUntil, _, _ = lk.Delayed()
 	if lk.Held() {
 		li.Holders = make([]Holder, lk.NumHolders())
 		for i := range li.Holders {
@@ -269,6 +276,36 @@ func (s *State) Timers() ([]LeaseTimer, []WaitTimer) {
 		return true
 	})
 	return leases, waits
+}
+
+// DelayOf says whether a lock-delay keeps the lock from everyone: until when
+// (leader wall clock, display) and which grant's end began it.
+func (s *State) DelayOf(name string) (until int64, token uint64, ok bool) {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return 0, 0, false
+	}
+	return lk.Delayed()
+}
+
+// DelayTimer is a lock-delay in force, for the leader's reaper.
+type DelayTimer struct {
+	Name        string
+	Token       uint64
+	RemainingMs int64
+}
+
+// DelayTimers lists the lock-delays in force, with their time left on the
+// lease clock as of the newest entry.
+func (s *State) DelayTimers() []DelayTimer {
+	var out []DelayTimer
+	s.locks.Ascend(func(lk *Lock) bool {
+		if _, token, ok := lk.Delayed(); ok {
+			out = append(out, DelayTimer{Name: lk.Name, Token: token, RemainingMs: lk.extra.delayClock - s.clock})
+		}
+		return true
+	})
+	return out
 }
 
 // Members lists registered members by id.

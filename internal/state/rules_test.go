@@ -490,12 +490,12 @@ func TestVersion4AcquireStillTakesOver(t *testing.T) {
 		h.ts += h.step
 		raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "c1", Body: b})
 		// Version 4 wrote the same layout without the trailing MaxWaiters
-		// and Takeover fields, nor version 6's Limit, Shared and Subtree
-		// (all zero here).
-		if raw[1] != 6 || !bytes.Equal(raw[len(raw)-5:], make([]byte, 5)) {
+		// and Takeover fields, nor version 6's Limit, Shared and Subtree,
+		// nor version 7's LockDelayMs (all zero here).
+		if raw[1] != 7 || !bytes.Equal(raw[len(raw)-6:], make([]byte, 6)) {
 			t.Fatalf("unexpected current encoding %x", raw)
 		}
-		raw = raw[:len(raw)-5]
+		raw = raw[:len(raw)-6]
 		raw[1] = 4
 		dec, err := command.Decode(raw)
 		if err != nil {

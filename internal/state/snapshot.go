@@ -20,8 +20,10 @@ var snapshotMagic = []byte("DLSNAP")
 // RenewedClock, each wait's ClockDeadline), version 7 members' versions,
 // version 8 the lock model (each lock's limit, mode and every holder, each
 // waiter's mode and place in line, and the refusals' new result fields in
-// the dedup table); older snapshots are still read.
-const snapshotVersion = 8
+// the dedup table), version 9 the grant history, lock-delays (each lock's
+// and waiter's LockDelayMs, a delay in force) and holders' values on plain
+// locks; older snapshots are still read.
+const snapshotVersion = 9
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -68,6 +70,7 @@ func (s *State) Snapshot() []byte {
 	s.dedupRing.each(func(e *dedupEntry) { writeDedupEntry(w, e) })
 	s.writeTokenKeys(w)
 	s.writeACL(w)
+	s.writeHistory(w)
 	return w.Buf
 }
 
@@ -117,6 +120,15 @@ func writeLockHead(w *wire.Writer, lk *Lock) {
 		w.Uvarint(g.GrantSeq)
 		w.Bool(g.Subtree)
 	}
+	// version 9
+	var x lockExtra
+	if lk.extra != nil {
+		x = *lk.extra
+	}
+	w.Varint(x.delayMs)
+	w.Uvarint(x.delayToken)
+	w.Varint(x.delayUntil)
+	w.Varint(x.delayClock)
 }
 
 func writeWaiter(w *wire.Writer, q *Waiter) {
@@ -132,6 +144,7 @@ func writeWaiter(w *wire.Writer, q *Waiter) {
 	w.Uvarint(q.Place)
 	w.Bool(q.Shared)
 	w.Bool(q.Subtree)
+	w.Varint(q.LockDelayMs) // version 9
 }
 
 func writeDedupEntry(w *wire.Writer, e *dedupEntry) {
@@ -168,6 +181,7 @@ func Restore(b []byte) (*State, error) {
 			return s.readTokenKeys(r, v)
 		},
 		s.readACLSection,
+		s.readHistory,
 	}
 	for _, read := range sections {
 		if err := read(r, v); err != nil {
@@ -290,6 +304,11 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 				grants = append(grants, g)
 			}
 		}
+		var delayMs, delayUntil, delayClock int64
+		var delayToken uint64
+		if v >= 9 {
+			delayMs, delayToken, delayUntil, delayClock = r.Varint(), r.Uvarint(), r.Varint(), r.Varint()
+		}
 		if r.Err() != nil {
 			return nil
 		}
@@ -328,6 +347,13 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 			}
 		}
 		lk.setValue(value)
+		lk.setDelayMs(delayMs)
+		lk.setDelay(delayToken, delayUntil, delayClock)
+		if delayMs < 0 || delayMs > command.MaxLockDelayMs || delayToken > s.lastToken ||
+			(delayToken == 0 && (delayUntil != 0 || delayClock != 0)) || (held && delayToken != 0) || (!held && delayMs != 0) ||
+			(delayMs != 0 && (limit != 1 || shared || len(grants) > 1 || grants[0].Subtree)) {
+			return fmt.Errorf("lock %q has an inconsistent lock-delay", lk.Name)
+		}
 		var prevPlace uint64
 		for q := r.Count(20); q > 0 && r.Err() == nil; q-- {
 			wt := readWaiter(r, v)
@@ -342,7 +368,7 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 			prevPlace = wt.Place
 			l := s.leases[wt.LeaseID]
 			if l == nil || l.ClientID != wt.ClientID || lk.grantIndex(wt.LeaseID) >= 0 || wt.Seq == 0 || len(wt.Value) > command.MaxValueLen ||
-				(election && (wt.Shared || wt.Subtree)) {
+				(election && (wt.Shared || wt.Subtree)) || wt.LockDelayMs < 0 || wt.LockDelayMs > command.MaxLockDelayMs {
 				return fmt.Errorf("lock %q has a waiter with an unknown or inconsistent lease", lk.Name)
 			}
 			if l.Waits().Has(lk.Name) {
@@ -352,8 +378,9 @@ func (s *State) readLocks(r *wire.Reader, v byte) error {
 			lk.setQueue(append(lk.Queue(), wt))
 			s.waitIndex(lk.Name, &wt, true)
 		}
-		if !held && r.Err() == nil && (v < 8 || len(lk.Queue()) == 0) {
-			// A lock is in the table only while held or waited for; and
+		if !held && r.Err() == nil && (v < 8 || len(lk.Queue()) == 0) && !lk.delayed() {
+			// A lock is in the table only while held, waited for or in a
+			// lock-delay; and
 			// before version 8 a free lock's queue would have been
 			// handed the lock.
 			return fmt.Errorf("lock %q is free but listed", lk.Name)
@@ -394,6 +421,9 @@ func readWaiter(r *wire.Reader, v byte) Waiter {
 		wt.Place = r.Uvarint()
 		wt.Shared = r.Bool()
 		wt.Subtree = r.Bool()
+	}
+	if v >= 9 {
+		wt.LockDelayMs = r.Varint()
 	}
 	return wt
 }

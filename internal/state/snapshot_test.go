@@ -28,6 +28,15 @@ type rawSnap struct {
 	dedup     []rawDedup
 	keys      []TokenKey
 	acl       []ACLToken
+	hist      rawHistory
+}
+
+// rawHistory is the history section (version 9).
+type rawHistory struct {
+	retention HistoryRetention
+	seq       uint64
+	names     []string
+	recs      [][]GrantRecord
 }
 
 type rawLease struct {
@@ -51,6 +60,8 @@ type rawWaiter struct {
 	// version 8
 	place           uint64
 	shared, subtree bool
+	// version 9
+	lockDelay int64
 }
 
 type rawLock struct {
@@ -66,6 +77,9 @@ type rawLock struct {
 	shared  bool
 	subtree bool
 	more    []Grant
+	// version 9: the grant's lock-delay, a delay in force
+	delayMs, delayUntil, delayClock int64
+	delayToken                      uint64
 }
 
 type rawDedup struct {
@@ -132,6 +146,12 @@ func (r *rawSnap) encode() []byte {
 				w.Bool(g.Subtree)
 			}
 		}
+		if r.version >= 9 {
+			w.Varint(lk.delayMs)
+			w.Uvarint(lk.delayToken)
+			w.Varint(lk.delayUntil)
+			w.Varint(lk.delayClock)
+		}
 		w.Uvarint(uint64(len(lk.queue)))
 		for _, q := range lk.queue {
 			w.Fixed(q.lease[:])
@@ -152,6 +172,9 @@ func (r *rawSnap) encode() []byte {
 				w.Uvarint(q.place)
 				w.Bool(q.shared)
 				w.Bool(q.subtree)
+			}
+			if r.version >= 9 {
+				w.Varint(q.lockDelay)
 			}
 		}
 	}
@@ -200,12 +223,38 @@ func (r *rawSnap) encode() []byte {
 			}
 		}
 	}
+	if r.version >= 9 {
+		h := r.hist
+		w.Varint(h.retention.PerName)
+		w.Varint(h.retention.MaxEntries)
+		w.Varint(h.retention.MaxBytes)
+		w.Varint(h.retention.MaxAgeMs)
+		w.Uvarint(h.seq)
+		w.Uvarint(uint64(len(h.names)))
+		for i, n := range h.names {
+			w.String(n)
+			w.Uvarint(uint64(len(h.recs[i])))
+			for _, g := range h.recs[i] {
+				w.Uvarint(g.Token)
+				w.String(g.ClientID)
+				w.String(g.Value)
+				w.String(g.Reason)
+				w.Varint(g.GrantedAt)
+				w.Varint(g.EndedAt)
+				w.Varint(g.EndedClock)
+				w.Uvarint(g.Seq)
+				w.Varint(int64(g.TTLms))
+				w.Varint(int64(g.LockDelayMs))
+				w.Byte(byte(g.Cause))
+			}
+		}
+	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 8, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 9, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -213,11 +262,14 @@ func toRaw(s *State) *rawSnap {
 	s.locks.Ascend(func(lk *Lock) bool {
 		rl := rawLock{name: lk.Name, holder: lk.Holder, token: lk.Token, granted: lk.GrantedAt, grantSeq: lk.GrantSeq, value: lk.Value(),
 			limit: uint64(lk.Limit()), shared: lk.Shared(), subtree: lk.Held() && lk.grantAt(0).Subtree}
+		if x := lk.extra; x != nil {
+			rl.delayMs, rl.delayToken, rl.delayUntil, rl.delayClock = x.delayMs, x.delayToken, x.delayUntil, x.delayClock
+		}
 		for i := 1; i < lk.NumHolders(); i++ {
 			rl.more = append(rl.more, lk.grantAt(i))
 		}
 		for _, q := range lk.Queue() {
-			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID, q.ClockDeadline, q.Place, q.Shared, q.Subtree})
+			rl.queue = append(rl.queue, rawWaiter{q.LeaseID, q.ClientID, q.Seq, q.EnqueuedAt, q.Deadline, q.Value, q.RequestID, q.ClockDeadline, q.Place, q.Shared, q.Subtree, q.LockDelayMs})
 		}
 		r.locks = append(r.locks, rl)
 		return true
@@ -227,7 +279,26 @@ func toRaw(s *State) *rawSnap {
 	})
 	r.keys = append(r.keys, s.tokenKeys...)
 	r.acl = s.ACLTokens()
+	r.hist = rawHistory{retention: s.hist.retention, seq: s.hist.seq}
+	s.hist.byName.Ascend(func(h *lockHistory) bool {
+		r.hist.names = append(r.hist.names, h.name)
+		r.hist.recs = append(r.hist.recs, append([]GrantRecord(nil), h.recs...))
+		return true
+	})
 	return r
+}
+
+// beforeVersion9 is what a state restored from an older snapshot holds of
+// r: no history (default retention), no lock-delays.
+func (r *rawSnap) beforeVersion9() {
+	r.hist = rawHistory{retention: DefaultHistoryRetention()}
+	for i := range r.locks {
+		lk := &r.locks[i]
+		lk.delayMs, lk.delayToken, lk.delayUntil, lk.delayClock = 0, 0, 0, 0
+		for j := range lk.queue {
+			lk.queue[j].lockDelay = 0
+		}
+	}
 }
 
 // sampleState is a small state with every kind of content: members, sessions,
@@ -302,6 +373,7 @@ func TestRestoreVersion1Snapshot(t *testing.T) {
 	r.keys, r.acl = nil, nil
 	want := toRaw(s)
 	want.keys, want.acl = nil, nil
+	want.beforeVersion9()
 	for i := range want.members {
 		want.members[i].Version = "" // members' versions came with version 7
 	}
@@ -345,7 +417,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 9":       raw(func(r *rawSnap) { r.version = 9 }),
+		"version 10":      raw(func(r *rawSnap) { r.version = 10 }),
 		"v8 body as v7": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 7

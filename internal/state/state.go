@@ -7,6 +7,7 @@
 package state
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/google/btree"
@@ -80,6 +81,8 @@ type Waiter struct {
 	// dedup entry of that request is updated to the grant, so a retry of it
 	// learns it was granted even after the grant has ended.
 	RequestID string
+	// LockDelayMs is the acquire's lock-delay, the grant's once granted.
+	LockDelayMs int64
 	// Shared and Subtree are what the acquire asked for.
 	Shared, Subtree bool
 }
@@ -138,6 +141,43 @@ func (l *Lock) setValue(v string) {
 	l.tidy()
 }
 
+// lockDelayMs is the current grant's lock-delay (only a lock of limit 1,
+// held exclusively and not as a subtree, may have one).
+func (l *Lock) lockDelayMs() int64 {
+	if l.extra == nil {
+		return 0
+	}
+	return l.extra.delayMs
+}
+
+// Delayed reports whether a lock-delay keeps the lock from everyone, and
+// until when (leader wall clock, display) and which grant's end began it.
+func (l *Lock) Delayed() (until int64, token uint64, ok bool) {
+	if l.extra == nil || l.extra.delayToken == 0 {
+		return 0, 0, false
+	}
+	return l.extra.delayUntil, l.extra.delayToken, true
+}
+
+func (l *Lock) delayed() bool { return l.extra != nil && l.extra.delayToken != 0 }
+
+func (l *Lock) setDelayMs(ms int64) {
+	if ms == 0 && l.extra == nil {
+		return
+	}
+	l.ext().delayMs = ms
+	l.tidy()
+}
+
+func (l *Lock) setDelay(token uint64, until, clock int64) {
+	if token == 0 && l.extra == nil {
+		return
+	}
+	e := l.ext()
+	e.delayToken, e.delayUntil, e.delayClock = token, until, clock
+	l.tidy()
+}
+
 // Member is a node's advertised addresses.
 type Member struct {
 	ID       string
@@ -165,6 +205,8 @@ type State struct {
 
 	dedup     map[dedupKey]int // key -> position in dedupRing
 	dedupRing dedupRing
+
+	hist history
 
 	// sum is the sum of every record's hash, kept up to date by each
 	// mutation (digest.go) with rh, whose buffer only apply uses.
@@ -199,6 +241,7 @@ func New() *State {
 		aclBySecret: make(map[[32]byte][16]byte),
 		aclByCN:     make(map[string][16]byte),
 
+		hist:    newHistory(),
 		intent:  make(map[string]intentCount),
 		waitIdx: newWaitIdx(),
 	}
@@ -327,12 +370,20 @@ func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 		return s.setTokenKey(b)
 	case *command.SetACLToken:
 		_, existed := s.aclTokens[b.AccessorID]
-		return s.aclChanged(existed, b.AccessorID, s.setACLToken(b))
+		return s.aclChanged(existed, b.AccessorID, s.setACLToken(e, b))
 	case *command.DeleteACLToken:
 		return s.aclChanged(true, b.AccessorID, s.deleteACLToken(b))
 	case *command.Tick:
 		// Only the lease clock moves (above); nothing a reader sees changes.
 		return command.Result{Status: command.StatusOK}
+	case *command.Revoke:
+		return s.revoke(b)
+	case *command.SetHistoryRetention:
+		return s.setHistoryRetention(b)
+	case *command.TrimHistory:
+		return s.trimHistory()
+	case *command.EndLockDelay:
+		return s.endLockDelay(b)
 	}
 	return invalid("unknown command")
 }
@@ -397,11 +448,14 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		return invalid("bad lock name")
 	}
 	_, election := command.SplitKey(name)
-	if len(b.Value) > command.MaxValueLen || (b.Value != "" && !election) {
+	if len(b.Value) > command.MaxValueLen || (b.Value != "" && !election && !e.ValueOnLocks()) {
 		return invalid("value too long, or given for a lock (only elections carry values)")
 	}
 	if b.WaitMs < 0 || b.WaitMs > command.MaxWaitMs {
 		return invalid("wait_ms out of range")
+	}
+	if b.LockDelayMs < 0 || b.LockDelayMs > command.MaxLockDelayMs {
+		return invalid("lock_delay_ms out of range")
 	}
 	limit := max(b.Limit, 1)
 	switch {
@@ -411,6 +465,8 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		return invalid("an election has one leader: limit, shared and subtree are for locks")
 	case b.Shared && limit != 1:
 		return invalid("a counting lock (limit above 1) is exclusive only")
+	case b.LockDelayMs != 0 && (limit != 1 || b.Shared || b.Subtree):
+		return invalid("lock_delay_ms is for a lock of limit 1 held exclusively, not as a subtree")
 	}
 	var lease *Lease
 	if b.Session {
@@ -440,10 +496,11 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 				return invalid("this lease already holds the lock in another mode; release it first")
 			}
 			s.touch(lease)
-			if election && lk.Value() != b.Value {
-				// Campaigning again with a new value proclaims it, as in etcd.
+			if lk.Value() != b.Value {
+				// Campaigning again with a new value proclaims it, as in
+				// etcd; acquiring a lock again with a new value sets it.
 				s.setLockValue(lk, b.Value)
-				s.emit(Event{Type: EventProclaimed, Name: lk.Name, ClientID: lease.ClientID, Token: lk.Token, LeaseID: lease.ID, Value: b.Value})
+				s.emitValue(lk, lease, g.Token, election)
 			}
 			return command.Result{Status: command.StatusOK, LeaseID: lease.ID, Token: g.Token,
 				ExpiresAt: lease.ExpiresAt(), TTLms: int64(lease.TTLms), Seq: g.GrantSeq}
@@ -462,9 +519,9 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 				if q[i].Shared != b.Shared || q[i].Subtree != b.Subtree {
 					return invalid("this lease already waits for the lock in another mode; cancel that wait first")
 				}
-				if election && q[i].Value != b.Value {
+				if q[i].Value != b.Value || q[i].LockDelayMs != b.LockDelayMs {
 					w := q[i]
-					w.Value = b.Value
+					w.Value, w.LockDelayMs = b.Value, b.LockDelayMs
 					s.queueReplace(lk, i, w)
 					s.changed = true
 				}
@@ -497,11 +554,11 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 			if old.ClientID != e.ClientID || g.Subtree != b.Subtree || lk.Shared() != b.Shared {
 				continue
 			}
-			s.unhold(lk, i, CauseTakeover)
+			s.unhold(lk, i, CauseTakeover, "")
 			if lease == nil {
 				lease = newLease(true)
 			}
-			s.grant(lk, lease, seq, b.Value, CauseTakeover, b.Shared, b.Subtree)
+			s.grant(lk, lease, seq, b.Value, CauseTakeover, b.Shared, b.Subtree, b.LockDelayMs)
 			return ok()
 		}
 	}
@@ -509,6 +566,15 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 	r := request{name: name, shared: b.Shared, subtree: b.Subtree, place: s.place}
 	blocked, by := s.blocked(lk, r, true)
 	switch {
+	case lk != nil && lk.delayed():
+		// A lock-delay keeps the lock from everyone; waiters keep their
+		// places and are served once it ends (endLockDelay).
+		if b.WaitMs == 0 {
+			return command.Result{Status: command.StatusLockDelayed, TTLms: max(lk.extra.delayClock-s.clock, 1)}
+		}
+		if queueFull(lk, e.ClientID, b.MaxWaiters, b.Takeover) {
+			return command.Result{Status: command.StatusQueueFull}
+		}
 	case !blocked:
 		if lease == nil {
 			lease = newLease(true)
@@ -516,7 +582,7 @@ func (s *State) acquire(seq uint64, e *command.Envelope, b *command.Acquire) com
 		if lk == nil {
 			lk = s.newLock(name, limit)
 		}
-		s.grant(lk, lease, seq, b.Value, CauseAcquire, b.Shared, b.Subtree)
+		s.grant(lk, lease, seq, b.Value, CauseAcquire, b.Shared, b.Subtree, b.LockDelayMs)
 		return ok()
 	case b.WaitMs == 0:
 		return s.refusal(r, by)
@@ -561,7 +627,7 @@ func queueFull(lk *Lock, clientID string, limit int64, takeover bool) bool {
 // new lease. It reports whether it took over a place in another mode.
 func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, b *command.Acquire, requestID string) bool {
 	w := Waiter{LeaseID: lease.ID, ClientID: lease.ClientID, Seq: seq, Place: s.place, EnqueuedAt: s.ts, Deadline: s.ts + b.WaitMs,
-		ClockDeadline: s.clock + b.WaitMs, Value: b.Value, RequestID: requestID, Shared: b.Shared, Subtree: b.Subtree}
+		ClockDeadline: s.clock + b.WaitMs, Value: b.Value, RequestID: requestID, Shared: b.Shared, Subtree: b.Subtree, LockDelayMs: b.LockDelayMs}
 	lease.Waits().Set(lk.Name, seq)
 	s.changed = true
 	q := lk.Queue()
@@ -586,11 +652,16 @@ func (s *State) enqueue(lk *Lock, lease *Lease, seq uint64, b *command.Acquire, 
 }
 
 // grant makes a lease a holder of the lock with a new fencing token.
-func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string, shared, subtree bool) {
+func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string, shared, subtree bool, delayMs int64) {
 	s.lastToken++
 	s.addGrant(lk, Grant{LeaseID: lease.ID, Token: s.lastToken, GrantedAt: s.ts, GrantSeq: seq, Subtree: subtree}, shared)
 	if value != lk.Value() {
 		s.setLockValue(lk, value)
+	}
+	if delayMs != lk.lockDelayMs() {
+		s.lockOut(lk)
+		lk.setDelayMs(delayMs)
+		s.lockIn(lk)
 	}
 	lease.Locks().Set(lk.Name, 0)
 	s.changed = true
@@ -606,19 +677,39 @@ func (s *State) grant(lk *Lock, lease *Lease, seq uint64, value, cause string, s
 }
 
 // unhold takes the i-th grant of a lock away from its holder without
-// letting anyone in. An implicit lease that holds nothing else ends with it.
-func (s *State) unhold(lk *Lock, i int, cause string) Grant {
+// letting anyone in, and keeps it in the history. A grant with a lock-delay
+// that ends by expiry or revoke starts the delay. An implicit lease that
+// holds nothing else ends with it.
+func (s *State) unhold(lk *Lock, i int, cause, reason string) Grant {
 	typ := EventReleased
-	if cause == CauseExpired {
+	switch cause {
+	case CauseExpired:
 		typ = EventExpired
+	case CauseRevoked:
+		typ = EventRevoked
 	}
 	g := lk.grantAt(i)
 	holder := s.leases[g.LeaseID]
-	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: g.Token, Cause: cause, LeaseID: holder.ID, Shared: lk.Shared(), Subtree: g.Subtree})
+	_, election := command.SplitKey(lk.Name)
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: g.Token, Cause: cause, Reason: reason, LeaseID: holder.ID,
+		Shared: lk.Shared(), Subtree: g.Subtree, Value: lk.Value()})
+	s.recordEnd(lk, g, holder, endCauseOf(cause, election), reason)
 	holder.Locks().Delete(lk.Name)
+	delay := lk.lockDelayMs()
 	s.removeGrant(lk, i)
-	if !lk.Held() && lk.Value() != "" {
-		s.setLockValue(lk, "")
+	if !lk.Held() {
+		if lk.Value() != "" {
+			s.setLockValue(lk, "")
+		}
+		if delay > 0 {
+			s.lockOut(lk)
+			lk.setDelayMs(0)
+			if cause == CauseExpired || cause == CauseRevoked {
+				lk.setDelay(g.Token, s.ts+delay, s.clock+delay)
+				s.emit(Event{Type: EventDelayTimer, Name: lk.Name, Token: g.Token, RemainingMs: delay})
+			}
+			s.lockIn(lk)
+		}
 	}
 	s.changed = true
 	s.dropIfIdle(holder)
@@ -626,8 +717,8 @@ func (s *State) unhold(lk *Lock, i int, cause string) Grant {
 }
 
 // release ends the i-th grant of a lock and lets in whoever it held back.
-func (s *State) releaseGrant(lk *Lock, i int, cause string) {
-	g := s.unhold(lk, i, cause)
+func (s *State) releaseGrant(lk *Lock, i int, cause, reason string) {
+	g := s.unhold(lk, i, cause, reason)
 	s.wake(lk.Name, g.Subtree)
 }
 
@@ -644,8 +735,75 @@ func (s *State) release(e *command.Envelope, b *command.Release) command.Result 
 	if i < 0 {
 		return command.Result{Status: command.StatusNotHolder}
 	}
-	s.releaseGrant(lk, i, CauseReleased)
+	s.releaseGrant(lk, i, CauseReleased, "")
 	return command.Result{Status: command.StatusOK}
+}
+
+// revoke ends a grant by force: no holder proof (the service checked the
+// caller's right to revoke). The lock goes to the next waiter at once, or
+// after the grant's lock-delay.
+func (s *State) revoke(b *command.Revoke) command.Result {
+	if !command.ValidKey(b.Name) || len(b.Reason) > command.MaxReasonLen {
+		return invalid("bad lock name, or a reason over 256 bytes")
+	}
+	lk, _ := s.locks.Get(&Lock{Name: b.Name})
+	if lk == nil || !lk.Held() {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	// The grants to end, by token: the one named, or every one there is
+	// now (not those the revokes let in).
+	var tokens []uint64
+	for _, g := range lk.Grants() {
+		if b.Token == 0 || g.Token == b.Token {
+			tokens = append(tokens, g.Token)
+		}
+	}
+	if len(tokens) == 0 {
+		return command.Result{Status: command.StatusNotHolder}
+	}
+	subtree := false
+	msg := make([]string, len(tokens))
+	for k, t := range tokens {
+		i := -1
+		for j, g := range lk.Grants() {
+			if g.Token == t {
+				i = j
+			}
+		}
+		g := s.unhold(lk, i, CauseRevoked, b.Reason)
+		subtree = subtree || g.Subtree
+		msg[k] = strconv.FormatUint(t, 10)
+	}
+	s.wake(lk.Name, subtree)
+	return command.Result{Status: command.StatusOK, Token: tokens[len(tokens)-1], Message: strings.Join(msg, " ")}
+}
+
+// endLockDelay ends the lock-delay begun by the end of grant b.Token and
+// hands the lock on. The leader commits it when the delay has passed on its
+// lease clock; anything else (no delay, another grant's) is left alone.
+func (s *State) endLockDelay(b *command.EndLockDelay) command.Result {
+	lk, _ := s.locks.Get(&Lock{Name: b.Name})
+	if lk == nil {
+		return command.Result{Status: command.StatusOK}
+	}
+	if _, token, ok := lk.Delayed(); !ok || token != b.Token {
+		return command.Result{Status: command.StatusOK}
+	}
+	s.lockOut(lk)
+	lk.setDelay(0, 0, 0)
+	s.lockIn(lk)
+	s.changed = true
+	s.wake(lk.Name, false)
+	return command.Result{Status: command.StatusOK, Token: 1}
+}
+
+// emitValue tells watchers that a holder's value changed.
+func (s *State) emitValue(lk *Lock, lease *Lease, token uint64, election bool) {
+	typ := EventValueChanged
+	if election {
+		typ = EventProclaimed
+	}
+	s.emit(Event{Type: typ, Name: lk.Name, ClientID: lease.ClientID, Token: token, LeaseID: lease.ID, Value: lk.Value()})
 }
 
 // proclaim replaces the value of an election's leader (holder proof as renew).
@@ -669,9 +827,22 @@ func (s *State) renew(e *command.Envelope, b *command.Renew) command.Result {
 	if b.TTLms != 0 && !validTTL(b.TTLms) {
 		return invalid("ttl_ms out of range")
 	}
-	_, lease, i := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
+	if b.SetValue && len(b.Value) > command.MaxValueLen {
+		return invalid("value over 4 KiB")
+	}
+	lk, lease, i := s.holderCheck(e, b.Name, b.LeaseID, b.Token)
 	if i < 0 {
+		// A grant revoked before its holder heard of it: say so, with its
+		// token, while the history still has it.
+		if g, ok := s.endedGrant(b.Name, b.Token); ok && g.Cause == EndRevoked && g.ClientID == e.ClientID {
+			return command.Result{Status: command.StatusLockLost, Token: g.Token}
+		}
 		return command.Result{Status: command.StatusNotHolder}
+	}
+	if b.SetValue && lk.Value() != b.Value {
+		s.setLockValue(lk, b.Value)
+		_, election := command.SplitKey(lk.Name)
+		s.emitValue(lk, lease, lk.grantAt(i).Token, election)
 	}
 	if b.TTLms != 0 {
 		s.leaseOut(lease)
@@ -724,7 +895,7 @@ func (s *State) endLease(l *Lease, cause string) {
 	}
 	for _, name := range l.Locks().Sorted() {
 		lk, _ := s.locks.Get(&Lock{Name: name})
-		s.releaseGrant(lk, lk.grantIndex(l.ID), cause)
+		s.releaseGrant(lk, lk.grantIndex(l.ID), cause, "")
 	}
 	if _, still := s.leases[l.ID]; still {
 		s.deleteLease(l)
@@ -794,7 +965,7 @@ func (s *State) cancelWait(b *command.CancelWait) command.Result {
 		lk, _ := s.locks.Get(&Lock{Name: b.Wait.Name})
 		if lk != nil {
 			if i := lk.grantIndex(b.Wait.LeaseID); i >= 0 && lk.grantAt(i).GrantSeq == b.Wait.Seq {
-				s.releaseGrant(lk, i, CauseCancelled)
+				s.releaseGrant(lk, i, CauseCancelled, "")
 				return command.Result{Status: command.StatusOK}
 			}
 		}

@@ -195,6 +195,7 @@ func TestRestoreOldSnapshotBoundsRetiredKeys(t *testing.T) {
 				t.Fatalf("keys restored from version %d: %+v; want both retired keys bounded by the token counter 6", v, keys)
 			}
 			want := toRaw(h.s)
+			want.beforeVersion9()
 			want.keys[0].MaxToken, want.keys[1].MaxToken = 6, 6
 			for i := range want.members {
 				want.members[i].Version = "" // members' versions came with version 7

@@ -32,6 +32,8 @@ type Event struct {
 	// Shared and Subtree are a lock grant's or wait's mode (acquired,
 	// released, expired, queued, dequeued).
 	Shared, Subtree bool
+	// Reason is a revoke's reason.
+	Reason string
 }
 
 // Errors a subscription can end with.
@@ -376,14 +378,14 @@ func public(e *state.Event) (Event, bool) {
 		return Event{}, false
 	}
 	name, election := command.SplitKey(e.Name)
-	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, At: e.At, Kind: "lock", Shared: e.Shared, Subtree: e.Subtree}
+	out := Event{Revision: e.Revision, Name: name, ClientID: e.ClientID, Token: e.Token, Cause: e.Cause, Reason: e.Reason, At: e.At, Kind: "lock",
+		Value: e.Value, Shared: e.Shared, Subtree: e.Subtree}
 	out.Type = e.Type.String()
 	switch {
 	case e.Type == state.EventSessionCreated || e.Type == state.EventSessionExpired || e.Type == state.EventSessionDeleted:
 		out.Kind = "session"
 	case election:
 		out.Kind = "election"
-		out.Value = e.Value
 		switch e.Type {
 		case state.EventAcquired:
 			out.Type = "elected"

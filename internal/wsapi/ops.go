@@ -38,6 +38,30 @@ type message struct {
 	Subtree       bool   `json:"subtree"`
 	// Token is the ACL token secret of an auth message (auth.go).
 	Token string `json:"token"`
+	// Value is a holder's value (acquire; renew replaces it when present).
+	Value       *string `json:"value"`
+	LockDelayMs int64   `json:"lock_delay_ms"`
+	// Reason and Kind are revoke's and history's (whose limit is Limit).
+	Reason string `json:"reason"`
+	Kind   string `json:"kind"`
+}
+
+func (m *message) value() string {
+	if m.Value == nil {
+		return ""
+	}
+	return *m.Value
+}
+
+// election reads kind: "lock" (or absent) or "election".
+func (m *message) election() (bool, error) {
+	switch m.Kind {
+	case "", "lock":
+		return false, nil
+	case "election":
+		return true, nil
+	}
+	return false, apierror.New(apierror.InvalidArgument, "kind %q must be lock or election", m.Kind)
 }
 
 // Ops.
@@ -49,12 +73,16 @@ const (
 	opUnwatch = "unwatch"
 	opCancel  = "cancel"
 	opEvent   = "event"
+	opHistory = "history"
+	opRevoke  = "revoke"
 )
 
 var fields = map[string][]string{
-	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover", "limit", "mode", "subtree"},
+	opAcquire: {"id", "op", "name", "client_id", "ttl_ms", "session_id", "wait_timeout_ms", "request_id", "takeover", "limit", "mode", "subtree", "value", "lock_delay_ms"},
 	opRelease: {"id", "op", "name", "client_id", "fencing_token", "lease_id", "request_id"},
-	opRenew:   {"id", "op", "name", "client_id", "fencing_token", "lease_id", "ttl_ms", "request_id"},
+	opRenew:   {"id", "op", "name", "client_id", "fencing_token", "lease_id", "ttl_ms", "request_id", "value"},
+	opHistory: {"id", "op", "name", "kind", "limit"},
+	opRevoke:  {"id", "op", "name", "kind", "fencing_token", "reason", "client_id", "request_id"},
 	opWatch:   {"id", "op", "prefix", "from_revision"},
 	opUnwatch: {"id", "op", "watch_id"},
 	opCancel:  {"id", "op", "target_id"},
@@ -131,7 +159,22 @@ func (c *conn) run(m *message) {
 		c.reply(c.ctx, m, resp, err)
 	case opRenew:
 		resp, err := c.h.svc.Renew(c.ctx, service.RenewRequest{Name: m.Name, ClientID: m.ClientID,
-			FencingToken: m.FencingToken, LeaseID: m.LeaseID, TTLms: m.TTLms, RequestID: m.RequestID})
+			FencingToken: m.FencingToken, LeaseID: m.LeaseID, TTLms: m.TTLms, RequestID: m.RequestID, Value: m.Value})
+		c.reply(c.ctx, m, resp, err)
+	case opHistory:
+		el, err := m.election()
+		var resp *service.HistoryResponse
+		if err == nil {
+			resp, err = c.h.svc.History(c.ctx, service.HistoryRequest{Name: m.Name, Election: el, Limit: int(min(max(m.Limit, -1), 1<<20))})
+		}
+		c.reply(c.ctx, m, resp, err)
+	case opRevoke:
+		el, err := m.election()
+		var resp *service.RevokeResponse
+		if err == nil {
+			resp, err = c.h.svc.Revoke(c.ctx, service.RevokeRequest{Name: m.Name, Election: el, FencingToken: m.FencingToken,
+				Reason: m.Reason, ClientID: m.ClientID, RequestID: m.RequestID})
+		}
 		c.reply(c.ctx, m, resp, err)
 	case opWatch:
 		c.watch(m)
@@ -147,6 +190,9 @@ func (c *conn) reply(ctx context.Context, m *message, resp any, err error) {
 	a := &answer{ID: m.ID, Op: m.Op}
 	if err != nil {
 		a.Error = c.publicError(ctx, err)
+		if e, ok := errors.AsType[*apierror.Error](err); ok {
+			a.FencingToken = e.FencingToken // a renew's lock_lost
+		}
 	} else {
 		a.Result = resp
 	}
@@ -188,7 +234,7 @@ func decode(b []byte) (*message, error) {
 	}
 	allowed, ok := fields[m.Op]
 	if !ok {
-		return m, bad("unknown op %q; use acquire, release, renew, watch, unwatch, cancel or (first, when the cluster requires a token) auth", m.Op)
+		return m, bad("unknown op %q; use acquire, release, renew, history, revoke, watch, unwatch, cancel or (first, when the cluster requires a token) auth", m.Op)
 	}
 	seen := map[string]bool{}
 	for _, k := range keys {
@@ -286,7 +332,7 @@ func (c *conn) acquire(m *message) {
 		defer c.finish(m.ID, o)
 		resp, err := c.h.svc.Acquire(ctx, service.AcquireRequest{Name: m.Name, ClientID: m.ClientID, TTLms: m.TTLms,
 			SessionID: m.SessionID, WaitTimeoutMs: m.WaitTimeoutMs, RequestID: m.RequestID, Takeover: m.Takeover,
-			Limit: m.Limit, Mode: m.Mode, Subtree: m.Subtree})
+			Limit: m.Limit, Mode: m.Mode, Subtree: m.Subtree, Value: m.value(), LockDelayMs: m.LockDelayMs})
 		if err != nil {
 			a := &answer{ID: m.ID, Op: m.Op, Error: c.publicError(ctx, err)}
 			if resp != nil {

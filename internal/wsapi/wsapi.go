@@ -36,6 +36,8 @@ type Service interface {
 	Release(ctx context.Context, req service.ReleaseRequest) (*service.ReleaseResponse, error)
 	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
 	Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error)
+	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
+	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 }
 
 // Path is where the handler is mounted.
@@ -366,6 +368,8 @@ func (c *conn) send(ctx context.Context, a *answer) bool {
 type errorBody struct {
 	Code    apierror.Code `json:"code"`
 	Message string        `json:"message"`
+	// RetryAfterMs is, with lock_delayed, the lock-delay's time left.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }
 
 func writeHTTPError(w http.ResponseWriter, e *apierror.Error) {
@@ -448,7 +452,11 @@ func errorOf(e *apierror.Error) *errorBody {
 	if msg == "" {
 		msg = strings.ReplaceAll(string(e.Code), "_", " ")
 	}
-	return &errorBody{Code: e.Code, Message: msg}
+	b := &errorBody{Code: e.Code, Message: msg}
+	if e.Code == apierror.LockDelayed {
+		b.RetryAfterMs = max(e.RetryAfter.Milliseconds(), 1)
+	}
+	return b
 }
 
 func bearerOf(r *http.Request) string {

@@ -407,6 +407,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		r.livenessExpiry(stoppedAt, fw)
 		r.livenessWaiters()
 		r.durability()
+		r.grantHistory()
 		keys = r.tokenKeys()
 	}
 	fw.halt()

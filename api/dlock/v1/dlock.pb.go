@@ -48,11 +48,12 @@ type ErrorDetail struct {
 	// On lock_held and wait_timeout from Campaign: the current leader.
 	Current *ElectionLeader `protobuf:"bytes,3,opt,name=current,proto3" json:"current,omitempty"`
 	// On no_leader, unavailable and rate_limited: how long to wait before
-	// retrying (at least 1000).
+	// retrying (at least 1000); on lock_delayed, how long the lock-delay has
+	// left.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// On lock_lost from Acquire or Campaign: the fencing token of the grant
 	// that ended before its answer arrived (HTTP's 409 has it as
-	// fencing_token).
+	// fencing_token); from Renew: the token of the revoked grant.
 	FencingToken uint64 `protobuf:"varint,5,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	// On limit_mismatch from Acquire: the limit the lock is in use with.
 	Limit         int64 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
@@ -256,7 +257,12 @@ type AcquireRequest struct {
 	// a shared and an exclusive holder never do. Shared needs limit 1.
 	Mode string `protobuf:"bytes,9,opt,name=mode,proto3" json:"mode,omitempty"`
 	// The grant covers the name and every name below it ("a" covers "a/b").
-	Subtree       bool `protobuf:"varint,10,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	Subtree bool `protobuf:"varint,10,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// The holder's value while it holds the lock (at most 4 KiB).
+	Value string `protobuf:"bytes,20,opt,name=value,proto3" json:"value,omitempty"`
+	// 0-60000: after this grant ends by expiry or revoke, nobody gets the
+	// lock for that long (lock_delayed).
+	LockDelayMs   int64 `protobuf:"varint,21,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -359,6 +365,20 @@ func (x *AcquireRequest) GetSubtree() bool {
 		return x.Subtree
 	}
 	return false
+}
+
+func (x *AcquireRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetLockDelayMs() int64 {
+	if x != nil {
+		return x.LockDelayMs
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -594,8 +614,10 @@ type RenewRequest struct {
 	FencingToken uint64                 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	LeaseId      string                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// 0 keeps the lease's TTL; otherwise it becomes the TTL from now on.
-	TtlMs         int64  `protobuf:"varint,5,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	TtlMs     int64  `protobuf:"varint,5,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// When set, replaces the holder's value ("" clears it).
+	Value         *string `protobuf:"bytes,20,opt,name=value,proto3,oneof" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -668,6 +690,13 @@ func (x *RenewRequest) GetTtlMs() int64 {
 func (x *RenewRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RenewRequest) GetValue() string {
+	if x != nil && x.Value != nil {
+		return *x.Value
 	}
 	return ""
 }
@@ -809,7 +838,11 @@ type Lock struct {
 	// Some holder's grant covers the names below the lock.
 	Subtree bool `protobuf:"varint,8,opt,name=subtree,proto3" json:"subtree,omitempty"`
 	// Every holder, in grant order.
-	Holders       []*Holder `protobuf:"bytes,9,rep,name=holders,proto3" json:"holders,omitempty"`
+	Holders []*Holder `protobuf:"bytes,9,rep,name=holders,proto3" json:"holders,omitempty"`
+	// The holder's value.
+	Value string `protobuf:"bytes,20,opt,name=value,proto3" json:"value,omitempty"`
+	// Set while a lock-delay keeps the lock from everyone.
+	DelayedUntil  *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=delayed_until,json=delayedUntil,proto3" json:"delayed_until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -903,6 +936,20 @@ func (x *Lock) GetSubtree() bool {
 func (x *Lock) GetHolders() []*Holder {
 	if x != nil {
 		return x.Holders
+	}
+	return nil
+}
+
+func (x *Lock) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Lock) GetDelayedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DelayedUntil
 	}
 	return nil
 }
@@ -1082,6 +1129,404 @@ func (x *ListLocksResponse) GetRevision() uint64 {
 	return 0
 }
 
+type GetHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The name is an election's.
+	Election bool `protobuf:"varint,2,opt,name=election,proto3" json:"election,omitempty"`
+	// How many grants: 0 means all that are kept (at most 1025).
+	Limit         int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Stale         bool  `protobuf:"varint,4,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHistoryRequest) Reset() {
+	*x = GetHistoryRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHistoryRequest) ProtoMessage() {}
+
+func (x *GetHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHistoryRequest.ProtoReflect.Descriptor instead.
+func (*GetHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetHistoryRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetHistoryRequest) GetElection() bool {
+	if x != nil {
+		return x.Election
+	}
+	return false
+}
+
+func (x *GetHistoryRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *GetHistoryRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+// Grant is one grant in a history; ended_at and end_cause are unset while
+// it holds.
+type Grant struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	FencingToken uint64                 `protobuf:"varint,1,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	ClientId     string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Value        string                 `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	GrantedAt    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	EndedAt      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// released, expired, session_deleted, revoked, taken_over or resigned.
+	EndCause string `protobuf:"bytes,6,opt,name=end_cause,json=endCause,proto3" json:"end_cause,omitempty"`
+	// A revoke's reason.
+	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	TtlMs         int64  `protobuf:"varint,8,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	LockDelayMs   int64  `protobuf:"varint,9,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Grant) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *Grant) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *Grant) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Grant) GetGrantedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GrantedAt
+	}
+	return nil
+}
+
+func (x *Grant) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *Grant) GetEndCause() string {
+	if x != nil {
+		return x.EndCause
+	}
+	return ""
+}
+
+func (x *Grant) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Grant) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *Grant) GetLockDelayMs() int64 {
+	if x != nil {
+		return x.LockDelayMs
+	}
+	return 0
+}
+
+type GetHistoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Grants        []*Grant               `protobuf:"bytes,2,rep,name=grants,proto3" json:"grants,omitempty"`
+	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetHistoryResponse) Reset() {
+	*x = GetHistoryResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetHistoryResponse) ProtoMessage() {}
+
+func (x *GetHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetHistoryResponse.ProtoReflect.Descriptor instead.
+func (*GetHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetHistoryResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetHistoryResponse) GetGrants() []*Grant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *GetHistoryResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type RevokeRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Election bool                   `protobuf:"varint,2,opt,name=election,proto3" json:"election,omitempty"`
+	// 0 revokes every grant of the lock.
+	FencingToken uint64 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// Required: kept in the history and the watch event (at most 256 bytes).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	ClientId      string `protobuf:"bytes,5,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeRequest) Reset() {
+	*x = RevokeRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeRequest) ProtoMessage() {}
+
+func (x *RevokeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeRequest.ProtoReflect.Descriptor instead.
+func (*RevokeRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RevokeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetElection() bool {
+	if x != nil {
+		return x.Election
+	}
+	return false
+}
+
+func (x *RevokeRequest) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *RevokeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *RevokeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type RevokeResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Revoked bool                   `protobuf:"varint,1,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	// The token revoked (when one was asked for).
+	FencingToken uint64 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// Every token revoked (when none was asked for).
+	FencingTokens []uint64 `protobuf:"varint,3,rep,packed,name=fencing_tokens,json=fencingTokens,proto3" json:"fencing_tokens,omitempty"`
+	Revision      uint64   `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeResponse) Reset() {
+	*x = RevokeResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeResponse) ProtoMessage() {}
+
+func (x *RevokeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeResponse.ProtoReflect.Descriptor instead.
+func (*RevokeResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RevokeResponse) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
+func (x *RevokeResponse) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *RevokeResponse) GetFencingTokens() []uint64 {
+	if x != nil {
+		return x.FencingTokens
+	}
+	return nil
+}
+
+func (x *RevokeResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type CreateSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1093,7 +1538,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1550,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1563,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{13}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateSessionRequest) GetClientId() string {
@@ -1154,7 +1599,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1611,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1624,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{14}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateSessionResponse) GetSessionId() string {
@@ -1222,7 +1667,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1679,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1692,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{15}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KeepAliveRequest) GetSessionId() string {
@@ -1283,7 +1728,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1740,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1753,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{16}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeepAliveResponse) GetSessionId() string {
@@ -1349,7 +1794,7 @@ type KeepAliveStreamRequest struct {
 
 func (x *KeepAliveStreamRequest) Reset() {
 	*x = KeepAliveStreamRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1806,7 @@ func (x *KeepAliveStreamRequest) String() string {
 func (*KeepAliveStreamRequest) ProtoMessage() {}
 
 func (x *KeepAliveStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1819,7 @@ func (x *KeepAliveStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveStreamRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveStreamRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{17}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeepAliveStreamRequest) GetSessionId() string {
@@ -1402,7 +1847,7 @@ type KeepAliveStreamResponse struct {
 
 func (x *KeepAliveStreamResponse) Reset() {
 	*x = KeepAliveStreamResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1859,7 @@ func (x *KeepAliveStreamResponse) String() string {
 func (*KeepAliveStreamResponse) ProtoMessage() {}
 
 func (x *KeepAliveStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1872,7 @@ func (x *KeepAliveStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveStreamResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveStreamResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{18}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KeepAliveStreamResponse) GetTtlMs() int64 {
@@ -1462,7 +1907,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1919,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1932,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{19}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -1521,7 +1966,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1978,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1991,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{20}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteSessionResponse) GetDeleted() bool {
@@ -1576,7 +2021,7 @@ type ElectionLeader struct {
 
 func (x *ElectionLeader) Reset() {
 	*x = ElectionLeader{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +2033,7 @@ func (x *ElectionLeader) String() string {
 func (*ElectionLeader) ProtoMessage() {}
 
 func (x *ElectionLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +2046,7 @@ func (x *ElectionLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElectionLeader.ProtoReflect.Descriptor instead.
 func (*ElectionLeader) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ElectionLeader) GetCandidateId() string {
@@ -1653,7 +2098,7 @@ type Election struct {
 
 func (x *Election) Reset() {
 	*x = Election{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +2110,7 @@ func (x *Election) String() string {
 func (*Election) ProtoMessage() {}
 
 func (x *Election) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +2123,7 @@ func (x *Election) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Election.ProtoReflect.Descriptor instead.
 func (*Election) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{22}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Election) GetName() string {
@@ -1726,7 +2171,7 @@ type CampaignRequest struct {
 
 func (x *CampaignRequest) Reset() {
 	*x = CampaignRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2183,7 @@ func (x *CampaignRequest) String() string {
 func (*CampaignRequest) ProtoMessage() {}
 
 func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2196,7 @@ func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
 func (*CampaignRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CampaignRequest) GetName() string {
@@ -1827,7 +2272,7 @@ type CampaignResponse struct {
 
 func (x *CampaignResponse) Reset() {
 	*x = CampaignResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2284,7 @@ func (x *CampaignResponse) String() string {
 func (*CampaignResponse) ProtoMessage() {}
 
 func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2297,7 @@ func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
 func (*CampaignResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{24}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CampaignResponse) GetLeader() bool {
@@ -1914,7 +2359,7 @@ type GetElectionRequest struct {
 
 func (x *GetElectionRequest) Reset() {
 	*x = GetElectionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2371,7 @@ func (x *GetElectionRequest) String() string {
 func (*GetElectionRequest) ProtoMessage() {}
 
 func (x *GetElectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2384,7 @@ func (x *GetElectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetElectionRequest.ProtoReflect.Descriptor instead.
 func (*GetElectionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{25}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetElectionRequest) GetName() string {
@@ -1965,7 +2410,7 @@ type GetElectionResponse struct {
 
 func (x *GetElectionResponse) Reset() {
 	*x = GetElectionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2422,7 @@ func (x *GetElectionResponse) String() string {
 func (*GetElectionResponse) ProtoMessage() {}
 
 func (x *GetElectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2435,7 @@ func (x *GetElectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetElectionResponse.ProtoReflect.Descriptor instead.
 func (*GetElectionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{26}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetElectionResponse) GetElection() *Election {
@@ -2014,7 +2459,7 @@ type ProclaimRequest struct {
 
 func (x *ProclaimRequest) Reset() {
 	*x = ProclaimRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2471,7 @@ func (x *ProclaimRequest) String() string {
 func (*ProclaimRequest) ProtoMessage() {}
 
 func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2484,7 @@ func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
 func (*ProclaimRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{27}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ProclaimRequest) GetName() string {
@@ -2094,7 +2539,7 @@ type ProclaimResponse struct {
 
 func (x *ProclaimResponse) Reset() {
 	*x = ProclaimResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2551,7 @@ func (x *ProclaimResponse) String() string {
 func (*ProclaimResponse) ProtoMessage() {}
 
 func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2564,7 @@ func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
 func (*ProclaimResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{28}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProclaimResponse) GetProclaimed() bool {
@@ -2149,7 +2594,7 @@ type ResignRequest struct {
 
 func (x *ResignRequest) Reset() {
 	*x = ResignRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2606,7 @@ func (x *ResignRequest) String() string {
 func (*ResignRequest) ProtoMessage() {}
 
 func (x *ResignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2619,7 @@ func (x *ResignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
 func (*ResignRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{29}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResignRequest) GetName() string {
@@ -2222,7 +2667,7 @@ type ResignResponse struct {
 
 func (x *ResignResponse) Reset() {
 	*x = ResignResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2679,7 @@ func (x *ResignResponse) String() string {
 func (*ResignResponse) ProtoMessage() {}
 
 func (x *ResignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2692,7 @@ func (x *ResignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
 func (*ResignResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{30}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResignResponse) GetResigned() bool {
@@ -2278,7 +2723,7 @@ type RenewElectionRequest struct {
 
 func (x *RenewElectionRequest) Reset() {
 	*x = RenewElectionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2735,7 @@ func (x *RenewElectionRequest) String() string {
 func (*RenewElectionRequest) ProtoMessage() {}
 
 func (x *RenewElectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2748,7 @@ func (x *RenewElectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewElectionRequest.ProtoReflect.Descriptor instead.
 func (*RenewElectionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{31}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RenewElectionRequest) GetName() string {
@@ -2360,7 +2805,7 @@ type RenewElectionResponse struct {
 
 func (x *RenewElectionResponse) Reset() {
 	*x = RenewElectionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2372,7 +2817,7 @@ func (x *RenewElectionResponse) String() string {
 func (*RenewElectionResponse) ProtoMessage() {}
 
 func (x *RenewElectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2385,7 +2830,7 @@ func (x *RenewElectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewElectionResponse.ProtoReflect.Descriptor instead.
 func (*RenewElectionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{32}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RenewElectionResponse) GetRenewed() bool {
@@ -2426,7 +2871,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2883,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2896,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{33}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ObserveRequest) GetName() string {
@@ -2477,7 +2922,7 @@ type ObserveResponse struct {
 
 func (x *ObserveResponse) Reset() {
 	*x = ObserveResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2934,7 @@ func (x *ObserveResponse) String() string {
 func (*ObserveResponse) ProtoMessage() {}
 
 func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2947,7 @@ func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
 func (*ObserveResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{34}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ObserveResponse) GetElection() *Election {
@@ -2522,7 +2967,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2979,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2992,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{35}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2569,8 +3014,9 @@ func (x *WatchRequest) GetFromRevision() uint64 {
 type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
-	// acquired, released, expired, queued, dequeued, elected, resigned,
-	// proclaimed, session_created, session_expired, session_deleted.
+	// acquired, released, expired, revoked, queued, dequeued, elected,
+	// resigned, proclaimed, value_changed, session_created, session_expired,
+	// session_deleted.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// lock, election or session.
 	Kind         string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
@@ -2584,14 +3030,16 @@ type Event struct {
 	// dequeued): "exclusive" or "shared".
 	Mode string `protobuf:"bytes,10,opt,name=mode,proto3" json:"mode,omitempty"`
 	// The grant or wait covers the names below the lock.
-	Subtree       bool `protobuf:"varint,11,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	Subtree bool `protobuf:"varint,11,opt,name=subtree,proto3" json:"subtree,omitempty"`
+	// A revoke's reason (type revoked).
+	Reason        string `protobuf:"bytes,20,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +3051,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +3064,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{36}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Event) GetRevision() uint64 {
@@ -2696,6 +3144,13 @@ func (x *Event) GetSubtree() bool {
 	return false
 }
 
+func (x *Event) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type WatchResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
@@ -2705,7 +3160,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +3172,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +3185,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{37}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -2761,7 +3216,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +3228,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +3241,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TokenKey) GetId() string {
@@ -2832,7 +3287,7 @@ type GetTokenKeysRequest struct {
 
 func (x *GetTokenKeysRequest) Reset() {
 	*x = GetTokenKeysRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +3299,7 @@ func (x *GetTokenKeysRequest) String() string {
 func (*GetTokenKeysRequest) ProtoMessage() {}
 
 func (x *GetTokenKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +3312,7 @@ func (x *GetTokenKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenKeysRequest.ProtoReflect.Descriptor instead.
 func (*GetTokenKeysRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
 }
 
 type GetTokenKeysResponse struct {
@@ -2869,7 +3324,7 @@ type GetTokenKeysResponse struct {
 
 func (x *GetTokenKeysResponse) Reset() {
 	*x = GetTokenKeysResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2881,7 +3336,7 @@ func (x *GetTokenKeysResponse) String() string {
 func (*GetTokenKeysResponse) ProtoMessage() {}
 
 func (x *GetTokenKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2894,7 +3349,7 @@ func (x *GetTokenKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenKeysResponse.ProtoReflect.Descriptor instead.
 func (*GetTokenKeysResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetTokenKeysResponse) GetKeys() []*TokenKey {
@@ -2917,7 +3372,7 @@ type RotateTokenKeyRequest struct {
 
 func (x *RotateTokenKeyRequest) Reset() {
 	*x = RotateTokenKeyRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3384,7 @@ func (x *RotateTokenKeyRequest) String() string {
 func (*RotateTokenKeyRequest) ProtoMessage() {}
 
 func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3397,7 @@ func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateTokenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RotateTokenKeyRequest) GetRevokeRetired() bool {
@@ -2961,7 +3416,7 @@ type RotateTokenKeyResponse struct {
 
 func (x *RotateTokenKeyResponse) Reset() {
 	*x = RotateTokenKeyResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3428,7 @@ func (x *RotateTokenKeyResponse) String() string {
 func (*RotateTokenKeyResponse) ProtoMessage() {}
 
 func (x *RotateTokenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3441,7 @@ func (x *RotateTokenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenKeyResponse.ProtoReflect.Descriptor instead.
 func (*RotateTokenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RotateTokenKeyResponse) GetKeys() []*TokenKey {
@@ -3010,7 +3465,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3022,7 +3477,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3035,7 +3490,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Member) GetId() string {
@@ -3091,7 +3546,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3558,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3571,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Cluster) GetNodeId() string {
@@ -3190,7 +3645,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3657,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3215,7 +3670,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{50}
 }
 
 type GetClusterResponse struct {
@@ -3227,7 +3682,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3694,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3707,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetClusterResponse) GetCluster() *Cluster {
@@ -3273,7 +3728,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3740,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3753,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -3324,7 +3779,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3791,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3804,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{48}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AddMemberResponse) GetCluster() *Cluster {
@@ -3368,7 +3823,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3380,7 +3835,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3393,7 +3848,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{49}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -3412,7 +3867,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3879,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3892,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{50}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveMemberResponse) GetCluster() *Cluster {
@@ -3456,7 +3911,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3468,7 +3923,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3481,7 +3936,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{51}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3500,7 +3955,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +3967,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +3980,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{52}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferLeadershipResponse) GetCluster() *Cluster {
@@ -3556,7 +4011,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
 	"\x04mode\x18\x05 \x01(\tR\x04mode\x12\x18\n" +
 	"\asubtree\x18\x06 \x01(\bR\asubtree\x12\x12\n" +
-	"\x04lock\x18\a \x01(\tR\x04lock\"\x9e\x02\n" +
+	"\x04lock\x18\a \x01(\tR\x04lock\"\xd8\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x15\n" +
@@ -3570,7 +4025,9 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x05limit\x18\b \x01(\x03R\x05limit\x12\x12\n" +
 	"\x04mode\x18\t \x01(\tR\x04mode\x12\x18\n" +
 	"\asubtree\x18\n" +
-	" \x01(\bR\asubtree\"\x82\x02\n" +
+	" \x01(\bR\asubtree\x12\x14\n" +
+	"\x05value\x18\x14 \x01(\tR\x05value\x12\"\n" +
+	"\rlock_delay_ms\x18\x15 \x01(\x03R\vlockDelayMs\"\x82\x02\n" +
 	"\x0fAcquireResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x129\n" +
@@ -3590,7 +4047,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"request_id\x18\x05 \x01(\tR\trequestId\"I\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"\xb5\x01\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\xda\x01\n" +
 	"\fRenewRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12#\n" +
@@ -3598,7 +4055,9 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\blease_id\x18\x04 \x01(\tR\aleaseId\x12\x15\n" +
 	"\x06ttl_ms\x18\x05 \x01(\x03R\x05ttlMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\x97\x01\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x19\n" +
+	"\x05value\x18\x14 \x01(\tH\x00R\x05value\x88\x01\x01B\b\n" +
+	"\x06_value\"\x97\x01\n" +
 	"\rRenewResponse\x12\x18\n" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x129\n" +
 	"\n" +
@@ -3607,7 +4066,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\":\n" +
 	"\x0eGetLockRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xfe\x01\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\xd5\x02\n" +
 	"\x04Lock\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\x12(\n" +
@@ -3617,7 +4076,9 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x05limit\x18\x06 \x01(\x03R\x05limit\x12\x12\n" +
 	"\x04mode\x18\a \x01(\tR\x04mode\x12\x18\n" +
 	"\asubtree\x18\b \x01(\bR\asubtree\x12*\n" +
-	"\aholders\x18\t \x03(\v2\x10.dlock.v1.HolderR\aholders\"5\n" +
+	"\aholders\x18\t \x03(\v2\x10.dlock.v1.HolderR\aholders\x12\x14\n" +
+	"\x05value\x18\x14 \x01(\tR\x05value\x12?\n" +
+	"\rdelayed_until\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\fdelayedUntil\"5\n" +
 	"\x0fGetLockResponse\x12\"\n" +
 	"\x04lock\x18\x01 \x01(\v2\x0e.dlock.v1.LockR\x04lock\"l\n" +
 	"\x10ListLocksRequest\x12\x16\n" +
@@ -3628,7 +4089,40 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x11ListLocksResponse\x12$\n" +
 	"\x05locks\x18\x01 \x03(\v2\x0e.dlock.v1.LockR\x05locks\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"i\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"o\n" +
+	"\x11GetHistoryRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\belection\x18\x02 \x01(\bR\belection\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05stale\x18\x04 \x01(\bR\x05stale\"\xc1\x02\n" +
+	"\x05Grant\x12#\n" +
+	"\rfencing_token\x18\x01 \x01(\x04R\ffencingToken\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\tR\x05value\x129\n" +
+	"\n" +
+	"granted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x125\n" +
+	"\bended_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x1b\n" +
+	"\tend_cause\x18\x06 \x01(\tR\bendCause\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x15\n" +
+	"\x06ttl_ms\x18\b \x01(\x03R\x05ttlMs\x12\"\n" +
+	"\rlock_delay_ms\x18\t \x01(\x03R\vlockDelayMs\"m\n" +
+	"\x12GetHistoryResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
+	"\x06grants\x18\x02 \x03(\v2\x0f.dlock.v1.GrantR\x06grants\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\xb8\x01\n" +
+	"\rRevokeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\belection\x18\x02 \x01(\bR\belection\x12#\n" +
+	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tclient_id\x18\x05 \x01(\tR\bclientId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\x92\x01\n" +
+	"\x0eRevokeResponse\x12\x18\n" +
+	"\arevoked\x18\x01 \x01(\bR\arevoked\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12%\n" +
+	"\x0efencing_tokens\x18\x03 \x03(\x04R\rfencingTokens\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"i\n" +
 	"\x14CreateSessionRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12\x1d\n" +
@@ -3754,7 +4248,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\belection\x18\x01 \x01(\v2\x12.dlock.v1.ElectionR\belection\"K\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12#\n" +
-	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\xa7\x02\n" +
+	"\rfrom_revision\x18\x02 \x01(\x04R\ffromRevision\"\xbf\x02\n" +
 	"\x05Event\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
@@ -3767,7 +4261,8 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x02at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
 	"\x04mode\x18\n" +
 	" \x01(\tR\x04mode\x12\x18\n" +
-	"\asubtree\x18\v \x01(\bR\asubtree\"6\n" +
+	"\asubtree\x18\v \x01(\bR\asubtree\x12\x16\n" +
+	"\x06reason\x18\x14 \x01(\tR\x06reason\"6\n" +
 	"\rWatchResponse\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.dlock.v1.EventR\x05event\"\xa1\x01\n" +
 	"\bTokenKey\x12\x0e\n" +
@@ -3817,13 +4312,16 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x19TransferLeadershipRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"I\n" +
 	"\x1aTransferLeadershipResponse\x12+\n" +
-	"\acluster\x18\x01 \x01(\v2\x11.dlock.v1.ClusterR\acluster2\xcd\x02\n" +
+	"\acluster\x18\x01 \x01(\v2\x11.dlock.v1.ClusterR\acluster2\xd3\x03\n" +
 	"\vLockService\x12>\n" +
 	"\aAcquire\x12\x18.dlock.v1.AcquireRequest\x1a\x19.dlock.v1.AcquireResponse\x12>\n" +
 	"\aRelease\x12\x18.dlock.v1.ReleaseRequest\x1a\x19.dlock.v1.ReleaseResponse\x128\n" +
 	"\x05Renew\x12\x16.dlock.v1.RenewRequest\x1a\x17.dlock.v1.RenewResponse\x12>\n" +
 	"\aGetLock\x12\x18.dlock.v1.GetLockRequest\x1a\x19.dlock.v1.GetLockResponse\x12D\n" +
-	"\tListLocks\x12\x1a.dlock.v1.ListLocksRequest\x1a\x1b.dlock.v1.ListLocksResponse2\xd4\x02\n" +
+	"\tListLocks\x12\x1a.dlock.v1.ListLocksRequest\x1a\x1b.dlock.v1.ListLocksResponse\x12G\n" +
+	"\n" +
+	"GetHistory\x12\x1b.dlock.v1.GetHistoryRequest\x1a\x1c.dlock.v1.GetHistoryResponse\x12;\n" +
+	"\x06Revoke\x12\x17.dlock.v1.RevokeRequest\x1a\x18.dlock.v1.RevokeResponse2\xd4\x02\n" +
 	"\x0eSessionService\x12P\n" +
 	"\rCreateSession\x12\x1e.dlock.v1.CreateSessionRequest\x1a\x1f.dlock.v1.CreateSessionResponse\x12D\n" +
 	"\tKeepAlive\x12\x1a.dlock.v1.KeepAliveRequest\x1a\x1b.dlock.v1.KeepAliveResponse\x12X\n" +
@@ -3859,7 +4357,7 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 	return file_dlock_v1_dlock_proto_rawDescData
 }
 
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*ErrorDetail)(nil),                // 0: dlock.v1.ErrorDetail
 	(*Holder)(nil),                     // 1: dlock.v1.Holder
@@ -3874,127 +4372,140 @@ var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*GetLockResponse)(nil),            // 10: dlock.v1.GetLockResponse
 	(*ListLocksRequest)(nil),           // 11: dlock.v1.ListLocksRequest
 	(*ListLocksResponse)(nil),          // 12: dlock.v1.ListLocksResponse
-	(*CreateSessionRequest)(nil),       // 13: dlock.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),      // 14: dlock.v1.CreateSessionResponse
-	(*KeepAliveRequest)(nil),           // 15: dlock.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),          // 16: dlock.v1.KeepAliveResponse
-	(*KeepAliveStreamRequest)(nil),     // 17: dlock.v1.KeepAliveStreamRequest
-	(*KeepAliveStreamResponse)(nil),    // 18: dlock.v1.KeepAliveStreamResponse
-	(*DeleteSessionRequest)(nil),       // 19: dlock.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),      // 20: dlock.v1.DeleteSessionResponse
-	(*ElectionLeader)(nil),             // 21: dlock.v1.ElectionLeader
-	(*Election)(nil),                   // 22: dlock.v1.Election
-	(*CampaignRequest)(nil),            // 23: dlock.v1.CampaignRequest
-	(*CampaignResponse)(nil),           // 24: dlock.v1.CampaignResponse
-	(*GetElectionRequest)(nil),         // 25: dlock.v1.GetElectionRequest
-	(*GetElectionResponse)(nil),        // 26: dlock.v1.GetElectionResponse
-	(*ProclaimRequest)(nil),            // 27: dlock.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),           // 28: dlock.v1.ProclaimResponse
-	(*ResignRequest)(nil),              // 29: dlock.v1.ResignRequest
-	(*ResignResponse)(nil),             // 30: dlock.v1.ResignResponse
-	(*RenewElectionRequest)(nil),       // 31: dlock.v1.RenewElectionRequest
-	(*RenewElectionResponse)(nil),      // 32: dlock.v1.RenewElectionResponse
-	(*ObserveRequest)(nil),             // 33: dlock.v1.ObserveRequest
-	(*ObserveResponse)(nil),            // 34: dlock.v1.ObserveResponse
-	(*WatchRequest)(nil),               // 35: dlock.v1.WatchRequest
-	(*Event)(nil),                      // 36: dlock.v1.Event
-	(*WatchResponse)(nil),              // 37: dlock.v1.WatchResponse
-	(*TokenKey)(nil),                   // 38: dlock.v1.TokenKey
-	(*GetTokenKeysRequest)(nil),        // 39: dlock.v1.GetTokenKeysRequest
-	(*GetTokenKeysResponse)(nil),       // 40: dlock.v1.GetTokenKeysResponse
-	(*RotateTokenKeyRequest)(nil),      // 41: dlock.v1.RotateTokenKeyRequest
-	(*RotateTokenKeyResponse)(nil),     // 42: dlock.v1.RotateTokenKeyResponse
-	(*Member)(nil),                     // 43: dlock.v1.Member
-	(*Cluster)(nil),                    // 44: dlock.v1.Cluster
-	(*GetClusterRequest)(nil),          // 45: dlock.v1.GetClusterRequest
-	(*GetClusterResponse)(nil),         // 46: dlock.v1.GetClusterResponse
-	(*AddMemberRequest)(nil),           // 47: dlock.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 48: dlock.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 49: dlock.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 50: dlock.v1.RemoveMemberResponse
-	(*TransferLeadershipRequest)(nil),  // 51: dlock.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 52: dlock.v1.TransferLeadershipResponse
-	(*timestamppb.Timestamp)(nil),      // 53: google.protobuf.Timestamp
+	(*GetHistoryRequest)(nil),          // 13: dlock.v1.GetHistoryRequest
+	(*Grant)(nil),                      // 14: dlock.v1.Grant
+	(*GetHistoryResponse)(nil),         // 15: dlock.v1.GetHistoryResponse
+	(*RevokeRequest)(nil),              // 16: dlock.v1.RevokeRequest
+	(*RevokeResponse)(nil),             // 17: dlock.v1.RevokeResponse
+	(*CreateSessionRequest)(nil),       // 18: dlock.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),      // 19: dlock.v1.CreateSessionResponse
+	(*KeepAliveRequest)(nil),           // 20: dlock.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),          // 21: dlock.v1.KeepAliveResponse
+	(*KeepAliveStreamRequest)(nil),     // 22: dlock.v1.KeepAliveStreamRequest
+	(*KeepAliveStreamResponse)(nil),    // 23: dlock.v1.KeepAliveStreamResponse
+	(*DeleteSessionRequest)(nil),       // 24: dlock.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 25: dlock.v1.DeleteSessionResponse
+	(*ElectionLeader)(nil),             // 26: dlock.v1.ElectionLeader
+	(*Election)(nil),                   // 27: dlock.v1.Election
+	(*CampaignRequest)(nil),            // 28: dlock.v1.CampaignRequest
+	(*CampaignResponse)(nil),           // 29: dlock.v1.CampaignResponse
+	(*GetElectionRequest)(nil),         // 30: dlock.v1.GetElectionRequest
+	(*GetElectionResponse)(nil),        // 31: dlock.v1.GetElectionResponse
+	(*ProclaimRequest)(nil),            // 32: dlock.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),           // 33: dlock.v1.ProclaimResponse
+	(*ResignRequest)(nil),              // 34: dlock.v1.ResignRequest
+	(*ResignResponse)(nil),             // 35: dlock.v1.ResignResponse
+	(*RenewElectionRequest)(nil),       // 36: dlock.v1.RenewElectionRequest
+	(*RenewElectionResponse)(nil),      // 37: dlock.v1.RenewElectionResponse
+	(*ObserveRequest)(nil),             // 38: dlock.v1.ObserveRequest
+	(*ObserveResponse)(nil),            // 39: dlock.v1.ObserveResponse
+	(*WatchRequest)(nil),               // 40: dlock.v1.WatchRequest
+	(*Event)(nil),                      // 41: dlock.v1.Event
+	(*WatchResponse)(nil),              // 42: dlock.v1.WatchResponse
+	(*TokenKey)(nil),                   // 43: dlock.v1.TokenKey
+	(*GetTokenKeysRequest)(nil),        // 44: dlock.v1.GetTokenKeysRequest
+	(*GetTokenKeysResponse)(nil),       // 45: dlock.v1.GetTokenKeysResponse
+	(*RotateTokenKeyRequest)(nil),      // 46: dlock.v1.RotateTokenKeyRequest
+	(*RotateTokenKeyResponse)(nil),     // 47: dlock.v1.RotateTokenKeyResponse
+	(*Member)(nil),                     // 48: dlock.v1.Member
+	(*Cluster)(nil),                    // 49: dlock.v1.Cluster
+	(*GetClusterRequest)(nil),          // 50: dlock.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),         // 51: dlock.v1.GetClusterResponse
+	(*AddMemberRequest)(nil),           // 52: dlock.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 53: dlock.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 54: dlock.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 55: dlock.v1.RemoveMemberResponse
+	(*TransferLeadershipRequest)(nil),  // 56: dlock.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 57: dlock.v1.TransferLeadershipResponse
+	(*timestamppb.Timestamp)(nil),      // 58: google.protobuf.Timestamp
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	1,  // 0: dlock.v1.ErrorDetail.holder:type_name -> dlock.v1.Holder
-	21, // 1: dlock.v1.ErrorDetail.current:type_name -> dlock.v1.ElectionLeader
-	53, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
-	53, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 1: dlock.v1.ErrorDetail.current:type_name -> dlock.v1.ElectionLeader
+	58, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
+	58, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: dlock.v1.Lock.holder:type_name -> dlock.v1.Holder
 	1,  // 7: dlock.v1.Lock.holders:type_name -> dlock.v1.Holder
-	9,  // 8: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
-	9,  // 9: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
-	53, // 10: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 11: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 12: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 13: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
-	53, // 14: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 15: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
-	53, // 16: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 17: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
-	53, // 18: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 19: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
-	53, // 20: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
-	36, // 21: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
-	38, // 22: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
-	38, // 23: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
-	43, // 24: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
-	44, // 25: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 26: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 27: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	44, // 28: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
-	2,  // 29: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 30: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
-	6,  // 31: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
-	8,  // 32: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
-	11, // 33: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
-	13, // 34: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
-	15, // 35: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
-	17, // 36: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
-	19, // 37: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
-	23, // 38: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
-	25, // 39: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
-	27, // 40: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
-	29, // 41: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
-	31, // 42: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
-	33, // 43: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
-	35, // 44: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
-	45, // 45: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
-	47, // 46: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
-	49, // 47: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
-	51, // 48: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
-	39, // 49: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
-	41, // 50: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
-	3,  // 51: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
-	5,  // 52: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
-	7,  // 53: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 54: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
-	12, // 55: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
-	14, // 56: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
-	16, // 57: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
-	18, // 58: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
-	20, // 59: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
-	24, // 60: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
-	26, // 61: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
-	28, // 62: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
-	30, // 63: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
-	32, // 64: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
-	34, // 65: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
-	37, // 66: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
-	46, // 67: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
-	48, // 68: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
-	50, // 69: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
-	52, // 70: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
-	40, // 71: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
-	42, // 72: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
-	51, // [51:73] is the sub-list for method output_type
-	29, // [29:51] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	58, // 8: dlock.v1.Lock.delayed_until:type_name -> google.protobuf.Timestamp
+	9,  // 9: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
+	9,  // 10: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
+	58, // 11: dlock.v1.Grant.granted_at:type_name -> google.protobuf.Timestamp
+	58, // 12: dlock.v1.Grant.ended_at:type_name -> google.protobuf.Timestamp
+	14, // 13: dlock.v1.GetHistoryResponse.grants:type_name -> dlock.v1.Grant
+	58, // 14: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 15: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 16: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
+	58, // 17: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
+	58, // 18: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 19: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
+	58, // 20: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 21: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
+	58, // 22: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 23: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
+	58, // 24: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
+	41, // 25: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
+	43, // 26: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
+	43, // 27: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
+	48, // 28: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
+	49, // 29: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 30: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 31: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	49, // 32: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
+	2,  // 33: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 34: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
+	6,  // 35: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
+	8,  // 36: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
+	11, // 37: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
+	13, // 38: dlock.v1.LockService.GetHistory:input_type -> dlock.v1.GetHistoryRequest
+	16, // 39: dlock.v1.LockService.Revoke:input_type -> dlock.v1.RevokeRequest
+	18, // 40: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
+	20, // 41: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
+	22, // 42: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
+	24, // 43: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
+	28, // 44: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
+	30, // 45: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
+	32, // 46: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
+	34, // 47: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
+	36, // 48: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
+	38, // 49: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
+	40, // 50: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
+	50, // 51: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
+	52, // 52: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
+	54, // 53: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
+	56, // 54: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
+	44, // 55: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
+	46, // 56: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
+	3,  // 57: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
+	5,  // 58: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
+	7,  // 59: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
+	10, // 60: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
+	12, // 61: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
+	15, // 62: dlock.v1.LockService.GetHistory:output_type -> dlock.v1.GetHistoryResponse
+	17, // 63: dlock.v1.LockService.Revoke:output_type -> dlock.v1.RevokeResponse
+	19, // 64: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
+	21, // 65: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
+	23, // 66: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
+	25, // 67: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
+	29, // 68: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
+	31, // 69: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
+	33, // 70: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
+	35, // 71: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
+	37, // 72: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
+	39, // 73: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
+	42, // 74: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
+	51, // 75: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
+	53, // 76: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
+	55, // 77: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
+	57, // 78: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
+	45, // 79: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
+	47, // 80: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
+	57, // [57:81] is the sub-list for method output_type
+	33, // [33:57] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -4002,14 +4513,15 @@ func file_dlock_v1_dlock_proto_init() {
 	if File_dlock_v1_dlock_proto != nil {
 		return
 	}
-	file_dlock_v1_dlock_proto_msgTypes[38].OneofWrappers = []any{}
+	file_dlock_v1_dlock_proto_msgTypes[6].OneofWrappers = []any{}
+	file_dlock_v1_dlock_proto_msgTypes[43].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   53,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -34,11 +34,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LockService_Acquire_FullMethodName   = "/dlock.v1.LockService/Acquire"
-	LockService_Release_FullMethodName   = "/dlock.v1.LockService/Release"
-	LockService_Renew_FullMethodName     = "/dlock.v1.LockService/Renew"
-	LockService_GetLock_FullMethodName   = "/dlock.v1.LockService/GetLock"
-	LockService_ListLocks_FullMethodName = "/dlock.v1.LockService/ListLocks"
+	LockService_Acquire_FullMethodName    = "/dlock.v1.LockService/Acquire"
+	LockService_Release_FullMethodName    = "/dlock.v1.LockService/Release"
+	LockService_Renew_FullMethodName      = "/dlock.v1.LockService/Renew"
+	LockService_GetLock_FullMethodName    = "/dlock.v1.LockService/GetLock"
+	LockService_ListLocks_FullMethodName  = "/dlock.v1.LockService/ListLocks"
+	LockService_GetHistory_FullMethodName = "/dlock.v1.LockService/GetHistory"
+	LockService_Revoke_FullMethodName     = "/dlock.v1.LockService/Revoke"
 )
 
 // LockServiceClient is the client API for LockService service.
@@ -62,6 +64,13 @@ type LockServiceClient interface {
 	GetLock(ctx context.Context, in *GetLockRequest, opts ...grpc.CallOption) (*GetLockResponse, error)
 	// ListLocks lists held or waited-for locks by name prefix, a page at a time.
 	ListLocks(ctx context.Context, in *ListLocksRequest, opts ...grpc.CallOption) (*ListLocksResponse, error)
+	// GetHistory reads a lock's (or an election's) recent grants, newest
+	// first: the one that holds it, then those that ended, with how.
+	GetHistory(ctx context.Context, in *GetHistoryRequest, opts ...grpc.CallOption) (*GetHistoryResponse, error)
+	// Revoke ends a grant by force (an operator's call; with ACLs it needs the
+	// revoke permission on the name, or admin): the next waiter gets the lock
+	// at once with a higher token, or after the grant's lock-delay.
+	Revoke(ctx context.Context, in *RevokeRequest, opts ...grpc.CallOption) (*RevokeResponse, error)
 }
 
 type lockServiceClient struct {
@@ -122,6 +131,26 @@ func (c *lockServiceClient) ListLocks(ctx context.Context, in *ListLocksRequest,
 	return out, nil
 }
 
+func (c *lockServiceClient) GetHistory(ctx context.Context, in *GetHistoryRequest, opts ...grpc.CallOption) (*GetHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetHistoryResponse)
+	err := c.cc.Invoke(ctx, LockService_GetHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *lockServiceClient) Revoke(ctx context.Context, in *RevokeRequest, opts ...grpc.CallOption) (*RevokeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeResponse)
+	err := c.cc.Invoke(ctx, LockService_Revoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LockServiceServer is the server API for LockService service.
 // All implementations should embed UnimplementedLockServiceServer
 // for forward compatibility.
@@ -143,6 +172,13 @@ type LockServiceServer interface {
 	GetLock(context.Context, *GetLockRequest) (*GetLockResponse, error)
 	// ListLocks lists held or waited-for locks by name prefix, a page at a time.
 	ListLocks(context.Context, *ListLocksRequest) (*ListLocksResponse, error)
+	// GetHistory reads a lock's (or an election's) recent grants, newest
+	// first: the one that holds it, then those that ended, with how.
+	GetHistory(context.Context, *GetHistoryRequest) (*GetHistoryResponse, error)
+	// Revoke ends a grant by force (an operator's call; with ACLs it needs the
+	// revoke permission on the name, or admin): the next waiter gets the lock
+	// at once with a higher token, or after the grant's lock-delay.
+	Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error)
 }
 
 // UnimplementedLockServiceServer should be embedded to have
@@ -166,6 +202,12 @@ func (UnimplementedLockServiceServer) GetLock(context.Context, *GetLockRequest) 
 }
 func (UnimplementedLockServiceServer) ListLocks(context.Context, *ListLocksRequest) (*ListLocksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLocks not implemented")
+}
+func (UnimplementedLockServiceServer) GetHistory(context.Context, *GetHistoryRequest) (*GetHistoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetHistory not implemented")
+}
+func (UnimplementedLockServiceServer) Revoke(context.Context, *RevokeRequest) (*RevokeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
 }
 func (UnimplementedLockServiceServer) testEmbeddedByValue() {}
 
@@ -277,6 +319,42 @@ func _LockService_ListLocks_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LockService_GetHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).GetHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_GetHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).GetHistory(ctx, req.(*GetHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LockService_Revoke_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).Revoke(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_Revoke_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).Revoke(ctx, req.(*RevokeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LockService_ServiceDesc is the grpc.ServiceDesc for LockService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -303,6 +381,14 @@ var LockService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListLocks",
 			Handler:    _LockService_ListLocks_Handler,
+		},
+		{
+			MethodName: "GetHistory",
+			Handler:    _LockService_GetHistory_Handler,
+		},
+		{
+			MethodName: "Revoke",
+			Handler:    _LockService_Revoke_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
