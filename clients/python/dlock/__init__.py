@@ -8,18 +8,18 @@
 See README.md beside this package, docs/client.md and docs/api.md.
 """
 
-from .client import Client, Grant, Lease, Session
+from .client import Client, Grant, Lease, RWLock, Semaphore, Session
 from .election import Election, Leadership, Observation
-from .errors import (ClientClosed, Compacted, DlockError, InvalidArgument, LockHeld, LockLost, NoLeader, NotFound,
-                     NotHolder, PermissionDenied, RateLimited, SessionExpired, TooLarge, Unauthenticated, Unavailable,
-                     WaitTimeout)
+from .errors import (ClientClosed, Compacted, DlockError, InvalidArgument, LimitMismatch, LockDelayed, LockHeld, LockLost,
+                     NoLeader, NotFound, NotHolder, PermissionDenied, RateLimited, SessionExpired, TooLarge, Unauthenticated,
+                     Unavailable, WaitTimeout)
 from .watch import Watch
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Grant", "Lease", "Session", "Election", "Leadership", "Observation", "Watch",
-    "DlockError", "InvalidArgument", "NotFound", "LockHeld", "WaitTimeout", "LockLost", "NotHolder",
-    "SessionExpired", "Compacted", "Unavailable", "NoLeader", "Unauthenticated", "PermissionDenied",
+    "Client", "Grant", "Lease", "Session", "Semaphore", "RWLock", "Election", "Leadership", "Observation", "Watch",
+    "DlockError", "InvalidArgument", "NotFound", "LockHeld", "WaitTimeout", "LockDelayed", "LimitMismatch", "LockLost",
+    "NotHolder", "SessionExpired", "Compacted", "Unavailable", "NoLeader", "Unauthenticated", "PermissionDenied",
     "TooLarge", "RateLimited", "ClientClosed",
 ]

@@ -31,6 +31,9 @@ MIN_TTL, MAX_TTL, MAX_WAIT = 1.0, 600.0, 3600.0
 WAIT_MARGIN = 1.0
 #: Bounds the clean-up after an abandoned acquire.
 CLEANUP_TIMEOUT = 3.0
+#: The server's limits on a counting lock's limit, a holder's value (bytes,
+#: UTF-8), a lock-delay (seconds) and a revoke's reason (bytes).
+MAX_LIMIT, MAX_VALUE, MAX_LOCK_DELAY, MAX_REASON = 10_000, 4096, 60.0, 256
 
 
 def escape_name(name: str) -> str:
@@ -52,6 +55,40 @@ def check_ttl(ttl: float) -> int:
 def check_id(field: str, v: str) -> None:
     if not 1 <= len(v) <= 128 or any(not 0x21 <= ord(c) <= 0x7E for c in v):
         raise errors.InvalidArgument(f"{field} {v!r}: use 1 to 128 printable ASCII characters without spaces")
+
+
+def check_value(value: str) -> None:
+    if not isinstance(value, str):
+        raise errors.InvalidArgument(f"value must be a str, not {type(value).__name__}")
+    n = len(value.encode("utf-8"))
+    if n > MAX_VALUE:
+        raise errors.InvalidArgument(f"value is {n} bytes; the limit is {MAX_VALUE}")
+
+
+def _kind(limit: int, shared: bool, subtree: bool, value: Optional[str], lock_delay: float) -> Dict[str, Any]:
+    """The acquire fields beyond the name that choose the kind of grant
+    (docs/api.md, Counting, shared and subtree locks), checked as the server
+    would, so a bad call fails at once."""
+    k: Dict[str, Any] = {}
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise errors.InvalidArgument(f"limit {limit!r}: use a whole number from 1 to {MAX_LIMIT}")
+    if limit > 1:
+        k["limit"] = limit
+    if shared:
+        if limit > 1:
+            raise errors.InvalidArgument("a counting lock (limit above 1) is exclusive only: shared grants need limit 1")
+        k["mode"] = "shared"
+    if subtree:
+        k["subtree"] = True
+    if value is not None:
+        check_value(value)
+        if value:
+            k["value"] = value
+    if lock_delay:
+        if not 0 <= lock_delay <= MAX_LOCK_DELAY:
+            raise errors.InvalidArgument(f"lock_delay {lock_delay:g} s: use 0 to {MAX_LOCK_DELAY:g} seconds")
+        k["lock_delay_ms"] = round(lock_delay * 1000)
+    return k
 
 
 def default_client_id() -> str:
@@ -126,8 +163,12 @@ class _Held:
         (counted from when that one was sent, so strictly before the server
         can give it to anyone else), the server said it is not the holder, or
         its session ended — and when it is released. From then on another
-        client may hold it. An operator's revoke is the one exception, which
-        fencing tokens cover."""
+        client may hold it. An operator's revoke (:meth:`Client.revoke`) is
+        the one exception: the server hands the lock on at once, and this
+        client learns of it at its next renewal (at most ttl/3 later; the
+        renewal is answered ``lock_lost``, and ``error`` says so). A lock
+        held under a session is renewed by the session's keepalive, which
+        does not learn of a revoke. Fencing tokens cover that gap."""
         return self._keeper.lost
 
     @property
@@ -189,6 +230,23 @@ class Lease(_Held):
             if lost is not None:
                 raise lost from None
             raise
+
+    def set_value(self, value: str) -> None:
+        """Replaces the value this holder shows in get_lock, list_locks,
+        watch events (``value_changed``) and the history (at most 4 KiB;
+        "" clears it). It is sent as a renewal, so it also extends the lease.
+        Raises LockLost, and sets ``lost``, if the server no longer counts
+        this client as the holder (NotHolder; ``lock_lost`` after a
+        revoke)."""
+        self.check()
+        check_value(value)
+        try:
+            sent, _ = self._client._renew(self.name, self.token, self.lease_id,
+                                          deadline=self._client._deadline(), value=value)
+        except errors.LockLost as e:
+            self._keeper.end(errors.LockLost(f"lock {self.name} lost: {e}", code=e.code, status=e.status, body=e.body))
+            raise
+        self._keeper.extend(sent)
 
     def __enter__(self) -> "Lease":
         return self
@@ -271,6 +329,108 @@ class Session:
         self.close()
 
 
+class Semaphore:
+    """A counting lock: up to ``limit`` holders at once, each with its own
+    lease and fencing token, granted in FIFO order (``client.semaphore``).
+
+        deploys = client.semaphore("deploys", 3, ttl=30)
+        with deploys as lease:               # waits for one of the 3 places
+            deploy(fencing_token=lease.token)
+
+    Every user of the lock must ask for the same limit: the first acquire of
+    an unused lock sets it, and an acquire with another one fails with
+    LimitMismatch. Each acquire takes one more place, also from one thread
+    or one Client (there is no local exclusion).
+    """
+
+    def __init__(self, client: "Client", name: str, limit: int, ttl: float, *, session: Optional[Session],
+                 subtree: bool, takeover: bool, value: Optional[str]) -> None:
+        self._client = client
+        self.name = name.lstrip("/")
+        escape_name(name)
+        self.limit = limit
+        self.ttl = ttl
+        self._session = session
+        self._takeover = takeover
+        self._kind = _kind(limit, False, subtree, value, 0.0)
+        if session is None:
+            check_ttl(ttl)
+        self._held = threading.local()
+
+    def acquire(self, wait: Optional[float] = None) -> Lease:
+        """Waits for one of the places (``wait`` as for Client.lock: None
+        as long as it takes, 0 not at all, else seconds). The lease renews
+        itself until released; release it with ``release(lease)`` or
+        ``lease.release()``, or use it with ``with``."""
+        return self._client._acquire(self.name, self.ttl, wait=wait, session=self._session,
+                                     takeover=self._takeover, kind=self._kind)
+
+    def release(self, lease: Lease) -> None:
+        """Gives a place back (the next in line gets it at once), as
+        lease.release()."""
+        if lease.name != self.name:
+            raise errors.InvalidArgument(f"semaphore {self.name!r}: release of a lease of {lease.name!r}")
+        lease.release()
+
+    def __enter__(self) -> Lease:
+        lease = self.acquire()
+        stack = getattr(self._held, "stack", None)
+        if stack is None:
+            stack = self._held.stack = []
+        stack.append(lease)
+        return lease
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._held.stack.pop().__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"<dlock.Semaphore {self.name!r} limit={self.limit}>"
+
+
+class RWLock:
+    """A shared/exclusive (readers/writer) lock (``client.rwlock``): any
+    number of readers hold it together, a writer holds it alone.
+
+        config = client.rwlock("config/main", ttl=30)
+        with config.read() as lease:         # a shared grant
+            load(fencing_token=lease.token)
+        with config.write() as lease:        # the exclusive grant
+            store(fencing_token=lease.token)
+
+    Grants are FIFO: a writer waiting in line keeps out the readers that come
+    after it (writers are not starved), and readers next to each other at the
+    head of the line are let in together. Every read() is a grant of its own
+    (its own lease and token). With ``subtree=True`` every grant covers the
+    names below the lock too (a shared subtree grant keeps out writers inside
+    the subtree, not readers).
+    """
+
+    def __init__(self, client: "Client", name: str, ttl: float, *, session: Optional[Session],
+                 subtree: bool, takeover: bool) -> None:
+        self._client = client
+        self.name = name.lstrip("/")
+        escape_name(name)
+        self.ttl = ttl
+        self._session = session
+        self._subtree = subtree
+        self._takeover = takeover
+        if session is None:
+            check_ttl(ttl)
+
+    def read(self, wait: Optional[float] = None, *, value: Optional[str] = None) -> Lease:
+        """Waits for a shared grant (``wait`` as for Client.lock)."""
+        return self._client._acquire(self.name, self.ttl, wait=wait, session=self._session, takeover=self._takeover,
+                                     kind=_kind(1, True, self._subtree, value, 0.0))
+
+    def write(self, wait: Optional[float] = None, *, value: Optional[str] = None) -> Lease:
+        """Waits for the exclusive grant (``wait`` as for Client.lock)."""
+        return self._client._acquire(self.name, self.ttl, wait=wait, session=self._session, takeover=self._takeover,
+                                     kind=_kind(1, False, self._subtree, value, 0.0))
+
+    def __repr__(self) -> str:
+        return f"<dlock.RWLock {self.name!r}>"
+
+
 class Client:
     """A connection to a dlock cluster. Safe for use from many threads.
 
@@ -341,7 +501,8 @@ class Client:
     # -- locks -------------------------------------------------------------
 
     def lock(self, name: str, ttl: float = 30.0, *, wait: Optional[float] = None,
-             session: Optional[Session] = None, takeover: bool = False) -> Lease:
+             session: Optional[Session] = None, takeover: bool = False, shared: bool = False,
+             subtree: bool = False, value: Optional[str] = None, lock_delay: float = 0.0) -> Lease:
         """Takes the lock called name, for ``with``:
 
             with client.lock("billing/job", ttl=30) as lease:
@@ -349,17 +510,36 @@ class Client:
 
         Waits in the lock's FIFO queue until granted (``wait=None``, the
         default), for at most ``wait`` seconds (then WaitTimeout), or not at
-        all (``wait=0``: LockHeld if someone has it). The lease renews itself
-        at ttl/3; ``lease.lost`` is set the moment it may be lost. Leaving the
-        block releases the lock, and raises LockLost if the lease was lost
-        while the block ran. ``session`` holds it under a session instead of
-        a lease of its own; ``takeover`` takes it at once from another lease
-        of this client_id (docs/api.md, Takeover)."""
-        return self.acquire(name, ttl, wait=wait, session=session, takeover=takeover)
+        all (``wait=0``: LockHeld if someone has it, LockDelayed in a
+        lock-delay). The lease renews itself at ttl/3; ``lease.lost`` is set
+        the moment it may be lost. Leaving the block releases the lock, and
+        raises LockLost if the lease was lost while the block ran.
+        ``session`` holds it under a session instead of a lease of its own;
+        ``takeover`` takes it at once from another lease of this client_id
+        (docs/api.md, Takeover).
+
+        ``shared=True`` asks for a shared grant: shared holders coexist, an
+        exclusive one holds the lock alone (see :meth:`rwlock`).
+        ``subtree=True`` makes the grant cover the name and every name below
+        it ("billing" covers "billing/job-A", not "billing2").
+        ``value`` (at most 4 KiB) is shown by get_lock, list_locks, watch
+        events and the history while this client holds the lock
+        (``lease.set_value`` replaces it). ``lock_delay`` (0 to 60 seconds)
+        keeps the lock from everyone for that long after this grant ends by
+        expiry or revoke — never after a release — for resources that cannot
+        check fencing tokens."""
+        return self.acquire(name, ttl, wait=wait, session=session, takeover=takeover, shared=shared,
+                            subtree=subtree, value=value, lock_delay=lock_delay)
 
     def acquire(self, name: str, ttl: float = 30.0, *, wait: Optional[float] = None,
-                session: Optional[Session] = None, takeover: bool = False) -> Lease:
+                session: Optional[Session] = None, takeover: bool = False, shared: bool = False,
+                subtree: bool = False, value: Optional[str] = None, lock_delay: float = 0.0) -> Lease:
         """lock() without the ``with``: call lease.release() when done."""
+        return self._acquire(name, ttl, wait=wait, session=session, takeover=takeover,
+                             kind=_kind(1, shared, subtree, value, lock_delay))
+
+    def _acquire(self, name: str, ttl: float, *, wait: Optional[float], session: Optional[Session],
+                 takeover: bool, kind: Dict[str, Any]) -> Lease:
         self._check_open()
         path = "/locks/" + escape_name(name)
         name = name.lstrip("/")
@@ -377,6 +557,7 @@ class Client:
                 b["wait_timeout_ms"] = wait_ms
             if take:
                 b["takeover"] = True
+            b.update(kind)
             return b
 
         def send(rid: str, wait_ms: int, deadline: Optional[float], progress: Dict[str, Any]) -> Tuple[Grant, float]:
@@ -438,18 +619,91 @@ class Client:
                      request_id=rid, deadline=deadline or self._deadline(), what=f"release {name!r}")
 
     def _renew(self, name: str, token: int, lease_id: str, *, deadline: float,
-               attempt_timeout: Optional[float] = None, ttl: float = 0) -> Tuple[float, Dict[str, Any]]:
+               attempt_timeout: Optional[float] = None, ttl: float = 0,
+               value: Optional[str] = None) -> Tuple[float, Dict[str, Any]]:
         rid = new_request_id()
         body: Dict[str, Any] = {"client_id": self.client_id, "fencing_token": token, "lease_id": lease_id, "request_id": rid}
         if ttl:
             body["ttl_ms"] = check_ttl(ttl)
+        if value is not None:
+            body["value"] = value
         sent, ans = self._t.call("POST", f"/locks/{escape_name(name)}/renew", body, request_id=rid,
                                  attempt_timeout=attempt_timeout, deadline=deadline, what=f"renew {name!r}")
         return (sent if sent is not None else time.monotonic()), ans
 
+    def semaphore(self, name: str, limit: int, ttl: float = 30.0, *, session: Optional[Session] = None,
+                  subtree: bool = False, takeover: bool = False, value: Optional[str] = None) -> Semaphore:
+        """A counting lock called name that admits up to limit holders (1 to
+        10000) at once: ``with client.semaphore("deploys", 3) as lease:``
+        waits for one of the places, or call its acquire() and release().
+        The options apply to every place, as for lock()."""
+        self._check_open()
+        return Semaphore(self, name, limit, ttl, session=session, subtree=subtree, takeover=takeover, value=value)
+
+    def rwlock(self, name: str, ttl: float = 30.0, *, session: Optional[Session] = None,
+               subtree: bool = False, takeover: bool = False) -> RWLock:
+        """A readers/writer lock called name: ``read()`` takes a shared
+        grant, ``write()`` the exclusive one (each a Lease, for ``with``).
+        The same as ``lock(name, shared=True)`` and ``lock(name)``."""
+        self._check_open()
+        return RWLock(self, name, ttl, session=session, subtree=subtree, takeover=takeover)
+
+    def history(self, name: str, *, limit: Optional[int] = None, election: bool = False,
+                stale: bool = False) -> Dict[str, Any]:
+        """The recent grants of the lock (or, with ``election``, the
+        election) called name, newest first: ``{"name", "revision",
+        "grants": [{"fencing_token", "client_id", "value"?, "granted_at",
+        "ended_at"?, "end_cause"?, "reason"?, "ttl_ms", "lock_delay_ms"?}]}``.
+        The grants that hold it now come first (no ``end_cause``), then
+        those that ended, with ``end_cause`` released, expired,
+        session_deleted, revoked (with the operator's ``reason``),
+        taken_over or resigned. ``limit``: at most that many (default: all
+        the cluster keeps). A linearizable read unless stale."""
+        q: Dict[str, str] = {}
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise errors.InvalidArgument(f"history limit {limit!r}: use a positive whole number, or None for all")
+            q["limit"] = str(limit)
+        if election:
+            q["kind"] = "election"
+        if stale:
+            q["stale"] = "true"
+        path = "/history/" + escape_name(name) + ("?" + urlencode(q) if q else "")
+        _, ans = self._t.call("GET", path, deadline=self._deadline(), what=f"history of {name!r}")
+        return ans
+
+    def revoke(self, name: str, token: Optional[int] = None, *, reason: str, election: bool = False) -> List[int]:
+        """Ends the grant of the lock called name whose fencing token is
+        token (None: every grant that holds it) without its holder's
+        consent, and returns the tokens it revoked. The next waiter gets the
+        lock at once with a higher token (after the grant's lock-delay, if
+        it set one); ``reason`` (1 to 256 bytes, required) goes into the
+        history and the watch event; the holder's next renewal is answered
+        ``lock_lost`` and its ``lease.lost`` is set. The old holder may still
+        be running: only fencing protects the resource. NotFound if no such
+        grant holds it. With ACLs it needs the revoke permission on the name
+        (or admin). ``election`` revokes an election's leader instead."""
+        if not isinstance(reason, str) or not reason.strip() or len(reason.encode("utf-8")) > MAX_REASON:
+            raise errors.InvalidArgument(f"a revoke needs a reason of 1 to {MAX_REASON} bytes (it is kept in the history)")
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 1):
+            raise errors.InvalidArgument(f"fencing token {token!r}: use a positive whole number, or None for every holder")
+        rid = new_request_id()
+        body: Dict[str, Any] = {"reason": reason, "client_id": self.client_id, "request_id": rid}
+        if token is not None:
+            body["fencing_token"] = token
+        kind = "elections" if election else "locks"
+        _, ans = self._t.call("POST", f"/{kind}/{escape_name(name)}/revoke", body, request_id=rid,
+                              deadline=self._deadline(), what=f"revoke {name!r}")
+        if ans.get("fencing_token"):
+            return [int(ans["fencing_token"])]
+        return [int(t) for t in ans.get("fencing_tokens") or []]
+
     def get_lock(self, name: str, *, stale: bool = False) -> Dict[str, Any]:
         """One lock's state (a linearizable read unless stale):
-        ``{"name", "held", "holder"?, "waiters", "revision"}``."""
+        ``{"name", "held", "holder"?, "holders", "limit", "mode"?,
+        "subtree"?, "value"?, "delayed_until"?, "waiters", "queue"?,
+        "revision"}`` (docs/api.md). ``holders`` lists every holder (several
+        for a semaphore or shared lock), ``holder`` is the first."""
         q = "?stale=true" if stale else ""
         _, ans = self._t.call("GET", "/locks/" + escape_name(name) + q, deadline=self._deadline())
         return ans

@@ -75,6 +75,41 @@ class WaitTimeout(LockHeld):
     code = "wait_timeout"
 
 
+class LockDelayed(LockHeld):
+    """The lock is in a lock-delay: its last grant, which asked for one
+    (``lock_delay=``), ended by expiry or revoke, and nobody gets it until
+    the delay has passed. Only an acquire that does not wait (``wait=0``)
+    gets it; one that waits keeps its place in line and is granted when the
+    delay ends. A subclass of :class:`LockHeld`: either way the lock cannot
+    be had now.
+
+    ``retry_after`` is the seconds the delay has left."""
+
+    code = "lock_delayed"
+
+    @property
+    def retry_after(self) -> float:
+        err = self.body.get("error")
+        ms = err.get("retry_after_ms", 0) if isinstance(err, dict) else 0
+        return (ms if isinstance(ms, (int, float)) else 0) / 1000
+
+
+class LimitMismatch(DlockError):
+    """The lock is in use with another ``limit`` than the one asked for (a
+    semaphore's, or 1 for a plain or shared lock). The first acquire of an
+    unused lock sets its limit; every user of the lock must ask for the same
+    one. Nothing changed.
+
+    ``limit`` is the lock's limit."""
+
+    code = "limit_mismatch"
+
+    @property
+    def limit(self) -> Optional[int]:
+        v = self.body.get("limit")
+        return v if isinstance(v, int) else None
+
+
 class LockLost(DlockError):
     """This client does not hold the lock (any more).
 
@@ -82,7 +117,9 @@ class LockLost(DlockError):
     block once the lease was lost (``lease.lost`` is set), and for the
     server's ``lock_lost`` answer: an acquire that was granted but whose grant
     ended before the answer reached the client (``fencing_token`` is that
-    grant's). :meth:`Client.acquire` handles the latter by asking again."""
+    grant's), which :meth:`Client.acquire` handles by asking again; or a
+    renewal of a grant an operator revoked (:meth:`Client.revoke`), which
+    ends the lease with this error."""
 
     code = "lock_lost"
 
@@ -156,7 +193,7 @@ class ClientClosed(DlockError):
 
 _BY_CODE = {
     cls.code: cls
-    for cls in (InvalidArgument, NotFound, LockHeld, WaitTimeout, LockLost, NotHolder,
+    for cls in (InvalidArgument, NotFound, LockHeld, WaitTimeout, LockDelayed, LimitMismatch, LockLost, NotHolder,
                 SessionExpired, Compacted, Unavailable, NoLeader, Unauthenticated,
                 PermissionDenied, TooLarge, RateLimited)
 }

@@ -9,7 +9,7 @@ import dlock
 from dlock import errors
 from dlock._keeper import Keeper
 from dlock._transport import leader_base, normalize_endpoint
-from dlock.client import escape_name
+from dlock.client import _kind, escape_name
 
 
 def test_error_answers_become_typed_errors():
@@ -24,6 +24,11 @@ def test_error_answers_become_typed_errors():
     assert isinstance(errors.from_answer(503, {"error": {"code": "disk_full", "message": "m"}}), dlock.Unavailable)
     assert isinstance(errors.from_answer(404, {"error": {"code": "session_not_found", "message": "m"}}), dlock.SessionExpired)
     assert isinstance(errors.from_answer(502, None, "<html>bad gateway</html>"), dlock.Unavailable)
+    mismatch = errors.from_answer(409, {"acquired": False, "error": {"code": "limit_mismatch", "message": "m"}, "limit": 3})
+    assert isinstance(mismatch, dlock.LimitMismatch) and mismatch.limit == 3
+    delayed = errors.from_answer(409, {"error": {"code": "lock_delayed", "message": "m", "retry_after_ms": 2400}})
+    assert isinstance(delayed, dlock.LockDelayed) and isinstance(delayed, dlock.LockHeld) and delayed.retry_after == 2.4
+    assert delayed.holder is None
     unknown = errors.from_answer(418, {"error": {"code": "teapot", "message": "m"}})
     assert type(unknown) is dlock.DlockError and unknown.code == "teapot"
 
@@ -55,6 +60,35 @@ def test_client_checks_its_arguments():
         c.acquire("x", ttl=0.5)
     with pytest.raises(dlock.InvalidArgument):
         c.acquire("x", ttl=700)
+    # The lock model's fields are checked before anything is sent (the
+    # endpoint is unreachable, so a request would fail otherwise).
+    for bad in (0, 10_001, True, 2.5):
+        with pytest.raises(dlock.InvalidArgument):
+            c.semaphore("x", bad)
+    with pytest.raises(dlock.InvalidArgument):
+        c.acquire("x", value="v" * 4097)
+    with pytest.raises(dlock.InvalidArgument):
+        c.acquire("x", value="é" * 2049)  # 4098 bytes in UTF-8
+    with pytest.raises(dlock.InvalidArgument):
+        c.acquire("x", lock_delay=61)
+    with pytest.raises(dlock.InvalidArgument):
+        c.acquire("x", lock_delay=-1)
+    for reason in ("", "  ", "r" * 257):
+        with pytest.raises(dlock.InvalidArgument):
+            c.revoke("x", reason=reason)
+    with pytest.raises(dlock.InvalidArgument):
+        c.revoke("x", 0, reason="r")
+    with pytest.raises(dlock.InvalidArgument):
+        c.history("x", limit=0)
+
+
+def test_the_kind_of_grant_becomes_the_acquire_fields():
+    assert _kind(1, False, False, None, 0) == {}
+    assert _kind(3, False, True, "who", 0) == {"limit": 3, "subtree": True, "value": "who"}
+    assert _kind(1, True, False, None, 0) == {"mode": "shared"}
+    assert _kind(1, False, False, "", 2.5) == {"lock_delay_ms": 2500}
+    with pytest.raises(dlock.InvalidArgument):
+        _kind(2, True, False, None, 0)  # counting locks are exclusive only
 
 
 def test_keeper_sets_lost_at_the_bound_without_renewals():
