@@ -66,7 +66,9 @@ func lastLine(s string) string {
 // holder sees lease.lost and its late write is refused, a leader killed
 // during a blocking acquire still grants exactly once, an observer sees
 // every leader change, a watch across a node kill sees every event once,
-// and dlock.fence against proofs of a real cluster.
+// dlock.fence against proofs of a real cluster, and the lock model:
+// semaphores, shared and subtree locks, revoke (the holder's lease.lost),
+// history and lock-delay.
 func TestPythonClient(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts clusters of dlock processes")
