@@ -131,18 +131,18 @@ def test_a_subtree_holder_blocks_the_names_inside_it(cluster):
 
 def test_revoke_sets_the_holders_lost_and_the_waiter_gets_a_higher_token(cluster):
     holder, waiter, op = _clients(cluster, "rev-holder", "rev-waiter", "rev-operator")
-    lease = holder.acquire("model/revoked", ttl=3, value="pid 1 on host-a")
+    lease = holder.acquire("model/revoked", ttl=6, value="pid 1 on host-a")
     assert op.get_lock("model/revoked")["value"] == "pid 1 on host-a"
     lease.set_value("step 2 of 3")
     assert op.get_lock("model/revoked")["value"] == "step 2 of 3"
-    w = _InThread(lambda: waiter.acquire("model/revoked", ttl=3, wait=30))
+    w = _InThread(lambda: waiter.acquire("model/revoked", ttl=6, wait=30))
     wait_for("the waiter waits in line", lambda: op.get_lock("model/revoked")["waiters"] == 1)
 
     assert op.revoke("model/revoked", lease.token, reason="stuck in step 2") == [lease.token]
     wl = w.get()
     assert wl.token > lease.token
     # The holder learns of it at its next renewal, at most ttl/3 later.
-    assert lease.lost.wait(10), "the revoked holder's lease.lost was not set"
+    assert lease.lost.wait(15), "the revoked holder's lease.lost was not set"
     assert isinstance(lease.error, dlock.LockLost) and lease.error.code == "lock_lost"
     with pytest.raises(dlock.LockLost):
         lease.check()
@@ -159,7 +159,7 @@ def test_revoke_sets_the_holders_lost_and_the_waiter_gets_a_higher_token(cluster
         op.revoke("model/revoked", lease.token, reason="again")
     # Without a token every holder is revoked.
     assert op.revoke("model/revoked", reason="clean up") == [wl.token]
-    assert wl.lost.wait(10)
+    assert wl.lost.wait(15)
     for c in (holder, waiter, op):
         c.close()
 
