@@ -88,6 +88,9 @@ type call struct {
 	raw    []byte // a body sent as is (a bad request); skips request validation
 	ctype  string // Content-Type of raw
 	noAuth bool
+	// invalid: the query is one the document rules out (to see it
+	// refused), so the request is not validated.
+	invalid bool
 	// want is the status the call must get.
 	want int
 }
@@ -120,7 +123,7 @@ func (k *contract) do(cl call) answer {
 		u += "?" + cl.query.Encode()
 	}
 	var body []byte
-	validateReq := true
+	validateReq := !cl.invalid
 	switch {
 	case cl.raw != nil:
 		body, validateReq = cl.raw, false
@@ -268,10 +271,33 @@ func (k *contract) walk(where string, ref *openapi3.SchemaRef, v any, depth int)
 		}
 	}
 	if v != nil {
-		for _, alt := range slices.Concat(s.OneOf, s.AnyOf, s.AllOf) {
+		// Only the alternatives the value matches: a field of one
+		// alternative is not "sent" by an answer of another.
+		for _, alt := range slices.Concat(s.OneOf, s.AnyOf) {
+			if alt.Value != nil && alt.Value.VisitJSON(v, openapi3.EnableJSONSchema2020()) == nil {
+				k.walk(where, alt, v, depth+1)
+			}
+		}
+		for _, alt := range s.AllOf {
 			k.walk(where, alt, v, depth+1)
 		}
 	}
+}
+
+// errCode is the error code of an error answer ("" if it has none).
+func errCode(a answer) string {
+	e, _ := a.json["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+// num is a JSON number of an answer as an integer (-1 if absent).
+func num(m map[string]any, key string) int64 {
+	f, ok := m[key].(float64)
+	if !ok {
+		return -1
+	}
+	return int64(f)
 }
 
 // sse reads an event stream until stop says enough (or the bound passes),
@@ -441,9 +467,16 @@ func TestContract(t *testing.T) {
 		"description": "contract test", "rules": []map[string]any{{"prefix": "ro/", "permissions": []string{"read"}}},
 		"client_ids": []string{"ro-*"}, "ttl_ms": 3_600_000, "cert_cns": []string{"contract-cn"}}})
 	k.do(call{op: "listACLTokens", want: 200})
+	// A token that may revoke grants under ops/ (and nothing else).
+	opsTok := k.do(call{op: "createACLToken", want: 200, body: map[string]any{
+		"description": "operators", "rules": []map[string]any{{"prefix": "ops/", "permissions": []string{"read", "revoke"}}}}})
+	ops := opsTok.json["secret_id"].(string)
 	ro := tok.json["secret_id"].(string)
 	k.token, ro = ro, k.token
 	k.do(call{op: "acquireLock", params: map[string]string{"name": "elsewhere"}, want: 403, body: map[string]any{"client_id": "ro-1", "ttl_ms": 5000}})
+	// Reading a name is not revoking its grants.
+	k.do(call{op: "revokeLock", params: map[string]string{"name": "ro/x"}, want: 403, body: map[string]any{"reason": "no permission"}})
+	k.do(call{op: "revokeElection", params: map[string]string{"name": "ro/x"}, want: 403, body: map[string]any{"reason": "no permission"}})
 	k.token = ro
 	k.do(call{op: "deleteACLToken", params: map[string]string{"accessor_id": tok.json["accessor_id"].(string)}, want: 200})
 	k.do(call{op: "deleteACLToken", params: map[string]string{"accessor_id": tok.json["accessor_id"].(string)}, want: 404})
@@ -471,7 +504,8 @@ func TestContract(t *testing.T) {
 	watchReady := make(chan struct{})
 	watchDone := make(chan struct{})
 	wantTypes := map[string]bool{"acquired": true, "released": true, "expired": true, "queued": true, "dequeued": true,
-		"elected": true, "resigned": true, "proclaimed": true, "session_created": true, "session_deleted": true}
+		"elected": true, "resigned": true, "proclaimed": true, "session_created": true, "session_deleted": true,
+		"revoked": true, "value_changed": true}
 	go func() {
 		defer close(watchDone)
 		got := map[string]bool{}
@@ -537,6 +571,9 @@ func TestContract(t *testing.T) {
 	})
 	k.do(call{op: "acquireLock", params: lost, want: 409, body: body})
 
+	k.lockModel()
+	k.operate(ops)
+
 	// Sessions.
 	s := k.do(call{op: "createSession", want: 201, body: map[string]any{"client_id": "s1", "ttl_ms": 10000, "request_id": "sess-1"}})
 	sid := s.json["session_id"].(string)
@@ -586,6 +623,7 @@ func TestContract(t *testing.T) {
 		return k.peek("GET", "/api/v1/elections/svc/lost", nil, &v) && v.Leader == nil
 	})
 	k.do(call{op: "campaign", params: elost, want: 409, body: ebody})
+	k.electionOps()
 
 	<-watchDone
 	k.do(call{op: "watch", query: url.Values{"from_revision": {"99999999"}}, want: 400})
@@ -721,5 +759,141 @@ func TestErrorCodes(t *testing.T) {
 	}
 	if !slices.Equal(listed, codes) {
 		t.Errorf("ErrorCode lists %v; the table has %v", listed, codes)
+	}
+}
+
+// lockModel drives counting, shared and subtree locks: each refusal the
+// document names (limit_mismatch with the lock's limit, lock_held through a
+// subtree with holder.lock) and the views that list every holder.
+func (k *contract) lockModel() {
+	t := k.t
+	t.Helper()
+	dp := map[string]string{"name": "deploys"}
+	k.do(call{op: "acquireLock", params: dp, want: 200, body: map[string]any{"client_id": "d1", "ttl_ms": 30000, "limit": 3}})
+	k.do(call{op: "acquireLock", params: dp, want: 200, body: map[string]any{"client_id": "d2", "ttl_ms": 30000, "limit": 3}})
+	mm := k.do(call{op: "acquireLock", params: dp, want: 409, body: map[string]any{"client_id": "d3", "ttl_ms": 30000, "limit": 2}})
+	if errCode(mm) != "limit_mismatch" || num(mm.json, "limit") != 3 {
+		t.Errorf("an acquire with limit 2 of a lock of limit 3: %s, want limit_mismatch with limit 3", mm.body)
+	}
+	// A plain acquire of a counting lock is a mismatch too.
+	k.do(call{op: "acquireLock", params: dp, want: 409, body: map[string]any{"client_id": "d3", "ttl_ms": 30000}})
+	k.do(call{op: "acquireLock", params: dp, want: 400, body: map[string]any{"client_id": "d3", "ttl_ms": 30000, "limit": 3, "mode": "shared"}})
+	v := k.do(call{op: "getLock", params: dp, want: 200})
+	if hs, _ := v.json["holders"].([]any); len(hs) != 2 || num(v.json, "limit") != 3 {
+		t.Errorf("GET deploys: %s, want limit 3 and two holders", v.body)
+	}
+	k.do(call{op: "listLocks", query: url.Values{"prefix": {"deploys"}}, want: 200})
+	// Revoke with no token: every holder at once.
+	rv := k.do(call{op: "revokeLock", params: dp, want: 200, body: map[string]any{"reason": "contract: every holder", "client_id": "admin-1", "request_id": "rv-all"}})
+	if ts, _ := rv.json["fencing_tokens"].([]any); len(ts) != 2 {
+		t.Errorf("revoke of every holder of deploys: %s, want two fencing_tokens", rv.body)
+	}
+	k.do(call{op: "revokeLock", params: dp, want: 404, body: map[string]any{"reason": "nobody holds it"}})
+	k.do(call{op: "revokeLock", params: dp, want: 400, raw: []byte(`{"reason":""}`)})
+
+	// Shared holders coexist; an exclusive request waits for them.
+	cp := map[string]string{"name": "config"}
+	k.do(call{op: "acquireLock", params: cp, want: 200, body: map[string]any{"client_id": "r1", "ttl_ms": 30000, "mode": "shared"}})
+	k.do(call{op: "acquireLock", params: cp, want: 200, body: map[string]any{"client_id": "r2", "ttl_ms": 30000, "mode": "shared"}})
+	k.do(call{op: "acquireLock", params: cp, want: 409, body: map[string]any{"client_id": "w", "ttl_ms": 30000, "mode": "exclusive"}})
+	v = k.do(call{op: "getLock", params: cp, want: 200})
+	if hs, _ := v.json["holders"].([]any); len(hs) != 2 || v.json["mode"] != "shared" {
+		t.Errorf("GET config: %s, want two shared holders", v.body)
+	}
+
+	// A subtree grant keeps out a name below it, and the refusal says where.
+	k.do(call{op: "acquireLock", params: map[string]string{"name": "tree"}, want: 200, body: map[string]any{"client_id": "t1", "ttl_ms": 30000, "subtree": true}})
+	c := k.do(call{op: "acquireLock", params: map[string]string{"name": "tree/leaf"}, want: 409, body: map[string]any{"client_id": "t2", "ttl_ms": 30000}})
+	if h, _ := c.json["holder"].(map[string]any); errCode(c) != "lock_held" || h["lock"] != "tree" || h["subtree"] != true {
+		t.Errorf("acquire of tree/leaf under a subtree grant on tree: %s, want lock_held by a subtree holder of lock tree", c.body)
+	}
+	v = k.do(call{op: "getLock", params: map[string]string{"name": "tree"}, want: 200})
+	if v.json["subtree"] != true {
+		t.Errorf("GET tree: %s, want subtree true", v.body)
+	}
+}
+
+// operate drives a holder's value, a revoke by a token with the revoke
+// permission (opsToken), the revoked holder's lock_lost, the lock-delay the
+// revoke began (delayed_until, lock_delayed with retry_after_ms and
+// Retry-After) and the grant history that records it all.
+func (k *contract) operate(opsToken string) {
+	t := k.t
+	t.Helper()
+	op := map[string]string{"name": "ops/db"}
+	g := k.do(call{op: "acquireLock", params: op, want: 200, body: map[string]any{"client_id": "op-1", "ttl_ms": 30000,
+		"value": "pid 1 on host-a", "lock_delay_ms": 60000}})
+	holder := map[string]any{"client_id": "op-1", "fencing_token": g.json["fencing_token"], "lease_id": g.json["lease_id"]}
+	k.do(call{op: "renewLock", params: op, want: 200, body: map[string]any{"client_id": "op-1", "fencing_token": g.json["fencing_token"],
+		"lease_id": g.json["lease_id"], "value": "pid 1 on host-b"}})
+	v := k.do(call{op: "getLock", params: op, want: 200})
+	if v.json["value"] != "pid 1 on host-b" {
+		t.Errorf("GET ops/db after a renew with a value: %s, want the new value", v.body)
+	}
+	k.do(call{op: "acquireLock", params: op, want: 400, body: map[string]any{"client_id": "op-2", "ttl_ms": 30000, "lock_delay_ms": 60000, "limit": 2}})
+
+	mgmt := k.token
+	k.token = opsToken
+	rv := k.do(call{op: "revokeLock", params: op, want: 200, body: map[string]any{"fencing_token": g.json["fencing_token"], "reason": "stuck",
+		"client_id": "ops-admin", "request_id": "rv-1"}})
+	k.token = mgmt
+	if rv.json["fencing_token"] != g.json["fencing_token"] {
+		t.Errorf("revoke of token %v: %s", g.json["fencing_token"], rv.body)
+	}
+	k.do(call{op: "revokeLock", params: op, want: 404, body: map[string]any{"fencing_token": g.json["fencing_token"], "reason": "again"}})
+	lost := k.do(call{op: "renewLock", params: op, want: 409, body: holder})
+	if errCode(lost) != "lock_lost" || lost.json["fencing_token"] != g.json["fencing_token"] {
+		t.Errorf("renew of a revoked grant: %s, want lock_lost with its token", lost.body)
+	}
+	v = k.do(call{op: "getLock", params: op, want: 200})
+	if _, ok := v.json["delayed_until"]; !ok {
+		t.Errorf("GET ops/db in its lock-delay: %s, want delayed_until", v.body)
+	}
+	d := k.do(call{op: "acquireLock", params: op, want: 409, body: map[string]any{"client_id": "op-2", "ttl_ms": 30000}})
+	e, _ := d.json["error"].(map[string]any)
+	if errCode(d) != "lock_delayed" || num(e, "retry_after_ms") <= 0 || d.header.Get("Retry-After") == "" {
+		t.Errorf("acquire in a lock-delay: %s (Retry-After %q), want lock_delayed with retry_after_ms and Retry-After", d.body, d.header.Get("Retry-After"))
+	}
+
+	h := k.do(call{op: "getHistory", params: op, want: 200})
+	gs, _ := h.json["grants"].([]any)
+	if len(gs) != 1 {
+		t.Fatalf("history of ops/db: %s, want its one grant", h.body)
+	}
+	g0, _ := gs[0].(map[string]any)
+	if g0["end_cause"] != "revoked" || g0["reason"] != "stuck" || g0["value"] != "pid 1 on host-b" || num(g0, "lock_delay_ms") != 60000 {
+		t.Errorf("history of ops/db: %s, want the revoked grant with its reason, value and lock-delay", h.body)
+	}
+	k.do(call{op: "getHistory", params: map[string]string{"name": "billing/job"}, query: url.Values{"limit": {"1"}, "kind": {"lock"}}, want: 200})
+	k.do(call{op: "getHistory", params: op, node: k.c.IDs()[2], query: url.Values{"stale": {"true"}}, want: 200})
+	k.do(call{op: "getHistory", params: op, query: url.Values{"kind": {"bogus"}}, invalid: true, want: 400})
+	k.do(call{op: "getHistory", params: op, query: url.Values{"limit": {"99999"}}, invalid: true, want: 400})
+}
+
+// electionOps drives an election's revoke (with a token and without) and
+// its history.
+func (k *contract) electionOps() {
+	t := k.t
+	t.Helper()
+	rp := map[string]string{"name": "svc/rev"}
+	e := k.do(call{op: "campaign", params: rp, want: 200, body: map[string]any{"candidate_id": "c7", "value": "v7", "ttl_ms": 30000}})
+	k.do(call{op: "revokeElection", params: rp, want: 200, body: map[string]any{"fencing_token": e.json["fencing_token"], "reason": "stuck leader"}})
+	lost := k.do(call{op: "renewElection", params: rp, want: 409, body: map[string]any{"candidate_id": "c7", "fencing_token": e.json["fencing_token"], "lease_id": e.json["lease_id"]}})
+	if errCode(lost) != "lock_lost" {
+		t.Errorf("renew of a revoked leader: %s, want lock_lost", lost.body)
+	}
+	k.do(call{op: "campaign", params: rp, want: 200, body: map[string]any{"candidate_id": "c8", "value": "v8", "ttl_ms": 30000}})
+	rv := k.do(call{op: "revokeElection", params: rp, want: 200, body: map[string]any{"reason": "every leader", "request_id": "rve-1", "client_id": "admin-1"}})
+	if ts, _ := rv.json["fencing_tokens"].([]any); len(ts) != 1 {
+		t.Errorf("revoke of svc/rev's leader: %s, want one fencing token", rv.body)
+	}
+	k.do(call{op: "revokeElection", params: rp, want: 404, body: map[string]any{"reason": "nobody leads"}})
+	h := k.do(call{op: "getHistory", params: rp, query: url.Values{"kind": {"election"}}, want: 200})
+	if gs, _ := h.json["grants"].([]any); len(gs) != 2 {
+		t.Errorf("history of election svc/rev: %s, want its two revoked grants", h.body)
+	}
+	h = k.do(call{op: "getHistory", params: map[string]string{"name": "svc/leader"}, query: url.Values{"kind": {"election"}}, want: 200})
+	if gs, _ := h.json["grants"].([]any); len(gs) == 0 || gs[0].(map[string]any)["end_cause"] != "resigned" {
+		t.Errorf("history of election svc/leader: %s, want the resigned grant first", h.body)
 	}
 }
