@@ -22,6 +22,7 @@ var errUsage = errors.New("usage")
 
 // raftFlags are the Raft tuning flags shared by serve and dev.
 type raftFlags struct {
+	engine            string
 	logStore          string
 	snapshotThreshold uint64
 	snapshotInterval  time.Duration
@@ -39,6 +40,7 @@ type raftFlags struct {
 }
 
 func (f *raftFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.engine, "raft-engine", "", "replication engine of a new data dir: hashicorp (default) or etcd (go.etcd.io/raft/v3); an existing data dir keeps its own")
 	fs.StringVar(&f.logStore, "log-store", string(raftnode.DefaultLogStore), "Raft log store: wal (hashicorp/raft-wal) or bolt (raft-boltdb/v2); both fsync every write")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 16384, "take a snapshot after this many new log entries")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether a snapshot is due")
@@ -56,6 +58,13 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 }
 
 func (f *raftFlags) apply(c *raftnode.Config) error {
+	if f.engine != "" {
+		k, err := raftnode.ParseEngine(f.engine)
+		if err != nil {
+			return fmt.Errorf("--raft-engine: %w", err)
+		}
+		c.Engine = k
+	}
 	switch raftnode.LogStoreKind(f.logStore) {
 	case raftnode.LogStoreWAL, raftnode.LogStoreBolt:
 	default:

@@ -237,7 +237,7 @@ func TestTornUnconfirmedTailStarts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a torn unconfirmed tail refused the start: %v", err)
 	}
-	if got := n.raft.LastIndex(); got >= last {
+	if got := n.raft.(*raft.Raft).LastIndex(); got >= last {
 		t.Fatalf("last index %d: the torn entry %d was kept", got, last)
 	}
 }
@@ -481,7 +481,7 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 	testutil.Eventually(t, 10*time.Second, "the follower did not apply the write after the install", func() bool { return hasMember(n, "after") })
 	// raft-wal serves entries it compacted logically while they are still
 	// in its tail segment, so only the bolt store forces the install here.
-	if got := n.raft.Stats()["last_snapshot_index"]; got == "0" && kind == LogStoreBolt {
+	if got := n.raft.(*raft.Raft).Stats()["last_snapshot_index"]; got == "0" && kind == LogStoreBolt {
 		t.Fatal("the follower caught up without a snapshot install; the test needs one")
 	}
 	if err := n.Shutdown(); err != nil {

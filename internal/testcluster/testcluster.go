@@ -141,7 +141,7 @@ func (c *Cluster) Start(id string) {
 	c.t.Helper()
 	c.mu.Lock()
 	rc := raftnode.Config{ID: id, DataDir: filepath.Join(c.dir, id), RaftAddr: c.raft[id], InitialCluster: c.initial(),
-		RaftLogLevel: raftLevel(), Logger: c.logger}
+		RaftLogLevel: raftLevel(), Logger: c.logger, Engine: raftnode.EngineKind(os.Getenv("DLOCK_TEST_RAFT_ENGINE"))}
 	var join []string
 	if c.joiners[id] {
 		rc.InitialCluster = nil
