@@ -41,7 +41,7 @@ type etcdTransport struct {
 	// a node that has just joined knows no member's address until its
 	// first snapshot, yet must answer the leader.
 	learned map[uint64]string
-	closed bool
+	closed  bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
