@@ -30,10 +30,11 @@ const snapshotUsage = `Usage:
       --force); --endpoints defaults to env DLOCK_ENDPOINTS, then the
       dlock dev nodes; with --acl the token (or env DLOCK_ACL_TOKEN) needs the
       admin permission
-  dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,...
+  dlock snapshot restore FILE --data-dir DIR --initial-cluster id=host:port,... [--raft-engine hashicorp|etcd]
       seed an EMPTY data dir from FILE for a new cluster with these members;
       do it for every member (same FILE, same --initial-cluster), then start
-      them with dlock serve (without --initial-cluster)
+      them with dlock serve (without --initial-cluster); --raft-engine picks
+      the new cluster's engine (this is how a cluster moves between engines)
   dlock recover --data-dir DIR --peers id=host:port,...
       after a quorum loss, on a STOPPED node: force the member list to the
       surviving nodes; run it with the same --peers on each survivor, then
@@ -93,6 +94,7 @@ func runSnapshot(args []string) error {
 		dataDir := fs.String("data-dir", "", "empty data dir to seed (required)")
 		initial := fs.String("initial-cluster", "", "the new cluster's members as id=raft-host:port,... (required)")
 		logStore := fs.String("log-store", string(raftnode.DefaultLogStore), "log store for the new data dir: wal or bolt")
+		engine := fs.String("raft-engine", string(raftnode.DefaultEngine), "replication engine of the new data dir: hashicorp or etcd (restoring a snapshot of a cluster of one engine into the other moves it)")
 		file, err := parseWithFile(fs, args[1:])
 		if err != nil {
 			return err
@@ -108,7 +110,11 @@ func runSnapshot(args []string) error {
 		if err != nil {
 			return fmt.Errorf("read snapshot: %w", err)
 		}
-		info, err := raftnode.RestoreSnapshot(*dataDir, raftnode.LogStoreKind(*logStore), b, peers)
+		eng, err := raftnode.ParseEngine(*engine)
+		if err != nil {
+			return usageErrorf("--raft-engine: %v", err)
+		}
+		info, err := raftnode.RestoreSnapshotOn(eng, *dataDir, raftnode.LogStoreKind(*logStore), b, peers)
 		if err != nil {
 			return err
 		}

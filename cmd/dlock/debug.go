@@ -11,7 +11,8 @@ import (
 
 const debugUsage = `Usage (on a COPY of a stopped node's data dir; docs/reliability.md):
   dlock debug log --data-dir DIR [--from N] [--to N] [--log-store wal|bolt]
-      list the Raft log entries, decoded
+      list the Raft log entries, decoded (an etcd-engine dir is recognised
+      by its RAFT_ENGINE file; --log-store is the hashicorp engine's)
   dlock debug replay --data-dir DIR --snapshot SNAP/state.bin --to N [--compare REF/state.bin]
       restore SNAP, apply the log up to index N and print the resulting
       revision and last token; with --compare, say whether the result is

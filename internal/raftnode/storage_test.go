@@ -496,6 +496,9 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 // elect a leader and go on, and the failed node, restarted on a healthy
 // disk, rejoins with every acknowledged write.
 func TestLeaderStorageFailureInCluster(t *testing.T) {
+	if testEngine() != EngineHashicorp {
+		t.Skip("injects faults under hashicorp/raft's log store; the etcd engine's is TestEtcdEngineLeaderWriteFailureStops")
+	}
 	var mu sync.Mutex
 	faulty := map[string]*faultyStore{}
 	nodes, leaderID := openTestClusterWith(t, []string{"n1", "n2", "n3"}, func(c *Config) {
