@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -377,4 +378,71 @@ func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
 	if len(cfgNow.Servers) != 3 {
 		t.Fatalf("configuration after remove: %+v", cfgNow.Servers)
 	}
+}
+
+// TestMoveToEtcdEngineAndRecover: a hashicorp cluster's state, saved as a
+// snapshot, seeds an etcd-engine cluster (the migration path), which keeps
+// every lock; after a quorum loss, recover forces a new member list onto an
+// etcd-engine dir and the survivor serves alone with its state.
+func TestMoveToEtcdEngineAndRecover(t *testing.T) {
+	old, oldLeader := openTestClusterWith(t, []string{"h"}, func(c *Config) { c.Engine = EngineHashicorp })
+	acquire(t, old[oldLeader], "kept")
+	var saved []byte
+	old[oldLeader].FSM().Read(func(s *state.State) { saved = s.Snapshot() })
+	_ = old[oldLeader].Shutdown()
+
+	dir, addr := t.TempDir(), freeRaftAddr(t)
+	if _, err := RestoreSnapshotOn(EngineEtcd, dir, "", saved, map[string]string{"x": addr}); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := DataDirEngine(dir); k != EngineEtcd {
+		t.Fatalf("restored dir's engine = %q", k)
+	}
+	// No engine given: the dir's own is used.
+	cfg := Config{ID: "x", DataDir: dir, RaftAddr: addr, RaftLogLevel: "off", Logger: quietLogger()}
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLeader(t, map[string]*Node{"x": n})
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("kept").Held {
+			t.Fatal("the restored cluster lost a lock")
+		}
+	})
+	acquire(t, n, "new")
+	_ = n.Shutdown()
+
+	// Its (imagined) peers are gone: force a one-member list at a new address.
+	addr2 := freeRaftAddr(t)
+	if err := Recover(dir, map[string]string{"x": addr2}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RaftAddr = addr2
+	n, err = Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Shutdown() })
+	waitLeader(t, map[string]*Node{"x": n})
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("kept").Held || !s.GetLock("new").Held {
+			t.Fatal("recover lost state")
+		}
+	})
+	var buf bytes.Buffer
+	_ = n.Shutdown()
+	if err := dumpForTest(dir, &buf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dumpForTest(dir string, w io.Writer) error {
+	st, closeFn, err := OpenLogStore("", dir)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	_, err = st.LastIndex()
+	return err
 }
