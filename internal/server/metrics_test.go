@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
 
