@@ -17,6 +17,9 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -137,9 +140,13 @@ type etcdEngineConfig struct {
 	Logger         *slog.Logger
 	FSM            *fsm.FSM
 	Store          *multiStore
-	Transport      *etcdTransport
-	OnFail         func(error)
-	PeerHealth     func(id string, failing bool)
+	// MarkDir holds the group's durable high-water mark (checkstore.go's
+	// durableMark): a restart whose log ends below it lost acknowledged
+	// entries (a torn or corrupt tail pebble recovered from silently).
+	MarkDir    string
+	Transport  *etcdTransport
+	OnFail     func(error)
+	PeerHealth func(id string, failing bool)
 }
 
 type etcdEngine struct {
@@ -148,6 +155,7 @@ type etcdEngine struct {
 	group uint64
 	log   *slog.Logger
 	store *multiStore
+	mark  *durableMark
 	trans *etcdTransport
 	mem   *raft.MemoryStorage
 	rn    *raft.RawNode
@@ -215,10 +223,26 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if gs.HardState.Commit > max(lastIndexOf(gs), gs.Snapshot.Metadata.Index) {
+	if gs.HardState.Commit > lastIndexOf(gs) {
 		return nil, fmt.Errorf("the log ends at %d but this node acknowledged entry %d as committed: entries were lost",
 			lastIndexOf(gs), gs.HardState.Commit)
 	}
+	if err := os.MkdirAll(c.MarkDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create %s: %w", c.MarkDir, err)
+	}
+	mark, value, existed, err := openMark(c.MarkDir)
+	if err != nil {
+		return nil, &CorruptError{File: filepath.Join(c.MarkDir, markFileName), Reason: err.Error()}
+	}
+	if existed && value > lastIndexOf(gs) {
+		mark.f.Close()
+		return nil, fmt.Errorf("the log ends at %d but it held entry %d durably before: entries were lost", lastIndexOf(gs), value)
+	}
+	if err := mark.set(lastIndexOf(gs)); err != nil {
+		mark.f.Close()
+		return nil, fmt.Errorf("write the durable mark: %w", err)
+	}
+	e.mark = mark
 	if !raft.IsEmptySnap(gs.Snapshot) {
 		book, fsmData, err := decodeSnapData(gs.Snapshot.Data)
 		if err != nil {
@@ -299,6 +323,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		e.log.Info("recovered raft state from data dir", "engine", "etcd", "applied", e.applied, "last_index", lastIndexOf(gs))
 	}
 	e.publish()
+	e.mark.start(c.OnFail)
 	e.trans.register(e.group, e)
 	go e.runRaft()
 	go e.runApply()
@@ -514,12 +539,30 @@ func (e *etcdEngine) handleReady(rd raft.Ready) bool {
 	}
 	e.match(rd.Entries)
 	if !raft.IsEmptySnap(rd.Snapshot) || len(rd.Entries) > 0 || !raft.IsEmptyHardState(rd.HardState) {
-		if err := e.store.Save(e.group, rd.HardState, rd.Entries, rd.Snapshot, rd.MustSync); err != nil {
+		// A write that replaces the log's tail (new entries over old ones, or
+		// a received snapshot over the whole log) first lowers the durable
+		// mark, durably.
+		var err error
+		if !raft.IsEmptySnap(rd.Snapshot) {
+			err = e.mark.truncating(rd.Snapshot.Metadata.Index+1, math.MaxUint64)
+		}
+		if len(rd.Entries) > 0 && err == nil {
+			err = e.mark.truncating(rd.Entries[0].Index, math.MaxUint64)
+		}
+		if err == nil {
+			err = e.store.Save(e.group, rd.HardState, rd.Entries, rd.Snapshot, rd.MustSync)
+		}
+		if err != nil {
 			// Never retried: the page cache may have dropped what failed, so
 			// nothing later written can be trusted (the node stops).
 			e.failed.Store(true)
 			e.cfg.OnFail(fmt.Errorf("raft log write failed: %w", err))
 			return false
+		}
+		if n := len(rd.Entries); n > 0 {
+			e.mark.stored(rd.Entries[n-1].Index)
+		} else if !raft.IsEmptySnap(rd.Snapshot) {
+			e.mark.stored(rd.Snapshot.Metadata.Index)
 		}
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
@@ -1128,6 +1171,9 @@ func (e *etcdEngine) Shutdown() hraft.Future {
 		<-e.applyDone
 		e.trans.unregister(e.group)
 		e.failAll(hraft.ErrRaftShutdown)
+		if err := e.mark.close(e.failed.Load()); err != nil {
+			e.log.Warn("closing the durable mark failed", "err", err)
+		}
 	})
 	return doneFuture(nil)
 }

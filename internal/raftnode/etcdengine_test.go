@@ -17,6 +17,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	hraft "github.com/hashicorp/raft"
+	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
@@ -280,8 +281,31 @@ func TestEtcdStoreDetectsCorruption(t *testing.T) {
 	}
 }
 
-// TestEtcdStoreTornTail: a crash that leaves the newest WAL record half
-// written loses only that record; the node opens from what came before.
+// tearNewestWAL cuts the newest pebble WAL of the store at dir by cut bytes.
+func tearNewestWAL(t *testing.T, dir string, cut int64) {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	sort.Strings(logs)
+	for i := len(logs) - 1; i >= 0; i-- {
+		fi, err := os.Stat(logs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > cut+16 {
+			if err := os.Truncate(logs[i], fi.Size()-cut); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no WAL in %s long enough to tear", dir)
+}
+
+// TestEtcdStoreTornTail: a crash in the middle of a write leaves the newest
+// WAL record half written. That write was never acknowledged (nothing is
+// before its fsync returns): the node opens without it, with everything
+// before. A torn tail that takes acknowledged entries with it is caught by
+// the durable mark, and the node refuses its data dir.
 func TestEtcdStoreTornTail(t *testing.T) {
 	nodes, cfgs := openEtcdCluster(t, []string{"a"}, nil)
 	for i := range 5 {
@@ -289,34 +313,63 @@ func TestEtcdStoreTornTail(t *testing.T) {
 	}
 	_ = nodes["a"].Shutdown()
 	dir := filepath.Join(cfgs["a"].DataDir, etcdStoreDir)
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	if len(logs) == 0 {
-		t.Fatal("no WAL file")
-	}
-	sort.Strings(logs)
-	wal := logs[len(logs)-1]
-	fi, err := os.Stat(wal)
+
+	// The write in flight at the crash: appended, never acknowledged.
+	s, err := openMultiStore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() < 16 {
-		t.Skipf("newest WAL %s is %d bytes: nothing to tear", wal, fi.Size())
-	}
-	if err := os.Truncate(wal, fi.Size()-7); err != nil {
+	gs, err := s.Load(defaultGroup)
+	if err != nil {
 		t.Fatal(err)
 	}
+	last := gs.Entries[len(gs.Entries)-1]
+	next := raftpb.Entry{Term: last.Term, Index: last.Index + 1, Data: bytes.Repeat([]byte{7}, 300)}
+	if err := s.Save(defaultGroup, raftpb.HardState{}, []raftpb.Entry{next}, raftpb.Snapshot{}, true); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	tearNewestWAL(t, dir, 100)
+
 	n, err := Open(cfgs["a"])
 	if err != nil {
 		t.Fatalf("open after a torn tail: %v", err)
 	}
-	t.Cleanup(func() { _ = n.Shutdown() })
 	waitLeader(t, map[string]*Node{"a": n})
 	acquire(t, n, "after-tear")
 	n.FSM().Read(func(s *state.State) {
-		if !s.GetLock("l0").Held {
+		if !s.GetLock("l4").Held {
 			t.Fatal("entries before the torn record were lost")
 		}
 	})
+	_ = n.Shutdown()
+
+	// Now lose acknowledged entries, with a hard state that agrees (as a
+	// disk that dropped the tail's pages could leave it): only the durable
+	// mark knows the log held more.
+	s, err = openMultiStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err = s.Load(defaultGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastIdx := gs.Entries[len(gs.Entries)-1].Index
+	if err := s.db.DeleteRange(groupKey(defaultGroup, keyEntry, lastIdx-1), groupKey(defaultGroup, keyEntry, lastIdx+1), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	hs := gs.HardState
+	hs.Commit = lastIdx - 2
+	if err := s.Save(defaultGroup, hs, nil, raftpb.Snapshot{}, true); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	_, err = Open(cfgs["a"])
+	var re *RefusedError
+	if !errors.As(err, &re) {
+		t.Fatalf("Open after losing acknowledged entries = %v, want the data dir refused", err)
+	}
 }
 
 // TestEtcdEngineMembershipAndSnapshots: a new member joins as a learner,

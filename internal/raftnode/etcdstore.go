@@ -220,7 +220,7 @@ func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents 
 		}
 	}
 	if !raft.IsEmptySnap(snap) {
-		if err := s.stageSnapshot(b, g, snap); err != nil {
+		if err := s.stageSnapshot(b, g, snap, true); err != nil {
 			return err
 		}
 	}
@@ -244,7 +244,10 @@ func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents 
 	return nil
 }
 
-func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapshot) error {
+// stageSnapshot stores snap and drops the entries it covers; received
+// (a snapshot from the leader) drops the whole log, as Raft does: entries
+// after a received snapshot's index are not known to agree with it.
+func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapshot, received bool) error {
 	v, err := snap.Marshal()
 	if err != nil {
 		return err
@@ -253,8 +256,11 @@ func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapsh
 	if err := b.Set(k, sealValue(k, v), nil); err != nil {
 		return err
 	}
-	// Entries up to the snapshot are covered by it.
-	return b.DeleteRange(groupKey(g, keyEntry, 0), groupKey(g, keyEntry, snap.Metadata.Index+1), nil)
+	end := groupKey(g, keyEntry, snap.Metadata.Index+1)
+	if received {
+		end = groupKey(g, keyEntry, math.MaxUint64)
+	}
+	return b.DeleteRange(groupKey(g, keyEntry, 0), end, nil)
 }
 
 // SaveSnapshot stores a snapshot group g took itself, unless a newer one is
@@ -274,7 +280,7 @@ func (s *multiStore) SaveSnapshot(g uint64, snap raftpb.Snapshot) error {
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	if err := s.stageSnapshot(b, g, snap); err != nil {
+	if err := s.stageSnapshot(b, g, snap, false); err != nil {
 		return err
 	}
 	if s.writeHook != nil {

@@ -336,6 +336,7 @@ func (n *Node) openEtcd() error {
 		Election:  max(cfg.HeartbeatTimeout, cfg.ElectionTimeout),
 		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
 		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: store, Transport: n.etcdTrans,
+		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", "1"),
 		OnFail:     n.fail,
 		PeerHealth: n.peers.set,
 	})
