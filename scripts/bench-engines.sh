@@ -108,16 +108,19 @@ log "both clusters answer"
 leader_api() { # engine: the leader's API address
 	local ep
 	for ep in ${EPS[$1]//,/ }; do
-		curl -fsS "$ep/api/v1/cluster" 2>/dev/null | jq -r '.leader.api_addr // .leader_api // empty' && return
+		curl -fsS "$ep/api/v1/cluster" 2>/dev/null | jq -r '.leader_api_addr // empty' && return
 	done
 }
 
 run() { # engine workload workers rep
-	local engine=$1 wl=$2 w=$3 rep=$4 out="$RES/$engine-$2-$3-$4.json"
+	local engine=$1 wl=$2 w=$3 rep=$4 out="$RES/$engine-$2-$3-$4.json" prof=""
 	if [ "${BENCH_PPROF:-0}" = 1 ] && [ "$wl:$w" = contended:64 ]; then
 		local la
 		la=$(leader_api "$engine")
-		[ -n "$la" ] && curl -fsS -o "$RES/$engine-leader-cpu-$rep.pprof" "http://$la/debug/pprof/profile?seconds=3" &
+		if [ -n "$la" ]; then
+			curl -fsS -o "$RES/$engine-leader-cpu-$rep.pprof" "http://$la/debug/pprof/profile?seconds=3" &
+			prof=$!
+		fi
 	fi
 	if ! "$BIN" bench -q -o json --endpoints "${EPS[$engine]}" --workload "$wl" --workers "$w" \
 		--duration "$DUR" --warmup "$WARM" --label "$engine" >"$out" 2>"$out.err"; then
@@ -125,7 +128,7 @@ run() { # engine workload workers rep
 		rm -f "$out"
 		return 0
 	fi
-	wait 2>/dev/null || true
+	[ -n "$prof" ] && { wait "$prof" 2>/dev/null || true; }
 	log "$(printf '%-9s %-12s %3d workers run %d: ' "$engine" "$wl" "$w" "$rep")$(jq -r '"\(.throughput|floor) \(.throughput_unit)/s, acquire p50 \(.ops.acquire.p50_ms) ms p99 \(.ops.acquire.p99_ms) ms"' "$out")"
 }
 
@@ -150,7 +153,8 @@ for row in $ROWS; do
 		"${T[hashicorp]}" "${P[hashicorp]}" "${T[etcd]}" "${P[etcd]}" \
 		"$(echo "${T[etcd]} / ${T[hashicorp]}" | bc -l)" "$(echo "${P[etcd]} / ${P[hashicorp]}" | bc -l)"
 done
-echo "(medians of $REPEAT runs of $DUR each; $(cat "$WORK/machine.env" | tr '\n' ' '))"
+machine=$(tr '\n' ' ' <"$WORK/machine.env")
+echo "medians of $REPEAT runs of $DUR each; $machine"
 if [ "${BENCH_PPROF:-0}" = 1 ]; then
 	mkdir -p "${BENCH_PPROF_DIR:-$WORK/pprof}"
 	cp "$RES"/*.pprof "${BENCH_PPROF_DIR:-$WORK/pprof}/" 2>/dev/null || true

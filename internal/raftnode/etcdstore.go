@@ -84,7 +84,11 @@ func openMultiStore(dir string) (*multiStore, error) {
 	opts := &pebble.Options{Logger: quietPebbleLogger{}}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
-		return nil, fmt.Errorf("open raft log %s: %w", dir, err)
+		err = fmt.Errorf("open raft log %s: %w", dir, err)
+		if pebble.IsCorruptionError(err) {
+			err = &CorruptError{File: dir, Reason: err.Error()}
+		}
+		return nil, err
 	}
 	return &multiStore{db: db}, nil
 }

@@ -321,6 +321,10 @@ func (n *Node) listen() error {
 func (n *Node) openEtcd() error {
 	cfg := n.cfg
 	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		return &RefusedError{Dir: cfg.DataDir, Err: err}
+	}
 	if err != nil {
 		return err
 	}
