@@ -113,10 +113,11 @@ leader_api() { # engine: the leader's API address
 }
 
 run() { # engine workload workers rep
-	local engine=$1 wl=$2 w=$3 rep=$4 out="$RES/$engine-$2-$3-$4.json" prof=""
+	local engine=$1 wl=$2 w=$3 rep=$4
+	local out="$RES/$1-$2-$3-$4.json" prof=""
 	if [ "${BENCH_PPROF:-0}" = 1 ] && [ "$wl:$w" = contended:64 ]; then
 		local la
-		la=$(leader_api "$engine")
+		la=$(leader_api "$engine" || true)
 		if [ -n "$la" ]; then
 			curl -fsS -o "$RES/$engine-leader-cpu-$rep.pprof" "http://$la/debug/pprof/profile?seconds=3" &
 			prof=$!
