@@ -285,7 +285,10 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		PreVote:                   true,
 		ReadOnlyOption:            raft.ReadOnlySafe,
 		DisableProposalForwarding: true,
-		Logger:                    newEtcdRaftLogger(e.log, c.RaftLogLevel),
+		// A leader removed from the configuration stops leading at once
+		// (hashicorp/raft's does too) instead of leading a group it is not in.
+		StepDownOnRemoval: true,
+		Logger:            newEtcdRaftLogger(e.log, c.RaftLogLevel),
 	}
 	rn, err := raft.NewRawNode(rc)
 	if err != nil {
