@@ -28,7 +28,7 @@ func testEngine() EngineKind {
 	return k
 }
 
-func freeRaftAddr(t *testing.T) string {
+func freeRaftAddr(t testing.TB) string {
 	t.Helper()
 	addr, err := loopback.FreeAddr()
 	if err != nil {
