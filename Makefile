@@ -6,7 +6,7 @@ LDFLAGS := -s -w -X github.com/dlock/dlock/internal/buildinfo.Version=$(VERSION)
 PLATFORMS := linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
 IMAGE ?= dlock:$(VERSION)
 
-.PHONY: build release image clean
+.PHONY: build release image clean console-check
 
 # A static binary for this machine, stamped with the version and commit.
 build:
@@ -29,3 +29,9 @@ image:
 
 clean:
 	rm -rf dist deploy/container/dlock
+
+# The web console: what the binary embeds is exactly internal/console/assets
+# (no build step: the embedded files are the sources), self-contained, and
+# served with its security headers. CI runs these with every other test.
+console-check:
+	go test -count=1 -run 'TestEmbeddedMatchesSources|TestAssetsAreSelfContained|TestHandler' ./internal/console/

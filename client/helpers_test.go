@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -56,22 +57,21 @@ func (c *cluster) client(id string, tune ...func(*client.Config)) *client.Client
 // of the client under test.
 func (c *cluster) get(name string) client.LockStatus {
 	c.t.Helper()
-	var lastErr error
-	for try := 0; try < 50; try++ {
+	var st client.LockStatus
+	testutil.Eventually(c.t, 10*time.Second, "read lock "+name+" from a running node", func() (bool, string) {
+		var why string
 		for _, id := range c.Running() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			var st client.LockStatus
 			code, err := c.Do(ctx, http.MethodGet, c.URL(id)+"/api/v1/locks/"+name, nil, &st)
 			cancel()
 			if err == nil && code == http.StatusOK {
-				return st
+				return true, ""
 			}
-			lastErr = fmt.Errorf("GET on %s: status %d, %v", id, code, err)
+			why = fmt.Sprintf("GET on %s: status %d, %v", id, code, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	c.t.Fatalf("read lock %q: %v", name, lastErr)
-	return client.LockStatus{}
+		return false, why
+	})
+	return st
 }
 
 // lastToken is the last fencing token the leader granted.

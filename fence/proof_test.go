@@ -258,3 +258,29 @@ func TestRetiredKeyCannotSignAboveItsBound(t *testing.T) {
 		t.Errorf("error text %q does not say what happened", ErrTokenAboveKeyBound)
 	}
 }
+
+// The published test vector of docs/fencing.md ("A test vector"), which the
+// Python client's tests check too: any implementation must produce and
+// accept exactly this proof.
+func TestPublishedVector(t *testing.T) {
+	seed := make([]byte, ed25519.SeedSize)
+	for i := range seed {
+		seed[i] = byte(i)
+	}
+	priv := ed25519.NewKeyFromSeed(seed)
+	pub := priv.Public().(ed25519.PublicKey)
+	if got, want := base64.StdEncoding.EncodeToString(pub), "A6EHv/POEL4dcN0Y50vAmWfk1jCbpQ1fHdyGZBJVMbg="; got != want {
+		t.Fatalf("public key %s, want %s", got, want)
+	}
+	if got, want := KeyIDOf(pub).String(), "56475aa75463474c"; got != want {
+		t.Fatalf("key id %s, want %s", got, want)
+	}
+	const want = "Vkdap1RjR0wNeeSlzrJzqRx_9ulRd08LoVKdnKaKovZj7tfCK37tvnm7DB2SxGrftbhOO6Z2ME4FLXqrP-GOD5W94L7vWHsJ"
+	ref := LeaseRef("0123456789abcdef0123456789abcdef")
+	if got := SignProof(priv, "billing/job", 42, "worker-7", ref); got != want {
+		t.Fatalf("proof %s, want %s", got, want)
+	}
+	if err := NewKeySet(pub).Verify("billing/job", 42, "worker-7", ref, want); err != nil {
+		t.Fatal(err)
+	}
+}

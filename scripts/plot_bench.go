@@ -308,7 +308,7 @@ func dlockProtocol(p string) string {
 	}
 	return "dlock's client talks HTTP/1.1 keep-alive JSON to the leader, on connections the load generator owns " +
 		"(fasthttp's request writer and response parser on each worker's goroutine: Go's net/http client cost the load generator " +
-		"about twice the CPU per call, taken from the servers it shares the cores with; thirteenth-session section)"
+		"about twice the CPU per call, taken from the servers it shares the cores with; see \"a lighter load generator\" in docs/benchmarks.md)"
 }
 
 func (d *data) markdown(pngRel string, plots map[string]string) string {

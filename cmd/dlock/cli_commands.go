@@ -10,20 +10,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/dlock/dlock/client"
 )
-
-// parseNamed parses a command that takes exactly one lock name.
-func parseNamed(fs *cmdFlags, g *globalFlags, args []string) (string, error) {
-	pos, rest, err := parseCmd(fs, g, args, 1)
-	if err != nil {
-		return "", err
-	}
-	if len(pos) != 1 || len(rest) != 0 {
-		return "", usageErrorf("want exactly one lock name")
-	}
-	return pos[0], nil
-}
 
 // holderFlags are the proof of holding that release and renew need.
 type holderFlags struct {
@@ -31,9 +22,9 @@ type holderFlags struct {
 	leaseID string
 }
 
-func (h *holderFlags) register(fs *cmdFlags) {
-	fs.Uint64Var(&h.token, "token", 0, "fencing token of the grant (required)")
-	fs.StringVar(&h.leaseID, "lease-id", "", "lease id of the grant (required)")
+func (h *holderFlags) register(fs *pflag.FlagSet) {
+	fs.Uint64Var(&h.token, "token", 0, "fencing token `N` of the grant, as dlock acquire printed it (required)")
+	fs.StringVar(&h.leaseID, "lease-id", "", "lease `ID` of the grant, as dlock acquire printed it (required)")
 }
 
 func (h *holderFlags) check() error {
@@ -43,46 +34,49 @@ func (h *holderFlags) check() error {
 	return nil
 }
 
-const acquireUsage = `Usage: dlock acquire NAME [--ttl 30s] [--wait D] [--takeover] [flags]
-
-Takes a lock and prints its fencing token and lease id. Nothing renews it:
+const acquireLong = `Takes a lock and prints its fencing token and lease id. Nothing renews it:
 renew it with dlock renew (same --client-id) before the TTL runs out, and
-release it with dlock release. To run a command under a lock, use dlock lock.
+release it with dlock release. To run a command under a lock, use dlock lock.`
 
-  --ttl D    lease TTL, 1s to 10m (default 30s)
-  --wait D   wait in line up to D, at most 1h (default 0: do not wait)
-` + takeoverUsage
+const oneName = "want exactly one lock name"
 
-func runAcquire(args []string) error {
-	fs := newCmdFlags("acquire", acquireUsage)
+func newAcquireCmd() *cobra.Command {
 	g := globalFlags{stableID: true}
-	g.register(fs)
-	ttl := fs.Duration("ttl", 30*time.Second, "lease TTL")
-	wait := fs.Duration("wait", 0, "wait in line up to this long")
-	takeover := fs.Bool("takeover", false, takeoverFlagUsage)
-	name, err := parseNamed(fs, &g, args)
-	if err != nil {
-		return err
+	var ttl, wait time.Duration
+	var takeover bool
+	cmd := &cobra.Command{
+		Use:               "acquire NAME [--ttl 30s] [--wait D] [--takeover]",
+		Short:             "take a lock; print its fencing token and lease id",
+		Long:              acquireLong,
+		Args:              exactArgs(1, oneName),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(_ *cobra.Command, args []string) error {
+			name := args[0]
+			if _, err := takeoverOpts(&g, takeover); err != nil {
+				return err
+			}
+			c, ctx, done, err := g.connect(wait)
+			if err != nil {
+				return err
+			}
+			defer done()
+			gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: ttl, Wait: wait, Takeover: takeover})
+			if err != nil {
+				printHolder(err)
+				return err
+			}
+			if g.json() {
+				return printJSONOut(gr)
+			}
+			fmt.Printf("acquired %s\nfencing_token  %d\nlease_id       %s\nclient_id      %s\nexpires_at     %s\n",
+				gr.Name, gr.FencingToken, gr.LeaseID, gr.ClientID, showTime(gr.ExpiresAt))
+			return nil
+		},
 	}
-	if _, err := takeoverOpts(&g, *takeover); err != nil {
-		return err
-	}
-	c, ctx, done, err := g.connect(*wait)
-	if err != nil {
-		return err
-	}
-	defer done()
-	gr, err := c.Acquire(ctx, name, client.AcquireOptions{TTL: *ttl, Wait: *wait, Takeover: *takeover})
-	if err != nil {
-		printHolder(err)
-		return err
-	}
-	if g.json() {
-		return printJSONOut(gr)
-	}
-	fmt.Printf("acquired %s\nfencing_token  %d\nlease_id       %s\nclient_id      %s\nexpires_at     %s\n",
-		gr.Name, gr.FencingToken, gr.LeaseID, gr.ClientID, showTime(gr.ExpiresAt))
-	return nil
+	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lease TTL, 1s to 10m")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "wait in line up to this long, at most 1h (0: do not wait)")
+	cmd.Flags().BoolVar(&takeover, "takeover", false, takeoverFlagUsage)
+	return clientCmd(cmd, &g)
 }
 
 // printHolder says who holds the lock when an acquire was refused.
@@ -94,16 +88,17 @@ func printHolder(err error) {
 	}
 }
 
-const releaseUsage = `Usage: dlock release NAME --token N --lease-id ID [flags]
-
-Gives a lock taken with dlock acquire back; the next in line gets it at
+const releaseLong = `Gives a lock taken with dlock acquire back; the next in line gets it at
 once. Use the --client-id the lock was acquired with. Exits 4 if that token
-and lease do not hold the lock (it expired or was released).
-`
+and lease do not hold the lock (it expired or was released).`
 
-func runRelease(args []string) error {
-	fs := newCmdFlags("release", releaseUsage)
-	return holderCommand(fs, args, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
+func newReleaseCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release NAME --token N --lease-id ID",
+		Short: "give a lock taken with dlock acquire back",
+		Long:  releaseLong,
+	}
+	return holderCommand(cmd, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
 		if err := c.Release(ctx, name, h.token, h.leaseID); err != nil {
 			return err
 		}
@@ -118,38 +113,40 @@ func runRelease(args []string) error {
 // holderCommand runs a command that proves it holds a lock (release,
 // renew): NAME --token --lease-id, under the stable default client id, with a
 // not_holder answer explained.
-func holderCommand(fs *cmdFlags, args []string, run func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error) error {
+func holderCommand(cmd *cobra.Command, run func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error) *cobra.Command {
 	g := globalFlags{stableID: true}
 	var h holderFlags
-	g.register(fs)
-	h.register(fs)
-	name, err := parseNamed(fs, &g, args)
-	if err != nil {
-		return err
+	h.register(cmd.Flags())
+	cmd.Args = exactArgs(1, oneName)
+	cmd.ValidArgsFunction = cobra.NoFileCompletions
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		if err := h.check(); err != nil {
+			return err
+		}
+		c, ctx, done, err := g.connect(0)
+		if err != nil {
+			return err
+		}
+		defer done()
+		return notHolderHint(run(ctx, c, &g, args[0], h), c)
 	}
-	if err := h.check(); err != nil {
-		return err
-	}
-	c, ctx, done, err := g.connect(0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return notHolderHint(run(ctx, c, &g, name, h), c)
+	return clientCmd(cmd, &g)
 }
 
-const renewUsage = `Usage: dlock renew NAME --token N --lease-id ID [--ttl D] [flags]
-
-Extends the lease of a lock taken with dlock acquire, optionally with a new
+const renewLong = `Extends the lease of a lock taken with dlock acquire, optionally with a new
 TTL. Use the --client-id the lock was acquired with. Exits 4 if that token
-and lease do not hold the lock.
-`
+and lease do not hold the lock.`
 
-func runRenew(args []string) error {
-	fs := newCmdFlags("renew", renewUsage)
-	ttl := fs.Duration("ttl", 0, "new TTL (default: keep it)")
-	return holderCommand(fs, args, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
-		exp, err := c.Renew(ctx, name, h.token, h.leaseID, *ttl)
+func newRenewCmd() *cobra.Command {
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "renew NAME --token N --lease-id ID [--ttl D]",
+		Short: "extend the lease of a lock taken with dlock acquire",
+		Long:  renewLong,
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new TTL (default: keep it)")
+	return holderCommand(cmd, func(ctx context.Context, c *client.Client, g *globalFlags, name string, h holderFlags) error {
+		exp, err := c.Renew(ctx, name, h.token, h.leaseID, ttl)
 		if err != nil {
 			return err
 		}
@@ -161,147 +158,134 @@ func runRenew(args []string) error {
 	})
 }
 
-const statusUsage = `Usage: dlock status NAME [flags]
-
-Shows who holds a lock, with its fencing token and expiry, and how many wait.
-`
-
-func runStatus(args []string) error {
-	fs := newCmdFlags("status", statusUsage)
+func newStatusCmd() *cobra.Command {
 	var g globalFlags
-	g.register(fs)
-	name, err := parseNamed(fs, &g, args)
-	if err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:               "status NAME",
+		Short:             "who holds a lock",
+		Long:              "Shows who holds a lock, with its fencing token and expiry, and how many wait.",
+		Args:              exactArgs(1, oneName),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(_ *cobra.Command, args []string) error {
+			c, ctx, done, err := g.connect(0)
+			if err != nil {
+				return err
+			}
+			defer done()
+			st, err := c.Status(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return printJSONOut(st)
+			}
+			if !st.Held {
+				fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
+				return nil
+			}
+			fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
+				st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
+			return nil
+		},
 	}
-	c, ctx, done, err := g.connect(0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	st, err := c.Status(ctx, name)
-	if err != nil {
-		return err
-	}
-	if g.json() {
-		return printJSONOut(st)
-	}
-	if !st.Held {
-		fmt.Printf("%s: free, %d waiting\n", st.Name, st.Waiters)
-		return nil
-	}
-	fmt.Printf("%s: held by %s\nfencing_token  %d\ngranted_at     %s\nexpires_at     %s\nwaiting        %d\n",
-		st.Name, st.Holder.ClientID, st.Holder.FencingToken, showTime(st.Holder.GrantedAt), showTime(st.Holder.ExpiresAt), st.Waiters)
-	return nil
+	return clientCmd(cmd, &g)
 }
 
-const listUsage = `Usage: dlock list [PREFIX] [flags]
-
-Lists the locks that are held or waited for, by name.
-`
-
-func runList(args []string) error {
-	fs := newCmdFlags("list", listUsage)
+func newListCmd() *cobra.Command {
 	var g globalFlags
-	g.register(fs)
-	prefix, err := parsePrefix(fs, &g, args)
-	if err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:               "list [PREFIX]",
+		Short:             "locks held or waited for",
+		Long:              "Lists the locks that are held or waited for, by name.",
+		Args:              rangeArgs(0, 1, "want at most one prefix"),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(_ *cobra.Command, args []string) error {
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			c, ctx, done, err := g.connect(0)
+			if err != nil {
+				return err
+			}
+			defer done()
+			locks, rev, err := c.ListWithRevision(ctx, prefix)
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				if locks == nil {
+					locks = []client.LockStatus{}
+				}
+				// revision: dlock watch --from-revision revision+1 sees every later change.
+				return printJSONOut(map[string]any{"locks": locks, "revision": rev})
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tHOLDER\tTOKEN\tEXPIRES\tWAITING")
+			for _, l := range locks {
+				holder, token, exp := "-", "-", "-"
+				if l.Holder != nil {
+					holder, token, exp = l.Holder.ClientID, strconv.FormatUint(l.Holder.FencingToken, 10), showTime(l.Holder.ExpiresAt)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Name, holder, token, exp, l.Waiters)
+			}
+			return tw.Flush()
+		},
 	}
-	c, ctx, done, err := g.connect(0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	locks, rev, err := c.ListWithRevision(ctx, prefix)
-	if err != nil {
-		return err
-	}
-	if g.json() {
-		if locks == nil {
-			locks = []client.LockStatus{}
-		}
-		// revision: dlock watch --from-revision revision+1 sees every later change.
-		return printJSONOut(map[string]any{"locks": locks, "revision": rev})
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tHOLDER\tTOKEN\tEXPIRES\tWAITING")
-	for _, l := range locks {
-		holder, token, exp := "-", "-", "-"
-		if l.Holder != nil {
-			holder, token, exp = l.Holder.ClientID, strconv.FormatUint(l.Holder.FencingToken, 10), showTime(l.Holder.ExpiresAt)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", l.Name, holder, token, exp, l.Waiters)
-	}
-	return tw.Flush()
+	return clientCmd(cmd, &g)
 }
 
-const membersUsage = `Usage: dlock members [flags]
-       dlock members add ID RAFT_ADDR [flags]
-       dlock members remove ID [flags]
-       dlock members transfer-leadership [ID] [flags]
+const membersLong = `Without a subcommand, lists the cluster's nodes as one of them sees them, and
+the leader. add, remove and transfer-leadership change them.`
 
-Without a subcommand, lists the cluster's nodes as one of them sees them, and
-the leader.
-
-  add ID RAFT_ADDR          add node ID, reachable for Raft at RAFT_ADDR (its
-                            --raft-advertise address); it joins as a
-                            non-voter and is promoted once caught up
-  remove ID                 take node ID out of the cluster; refused if the
-                            remaining voters could not form a quorum
-  transfer-leadership [ID]  hand the Raft leadership to node ID, or to the
-                            most caught-up other voter (before maintenance
-                            on the leader, say)
-`
-
-func runMembers(args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "add", "remove", "transfer-leadership":
-			return runMembersChange(args[0], args[1:])
-		}
-	}
-	fs := newCmdFlags("members", membersUsage)
+func newMembersCmd() *cobra.Command {
 	var g globalFlags
-	g.register(fs)
-	pos, rest, err := parseCmd(fs, &g, args, 0)
-	if err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:   "members [add|remove|transfer-leadership]",
+		Short: "the cluster's nodes and leader; add, remove, transfer leadership",
+		Long:  membersLong,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unknown subcommand %q: use add, remove or transfer-leadership", args[0])
+			}
+			return nil
+		},
+		RunE: func(_ *cobra.Command, _ []string) error {
+			c, ctx, done, err := g.connect(0)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ci, err := c.ClusterHealth(ctx)
+			if err != nil {
+				return err
+			}
+			if g.json() {
+				return printJSONOut(ci)
+			}
+			leader := ci.LeaderID
+			if leader == "" {
+				leader = "none known"
+			}
+			fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
+			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT\tVERSION")
+			for _, m := range ci.Members {
+				contact := "unreachable"
+				if m.Reachable {
+					contact = fmt.Sprintf("%.1fms", m.LastContactMs)
+				}
+				version := m.Version
+				if version == "" {
+					version = "-" // not registered yet, or a build before versions
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
+			}
+			return tw.Flush()
+		},
 	}
-	if len(pos)+len(rest) != 0 {
-		return usageErrorf("unknown subcommand %q: use add, remove or transfer-leadership", append(pos, rest...)[0])
-	}
-	c, ctx, done, err := g.connect(0)
-	if err != nil {
-		return err
-	}
-	defer done()
-	ci, err := c.ClusterHealth(ctx)
-	if err != nil {
-		return err
-	}
-	if g.json() {
-		return printJSONOut(ci)
-	}
-	leader := ci.LeaderID
-	if leader == "" {
-		leader = "none known"
-	}
-	fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT\tVERSION")
-	for _, m := range ci.Members {
-		contact := "unreachable"
-		if m.Reachable {
-			contact = fmt.Sprintf("%.1fms", m.LastContactMs)
-		}
-		version := m.Version
-		if version == "" {
-			version = "-" // not registered yet, or a build before versions
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
-	}
-	return tw.Flush()
+	cmd.AddCommand(newMembersChangeCmds()...)
+	return clientCmd(cmd, &g)
 }
 
 // notHolderHint says which client id a not_holder answer was about: the usual
@@ -311,20 +295,4 @@ func notHolderHint(err error, c *client.Client) error {
 		return fmt.Errorf("%w (asked as client id %q; a lock acquired under another --client-id, or a wrong --token or --lease-id, is not held by this one)", err, c.ClientID())
 	}
 	return err
-}
-
-// parsePrefix parses a command that takes at most one name prefix (list,
-// watch); "" is every name.
-func parsePrefix(fs *cmdFlags, g *globalFlags, args []string) (string, error) {
-	pos, rest, err := parseCmd(fs, g, args, 1)
-	if err != nil {
-		return "", err
-	}
-	if len(rest) != 0 {
-		return "", usageErrorf("want at most one prefix")
-	}
-	if len(pos) == 1 {
-		return pos[0], nil
-	}
-	return "", nil
 }

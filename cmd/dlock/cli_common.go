@@ -7,14 +7,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/user"
 	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dlock/dlock/client"
 )
@@ -30,22 +30,8 @@ const (
 
 const defaultEndpoints = "http://127.0.0.1:7070,http://127.0.0.1:7080,http://127.0.0.1:7090"
 
+// clientUsageFooter closes every client command's help.
 const clientUsageFooter = `
-Common flags:
-  --endpoints URLS   comma-separated node URLs (env DLOCK_ENDPOINTS; default ` + defaultEndpoints + `)
-  --client-id ID     holder id (env DLOCK_CLIENT_ID; default USER@HOSTNAME for
-                     acquire, renew and release, whose lease spans runs, and
-                     hostname-pid-random for the others)
-  --cacert FILE      CA of the nodes' https certificates (env DLOCK_CACERT;
-                     default: system roots); makes the default endpoints https
-  --cert FILE, --key FILE
-                     client certificate and its key, for clusters that ask
-                     for one (env DLOCK_CERT, DLOCK_KEY)
-  --acl-token SECRET ACL token (env DLOCK_ACL_TOKEN), for clusters run with --acl
-  -o, --output FMT   human (default) or json
-  --timeout D        give up on an unreachable cluster after D (default 30s)
-  -v                 log retries to stderr
-
 Exit codes: 0 ok, 1 error, 2 usage, 3 lock held or wait timed out,
 4 lock lost (lock), leadership lost (elect) or not the holder (release, renew).
 `
@@ -97,19 +83,40 @@ func printable(s string) string {
 	return string(b)
 }
 
-func (g *globalFlags) register(fs *cmdFlags) {
+func (g *globalFlags) register(fs *pflag.FlagSet) {
 	def := os.Getenv("DLOCK_ENDPOINTS")
 	if def == "" {
 		def = defaultEndpoints
 	}
-	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node URLs (env DLOCK_ENDPOINTS)")
-	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder id (env DLOCK_CLIENT_ID; default USER@HOSTNAME for acquire, renew and release, else hostname-pid-random)")
-	g.registerTLS(fs.FlagSet)
-	fs.StringVar(&g.token, "acl-token", aclTokenEnv(), "ACL token secret (env DLOCK_ACL_TOKEN); --token is the fencing token of release and renew")
-	fs.StringVar(&g.output, "o", "human", "output: human or json")
-	fs.StringVar(&g.output, "output", "human", "output: human or json")
+	fs.StringVar(&g.endpoints, "endpoints", def, "comma-separated node `URLS` (env DLOCK_ENDPOINTS)")
+	fs.StringVar(&g.clientID, "client-id", os.Getenv("DLOCK_CLIENT_ID"), "holder `ID` (env DLOCK_CLIENT_ID; default USER@HOSTNAME for acquire, renew and release, whose lease spans runs, and hostname-pid-random for the others)")
+	g.registerTLS(fs)
+	fs.StringVar(&g.token, "acl-token", aclTokenEnv(), "ACL token `SECRET` (env DLOCK_ACL_TOKEN), for clusters run with --acl; --token is the fencing token of release and renew")
+	fs.StringVarP(&g.output, "output", "o", "human", "output `FORMAT`: human or json")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "give up on an unreachable cluster after this long")
-	fs.BoolVar(&g.verbose, "v", false, "log retries to stderr")
+	fs.BoolVarP(&g.verbose, "verbose", "v", false, "log retries to stderr")
+}
+
+// clientCmd makes cmd a client command: the common flags (g), -o json
+// errors, completion of -o, and the exit codes under its help.
+func clientCmd(cmd *cobra.Command, g *globalFlags) *cobra.Command {
+	g.register(cmd.Flags())
+	completeWords(cmd, "output", "human", "json")
+	if cmd.Annotations == nil {
+		cmd.Annotations = map[string]string{}
+	}
+	cmd.Annotations[clientAnnotation] = "true"
+	cmd.SetUsageTemplate(usageTemplate + clientUsageFooter)
+	cmd.Flags().SortFlags = false // the command's own flags first, then the common ones
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			if err := g.check(); err != nil {
+				return err
+			}
+			return run(c, args)
+		}
+	}
+	return cmd
 }
 
 func (g *globalFlags) check() error {
@@ -157,22 +164,13 @@ func (g *globalFlags) connect(extra time.Duration) (*client.Client, context.Cont
 
 func (g *globalFlags) json() bool { return g.output == "json" }
 
-// usageError is a mistake on the command line: exit 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usageErrorf(format string, args ...any) error {
-	return &usageError{fmt.Sprintf(format, args...)}
-}
-
 // exitCode maps an error to the documented exit codes.
 func exitCode(err error) int {
 	var ue *usageError
 	switch {
 	case err == nil:
 		return cliExitOK
-	case errors.As(err, &ue), errors.Is(err, errUsage):
+	case errors.As(err, &ue):
 		return cliExitUsage
 	case errors.Is(err, client.ErrLeaseLost), errors.Is(err, client.ErrNotHolder):
 		return cliExitLost
@@ -182,89 +180,6 @@ func exitCode(err error) int {
 	return cliExitError
 }
 
-// cmdFlags is a client command's flag set and its help text.
-type cmdFlags struct {
-	*flag.FlagSet
-	usage string
-}
-
-// newCmdFlags returns a quiet flag set: parse errors are printed once, by
-// runClientCommand, and -h prints usage with the common flags.
-func newCmdFlags(name, usage string) *cmdFlags {
-	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return &cmdFlags{fs, usage}
-}
-
-// parseInterspersed parses flags placed anywhere among up to npos positional
-// arguments. What follows "--", or follows the last positional argument
-// expected, is returned as rest, untouched: it is a command and its own
-// flags.
-func parseInterspersed(fs *flag.FlagSet, args []string, npos int) (pos, rest []string, err error) {
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, nil, err
-		}
-		left := fs.Args()
-		if i := len(args) - len(left); i > 0 && args[i-1] == "--" {
-			return pos, left, nil
-		}
-		if len(left) == 0 {
-			return pos, nil, nil
-		}
-		if len(pos) == npos {
-			return pos, left, nil
-		}
-		pos = append(pos, left[0])
-		args = left[1:]
-	}
-}
-
-// runClientCommand runs a client subcommand and returns its exit code.
-func runClientCommand(name string, args []string) int {
-	var err error
-	switch name {
-	case "lock":
-		err = runLockCommand(args)
-	case "acquire":
-		err = runAcquire(args)
-	case "release":
-		err = runRelease(args)
-	case "renew":
-		err = runRenew(args)
-	case "status":
-		err = runStatus(args)
-	case "list":
-		err = runList(args)
-	case "members":
-		err = runMembers(args)
-	case "elect":
-		err = runElect(args)
-	case "watch":
-		err = runWatch(args)
-	case "acl":
-		err = runACL(args)
-	default:
-		err = usageErrorf("unknown command")
-	}
-	var ec *exitCodeError
-	var ue *usageError
-	switch {
-	case errors.As(err, &ec):
-		return ec.code
-	case errors.Is(err, flag.ErrHelp):
-		return cliExitOK
-	case err != nil && wantsJSON(args):
-		printJSONError(err)
-	case errors.As(err, &ue):
-		fmt.Fprintf(os.Stderr, "dlock %s: %v (see dlock %s -h)\n", name, err, name)
-	case err != nil:
-		fmt.Fprintf(os.Stderr, "dlock %s: %v\n", name, err)
-	}
-	return exitCode(err)
-}
-
 // wantsJSON reports whether the command line asked for -o json (before any
 // "--": what follows is a command's own arguments).
 func wantsJSON(args []string) bool {
@@ -272,9 +187,9 @@ func wantsJSON(args []string) bool {
 		switch {
 		case a == "--":
 			return false
-		case a == "-o=json", a == "--output=json", a == "-output=json":
+		case a == "-o=json", a == "-ojson", a == "--output=json":
 			return true
-		case (a == "-o" || a == "--output" || a == "-output") && i+1 < len(args) && args[i+1] == "json":
+		case (a == "-o" || a == "--output") && i+1 < len(args) && args[i+1] == "json":
 			return true
 		}
 	}
@@ -300,30 +215,6 @@ func printJSONError(err error) {
 		body["holder"] = ae.Holder
 	}
 	_ = printJSONOut(body)
-}
-
-// exitCodeError ends a command with a given code, its messages already
-// printed (lock passes its command's exit code through this way).
-type exitCodeError struct{ code int }
-
-func (e *exitCodeError) Error() string { return fmt.Sprintf("exit %d", e.code) }
-
-// parse wraps parseInterspersed for the client commands: flag errors are usage
-// errors, -h prints the usage, and the global flags are checked.
-func parseCmd(fs *cmdFlags, g *globalFlags, args []string, npos int) (pos, rest []string, err error) {
-	pos, rest, err = parseInterspersed(fs.FlagSet, args, npos)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(os.Stdout, fs.usage, clientUsageFooter)
-		return nil, nil, err
-	}
-	if err != nil {
-		msg := err.Error()
-		if strings.Contains(msg, "parse error") {
-			msg += " (durations need a unit, e.g. 30s, 5m or 1h)"
-		}
-		return nil, nil, &usageError{msg}
-	}
-	return pos, rest, g.check()
 }
 
 func printJSONOut(v any) error {

@@ -10,12 +10,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/dlock/dlock/client"
 )
 
-const electUsage = `Usage: dlock elect NAME [--value V] [--ttl 15s] [--wait D] [--grace 10s] [--takeover] [flags] -- CMD [ARGS...]
-
-Runs CMD only while this process is the leader of the election NAME: it
+const electLong = `Runs CMD only while this process is the leader of the election NAME: it
 campaigns (waits in line behind the leader and earlier candidates), starts
 CMD once elected, and resigns when CMD exits, so that the next candidate
 takes over at once. CMD gets DLOCK_NAME, DLOCK_FENCING_TOKEN and
@@ -24,29 +24,33 @@ dlock renews the leadership every TTL/3; if it is lost, dlock sends SIGTERM
 to CMD's whole process group, SIGKILL after the grace period, and exits 4.
 Otherwise it exits with CMD's exit code (128+N if CMD died of signal N).
 SIGINT, SIGTERM and SIGHUP are passed on to CMD's process group; while
-campaigning they withdraw the candidacy.
+campaigning they withdraw the candidacy. Flags after "--" are CMD's.`
 
-  --value V   the leader's value, shown to observers (default: the client id)
-  --ttl D     lease TTL, 1s to 10m (default 15s): how long the seat outlives
-              a dlock that died without resigning
-  --wait D    give up after campaigning D (exit 3); default: as long as it
-              takes
-  --grace D   time between SIGTERM and SIGKILL when leadership is lost (10s)
-` + takeoverUsage
-
-func runElect(args []string) error {
-	fs := newCmdFlags("elect", electUsage)
+func newElectCmd() *cobra.Command {
 	var h heldFlags
-	h.register(fs, 15*time.Second, "leadership")
-	value := fs.String("value", "", "the leader's value (default: the client id)")
-	name, argv, opts, c, err := h.parse(fs, args, "dlock elect NAME -- CMD [ARGS...]")
+	var value string
+	cmd := &cobra.Command{
+		Use:     "elect NAME [flags] -- CMD [ARGS...]",
+		Short:   "run CMD only while leader of the election NAME",
+		Long:    electLong,
+		Example: `  dlock elect reports/scheduler --value "$(hostname)" -- ./scheduler`,
+	}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return runElect(cmd, args, &h, &value) }
+	h.register(cmd, 15*time.Second, "leadership")
+	cmd.Flags().StringVar(&value, "value", "", "the leader's value, shown to observers (default: the client id)")
+	return clientCmd(cmd, &h.g)
+}
+
+func runElect(cmd *cobra.Command, args []string, h *heldFlags, valueFlag *string) error {
+	name, argv, opts, c, err := h.parse(cmd, args, "dlock elect NAME -- CMD [ARGS...]")
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	g, wait, grace := &h.g, h.wait, h.grace
-	if *value == "" {
-		*value = c.ClientID()
+	value := *valueFlag // set only once parse has read the flags after NAME
+	if value == "" {
+		value = c.ClientID()
 	}
 
 	// As dlock lock: a signal while campaigning must withdraw the
@@ -57,7 +61,7 @@ func runElect(args []string) error {
 
 	e := c.NewElection(name, opts...)
 	l, err := waitOrSignal(*wait, sigs, func(ctx context.Context) (*client.Leadership, error) {
-		return e.Campaign(ctx, *value)
+		return e.Campaign(ctx, value)
 	}, func(ctx context.Context, l *client.Leadership) { l.Resign(ctx) })
 	if err != nil {
 		var sig *signalled

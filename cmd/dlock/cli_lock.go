@@ -11,33 +11,37 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/dlock/dlock/client"
 )
 
-const lockUsage = `Usage: dlock lock NAME [--ttl 30s] [--wait D | --no-wait] [--grace 10s] [--takeover] [flags] -- CMD [ARGS...]
-
-Runs CMD while holding the lock NAME, waiting in line for it first. CMD gets
+const lockLong = `Runs CMD while holding the lock NAME, waiting in line for it first. CMD gets
 DLOCK_NAME and DLOCK_FENCING_TOKEN in its environment and runs in its own
 process group. dlock renews the lock every TTL/3; if it is lost, dlock sends
 SIGTERM to CMD's whole process group, SIGKILL after the grace period, and
 exits 4. Otherwise it exits with CMD's exit code (128+N if CMD died of signal
 N). SIGINT, SIGTERM and SIGHUP are passed on to CMD's process group; the lock
-is released when CMD exits.
+is released when CMD exits. Flags after "--" are CMD's.`
 
-  --ttl D     lease TTL, 1s to 10m (default 30s): how long the lock outlives
-              a dlock that died without releasing it
-  --wait D    give up after waiting D in line (exit 3); default: wait as
-              long as it takes
-  --no-wait   exit 3 at once if the lock is held
-  --grace D   time between SIGTERM and SIGKILL when the lock is lost (10s)
-` + takeoverUsage
-
-func runLockCommand(args []string) error {
-	fs := newCmdFlags("lock", lockUsage)
+func newLockCmd() *cobra.Command {
 	var h heldFlags
-	h.register(fs, client.DefaultTTL, "lock")
-	noWait := fs.Bool("no-wait", false, "fail at once if the lock is held")
-	name, argv, opts, c, err := h.parse(fs, args, "dlock lock NAME -- CMD [ARGS...]")
+	var noWait bool
+	cmd := &cobra.Command{
+		Use:   "lock NAME [flags] -- CMD [ARGS...]",
+		Short: "run CMD while holding the lock NAME",
+		Long:  lockLong,
+		Example: `  dlock lock deploy -- ./deploy.sh production
+  dlock lock nightly --wait 10m --ttl 1m -- ./backup.sh`,
+	}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return runLock(cmd, args, &h, &noWait) }
+	h.register(cmd, client.DefaultTTL, "lock")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "exit 3 at once if the lock is held")
+	return clientCmd(cmd, &h.g)
+}
+
+func runLock(cmd *cobra.Command, args []string, h *heldFlags, noWait *bool) error {
+	name, argv, opts, c, err := h.parse(cmd, args, "dlock lock NAME -- CMD [ARGS...]")
 	if err != nil {
 		return err
 	}

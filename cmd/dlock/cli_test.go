@@ -152,6 +152,11 @@ func testLockExitCodes(t *testing.T, e *cliEnv) {
 	if _, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(out, "cli/env ")), 10, 64); err != nil {
 		t.Fatalf("DLOCK_FENCING_TOKEN in %q: %v", out, err)
 	}
+	// Without "--", the command starts at the first word after NAME that is
+	// no flag of dlock's; its own flags stay its own.
+	if out, _, code := e.run(t, "lock", "cli/env", "--ttl", "20s", "sh", "-c", `echo "$DLOCK_NAME"; exit 6`, "--ttl"); code != 6 || out != "cli/env\n" {
+		t.Fatalf("lock without --: exit %d, output %q; want the command's exit code 6", code, out)
+	}
 	if _, _, code := e.run(t, "lock", "cli/env", "--", "sh", "-c", "kill -TERM $$"); code != 128+15 {
 		t.Fatalf("command killed by SIGTERM: exit %d, want 143", code)
 	}

@@ -2,17 +2,18 @@ package main
 
 import (
 	"crypto/tls"
-	"flag"
 	"os"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dlock/dlock/client"
 )
 
-func (g *globalFlags) registerTLS(fs *flag.FlagSet) {
-	fs.StringVar(&g.cacert, "cacert", os.Getenv("DLOCK_CACERT"), "CA of the nodes' https certificates (env DLOCK_CACERT; default: system roots)")
-	fs.StringVar(&g.cert, "cert", os.Getenv("DLOCK_CERT"), "client certificate, for clusters that ask for one (env DLOCK_CERT)")
-	fs.StringVar(&g.key, "key", os.Getenv("DLOCK_KEY"), "the client certificate's private key (env DLOCK_KEY)")
+func (g *globalFlags) registerTLS(fs *pflag.FlagSet) {
+	fs.StringVar(&g.cacert, "cacert", os.Getenv("DLOCK_CACERT"), "CA `FILE` of the nodes' https certificates (env DLOCK_CACERT; default: system roots); makes the default endpoints https")
+	fs.StringVar(&g.cert, "cert", os.Getenv("DLOCK_CERT"), "client certificate `FILE`, for clusters that ask for one (env DLOCK_CERT)")
+	fs.StringVar(&g.key, "key", os.Getenv("DLOCK_KEY"), "private key `FILE` of the client certificate (env DLOCK_KEY)")
 }
 
 // tls loads --cacert, --cert and --key (nil when none is given). Given any,

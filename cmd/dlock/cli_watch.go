@@ -10,33 +10,43 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
+
 	"github.com/dlock/dlock/client"
 )
 
-const watchUsage = `Usage: dlock watch [PREFIX] [--from-revision N] [flags]
-
-Prints every change to the locks, elections and sessions whose names start
+const watchLong = `Prints every change to the locks, elections and sessions whose names start
 with PREFIX as it happens, one line per event, until interrupted (exit 0).
 -o json prints one JSON object per line. A broken connection is resumed on
 another node without losing or repeating events.
 
-  --from-revision N   start at revision N instead of now. To see every
-                      change after a listing, take the "revision" of
-                      dlock list -o json and watch from it + 1.
+To see every change after a listing, take the "revision" of dlock list -o
+json and watch from it + 1 (--from-revision). Exits 1 if that revision is
+older than the history the nodes keep (the last 10,000 events): list again
+and watch from the new revision + 1.`
 
-Exits 1 if revision N is older than the history the nodes keep (the last
-10,000 events): list again and watch from the new revision + 1.
-`
-
-func runWatch(args []string) error {
-	fs := newCmdFlags("watch", watchUsage)
+func newWatchCmd() *cobra.Command {
 	var g globalFlags
-	g.register(fs)
-	from := fs.Uint64("from-revision", 0, "first revision to show (0: from now on)")
-	prefix, err := parsePrefix(fs, &g, args)
-	if err != nil {
-		return err
+	var from uint64
+	cmd := &cobra.Command{
+		Use:               "watch [PREFIX] [--from-revision N]",
+		Short:             "print changes as they happen",
+		Long:              watchLong,
+		Args:              rangeArgs(0, 1, "want at most one prefix"),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(_ *cobra.Command, args []string) error {
+			prefix := ""
+			if len(args) == 1 {
+				prefix = args[0]
+			}
+			return runWatch(&g, prefix, from)
+		},
 	}
+	cmd.Flags().Uint64Var(&from, "from-revision", 0, "start at revision `N` instead of now")
+	return clientCmd(cmd, &g)
+}
+
+func runWatch(g *globalFlags, prefix string, from uint64) error {
 	c, err := g.client()
 	if err != nil {
 		return err
@@ -57,7 +67,7 @@ func runWatch(args []string) error {
 		return err
 	}
 	enc := json.NewEncoder(os.Stdout)
-	for ev, err := range c.Watch(ctx, prefix, *from) {
+	for ev, err := range c.Watch(ctx, prefix, from) {
 		if err != nil {
 			var ce *client.CompactedError
 			if errors.As(err, &ce) {

@@ -8,12 +8,12 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -23,29 +23,33 @@ func envName(flagName string) string {
 }
 
 // registerConfig adds --config to fs; call applyConfig after parsing.
-func registerConfig(fs *flag.FlagSet) *string {
-	return fs.String("config", "", "YAML file of flag values (keys are flag names, e.g. data-dir: /var/lib/dlock); flags and DLOCK_* variables win over it (env DLOCK_CONFIG)")
+func registerConfig(fs *pflag.FlagSet) *string {
+	return fs.String("config", "", "YAML `FILE` of flag values (keys are flag names, e.g. data-dir: /var/lib/dlock); flags and DLOCK_* variables win over it (env DLOCK_CONFIG)")
 }
 
+// notConfigurable are the flags that neither DLOCK_* nor the file set.
+var notConfigurable = map[string]bool{"config": true, "help": true}
+
 // applyConfig sets every flag the command line left unset from the
-// environment, then from the config file. A key the file has that is no flag,
-// or a value a flag refuses, is an error naming the key or variable.
-func applyConfig(fs *flag.FlagSet, configPath string) error {
+// environment, then from the config file; cmdPath ("dlock serve") names the
+// command in messages. A key the file has that is no flag, or a value a
+// flag refuses, is an error naming the key or variable.
+func applyConfig(fs *pflag.FlagSet, configPath, cmdPath string) error {
 	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { set[f.Name] = true })
 	if configPath == "" && !set["config"] {
 		configPath = os.Getenv("DLOCK_CONFIG")
 	}
 	file := map[string]string{}
 	if configPath != "" {
 		var err error
-		if file, err = readConfigFile(configPath, fs); err != nil {
+		if file, err = readConfigFile(configPath, fs, cmdPath); err != nil {
 			return err
 		}
 	}
 	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || f.Name == "config" {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if set[f.Name] || notConfigurable[f.Name] {
 			return
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
@@ -65,7 +69,7 @@ func applyConfig(fs *flag.FlagSet, configPath string) error {
 
 // readConfigFile reads a flat YAML map of flag names to values. A list
 // becomes a comma-separated value (initial-cluster: [n1=a:1, n2=b:2]).
-func readConfigFile(path string, fs *flag.FlagSet) (map[string]string, error) {
+func readConfigFile(path string, fs *pflag.FlagSet, cmdPath string) (map[string]string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config file: %w", err)
@@ -77,7 +81,7 @@ func readConfigFile(path string, fs *flag.FlagSet) (map[string]string, error) {
 	out := map[string]string{}
 	var unknown []string
 	for k, v := range raw {
-		if fs.Lookup(k) == nil || k == "config" {
+		if fs.Lookup(k) == nil || notConfigurable[k] {
 			unknown = append(unknown, k)
 			continue
 		}
@@ -99,7 +103,7 @@ func readConfigFile(path string, fs *flag.FlagSet) (map[string]string, error) {
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
 		return nil, fmt.Errorf("config file %s: unknown key(s) %s: keys are the flag names of %s without dashes in front (see %s --help)",
-			path, strings.Join(unknown, ", "), fs.Name(), fs.Name())
+			path, strings.Join(unknown, ", "), cmdPath, cmdPath)
 	}
 	return out, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/dlock/dlock/client"
 	"github.com/dlock/dlock/fence"
@@ -39,103 +40,106 @@ const insecureBanner = `
 *****************************************************************************
 `
 
-// runDatastore runs the fenced data store (package datastore) until
-// SIGINT/SIGTERM.
-func runDatastore(args []string) error {
-	fs := flag.NewFlagSet("dlock datastore", flag.ContinueOnError)
+// newDatastoreCmd is `dlock datastore`: the fenced data store (package
+// datastore), run until SIGINT/SIGTERM.
+func newDatastoreCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "datastore --data-dir DIR --cluster URL [flags]",
+		Short: "run the example fenced data store",
+		Long: `Runs the example fenced data store: POST /write appends a record only if its
+fencing token is the newest seen for its lock and its token proof verifies
+with the cluster's keys; GET /data lists the records.`,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	fs := cmd.Flags()
 	addr := fs.String("addr", "127.0.0.1:7300", "HTTP listen address")
-	dataDir := fs.String("data-dir", "", "directory for the highest-token file and the records (required)")
-	cluster := fs.String("cluster", "", "a dlock node's API URL, e.g. http://127.0.0.1:7070: the token key set is fetched from it at start and every minute (required unless --insecure-no-proof)")
-	cacert := fs.String("cacert", os.Getenv("DLOCK_CACERT"), "CA file to verify an https --cluster with (env DLOCK_CACERT; default: the system's roots)")
+	dataDir := fs.String("data-dir", "", "`DIR` for the highest-token file and the records (required)")
+	cluster := fs.String("cluster", "", "a dlock node's API `URL`, e.g. http://127.0.0.1:7070: the token key set is fetched from it at start and every minute (required unless --insecure-no-proof)")
+	cacert := fs.String("cacert", os.Getenv("DLOCK_CACERT"), "CA `FILE` to verify an https --cluster with (env DLOCK_CACERT; default: the system's roots)")
 	insecure := fs.Bool("insecure-no-proof", false, "UNSAFE, for comparison only: accept fencing tokens without checking the cluster's signature")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: dlock datastore --data-dir DIR --cluster URL [flags]\n\nRuns the example fenced data store: POST /write appends a record only if its\nfencing token is the newest seen for its lock and its token proof verifies\nwith the cluster's keys; GET /data lists the records.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if *dataDir == "" {
-		fs.Usage()
-		return errors.New("--data-dir is required")
-	}
-	if *cluster == "" && !*insecure {
-		return errors.New("--cluster is required: the data store verifies token proofs with the cluster's keys (or pass --insecure-no-proof to see what goes wrong without them)")
-	}
-	logger, err := newLogger(*logLevel, *logFormat)
-	if err != nil {
-		return err
-	}
-	clusterURL := *cluster
-	if clusterURL != "" && !strings.Contains(clusterURL, "://") {
-		clusterURL = "http://" + clusterURL
-	}
-
-	var keys *fence.KeySet
-	if *insecure {
-		fmt.Fprint(os.Stderr, insecureBanner)
-		if clusterURL != "" {
-			logger.Warn("--cluster is ignored with --insecure-no-proof: no keys are fetched")
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "log-format", "text", "json")
+	_ = cmd.MarkFlagDirname("data-dir")
+	cmd.RunE = func(_ *cobra.Command, _ []string) error {
+		if *dataDir == "" {
+			return errors.New("--data-dir is required")
 		}
-	} else {
-		// Interruptible: Ctrl-C while the cluster is still starting must
-		// not wait out the retries.
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-		if *cacert != "" {
-			tc, err := client.LoadTLSConfig(*cacert, "", "")
-			if err != nil {
-				return fmt.Errorf("--cacert: %w", err)
-			}
-			keyClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+		if *cluster == "" && !*insecure {
+			return errors.New("--cluster is required: the data store verifies token proofs with the cluster's keys (or pass --insecure-no-proof to see what goes wrong without them)")
 		}
-		keys, err = fetchKeysAtStart(ctx, clusterURL, logger)
-		stop()
+		logger, err := newLogger(*logLevel, *logFormat)
 		if err != nil {
 			return err
 		}
-	}
-
-	store, err := datastore.New(datastore.Config{DataDir: *dataDir, KeySet: keys, InsecureNoProof: *insecure, Logger: logger})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		_ = store.Close()
-		return fmt.Errorf("listen on --addr %s: %w", *addr, err)
-	}
-	hs := &http.Server{
-		Handler:           store.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
-	go func() {
-		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("HTTP server stopped; writes are no longer served: restart the data store", "error", err)
+		clusterURL := *cluster
+		if clusterURL != "" && !strings.Contains(clusterURL, "://") {
+			clusterURL = "http://" + clusterURL
 		}
-	}()
 
-	refreshCtx, stopRefresh := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	if !*insecure {
-		wg.Go(func() { refreshKeys(refreshCtx, clusterURL, store, keys, logger) })
+		var keys *fence.KeySet
+		if *insecure {
+			fmt.Fprint(os.Stderr, insecureBanner)
+			if clusterURL != "" {
+				logger.Warn("--cluster is ignored with --insecure-no-proof: no keys are fetched")
+			}
+		} else {
+			// Interruptible: Ctrl-C while the cluster is still starting must
+			// not wait out the retries.
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			if *cacert != "" {
+				tc, err := client.LoadTLSConfig(*cacert, "", "")
+				if err != nil {
+					return fmt.Errorf("--cacert: %w", err)
+				}
+				keyClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+			}
+			keys, err = fetchKeysAtStart(ctx, clusterURL, logger)
+			stop()
+			if err != nil {
+				return err
+			}
+		}
+
+		store, err := datastore.New(datastore.Config{DataDir: *dataDir, KeySet: keys, InsecureNoProof: *insecure, Logger: logger})
+		if err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", *addr)
+		if err != nil {
+			_ = store.Close()
+			return fmt.Errorf("listen on --addr %s: %w", *addr, err)
+		}
+		hs := &http.Server{
+			Handler:           store.Handler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}
+		go func() {
+			if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("HTTP server stopped; writes are no longer served: restart the data store", "error", err)
+			}
+		}()
+
+		refreshCtx, stopRefresh := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		if !*insecure {
+			wg.Go(func() { refreshKeys(refreshCtx, clusterURL, store, keys, logger) })
+		}
+		logger.Info("dlock datastore started", "addr", ln.Addr().String(), "data_dir", *dataDir, "cluster", clusterURL, "insecure_no_proof", *insecure, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
+		return waitForSignal(func(ctx context.Context) error {
+			stopRefresh()
+			err := hs.Shutdown(ctx)
+			wg.Wait()
+			return errors.Join(err, store.Close())
+		}, logger.Info)
 	}
-	logger.Info("dlock datastore started", "addr", ln.Addr().String(), "data_dir", *dataDir, "cluster", clusterURL, "insecure_no_proof", *insecure, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
-	return waitForSignal(func(ctx context.Context) error {
-		stopRefresh()
-		err := hs.Shutdown(ctx)
-		wg.Wait()
-		return errors.Join(err, store.Close())
-	}, logger.Info)
+	return cmd
 }
 
 // keyClient bounds each key-set request; the loops above it bound the rest.

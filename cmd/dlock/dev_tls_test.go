@@ -25,7 +25,7 @@ func TestDevTLS(t *testing.T) {
 	var out bytes.Buffer
 	args := []string{"--tls", "--base-port", fmt.Sprint(base), "--data-dir", t.TempDir(), "--log-level", "warn"}
 	ran := false
-	err = runDevWith(args, &out, func(shutdown func(context.Context) error, _ func(string, ...any)) error {
+	dev := newDevCmd(&out, func(shutdown func(context.Context) error, _ func(string, ...any)) error {
 		ran = true
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -37,7 +37,9 @@ func TestDevTLS(t *testing.T) {
 		checkDevTLS(t, out.String(), base)
 		return nil
 	})
-	if err != nil {
+	dev.SetArgs(args)
+	dev.SilenceErrors, dev.SilenceUsage = true, true
+	if err := dev.Execute(); err != nil {
 		t.Fatalf("dlock dev --tls: %v\n%s", err, out.String())
 	}
 	if !ran {
@@ -88,7 +90,7 @@ func checkDevTLS(t *testing.T, banner string, base int) {
 	}
 
 	// The CLI with the printed environment's files, as flags.
-	code := runClientCommand("status", []string{"demo", "--endpoints", eps[1], "--cacert", env[1], "--cert", env[2], "--key", env[3], "-o", "json"})
+	code := runCLI([]string{"status", "demo", "--endpoints", eps[1], "--cacert", env[1], "--cert", env[2], "--key", env[3], "-o", "json"})
 	if code != cliExitOK {
 		t.Fatalf("dlock status with --cacert/--cert/--key exited %d", code)
 	}

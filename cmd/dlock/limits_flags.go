@@ -1,10 +1,11 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
@@ -23,7 +24,7 @@ type limitFlags struct {
 	unauthPerIP                        int
 }
 
-func (f *limitFlags) register(fs *flag.FlagSet) {
+func (f *limitFlags) register(fs *pflag.FlagSet) {
 	// Off by default: a limit that suits one deployment starves another, and
 	// the caps below already bound what one client can make a node hold.
 	fs.Float64Var(&f.rate, "rate-limit", 0, "requests per second one client may send to this node: a client_id from one IP, or an IP for requests without a client_id; 0 = no rate limit")

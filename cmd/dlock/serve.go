@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -13,12 +12,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/dlock/dlock/internal/buildinfo"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
 )
-
-var errUsage = errors.New("usage")
 
 // raftFlags are the Raft tuning flags shared by serve and dev.
 type raftFlags struct {
@@ -36,10 +36,11 @@ type raftFlags struct {
 	logFormat         string
 	maxBody           int64
 	pprof             bool
+	ui                bool
 	minFreeDisk       string
 }
 
-func (f *raftFlags) register(fs *flag.FlagSet) {
+func (f *raftFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.engine, "raft-engine", "", "replication engine of a new data dir: hashicorp (default) or etcd (go.etcd.io/raft/v3); an existing data dir keeps its own")
 	fs.StringVar(&f.logStore, "log-store", string(raftnode.DefaultLogStore), "Raft log store: wal (hashicorp/raft-wal) or bolt (raft-boltdb/v2); both fsync every write")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 16384, "take a snapshot after this many new log entries")
@@ -54,7 +55,17 @@ func (f *raftFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "64MiB", "free space kept in reserve on the data dir's disk: below it the leader refuses writes (503 disk_full) until space returns; 0 turns the check off (sizes: bytes, or with KiB, MiB, GiB)")
+	fs.BoolVar(&f.ui, "ui", true, "serve the web console at /ui/ on the API port (same TLS and ACL tokens as the API; --ui=false turns it off)")
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
+}
+
+// complete offers the values of the flags that take one of a few words.
+func (f *raftFlags) complete(cmd *cobra.Command) {
+	completeWords(cmd, "raft-engine", "hashicorp", "etcd")
+	completeWords(cmd, "log-store", "wal", "bolt")
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "raft-log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "log-format", "text", "json")
 }
 
 func (f *raftFlags) apply(c *raftnode.Config) error {
@@ -135,11 +146,27 @@ func parseCluster(s string) (map[string]string, error) {
 	return out, nil
 }
 
-func runServe(args []string) error {
-	fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
+// configHelp closes the help of serve and dev.
+const configHelp = `
+
+Every flag can also be set as DLOCK_<FLAG> (upper case, dashes as
+underscores: --data-dir is DLOCK_DATA_DIR) and in the YAML file named by
+--config (keys are the flag names); a flag wins over the environment, which
+wins over the file.`
+
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve --id ID --data-dir DIR [flags]",
+		Short: "run one node of a cluster",
+		Long: `Runs one node. On first start, --initial-cluster bootstraps the cluster;
+later starts recover everything from --data-dir.` + configHelp,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	fs := cmd.Flags()
 	var rf raftFlags
 	id := fs.String("id", "", "this node's id, unique in the cluster (required)")
-	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots (required)")
+	dataDir := fs.String("data-dir", "", "`DIR` for the Raft log, stable store and snapshots (required)")
 	apiAddr := fs.String("api-addr", "127.0.0.1:7070", "HTTP API listen address")
 	// Off unless asked for: a fixed default port would make several nodes on
 	// one host (tests, the README's three processes) fight over it.
@@ -148,86 +175,84 @@ func runServe(args []string) error {
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "Raft (and node-to-node forwarding) listen address")
 	raftAdvertise := fs.String("raft-advertise", "", "Raft address peers should dial (default: --raft-addr)")
 	initial := fs.String("initial-cluster", "", "first start only: every initial member as id=raft-host:port, comma-separated (must include this node)")
-	join := fs.String("join", "", "join an existing cluster through any member's API URL (comma-separated list allowed), instead of --initial-cluster")
+	join := fs.String("join", "", "join an existing cluster through any member's API `URL` (comma-separated list allowed), instead of --initial-cluster")
 	leave := fs.Bool("leave-on-shutdown", false, "on SIGINT/SIGTERM, remove this node from the cluster before stopping (for scale-down, not restarts)")
 	acl := fs.Bool("acl", false, "require an ACL token on every API call (docs/security.md); bootstrap the first token with dlock acl bootstrap")
-	aclToken := fs.String("acl-token", os.Getenv("DLOCK_ACL_TOKEN"), "this node's ACL token (admin), sent when it --joins an ACL cluster (env DLOCK_ACL_TOKEN)")
+	aclToken := fs.String("acl-token", os.Getenv("DLOCK_ACL_TOKEN"), "this node's ACL token `SECRET` (admin), sent when it --joins an ACL cluster (env DLOCK_ACL_TOKEN)")
 	var tf tlsFlags
 	tf.register(fs)
 	rf.register(fs)
 	var lf limitFlags
 	lf.register(fs)
 	configPath := registerConfig(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: dlock serve --id ID --data-dir DIR [flags]\n\nRuns one node. On first start, --initial-cluster bootstraps the cluster;\nlater starts recover everything from --data-dir.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if err := applyConfig(fs, *configPath); err != nil {
-		return &usageError{err.Error()}
-	}
-	if *id == "" || *dataDir == "" {
-		return usageErrorf("--id and --data-dir are required")
-	}
-	cluster, err := parseCluster(*initial)
-	if err != nil {
-		return err
-	}
-	var joinURLs []string
-	if *join != "" {
-		if len(cluster) > 0 {
-			return fmt.Errorf("give --initial-cluster (to form a new cluster) or --join (to join one), not both")
+	rf.complete(cmd)
+	_ = cmd.MarkFlagDirname("data-dir")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := applyConfig(fs, *configPath, cmd.CommandPath()); err != nil {
+			return &usageError{err.Error()}
 		}
-		for u := range strings.SplitSeq(*join, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				if !strings.Contains(u, "://") {
-					u = tf.joinScheme() + u
+		if *id == "" || *dataDir == "" {
+			return usageErrorf("--id and --data-dir are required")
+		}
+		cluster, err := parseCluster(*initial)
+		if err != nil {
+			return err
+		}
+		var joinURLs []string
+		if *join != "" {
+			if len(cluster) > 0 {
+				return fmt.Errorf("give --initial-cluster (to form a new cluster) or --join (to join one), not both")
+			}
+			for u := range strings.SplitSeq(*join, ",") {
+				if u = strings.TrimSpace(u); u != "" {
+					if !strings.Contains(u, "://") {
+						u = tf.joinScheme() + u
+					}
+					joinURLs = append(joinURLs, u)
 				}
-				joinURLs = append(joinURLs, u)
 			}
 		}
-	}
-	logger, err := newLogger(rf.logLevel, rf.logFormat)
-	if err != nil {
+		logger, err := newLogger(rf.logLevel, rf.logFormat)
+		if err != nil {
+			return err
+		}
+		rc := raftnode.Config{ID: *id, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise,
+			APIAddr: *apiAdvertise, InitialCluster: cluster, Logger: logger}
+		if err := rf.apply(&rc); err != nil {
+			return err
+		}
+		apiTLS, peerTLS, joinTLS, err := tf.load(logger)
+		if err != nil {
+			return err
+		}
+		rc.PeerTLS = peerTLS
+		limits, err := lf.limits()
+		if err != nil {
+			return err
+		}
+		srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui,
+			Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits})
+		if err != nil {
+			return err
+		}
+		logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
+		readyCtx, stopNotify := context.WithCancel(context.Background())
+		notified := make(chan struct{})
+		go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
+		err = waitForSignalOr(srv.Node.Failed(), func(ctx context.Context) error {
+			stopNotify()
+			<-notified
+			notifyStopping()
+			return srv.Shutdown(ctx)
+		}, logger.Info)
+		if ferr := srv.Node.Err(); ferr != nil {
+			// Exit non-zero: a supervisor must not take a node whose storage
+			// failed for one that stopped cleanly.
+			return fmt.Errorf("node %s stopped because its storage failed: %w (fix the disk, then restart it; if it refuses its data dir, see docs/operations.md)", *id, ferr)
+		}
 		return err
 	}
-	rc := raftnode.Config{ID: *id, DataDir: *dataDir, RaftAddr: *raftAddr, RaftAdvertise: *raftAdvertise,
-		APIAddr: *apiAdvertise, InitialCluster: cluster, Logger: logger}
-	if err := rf.apply(&rc); err != nil {
-		return err
-	}
-	apiTLS, peerTLS, joinTLS, err := tf.load(logger)
-	if err != nil {
-		return err
-	}
-	rc.PeerTLS = peerTLS
-	limits, err := lf.limits()
-	if err != nil {
-		return err
-	}
-	srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof,
-		Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits})
-	if err != nil {
-		return err
-	}
-	logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
-	readyCtx, stopNotify := context.WithCancel(context.Background())
-	notified := make(chan struct{})
-	go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
-	err = waitForSignalOr(srv.Node.Failed(), func(ctx context.Context) error {
-		stopNotify()
-		<-notified
-		notifyStopping()
-		return srv.Shutdown(ctx)
-	}, logger.Info)
-	if ferr := srv.Node.Err(); ferr != nil {
-		// Exit non-zero: a supervisor must not take a node whose storage
-		// failed for one that stopped cleanly.
-		return fmt.Errorf("node %s stopped because its storage failed: %w (fix the disk, then restart it; if it refuses its data dir, see docs/operations.md)", *id, ferr)
-	}
-	return err
+	return cmd
 }
 
 // waitForSignal blocks until SIGINT/SIGTERM, then shuts down within 10 s; a

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/spf13/cobra"
 
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/testcluster"
@@ -50,20 +51,27 @@ func TestServeRefusesDamagedDataDir(t *testing.T) {
 	if err := os.WriteFile(segs[0], b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
+	type result struct {
+		cmd *cobra.Command
+		err error
+	}
+	done := make(chan result, 1)
 	go func() {
-		done <- runServe([]string{"--id", "n1", "--data-dir", dir, "--api-addr", testcluster.FreePort(t),
-			"--raft-addr", testcluster.FreePort(t), "--log-level", "error"})
+		cmd, err := execute("serve", "--id", "n1", "--data-dir", dir, "--api-addr", testcluster.FreePort(t),
+			"--raft-addr", testcluster.FreePort(t), "--log-level", "error")
+		done <- result{cmd, err}
 	}()
+	var res result
 	select {
-	case err = <-done:
+	case res = <-done:
+		err = res.err
 	case <-time.After(30 * time.Second):
 		t.Fatal("dlock serve started on a damaged data dir")
 	}
 	if err == nil || !strings.Contains(err.Error(), "refusing data dir") || !strings.Contains(err.Error(), "raft log entry 2 in "+segs[0]) {
 		t.Fatalf("dlock serve answered %v; want the refusal naming entry 2 and its file", err)
 	}
-	if code := finish("serve", err); code != serveExitRefused {
+	if code := finish(res.cmd, nil, err); code != serveExitRefused {
 		t.Fatalf("exit code %d for a refused data dir, want %d", code, serveExitRefused)
 	}
 }

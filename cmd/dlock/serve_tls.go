@@ -3,9 +3,10 @@ package main
 import (
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dlock/dlock/internal/tlsconfig"
 )
@@ -16,7 +17,7 @@ type tlsFlags struct {
 	peerCert, peerKey, peerCA string
 }
 
-func (f *tlsFlags) register(fs *flag.FlagSet) {
+func (f *tlsFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.cert, "tls-cert", "", "serve the HTTP and gRPC APIs over TLS with this PEM certificate (with --tls-key)")
 	fs.StringVar(&f.key, "tls-key", "", "the private key of --tls-cert (PEM)")
 	fs.StringVar(&f.ca, "tls-ca", "", "CA of client certificates: asked for and verified when presented (see --tls-client-auth)")

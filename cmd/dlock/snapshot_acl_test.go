@@ -23,11 +23,11 @@ func TestSnapshotSaveSendsACLToken(t *testing.T) {
 	defer srv.Close()
 	t.Setenv("DLOCK_TOKEN", "s3cret")
 	file := filepath.Join(t.TempDir(), "b.snap")
-	err := runSnapshot([]string{"save", file, "--endpoint", srv.URL})
+	_, err := execute("snapshot", "save", file, "--endpoint", srv.URL)
 	if got != "Bearer s3cret" {
 		t.Errorf("with DLOCK_TOKEN set: Authorization %q, err %v; want Bearer s3cret", got, err)
 	}
-	if err := runSnapshot([]string{"save", file, "--endpoint", srv.URL, "--acl-token", "s3cret", "--force"}); err != nil {
+	if _, err := execute("snapshot", "save", file, "--endpoint", srv.URL, "--acl-token", "s3cret", "--force"); err != nil {
 		t.Errorf("--acl-token: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func TestSnapshotRestoreSaysTheOldKeyIsRetired(t *testing.T) {
 	}
 	stdout := os.Stdout
 	os.Stdout = w
-	err = runSnapshot([]string{"restore", file, "--data-dir", filepath.Join(t.TempDir(), "n1"), "--initial-cluster", "n1=127.0.0.1:7071"})
+	_, err = execute("snapshot", "restore", file, "--data-dir", filepath.Join(t.TempDir(), "n1"), "--initial-cluster", "n1=127.0.0.1:7071")
 	os.Stdout = stdout
 	w.Close()
 	out, _ := io.ReadAll(r)

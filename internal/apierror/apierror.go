@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -159,4 +160,15 @@ func Public(ctx context.Context, err error) (e *Error, internal bool) {
 		e = From(err)
 	}
 	return e, HTTPStatus(e.Code) == http.StatusInternalServerError
+}
+
+// Codes lists every code of the table, sorted (for the OpenAPI document's
+// test, which must list the same).
+func Codes() []Code {
+	out := make([]Code, 0, len(table))
+	for c := range table {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -26,7 +26,7 @@ func dlockBinary(t *testing.T) string {
 	t.Helper()
 	bin := dlock.Path(t)
 	if b, err := exec.Command(bin, "demo-writer", "-h").CombinedOutput(); err != nil {
-		t.Fatalf("the built dlock has no demo-writer command (%v): wire runDemo and runDemoWriter into cmd/dlock/main.go\n%.300s", err, b)
+		t.Fatalf("the built dlock has no demo-writer command (%v): wire newDemoCmd and newDemoWriterCmd into cmd/dlock/main.go\n%.300s", err, b)
 	}
 	return bin
 }

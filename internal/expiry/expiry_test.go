@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 type fakeClock struct {
@@ -171,19 +172,11 @@ func TestRunProposesDueExpiries(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { r.Run(ctx); close(done) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(t, 5*time.Second, "Run to propose the due lease's expiry", func() bool {
 		p.mu.Lock()
-		n := len(p.got)
-		p.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Run proposed nothing for a due lease")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer p.mu.Unlock()
+		return len(p.got) > 0
+	})
 	cancel()
 	<-done
 	p.mu.Lock()

@@ -26,6 +26,7 @@ type Service interface {
 	Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error)
 	GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error)
 	ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error)
+	ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
 	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
@@ -78,7 +79,15 @@ type Options struct {
 	// AllowOrigin accepts browser origins other than the server's own
 	// (browser.go); the server passes Service.MemberOrigin. nil: none.
 	AllowOrigin func(origin string) bool
+	// Console, when set, serves the web console under ConsolePrefix
+	// (internal/console). Like Metrics it is mounted here, not beside this
+	// handler, so no ServeMux comes between a lock name and its route.
+	Console http.Handler
 }
+
+// ConsolePrefix is where the web console lives (console.Prefix); "/" and
+// "/ui" redirect to it.
+const ConsolePrefix = "/ui/"
 
 // API paths. Fixed segments are matched in their escaped form: only lock names
 // and session ids are unescaped, so "%2F" can carry a slash inside a name.
@@ -113,6 +122,7 @@ type api struct {
 	metrics   http.Handler
 	heartbeat time.Duration
 	debug     http.Handler
+	console   http.Handler
 	// writeTimeout: see Options.WriteTimeout.
 	writeTimeout time.Duration
 	allowOrigin  func(origin string) bool
@@ -146,7 +156,7 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: untimed(opts.Debug),
-		writeTimeout: opts.WriteTimeout, allowOrigin: opts.AllowOrigin}
+		writeTimeout: opts.WriteTimeout, allowOrigin: opts.AllowOrigin, console: opts.Console}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 
@@ -175,6 +185,10 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		a.debug.ServeHTTP(w, r)
 		return
 	}
+	if a.console != nil && (p == "/" || p == "/ui" || strings.HasPrefix(p, ConsolePrefix)) {
+		a.serveConsole(w, r, p)
+		return
+	}
 
 	if rest, ok := cutSegments(p, locksPrefix); ok {
 		// "/api/v1/locks" and "/api/v1/locks/" are both the collection.
@@ -201,12 +215,20 @@ func (a *api) route(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if rest, ok := cutSegments(p, electionsPrefix); ok && len(rest) > 1 {
-		a.election(w, r, rest[1:])
+	if rest, ok := cutSegments(p, electionsPrefix); ok {
+		if rest == "" || rest == "/" {
+			a.listElections(w, r)
+		} else {
+			a.election(w, r, rest[1:])
+		}
 		return
 	}
 	if p == apiPrefix+"/watch" {
 		a.watch(w, r)
+		return
+	}
+	if p == openAPIPath {
+		a.openAPI(w, r)
 		return
 	}
 	if rest, ok := cutSegments(p, clusterPrefix); ok {
@@ -233,7 +255,7 @@ func cutSegments(p, prefix string) (string, bool) {
 
 func (a *api) notFound(w http.ResponseWriter, r *http.Request) {
 	a.writeError(w, r, apierror.New(apierror.NotFound,
-		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl), health at /healthz and /readyz", apiPrefix))
+		"no endpoint at this path; the API is under %s (locks, sessions, elections, watch, cluster, acl; described at %s), health at /healthz and /readyz", apiPrefix, openAPIPath))
 }
 
 func (a *api) methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
@@ -397,6 +419,16 @@ func decodeAndCall[Req, Resp any](a *api, w http.ResponseWriter, r *http.Request
 }
 
 func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, a.svc.ListLocks, func(l *service.ListResponse) *service.StaleRead { return l.Stale })
+}
+
+func (a *api) listElections(w http.ResponseWriter, r *http.Request) {
+	list(a, w, r, a.svc.ListElections, func(l *service.ElectionListResponse) *service.StaleRead { return l.Stale })
+}
+
+// list serves a paged listing by name prefix (GET ?prefix&after&limit&stale).
+func list[Resp any](a *api, w http.ResponseWriter, r *http.Request,
+	call func(context.Context, service.ListRequest) (*Resp, error), stale func(*Resp) *service.StaleRead) {
 	if !isGet(r) {
 		a.methodNotAllowed(w, r, allowGet)
 		return
@@ -411,11 +443,26 @@ func (a *api) listLocks(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, aerr)
 		return
 	}
-	resp, err := a.svc.ListLocks(r.Context(), req)
-	if err == nil {
-		staleHeaders(w, resp.Stale)
+	resp, err := call(r.Context(), req)
+	if err == nil && resp != nil {
+		staleHeaders(w, stale(resp))
 	}
 	reply(a, w, r, http.StatusOK, resp, err)
+}
+
+// serveConsole hands /ui/... to the console. The bare root and "/ui"
+// redirect to "/ui/", so an operator who types the node's address lands
+// on the console; every other path stays the API's.
+func (a *api) serveConsole(w http.ResponseWriter, r *http.Request, p string) {
+	if p == "/" || p == "/ui" {
+		if !isGet(r) {
+			a.methodNotAllowed(w, r, allowGet)
+			return
+		}
+		http.Redirect(w, r, ConsolePrefix, http.StatusFound)
+		return
+	}
+	a.console.ServeHTTP(w, r)
 }
 
 func (a *api) sessions(w http.ResponseWriter, r *http.Request) {

@@ -117,6 +117,13 @@ func (f *fakeService) ListLocks(ctx context.Context, req service.ListRequest) (*
 	})
 }
 
+func (f *fakeService) ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error) {
+	return answer(ctx, f, "ListElections", req, &service.ElectionListResponse{
+		Elections: []service.ElectionView{{Name: "db/primary", Campaigners: 1, Revision: 13}},
+		Revision:  13,
+	})
+}
+
 func (f *fakeService) CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error) {
 	return answer(ctx, f, "CreateSession", req, &service.SessionResponse{SessionID: "S-secret", TTLms: 10000, ExpiresAt: t1, Revision: 14})
 }
@@ -471,6 +478,20 @@ func TestRoutes(t *testing.T) {
 			wantBody: listOK,
 		},
 		{
+			name:       "list elections with every parameter",
+			req:        request{method: "GET", target: "/api/v1/elections?prefix=db/&after=db%2Fa&limit=5&stale=true"},
+			wantStatus: 200, wantMethod: "ListElections",
+			wantReq:  service.ListRequest{Prefix: "db/", After: "db/a", Limit: 5, Stale: true},
+			wantBody: `{"elections":[{"name":"db/primary","leader":null,"campaigners":1,"revision":13}],"more":false,"revision":13}`,
+		},
+		{
+			name:       "list elections with trailing slash",
+			req:        request{method: "GET", target: "/api/v1/elections/"},
+			wantStatus: 200, wantMethod: "ListElections",
+			wantReq:  service.ListRequest{},
+			wantBody: `{"elections":[{"name":"db/primary","leader":null,"campaigners":1,"revision":13}],"more":false,"revision":13}`,
+		},
+		{
 			name:       "create session",
 			req:        request{method: "POST", target: "/api/v1/sessions", header: jsonCT, body: `{"client_id":"c1","ttl_ms":10000,"request_id":"r3"}`},
 			wantStatus: 201, wantMethod: "CreateSession",
@@ -680,6 +701,9 @@ func TestMalformedRequests(t *testing.T) {
 		{name: "too deep session path", req: request{method: "POST", target: "/api/v1/sessions/S1/x/keepalive"}, wantStatus: 404, wantCode: "not_found"},
 		{name: "cluster subpath", req: request{method: "GET", target: "/api/v1/cluster/"}, wantStatus: 404, wantCode: "not_found"},
 		{name: "root", req: request{method: "GET", target: "/"}, wantStatus: 404, wantCode: "not_found"},
+		{name: "list elections refuses POST", req: request{method: "POST", target: "/api/v1/elections"}, wantStatus: 405, wantCode: "method_not_allowed", wantAllow: "GET, HEAD"},
+		{name: "list elections refuses an unknown parameter", req: request{method: "GET", target: "/api/v1/elections?observe=true"}, wantStatus: 400, wantCode: "invalid_argument"},
+		{name: "list elections refuses a bad limit", req: request{method: "GET", target: "/api/v1/elections?limit=-1"}, wantStatus: 400, wantCode: "invalid_argument"},
 		{name: "metrics unset", req: request{method: "GET", target: "/metrics"}, wantStatus: 404, wantCode: "not_found"},
 		{name: "old API version", req: request{method: "GET", target: "/api/v2/locks"}, wantStatus: 404, wantCode: "not_found"},
 

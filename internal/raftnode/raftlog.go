@@ -29,6 +29,23 @@ const raftLogEvery = 10 * time.Second
 // connections mid-read ("transport shutdown").
 var quietRaftMessages = []string{"failed to get log", "log not found", "transport shutdown"}
 
+// peerFailureMessages are Raft's errors about failing to reach one peer. The
+// node itself is fine (a peer that is down or not started yet is an everyday
+// event, which the leader's peer-health state also names), so they are
+// warnings.
+var peerFailureMessages = []string{"failed to make requestVote RPC", "failed to heartbeat to",
+	"failed to appendEntries to", "failed to pipeline appendEntries"}
+
+// aboutPeer reports whether a Raft line is one of peerFailureMessages.
+func aboutPeer(msg string) bool {
+	for _, m := range peerFailureMessages {
+		if strings.HasPrefix(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
 // quiet reports whether a Raft line is ordinary operation (quietRaftMessages
 // in its message or its error).
 func quiet(msg string, args []any) bool {
@@ -116,6 +133,9 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 		return
 	}
 	sl := slogLevel(level)
+	if sl > slog.LevelWarn && aboutPeer(msg) {
+		sl = slog.LevelWarn
+	}
 	if sl >= slog.LevelWarn && (h.stopping.Load() || quiet(msg, args)) {
 		sl = slog.LevelDebug
 	}

@@ -47,6 +47,13 @@ func TestRaftLogIsStructuredAndRateLimited(t *testing.T) {
 	if lines[3]["component"] != "raft.snapshot" || lines[3]["index"] != float64(7) {
 		t.Errorf("named logger line: %v", lines[3])
 	}
+	// Failing to reach a peer is about the peer: a warning, never an error
+	// (a node of a cluster starting up calls peers not listening yet).
+	for _, l := range lines[:3] {
+		if l["level"] != "WARN" {
+			t.Errorf("a peer that cannot be reached logged at %v: %v", l["level"], l)
+		}
+	}
 }
 
 // A node that was never given --initial-cluster or --join says so, instead of

@@ -346,17 +346,14 @@ func TestWatcherLimits(t *testing.T) {
 
 	firstCancel()
 	polledRefusals := 0
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testutil.Eventually(t, 10*time.Second, "a closed stream to free its slot", func() (bool, string) {
 		res, _ := n.sse(ctx, "?prefix=w/")
 		if res.StatusCode == 200 {
-			break
+			return true, ""
 		}
 		polledRefusals++
-		if time.Now().After(deadline) {
-			t.Fatalf("a closed stream did not free its slot: %d", res.StatusCode)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("status %d", res.StatusCode)
+	})
 	m := n.metrics()
 	for _, want := range []string{"dlock_limited_requests_total{limit=\"watchers_per_conn\"} 1\n",
 		// The refused SSE watch, the refused observe, and the poll's refusals.

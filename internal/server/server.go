@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock/dlock/internal/console"
 	"github.com/dlock/dlock/internal/grpcapi"
 	"github.com/dlock/dlock/internal/httpapi"
 	"github.com/dlock/dlock/internal/metrics"
@@ -46,6 +47,8 @@ type Config struct {
 	LeaveOnShutdown bool
 	// EnablePprof serves Go's profiler at /debug/pprof/ on the API port.
 	EnablePprof bool
+	// DisableConsole turns off the web console at /ui/ (docs/console.md).
+	DisableConsole bool
 	// TLS, when set, serves the HTTP and gRPC APIs over TLS (build it with
 	// tlsconfig.API); JoinTLS is the client side of Join requests to https
 	// URLs (tlsconfig.JoinClient; nil trusts the system roots). Peer mTLS
@@ -125,7 +128,7 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
 	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
-		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin})
+		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, Console: consoleHandler(cfg.DisableConsole, svc)})
 	wsOpts := wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes, MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited,
 		AllowOrigin: svc.MemberOrigin, AuthTimeout: cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: cfg.Limits.MaxUnauthenticatedPerIP}
 	if cfg.ACL {
@@ -305,6 +308,14 @@ type metricsSource struct {
 func (m metricsSource) Status() raftnode.Status    { return m.node.Status() }
 func (m metricsSource) Read(fn func(*state.State)) { m.node.FSM().Read(fn) }
 func (m metricsSource) Watchers() int              { return m.hub.Watchers() }
+
+// consoleHandler serves the web console unless it is turned off (nil).
+func consoleHandler(disabled bool, svc *service.Service) http.Handler {
+	if disabled {
+		return nil
+	}
+	return console.Handler(console.Options{MemberOrigins: svc.MemberOrigins})
+}
 
 // pprofHandler serves net/http/pprof when enabled (nil otherwise).
 func pprofHandler(enabled bool) http.Handler {

@@ -74,6 +74,28 @@ func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *
 	return &v, nil
 }
 
+// ListElections lists elections by name prefix, a page at a time, as
+// ListLocks lists locks (the same paging and limits).
+func (s *Service) ListElections(ctx context.Context, req ListRequest) (_ *ElectionListResponse, err error) {
+	defer s.observe("list_elections", time.Now(), &err)
+	if err = s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	prefix, after, limit, err := s.listArgs(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := &ElectionListResponse{Elections: []ElectionView{}, Stale: s.staleRead(req.Stale)}
+	s.fsm.Read(func(st *state.State) {
+		infos, more := st.ListElections(prefix, after, limit)
+		out.Revision, out.More = st.Revision(), more
+		for _, ei := range infos {
+			out.Elections = append(out.Elections, electionView(ei, out.Revision))
+		}
+	})
+	return out, nil
+}
+
 type holderProof struct {
 	name, clientID, leaseID, requestID string
 	token                              uint64

@@ -127,17 +127,14 @@ func TestQueuedAcquireEndsWhileNodeKnowsNoLeader(t *testing.T) {
 func TestQueuedAcquireRightAfterLeaderReturnsWaits(t *testing.T) {
 	node, s, _ := heldByHolder(t)
 	node.leaderless.Store(int64(raftnode.NoLeaderWait)) // cut off for a while
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "followLeaderless to notice the leaderless spell", func() bool {
 		select {
 		case <-s.noLeader():
+			return true
 		default:
-			if time.Now().After(deadline) { // hang guard only
-				t.Fatal("followLeaderless never noticed the leaderless spell")
-			}
-			continue
+			return false
 		}
-		break
-	}
+	})
 	node.leaderless.Store(0) // a leader is known again (the partition healed)
 	if d := node.LeaderlessFor(); d != 0 {
 		t.Fatalf("LeaderlessFor %v", d)

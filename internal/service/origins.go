@@ -31,3 +31,22 @@ func (s *Service) MemberOrigin(origin string) bool {
 	})
 	return found
 }
+
+// MemberOrigins lists the current members' API origins with the given scheme
+// ("http" or "https"): where a console page served by one node may turn
+// when that node goes away.
+func (s *Service) MemberOrigins(scheme string) []string {
+	var out []string
+	s.fsm.Read(func(st *state.State) {
+		for _, m := range st.Members() {
+			addr := m.APIAddr
+			if i := strings.Index(addr, "://"); i >= 0 {
+				addr = addr[i+3:]
+			}
+			if addr = strings.TrimRight(addr, "/"); addr != "" {
+				out = append(out, scheme+"://"+addr)
+			}
+		}
+	})
+	return out
+}

@@ -373,7 +373,12 @@ func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *Lock
 		return nil, err
 	}
 	var v LockView
-	s.fsm.Read(func(st *state.State) { v = lockView(st.GetLock(n), st.Revision()) })
+	s.fsm.Read(func(st *state.State) {
+		v = lockView(st.GetLock(n), st.Revision())
+		for _, w := range st.LockQueue(n) {
+			v.Queue = append(v.Queue, Waiter{ClientID: w.ClientID, EnqueuedAt: ms(w.EnqueuedAt), WaitDeadline: ms(w.Deadline)})
+		}
+	})
 	v.Stale = s.staleRead(stale)
 	return &v, nil
 }
@@ -384,27 +389,8 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListRespon
 	if err = s.admit(ctx, ""); err != nil {
 		return nil, err
 	}
-	prefix, err := command.ValidatePrefix(req.Prefix)
+	prefix, after, limit, err := s.listArgs(ctx, req)
 	if err != nil {
-		return nil, invalid("bad prefix: %v", err)
-	}
-	if err := s.authorize(ctx, command.PermRead, prefix, ""); err != nil {
-		return nil, err
-	}
-	after := req.After
-	if after != "" {
-		if after, err = normalize(after); err != nil {
-			return nil, err
-		}
-	}
-	limit := req.Limit
-	switch {
-	case limit == 0:
-		limit = DefaultListLimit
-	case limit < 0 || limit > MaxListLimit:
-		return nil, invalid("limit must be between 1 and %d", MaxListLimit)
-	}
-	if err := s.read(ctx, req.Stale); err != nil {
 		return nil, err
 	}
 	out := &ListResponse{Locks: []LockView{}, Stale: s.staleRead(req.Stale)}
@@ -416,6 +402,33 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListRespon
 		}
 	})
 	return out, nil
+}
+
+// listArgs checks a listing's prefix, cursor and page size and the caller's
+// read permission on the prefix, then waits for the read barrier (unless
+// stale).
+func (s *Service) listArgs(ctx context.Context, req ListRequest) (prefix, after string, limit int, err error) {
+	if prefix, err = command.ValidatePrefix(req.Prefix); err != nil {
+		return "", "", 0, invalid("bad prefix: %v", err)
+	}
+	if err = s.authorize(ctx, command.PermRead, prefix, ""); err != nil {
+		return "", "", 0, err
+	}
+	if after = req.After; after != "" {
+		if after, err = normalize(after); err != nil {
+			return "", "", 0, err
+		}
+	}
+	switch limit = req.Limit; {
+	case limit == 0:
+		limit = DefaultListLimit
+	case limit < 0 || limit > MaxListLimit:
+		return "", "", 0, invalid("limit must be between 1 and %d", MaxListLimit)
+	}
+	if err = s.read(ctx, req.Stale); err != nil {
+		return "", "", 0, err
+	}
+	return prefix, after, limit, nil
 }
 
 // CreateSession creates an explicit session.

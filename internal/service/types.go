@@ -78,13 +78,24 @@ type RenewResponse struct {
 
 // LockView is the public state of one lock.
 type LockView struct {
-	Name     string  `json:"name"`
-	Held     bool    `json:"held"`
-	Holder   *Holder `json:"holder,omitempty"`
-	Waiters  int     `json:"waiters"`
-	Revision uint64  `json:"revision"`
+	Name    string  `json:"name"`
+	Held    bool    `json:"held"`
+	Holder  *Holder `json:"holder,omitempty"`
+	Waiters int     `json:"waiters"`
+	// Queue is the head of the wait queue in order (at most 100 waiters;
+	// Waiters counts them all). Only a read of one lock fills it.
+	Queue    []Waiter `json:"queue,omitempty"`
+	Revision uint64   `json:"revision"`
 	// Stale is set on a ?stale=true answer; the APIs send it as headers.
 	Stale *StaleRead `json:"-"`
+}
+
+// Waiter is one client waiting in a lock's queue.
+type Waiter struct {
+	ClientID   string    `json:"client_id"`
+	EnqueuedAt time.Time `json:"enqueued_at"`
+	// WaitDeadline is when its wait times out (leader's clock, for display).
+	WaitDeadline time.Time `json:"wait_deadline,omitzero"`
 }
 
 // StaleRead says how fresh a ?stale=true answer, read from the answering
@@ -128,6 +139,14 @@ type ListResponse struct {
 	More     bool       `json:"more"`
 	Revision uint64     `json:"revision"`
 	Stale    *StaleRead `json:"-"` // as LockView.Stale
+}
+
+// ElectionListResponse is one page of elections, like ListResponse.
+type ElectionListResponse struct {
+	Elections []ElectionView `json:"elections"`
+	More      bool           `json:"more"`
+	Revision  uint64         `json:"revision"`
+	Stale     *StaleRead     `json:"-"` // as LockView.Stale
 }
 
 // CreateSessionRequest creates an explicit session (a lease kept alive by

@@ -14,6 +14,33 @@ type LockInfo struct {
 	Waiters int
 }
 
+// QueuedInfo is one waiter in a lock's queue, as a reader may see it (no
+// lease id: that is the waiter's secret).
+type QueuedInfo struct {
+	ClientID   string
+	EnqueuedAt int64
+	Deadline   int64
+}
+
+// MaxQueueView bounds the waiters one read shows, so a lock with a long
+// queue cannot make one answer arbitrarily large; Waiters has the full count.
+const MaxQueueView = 100
+
+// LockQueue is the head of a lock's wait queue in order, at most
+// MaxQueueView waiters (LockInfo.Waiters has the full count).
+func (s *State) LockQueue(name string) []QueuedInfo {
+	lk, _ := s.locks.Get(&Lock{Name: name})
+	if lk == nil {
+		return nil
+	}
+	q := lk.Queue()
+	out := make([]QueuedInfo, 0, min(len(q), MaxQueueView))
+	for _, w := range q[:min(len(q), MaxQueueView)] {
+		out = append(out, QueuedInfo{ClientID: w.ClientID, EnqueuedAt: w.EnqueuedAt, Deadline: w.Deadline})
+	}
+	return out
+}
+
 // GetLock returns the view of a lock; a lock nobody holds or waits for is
 // simply not held.
 func (s *State) GetLock(name string) LockInfo {
@@ -86,6 +113,33 @@ func (s *State) GetElection(name string) ElectionInfo {
 		ei.HasLeader, ei.CandidateID, ei.Value, ei.Token, ei.Since, ei.ExpiresAt = true, l.ClientID, lk.Value(), lk.Token, lk.GrantedAt, l.ExpiresAt()
 	}
 	return ei
+}
+
+// ListElections returns up to limit elections whose names start with prefix
+// and sort after `after`, in name order, and whether more exist.
+func (s *State) ListElections(prefix, after string, limit int) ([]ElectionInfo, bool) {
+	start := command.ElectionKey(prefix)
+	if after > prefix {
+		start = command.ElectionKey(after)
+	}
+	var out []ElectionInfo
+	more := false
+	s.locks.AscendGreaterOrEqual(&Lock{Name: start}, func(lk *Lock) bool {
+		name, election := command.SplitKey(lk.Name)
+		if !election || !hasPrefix(name, prefix) {
+			return false
+		}
+		if name == after {
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		out = append(out, s.GetElection(name))
+		return true
+	})
+	return out, more
 }
 
 // LockState is the internal view of a lock used by the service to answer a

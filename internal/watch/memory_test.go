@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // SubscriptionBudget is what one subscription may add to a node's memory
@@ -77,15 +78,9 @@ func inUse() uint64 {
 
 func waitHolding(t *testing.T, s *Subscription) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Eventually(t, 30*time.Second, "a subscription to fill its channel", func() bool {
 		s.hub.mu.Lock()
-		holding := s.holding
-		s.hub.mu.Unlock()
-		if holding {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a subscription never filled its channel")
-		}
-	}
+		defer s.hub.mu.Unlock()
+		return s.holding
+	})
 }

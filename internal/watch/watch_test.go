@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 func ev(rev uint64, typ state.EventType, name string) state.Event {
@@ -128,17 +129,11 @@ func recv(t *testing.T, sub *Subscription) Event {
 // holds then is all it will get until the next append.
 func settle(t *testing.T, s *Subscription) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "the subscription to catch up with the hub", func() bool {
 		s.hub.mu.Lock()
-		idle := s.holding || s.cursor >= s.hub.next || s.ended && s.cursor >= s.endSeq
-		s.hub.mu.Unlock()
-		if idle {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the subscription never caught up with the hub")
-		}
-	}
+		defer s.hub.mu.Unlock()
+		return s.holding || s.cursor >= s.hub.next || s.ended && s.cursor >= s.endSeq
+	})
 }
 
 func TestCompactionAndRestore(t *testing.T) {

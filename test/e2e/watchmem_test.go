@@ -16,6 +16,7 @@ import (
 	"time"
 
 	dproc "github.com/dlock/dlock/internal/proc"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // The memory one open SSE watch may cost a node, whatever revision it starts
@@ -68,14 +69,13 @@ func TestSSEWatchersFromOldRevisionHaveBoundedMemory(t *testing.T) {
 		}
 	})
 	url := "http://" + api
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if code, _ := readyz(url); code == 200 {
-			break
+	testutil.Eventually(t, 30*time.Second, "the node to become ready", func() (bool, string) {
+		if p.Exited() {
+			t.Fatalf("the node exited (log %s)", p.LogPath)
 		}
-		if time.Now().After(deadline) || p.Exited() {
-			t.Fatalf("the node never became ready (log %s)", p.LogPath)
-		}
-	}
+		code, _ := readyz(url)
+		return code == 200, fmt.Sprintf("readyz %d; log %s", code, p.LogPath)
+	})
 
 	// ~6,000 events with 1 KiB values: 8 elections, each won once and
 	// proclaimed 749 times, from 8 clients at once.
@@ -134,15 +134,10 @@ func TestSSEWatchersFromOldRevisionHaveBoundedMemory(t *testing.T) {
 	if openErr != nil {
 		t.Fatalf("open %d watches: %v", watchers, openErr)
 	}
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	testutil.Eventually(t, 60*time.Second, fmt.Sprintf("the node to serve %d watchers", watchers), func() (bool, string) {
 		n, err := metric(url, "dlock_watchers")
-		if err == nil && n == float64(watchers) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the node serves %v watchers (%v); want %d", n, err, watchers)
-		}
-	}
+		return err == nil && n == float64(watchers), fmt.Sprintf("%v watchers (%v)", n, err)
+	})
 	after := settledRSS(t, p)
 	liveAfter := live(t, url)
 	grown, liveGrown := int64(after)-int64(before), int64(liveAfter)-int64(liveBefore)
