@@ -2,7 +2,7 @@
 # Long fault-injection soak of dlock (see docs/reliability.md).
 #
 #   scripts/chaos.sh [--duration 30m] [--seed S] [--nodes 3] [--clients 6]
-#                    [--log-store wal|bolt] [--bin PATH] [--keep]
+#                    [--log-store wal|bolt] [--raft-engine hashicorp|etcd] [--bin PATH] [--keep]
 #                    [--pace dense|normal] [--forensic]
 #
 # Runs real `dlock serve` processes behind link proxies, injects faults from
@@ -35,6 +35,7 @@ while [ $# -gt 0 ]; do
     --nodes) export DLOCK_CHAOS_NODES=$2; shift 2 ;;
     --clients) export DLOCK_CHAOS_CLIENTS=$2; shift 2 ;;
     --log-store) export DLOCK_CHAOS_LOG_STORE=$2; shift 2 ;;
+    --raft-engine) export DLOCK_TEST_RAFT_ENGINE=$2; shift 2 ;;
     --bin) export DLOCK_CHAOS_BIN=$2; shift 2 ;;
     --keep) export DLOCK_CHAOS_KEEP=1; shift ;;
     --pace) export DLOCK_CHAOS_PACE=$2; shift 2 ;;

@@ -95,13 +95,15 @@ from a running cluster to FILE, never overwriting it without --force. With
 }
 
 func newSnapshotRestoreCmd() *cobra.Command {
-	var dataDir, initial, logStore string
+	var dataDir, initial, logStore, engine string
 	cmd := &cobra.Command{
-		Use:   "restore FILE --data-dir DIR --initial-cluster id=host:port,...",
+		Use:   "restore FILE --data-dir DIR --initial-cluster id=host:port,... [--raft-engine hashicorp|etcd]",
 		Short: "seed an empty data dir from FILE for a new cluster",
 		Long: `Seeds an EMPTY data dir from FILE for a new cluster with these members. Do it
 for every member (same FILE, same --initial-cluster), then start them with
-dlock serve (without --initial-cluster).`,
+dlock serve (without --initial-cluster). --raft-engine picks the new cluster's
+replication engine: restoring a snapshot of a cluster of one engine into data
+dirs of the other is how a cluster moves between engines.`,
 		Args: snapshotFile,
 		RunE: func(_ *cobra.Command, args []string) error {
 			file := args[0]
@@ -116,7 +118,11 @@ dlock serve (without --initial-cluster).`,
 			if err != nil {
 				return fmt.Errorf("read snapshot: %w", err)
 			}
-			info, err := raftnode.RestoreSnapshot(dataDir, raftnode.LogStoreKind(logStore), b, peers)
+			eng, err := raftnode.ParseEngine(engine)
+			if err != nil {
+				return usageErrorf("--raft-engine: %v", err)
+			}
+			info, err := raftnode.RestoreSnapshotOn(eng, dataDir, raftnode.LogStoreKind(logStore), b, peers)
 			if err != nil {
 				return err
 			}
@@ -133,6 +139,8 @@ dlock serve (without --initial-cluster).`,
 	fs.StringVar(&initial, "initial-cluster", "", "the new cluster's members as id=raft-host:port,... (required)")
 	fs.StringVar(&logStore, "log-store", string(raftnode.DefaultLogStore), "log store for the new data dir: wal or bolt")
 	completeWords(cmd, "log-store", "wal", "bolt")
+	fs.StringVar(&engine, "raft-engine", string(raftnode.DefaultEngine), "replication engine of the new data dir: hashicorp or etcd")
+	completeWords(cmd, "raft-engine", "hashicorp", "etcd")
 	_ = cmd.MarkFlagDirname("data-dir")
 	return cmd
 }

@@ -39,7 +39,8 @@ func newDebugLogCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "log --data-dir DIR [--from N] [--to N] [--log-store wal|bolt]",
 		Short: "list the Raft log entries, decoded",
-		Long:  "Lists the Raft log entries, decoded.\n\n" + debugLong,
+		Long: "Lists the Raft log entries, decoded. A data dir of the etcd engine is recognised by\n" +
+			"its RAFT_ENGINE file (--log-store is the hashicorp engine's).\n\n" + debugLong,
 		RunE: func(_ *cobra.Command, _ []string) error {
 			if f.dataDir == "" {
 				return usageErrorf("--data-dir is required")

@@ -23,6 +23,7 @@ import (
 
 // raftFlags are the Raft tuning flags shared by serve and dev.
 type raftFlags struct {
+	engine            string
 	logStore          string
 	snapshotThreshold uint64
 	snapshotInterval  time.Duration
@@ -45,6 +46,7 @@ type raftFlags struct {
 }
 
 func (f *raftFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.engine, "raft-engine", "", "replication engine of a new data dir: hashicorp (default) or etcd (go.etcd.io/raft/v3); an existing data dir keeps its own")
 	fs.StringVar(&f.logStore, "log-store", string(raftnode.DefaultLogStore), "Raft log store: wal (hashicorp/raft-wal) or bolt (raft-boltdb/v2); both fsync every write")
 	fs.Uint64Var(&f.snapshotThreshold, "snapshot-threshold", 16384, "take a snapshot after this many new log entries")
 	fs.DurationVar(&f.snapshotInterval, "snapshot-interval", 30*time.Second, "how often to check whether a snapshot is due")
@@ -68,6 +70,7 @@ func (f *raftFlags) register(fs *pflag.FlagSet) {
 
 // complete offers the values of the flags that take one of a few words.
 func (f *raftFlags) complete(cmd *cobra.Command) {
+	completeWords(cmd, "raft-engine", "hashicorp", "etcd")
 	completeWords(cmd, "log-store", "wal", "bolt")
 	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
 	completeWords(cmd, "raft-log-level", "debug", "info", "warn", "error")
@@ -75,6 +78,13 @@ func (f *raftFlags) complete(cmd *cobra.Command) {
 }
 
 func (f *raftFlags) apply(c *raftnode.Config) error {
+	if f.engine != "" {
+		k, err := raftnode.ParseEngine(f.engine)
+		if err != nil {
+			return fmt.Errorf("--raft-engine: %w", err)
+		}
+		c.Engine = k
+	}
 	switch raftnode.LogStoreKind(f.logStore) {
 	case raftnode.LogStoreWAL, raftnode.LogStoreBolt:
 	default:

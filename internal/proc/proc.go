@@ -54,6 +54,14 @@ func Start(name, logPath, bin string, args []string, opts Options) (*Proc, error
 		cmd.Stdout = opts.Stdout
 	}
 	cmd.Env = opts.Env
+	if engine := os.Getenv("DLOCK_TEST_RAFT_ENGINE"); engine != "" {
+		// The suites' switch to run every dlock they start on one
+		// replication engine (dlock serve and dev read DLOCK_RAFT_ENGINE).
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "DLOCK_RAFT_ENGINE="+engine)
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	if opts.Prep != nil {
 		if err := opts.Prep(cmd); err != nil {

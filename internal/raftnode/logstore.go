@@ -73,6 +73,9 @@ const (
 // instead of blocking on bbolt's file lock, which would otherwise wait
 // forever.
 func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, closeFn func() error, err error) {
+	if k, _ := DataDirEngine(dir); k == EngineEtcd {
+		return openEtcdLogReader(dir)
+	}
 	cs, closeFn, err := openCheckedStore(kind, dir)
 	if err != nil {
 		return nil, nil, err

@@ -47,6 +47,9 @@ type Config struct {
 	// it with tlsconfig.Peer. Nil means plaintext.
 	PeerTLS *tls.Config
 
+	// Engine is the replication engine; a data dir keeps the engine it was
+	// created with, and "" means that one (DefaultEngine for a new dir).
+	Engine            EngineKind
 	LogStore          LogStoreKind
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
@@ -92,6 +95,9 @@ type Config struct {
 	// wrapLogStore, set only by tests, wraps the log store under the
 	// checksumming layer to inject faults.
 	wrapLogStore func(LogAndStableStore) LogAndStableStore
+	// etcdWriteHook, set only by tests, sees every etcd-engine log write
+	// before it reaches the store and may fail it.
+	etcdWriteHook func(group uint64) error
 }
 
 // Defaults fills unset fields with the documented defaults.
@@ -163,7 +169,7 @@ type Node struct {
 	cfg    Config
 	logger *slog.Logger
 
-	raft      *raft.Raft
+	raft      Engine
 	packer    *packer
 	fsm       *fsm.FSM
 	reaper    *expiry.Reaper
@@ -171,6 +177,11 @@ type Node struct {
 	trans     *raft.NetworkTransport
 	closeLogs func() error
 	disk      *diskGuard
+	// setFatal hands the log store the node's fail (hashicorp engine).
+	setFatal func(func(error))
+	// The etcd engine's transport and store (nil on hashicorp).
+	etcdTrans *etcdTransport
+	etcdStore *multiStore
 
 	// fatal is the storage failure that stopped this node; failed is
 	// closed when it is set.
@@ -245,15 +256,127 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}()
 
-	if err := checkLogStoreKind(cfg.DataDir, cfg.LogStore); err != nil {
+	if cfg.Engine == "" {
+		k, err := DataDirEngine(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		if k == "" {
+			k = DefaultEngine
+		}
+		cfg.Engine, n.cfg.Engine = k, k
+	}
+	if err := checkEngine(cfg.DataDir, cfg.Engine); err != nil {
 		return nil, err
+	}
+	var err error
+	if cfg.Engine == EngineEtcd {
+		err = n.openEtcd()
+	} else {
+		err = n.openHashicorp()
+	}
+	if err != nil {
+		return nil, err
+	}
+	dial := n.mux.Dialer
+
+	n.fwdClient = &http.Client{Transport: &http.Transport{
+		DialContext:         ForwardDialer(dial),
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
+	limitForwardServer(n.fwdServer)
+	n.wg.Add(4)
+	go func() { defer n.wg.Done(); n.packer.run() }()
+	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
+	go func() { defer n.wg.Done(); n.followLeadership() }()
+	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.registerSelf() }()
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.watchPeers() }()
+	ok = true
+	// Last: a write that failed during start-up is reported here at once.
+	if n.setFatal != nil {
+		n.setFatal(n.fail)
+	}
+	return n, nil
+}
+
+// listen opens the raft port and its mux (both engines share it).
+func (n *Node) listen() error {
+	cfg := n.cfg
+	ln, err := net.Listen("tcp", cfg.RaftAddr)
+	if err != nil {
+		return fmt.Errorf("listen for raft on %s: %w (is another node using this port?)", cfg.RaftAddr, err)
+	}
+	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
+	}
+	ln, dial := securePeers(ln, sourceDialer(cfg.RaftAddr), cfg.PeerTLS)
+	n.mux = NewMux(ln, adv, n.logger)
+	n.mux.Dialer = dial
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); _ = n.mux.Serve() }()
+	return nil
+}
+
+// openEtcd starts the etcd engine on the node's pebble log.
+func (n *Node) openEtcd() error {
+	cfg := n.cfg
+	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		return &RefusedError{Dir: cfg.DataDir, Err: err}
+	}
+	if err != nil {
+		return err
+	}
+	store.writeHook = cfg.etcdWriteHook
+	n.etcdStore = store
+	n.closeLogs = store.Close
+	if err := n.listen(); err != nil {
+		return err
+	}
+	n.etcdTrans = newEtcdTransport(n.mux, n.logger)
+	e, err := newEtcdEngine(etcdEngineConfig{
+		ID: cfg.ID, Group: defaultGroup, InitialCluster: cfg.InitialCluster,
+		Election:  max(cfg.HeartbeatTimeout, cfg.ElectionTimeout),
+		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
+		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: store, Transport: n.etcdTrans,
+		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", "1"),
+		OnFail:     n.fail,
+		PeerHealth: n.peers.set,
+	})
+	if err != nil {
+		var ce *CorruptError
+		if errors.As(err, &ce) || strings.Contains(err.Error(), "entries were lost") {
+			return &RefusedError{Dir: cfg.DataDir, Err: err}
+		}
+		return err
+	}
+	n.raft = e
+	// No commit notices: etcd raft tells the followers of every commit
+	// itself, in its next append or heartbeat.
+	n.packer = newPacker(e.Apply, nil, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
+	return nil
+}
+
+// openHashicorp starts hashicorp/raft on the data dir's log store.
+func (n *Node) openHashicorp() error {
+	cfg := n.cfg
+	if err := checkLogStoreKind(cfg.DataDir, cfg.LogStore); err != nil {
+		return err
 	}
 	if cfg.LogStore == LogStoreWAL || cfg.LogStore == "" {
 		logTornTail(filepath.Join(cfg.DataDir, walDirName), n.logger)
 	}
 	cs, closeLogs, err := openCheckedStore(cfg.LogStore, cfg.DataDir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	n.closeLogs = closeLogs
 	if cfg.wrapLogStore != nil {
@@ -264,29 +387,19 @@ func Open(cfg Config) (*Node, error) {
 	n.raftLog = hlog.(*hclogAdapter)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, cfg.SnapshotRetain, hlog) // adds "snapshots/"
 	if err != nil {
-		return nil, fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("open snapshot store in %s: %w", cfg.DataDir, err)
 	}
 	// Before Raft reads anything: Raft would apply a damaged entry, start
 	// from a log that lost acknowledged entries, or fall back to an older
 	// snapshot the log no longer continues (and panic).
 	if err := verifyDataDir(cs, snaps, cfg.DataDir, n.logger); err != nil {
-		return nil, err
+		return err
 	}
 
-	ln, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listen for raft on %s: %w (is another node using this port?)", cfg.RaftAddr, err)
+	if err := n.listen(); err != nil {
+		return err
 	}
-	adv, err := net.ResolveTCPAddr("tcp", cfg.RaftAdvertise)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("raft advertise address %q: %w", cfg.RaftAdvertise, err)
-	}
-	ln, dial := securePeers(ln, sourceDialer(cfg.RaftAddr), cfg.PeerTLS)
-	n.mux = NewMux(ln, adv, n.logger)
-	n.mux.Dialer = dial
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); _ = n.mux.Serve() }()
+	n.setFatal = cs.SetFatal
 	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: n.mux.RaftLayer(), MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog,
 	})
@@ -311,7 +424,7 @@ func Open(cfg Config) (*Node, error) {
 
 	hasState, err := raft.HasExistingState(store, store, snaps)
 	if err != nil {
-		return nil, fmt.Errorf("inspect raft state in %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("inspect raft state in %s: %w", cfg.DataDir, err)
 	}
 	// A write-through cache of the newest entries: without it the leader
 	// reads every entry it just wrote back from the WAL to replicate it, and
@@ -320,17 +433,16 @@ func Open(cfg Config) (*Node, error) {
 	// -20 %, leader -10 %.
 	logs, err := raft.NewLogCache(LogCacheEntries, store)
 	if err != nil {
-		return nil, fmt.Errorf("raft log cache: %w", err)
+		return fmt.Errorf("raft log cache: %w", err)
 	}
 	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
 	if err != nil {
-		return nil, fmt.Errorf("start raft: %w", err)
+		return fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
-	n.packer = newPacker(r.Apply, r.Barrier, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
 	if !hasState && len(cfg.InitialCluster) > 0 {
 		if _, self := cfg.InitialCluster[cfg.ID]; !self {
-			return nil, fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)
+			return fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)
 		}
 		ids := make([]string, 0, len(cfg.InitialCluster))
 		for id := range cfg.InitialCluster {
@@ -344,33 +456,15 @@ func Open(cfg Config) (*Node, error) {
 		// Every initial member bootstraps with the same configuration; Raft
 		// treats identical bootstraps as one.
 		if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-			return nil, fmt.Errorf("bootstrap cluster: %w", err)
+			return fmt.Errorf("bootstrap cluster: %w", err)
 		}
 		n.logger.Info("bootstrapped new cluster", "members", len(servers))
 	} else if hasState {
 		n.logger.Info("recovered raft state from data dir", "dir", cfg.DataDir)
 	}
 
-	n.fwdClient = &http.Client{Transport: &http.Transport{
-		DialContext:         ForwardDialer(dial),
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-	}}
-	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
-	limitForwardServer(n.fwdServer)
-	n.wg.Add(4)
-	go func() { defer n.wg.Done(); n.packer.run() }()
-	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
-	go func() { defer n.wg.Done(); n.followLeadership() }()
-	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.registerSelf() }()
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); n.watchPeers() }()
-	ok = true
-	// Last: a write that failed during start-up is reported here at once.
-	cs.SetFatal(n.fail)
-	return n, nil
+	n.packer = newPacker(r.Apply, r.Barrier, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
+	return nil
 }
 
 // fail stops the node after a storage failure: a write or fsync that failed
@@ -417,8 +511,11 @@ func (f proposerFunc) Propose(ctx context.Context, e *command.Envelope) error { 
 // FSM is the node's state machine (for reads and observers).
 func (n *Node) FSM() *fsm.FSM { return n.fsm }
 
-// Raft exposes the underlying Raft instance for status and tests.
-func (n *Node) Raft() *raft.Raft { return n.raft }
+// Raft exposes the replication engine for status and tests.
+func (n *Node) Raft() Engine { return n.raft }
+
+// Engine is the node's replication engine kind.
+func (n *Node) Engine() EngineKind { return n.cfg.Engine }
 
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.ID }
@@ -740,6 +837,9 @@ func (n *Node) closeAll() {
 	}
 	if n.trans != nil {
 		_ = n.trans.Close()
+	}
+	if n.etcdTrans != nil {
+		n.etcdTrans.Close()
 	}
 	if n.mux != nil {
 		_ = n.mux.Close()

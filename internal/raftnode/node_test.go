@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,17 @@ import (
 
 // freeRaftAddr is a loopback address that nothing listens on right now and
 // that no other node of this test process was given.
-func freeRaftAddr(t *testing.T) string {
+// testEngine is the engine the package's clusters run on:
+// DLOCK_TEST_RAFT_ENGINE (hashicorp or etcd), default hashicorp.
+func testEngine() EngineKind {
+	k, err := ParseEngine(os.Getenv("DLOCK_TEST_RAFT_ENGINE"))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+func freeRaftAddr(t testing.TB) string {
 	t.Helper()
 	addr, err := loopback.FreeAddr()
 	if err != nil {
@@ -51,6 +62,7 @@ func openTestClusterWith(t *testing.T, ids []string, set func(*Config)) (map[str
 	for _, id := range ids {
 		cfg := Config{ID: id, DataDir: t.TempDir(), RaftAddr: addrs[id], InitialCluster: addrs,
 			RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		cfg.Engine = testEngine()
 		set(&cfg)
 		n, err := Open(cfg)
 		if err != nil {

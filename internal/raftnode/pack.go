@@ -197,6 +197,9 @@ func (p *packer) mayPropose() bool {
 // noticeOwed says whether the followers have yet to learn of a commit while
 // no entry is under commit (whose own answer would come first).
 func (p *packer) noticeOwed() bool {
+	if p.barrier == nil {
+		return false // the engine announces commits itself (etcd engine)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.owed && p.inFlight == 0

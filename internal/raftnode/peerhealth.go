@@ -44,6 +44,10 @@ func (p *peerHealth) reset() {
 
 // watchPeers follows Raft's heartbeat observations until the node stops.
 func (n *Node) watchPeers() {
+	r, ok := n.raft.(*raft.Raft)
+	if !ok {
+		return // the etcd engine reports peers through its transport
+	}
 	ch := make(chan raft.Observation, 64)
 	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
@@ -52,8 +56,8 @@ func (n *Node) watchPeers() {
 		}
 		return false
 	})
-	n.raft.RegisterObserver(obs)
-	defer n.raft.DeregisterObserver(obs)
+	r.RegisterObserver(obs)
+	defer r.DeregisterObserver(obs)
 	for {
 		select {
 		case <-n.ctx.Done():

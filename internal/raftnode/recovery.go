@@ -54,6 +54,11 @@ func Recover(dataDir string, peers map[string]string) error {
 	if err != nil {
 		return err
 	}
+	if k, err := DataDirEngine(dataDir); err != nil {
+		return err
+	} else if k == EngineEtcd {
+		return recoverEtcd(dataDir, peers)
+	}
 	kind := dataDirKind(dataDir)
 	store, snaps, hlog, closeLogs, err := openOffline(kind, dataDir)
 	if err != nil {
@@ -89,6 +94,14 @@ type Restored struct {
 // The old cluster's signing key is retired in the seeded state, so the new
 // cluster signs with a key of its own (state.RetireSigningKey).
 func RestoreSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, peers map[string]string) (Restored, error) {
+	return RestoreSnapshotOn(EngineHashicorp, dataDir, kind, snapshot, peers)
+}
+
+// RestoreSnapshotOn is RestoreSnapshot into a data dir of the given engine
+// (kind is the hashicorp engine's log store; the etcd engine has one). It
+// is also how a cluster moves between engines: save a snapshot from the old
+// cluster, restore it into new data dirs of the other engine.
+func RestoreSnapshotOn(engine EngineKind, dataDir string, kind LogStoreKind, snapshot []byte, peers map[string]string) (Restored, error) {
 	cfg, err := peersConfiguration(peers)
 	if err != nil {
 		return Restored{}, err
@@ -103,7 +116,12 @@ func RestoreSnapshot(dataDir string, kind LogStoreKind, snapshot []byte, peers m
 	info := Restored{Index: st.Index()}
 	info.RetiredKey, info.RetiredKeyOK = st.RetireSigningKey()
 	snapshot = st.Snapshot()
-	if err := seedSnapshot(dataDir, kind, snapshot, st.Index(), cfg); err != nil {
+	if engine == EngineEtcd {
+		err = seedEtcdSnapshot(dataDir, snapshot, st.Index(), peers)
+	} else {
+		err = seedSnapshot(dataDir, kind, snapshot, st.Index(), cfg)
+	}
+	if err != nil {
 		return Restored{}, err
 	}
 	return info, nil

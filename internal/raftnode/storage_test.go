@@ -237,7 +237,7 @@ func TestTornUnconfirmedTailStarts(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a torn unconfirmed tail refused the start: %v", err)
 	}
-	if got := n.raft.LastIndex(); got >= last {
+	if got := n.raft.(*raft.Raft).LastIndex(); got >= last {
 		t.Fatalf("last index %d: the torn entry %d was kept", got, last)
 	}
 }
@@ -481,7 +481,7 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 	testutil.Eventually(t, 10*time.Second, "the follower did not apply the write after the install", func() bool { return hasMember(n, "after") })
 	// raft-wal serves entries it compacted logically while they are still
 	// in its tail segment, so only the bolt store forces the install here.
-	if got := n.raft.Stats()["last_snapshot_index"]; got == "0" && kind == LogStoreBolt {
+	if got := n.raft.(*raft.Raft).Stats()["last_snapshot_index"]; got == "0" && kind == LogStoreBolt {
 		t.Fatal("the follower caught up without a snapshot install; the test needs one")
 	}
 	if err := n.Shutdown(); err != nil {
@@ -496,6 +496,9 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 // elect a leader and go on, and the failed node, restarted on a healthy
 // disk, rejoins with every acknowledged write.
 func TestLeaderStorageFailureInCluster(t *testing.T) {
+	if testEngine() != EngineHashicorp {
+		t.Skip("injects faults under hashicorp/raft's log store; the etcd engine's is TestEtcdEngineLeaderWriteFailureStops")
+	}
 	var mu sync.Mutex
 	faulty := map[string]*faultyStore{}
 	nodes, leaderID := openTestClusterWith(t, []string{"n1", "n2", "n3"}, func(c *Config) {

@@ -25,6 +25,7 @@ import (
 const (
 	ConnRaft    byte = 'R' // hashicorp/raft NetworkTransport RPCs
 	ConnForward byte = 'F' // follower → leader request forwarding (HTTP/1.1)
+	ConnEtcd    byte = 'E' // etcd engine: framed Raft messages of any group
 )
 
 // Defaults for the Mux timeouts; see the Mux fields for why each exists.
@@ -69,6 +70,7 @@ type Mux struct {
 
 	raft    *subListener
 	forward *subListener
+	etcd    *subListener
 
 	// ctx is cancelled by Close; in-flight handshakes watch it so Close does
 	// not have to wait out HandshakeTimeout.
@@ -120,6 +122,7 @@ func NewMux(ln net.Listener, advertise net.Addr, logger *slog.Logger) *Mux {
 	}
 	m.raft = newSubListener(advertise)
 	m.forward = newSubListener(advertise)
+	m.etcd = newSubListener(advertise)
 	return m
 }
 
@@ -196,6 +199,8 @@ func (m *Mux) route(conn net.Conn) {
 		sub = m.raft
 	case ConnForward:
 		sub = m.forward
+	case ConnEtcd:
+		sub = m.etcd
 	default:
 		m.logger.Debug("raft port: dropping connection with unknown type byte",
 			"remote", conn.RemoteAddr().String(), "type", typ)
@@ -276,6 +281,7 @@ func (m *Mux) Close() error {
 		err := m.ln.Close()
 		m.raft.close()
 		m.forward.close()
+		m.etcd.close()
 		m.wg.Wait()
 		if err != nil && !errors.Is(err, net.ErrClosed) {
 			m.closeErr = fmt.Errorf("close raft listener %s: %w", m.ln.Addr(), err)
@@ -295,6 +301,16 @@ func (m *Mux) RaftLayer() raft.StreamLayer {
 // with http.Server.Serve. Closing it stops only forward traffic.
 func (m *Mux) ForwardListener() net.Listener {
 	return m.forward
+}
+
+// EtcdListener returns the listener of the etcd engine's message streams.
+func (m *Mux) EtcdListener() net.Listener {
+	return m.etcd
+}
+
+// dialEtcd opens an etcd-engine message stream to the raft port at address.
+func (m *Mux) dialEtcd(ctx context.Context, address string) (net.Conn, error) {
+	return dialTyped(ctx, orDefaultDialer(m.Dialer), "tcp", address, ConnEtcd)
 }
 
 // DialForward opens a forward connection to the raft port at address over

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -52,6 +53,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	// Raft's own timings come through the go-metrics bridge (the gauges above
 	// are ours; these are emitted by hashicorp/raft itself).
+	if c.Server(leader).Node.Engine() != raftnode.EngineHashicorp {
+		return
+	}
 	for _, want := range []string{"dlock_raft_commit_seconds_count ", "dlock_raft_leader_log_write_seconds_count ", "dlock_raft_fsm_apply_batch_seconds_count ", `dlock_raft_replication_seconds_count{peer_id="`} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack Raft's own %q", want)

@@ -69,7 +69,7 @@ func TestSnapshotSaveAndRestoreIntoNewCluster(t *testing.T) {
 	src.Stop()
 
 	dst := testcluster.NewWith(t, 3, testcluster.Options{Prepare: func(id, dir string, peers map[string]string) {
-		if _, err := raftnode.RestoreSnapshot(dir, "", snap, peers); err != nil {
+		if _, err := raftnode.RestoreSnapshotOn(testcluster.Engine(), dir, "", snap, peers); err != nil {
 			t.Fatalf("restore into %s: %v", id, err)
 		}
 	}})
@@ -129,7 +129,7 @@ func TestRestoredClusterSignsWithANewKey(t *testing.T) {
 
 	var retired raftnode.Restored
 	dst := testcluster.NewWith(t, 3, testcluster.Options{Prepare: func(id, dir string, peers map[string]string) {
-		info, err := raftnode.RestoreSnapshot(dir, "", snap, peers)
+		info, err := raftnode.RestoreSnapshotOn(testcluster.Engine(), dir, "", snap, peers)
 		if err != nil {
 			t.Fatalf("restore into %s: %v", id, err)
 		}

@@ -129,6 +129,16 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 	return c
 }
 
+// Engine is the replication engine test clusters run on:
+// DLOCK_TEST_RAFT_ENGINE (hashicorp or etcd), else the default.
+func Engine() raftnode.EngineKind {
+	k, err := raftnode.ParseEngine(os.Getenv("DLOCK_TEST_RAFT_ENGINE"))
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
 // IDs lists the node ids.
 func (c *Cluster) IDs() []string {
 	c.mu.Lock()
@@ -141,7 +151,7 @@ func (c *Cluster) Start(id string) {
 	c.t.Helper()
 	c.mu.Lock()
 	rc := raftnode.Config{ID: id, DataDir: filepath.Join(c.dir, id), RaftAddr: c.raft[id], InitialCluster: c.initial(),
-		RaftLogLevel: raftLevel(), Logger: c.logger}
+		RaftLogLevel: raftLevel(), Logger: c.logger, Engine: Engine()}
 	var join []string
 	if c.joiners[id] {
 		rc.InitialCluster = nil

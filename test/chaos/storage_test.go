@@ -135,6 +135,10 @@ func (c *cluster) damage(i int, kind string, pick int) (string, error) {
 	}
 	segs, _ := filepath.Glob(filepath.Join(nd.dataDir, "wal", "*.wal"))
 	if len(segs) == 0 {
+		// The etcd engine: pebble's write-ahead logs (not preallocated).
+		segs, _ = filepath.Glob(filepath.Join(nd.dataDir, "raftlog", "*.log"))
+	}
+	if len(segs) == 0 {
 		return "no wal segment (bolt log store?): nothing damaged", nil
 	}
 	sort.Strings(segs) // names start with the base index

@@ -1,0 +1,113 @@
+// Replication engines: hashicorp/raft (the default) or go.etcd.io/raft/v3
+// (etcdengine.go). The node drives either through one interface, the subset
+// of *raft.Raft it uses, so everything above raftnode is the same on both.
+
+package raftnode
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// EngineKind names a replication engine.
+type EngineKind string
+
+const (
+	// EngineHashicorp is github.com/hashicorp/raft with the log store of
+	// Config.LogStore.
+	EngineHashicorp EngineKind = "hashicorp"
+	// EngineEtcd is go.etcd.io/raft/v3 with a pebble log shared by every
+	// group of the node.
+	EngineEtcd EngineKind = "etcd"
+)
+
+// DefaultEngine is the engine of new data dirs when none is chosen.
+const DefaultEngine = EngineHashicorp
+
+// ParseEngine checks an engine name from a flag.
+func ParseEngine(s string) (EngineKind, error) {
+	switch k := EngineKind(s); k {
+	case EngineHashicorp, EngineEtcd:
+		return k, nil
+	case "":
+		return DefaultEngine, nil
+	}
+	return "", fmt.Errorf("raft engine %q: use hashicorp or etcd", s)
+}
+
+// Engine is what the node uses of its replication engine: hashicorp/raft's
+// *raft.Raft satisfies it as it is, and the etcd engine presents the same
+// methods.
+type Engine interface {
+	State() raft.RaftState
+	LeaderWithID() (raft.ServerAddress, raft.ServerID)
+	LeaderCh() <-chan bool
+	LastContact() time.Time
+	CurrentTerm() uint64
+	CommitIndex() uint64
+	Apply(cmd []byte, timeout time.Duration) raft.ApplyFuture
+	Barrier(timeout time.Duration) raft.Future
+	VerifyLeader() raft.Future
+	GetConfiguration() raft.ConfigurationFuture
+	AddVoter(id raft.ServerID, addr raft.ServerAddress, prevIndex uint64, timeout time.Duration) raft.IndexFuture
+	AddNonvoter(id raft.ServerID, addr raft.ServerAddress, prevIndex uint64, timeout time.Duration) raft.IndexFuture
+	RemoveServer(id raft.ServerID, prevIndex uint64, timeout time.Duration) raft.IndexFuture
+	LeadershipTransfer() raft.Future
+	LeadershipTransferToServer(id raft.ServerID, addr raft.ServerAddress) raft.Future
+	Snapshot() raft.SnapshotFuture
+	Shutdown() raft.Future
+}
+
+var (
+	_ Engine = (*raft.Raft)(nil)
+	_ Engine = (*etcdEngine)(nil)
+)
+
+// engineFile records a data dir's engine.
+const engineFile = "RAFT_ENGINE"
+
+// DataDirEngine is the engine a data dir was created with: its RAFT_ENGINE
+// file, else hashicorp for a dir that has a log already (created before
+// engines could be chosen), else "" for a new dir.
+func DataDirEngine(dir string) (EngineKind, error) {
+	b, err := os.ReadFile(filepath.Join(dir, engineFile))
+	switch {
+	case err == nil:
+		return EngineKind(strings.TrimSpace(string(b))), nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("read %s: %w", filepath.Join(dir, engineFile), err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "LOG_STORE")); err == nil {
+		return EngineHashicorp, nil
+	}
+	return "", nil
+}
+
+// checkEngine pins a data dir to the engine it was created with: the other
+// engine would find no log there and could bootstrap a fresh, empty cluster
+// over the old one.
+func checkEngine(dir string, kind EngineKind) error {
+	got, err := DataDirEngine(dir)
+	if err != nil {
+		return err
+	}
+	switch got {
+	case kind:
+		if _, err := os.Stat(filepath.Join(dir, engineFile)); err == nil {
+			return nil
+		}
+	case "":
+	default:
+		return fmt.Errorf("data dir %s was created with --raft-engine %s; start with --raft-engine %s (or use a new data dir; docs/operations.md says how to move a cluster between engines)", dir, got, got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, engineFile), []byte(string(kind)+"\n"), 0o640); err != nil {
+		return fmt.Errorf("record raft engine in %s: %w", dir, err)
+	}
+	return nil
+}

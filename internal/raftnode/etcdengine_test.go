@@ -1,0 +1,501 @@
+package raftnode
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	hraft "github.com/hashicorp/raft"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testutil"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// openEtcdCluster starts an etcd-engine cluster in dirs it returns (for
+// restarts), with each Config adjusted by set.
+func openEtcdCluster(t *testing.T, ids []string, set func(*Config)) (map[string]*Node, map[string]Config) {
+	t.Helper()
+	addrs := map[string]string{}
+	for _, id := range ids {
+		addrs[id] = freeRaftAddr(t)
+	}
+	nodes, cfgs := map[string]*Node{}, map[string]Config{}
+	for _, id := range ids {
+		cfg := Config{ID: id, DataDir: t.TempDir(), RaftAddr: addrs[id], InitialCluster: addrs, Engine: EngineEtcd,
+			RaftLogLevel: "off", Logger: quietLogger()}
+		if set != nil {
+			set(&cfg)
+		}
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[id], cfgs[id] = n, cfg
+		t.Cleanup(func() { _ = n.Shutdown() })
+	}
+	waitLeader(t, nodes)
+	return nodes, cfgs
+}
+
+// waitLeader waits for a ready leader among the running nodes.
+func waitLeader(t *testing.T, nodes map[string]*Node) string {
+	t.Helper()
+	var leader string
+	testutil.Eventually(t, 20*time.Second, "no ready leader", func() bool {
+		for id, n := range nodes {
+			if n.Err() == nil && n.IsLeader() {
+				leader = id
+				return true
+			}
+		}
+		return false
+	})
+	return leader
+}
+
+func acquire(t *testing.T, n *Node, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := n.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: "r-" + name, Body: &command.Acquire{Name: name, TTLms: 60000}})
+	if err != nil {
+		t.Fatalf("acquire %s via %s: %v", name, n.ID(), err)
+	}
+	if resp.Result.Status != command.StatusOK {
+		t.Fatalf("acquire %s: status %v", name, resp.Result.Status)
+	}
+}
+
+func digest(n *Node) (idx, d uint64) {
+	n.FSM().Read(func(s *state.State) { idx, d = s.Index(), s.Digest() })
+	return
+}
+
+// sameState waits until every node has applied the same index with the same
+// state digest.
+func sameState(t *testing.T, nodes map[string]*Node) {
+	t.Helper()
+	defer func() {
+		if t.Failed() {
+			for id, n := range nodes {
+				i, d := digest(n)
+				t.Logf("%s: applied %d digest %x status %+v", id, i, d, n.Status())
+			}
+		}
+	}()
+	testutil.Eventually(t, 20*time.Second, "replicas did not converge on one state", func() bool {
+		var first *[2]uint64
+		for _, n := range nodes {
+			i, d := digest(n)
+			if first == nil {
+				first = &[2]uint64{i, d}
+			} else if first[0] != i || first[1] != d {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestEtcdEngineReplicatesAndFailsOver(t *testing.T) {
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, nil)
+	leader := waitLeader(t, nodes)
+	for i := range 20 {
+		// Through the leader and through a follower (forwarded).
+		via := nodes[leader]
+		if i%2 == 1 {
+			for id, n := range nodes {
+				if id != leader {
+					via = n
+				}
+			}
+		}
+		acquire(t, via, fmt.Sprintf("lock-%d", i))
+	}
+	sameState(t, nodes)
+	for _, n := range nodes {
+		if err := n.LinearizableRead(context.Background()); err != nil {
+			t.Fatalf("read on %s: %v", n.ID(), err)
+		}
+	}
+	// The leader goes; the others elect one and go on.
+	_ = nodes[leader].Shutdown()
+	delete(nodes, leader)
+	next := waitLeader(t, nodes)
+	if next == leader {
+		t.Fatal("the stopped node still leads")
+	}
+	acquire(t, nodes[next], "after-failover")
+	sameState(t, nodes)
+}
+
+func TestEtcdEngineRestartKeepsState(t *testing.T) {
+	nodes, cfgs := openEtcdCluster(t, []string{"a"}, nil)
+	for i := range 10 {
+		acquire(t, nodes["a"], fmt.Sprintf("l%d", i))
+	}
+	wantIdx, want := digest(nodes["a"])
+	if err := nodes["a"].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Open(cfgs["a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Shutdown() })
+	waitLeader(t, map[string]*Node{"a": n})
+	testutil.Eventually(t, 10*time.Second, "log not replayed", func() bool { i, _ := digest(n); return i >= wantIdx })
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("l9").Held {
+			t.Fatal("lock l9 lost over a restart")
+		}
+	})
+	_ = want
+	// A data dir keeps its engine.
+	_ = n.Shutdown()
+	c := cfgs["a"]
+	c.Engine = EngineHashicorp
+	if _, err := Open(c); err == nil {
+		t.Fatal("an etcd data dir opened with the hashicorp engine")
+	}
+}
+
+// TestEtcdEngineLeaderWriteFailureStops: a leader whose own log write fails
+// stops at once and never writes again (not the same index, not any other);
+// the others elect a leader and keep every acknowledged write.
+func TestEtcdEngineLeaderWriteFailureStops(t *testing.T) {
+	var failNode atomic.Value // id of the node whose writes fail
+	failNode.Store("")
+	var mu sync.Mutex
+	after := map[string]int{} // writes attempted after the failure
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
+		id := c.ID
+		failed := false
+		c.etcdWriteHook = func(uint64) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if failed {
+				after[id]++
+				return errors.New("injected: written again after a failure")
+			}
+			if failNode.Load() == id {
+				failed = true
+				return errors.New("injected fsync failure")
+			}
+			return nil
+		}
+	})
+	leader := waitLeader(t, nodes)
+	acquire(t, nodes[leader], "before")
+	failNode.Store(leader)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err := nodes[leader].Apply(ctx, &command.Envelope{ClientID: "c", RequestID: "during", Body: &command.Acquire{Name: "during", TTLms: 60000}})
+	cancel()
+	if err == nil {
+		t.Log("the write during the failure was answered (it committed on the followers)")
+	}
+	select {
+	case <-nodes[leader].Failed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the leader whose write failed did not stop")
+	}
+	if !errors.Is(nodes[leader].Err(), nodes[leader].Err()) || nodes[leader].Err() == nil {
+		t.Fatal("no storage error recorded")
+	}
+	rest := map[string]*Node{}
+	for id, n := range nodes {
+		if id != leader {
+			rest[id] = n
+		}
+	}
+	next := waitLeader(t, rest)
+	acquire(t, rest[next], "after")
+	sameState(t, rest)
+	rest[next].FSM().Read(func(s *state.State) {
+		if !s.GetLock("before").Held {
+			t.Fatal("an acknowledged write was lost")
+		}
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if after[leader] != 0 {
+		t.Fatalf("the failed leader wrote its log %d more times after the failure", after[leader])
+	}
+}
+
+// TestEtcdStoreDetectsCorruption: an entry whose bytes changed on disk is
+// refused on read, and the node refuses to start from the dir.
+func TestEtcdStoreDetectsCorruption(t *testing.T) {
+	nodes, cfgs := openEtcdCluster(t, []string{"a"}, nil)
+	for i := range 5 {
+		acquire(t, nodes["a"], fmt.Sprintf("l%d", i))
+	}
+	_ = nodes["a"].Shutdown()
+	dir := filepath.Join(cfgs["a"].DataDir, etcdStoreDir)
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quietPebbleLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := groupKey(defaultGroup, keyEntry, 3)
+	v, closer, err := db.Get(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append([]byte(nil), v...)
+	closer.Close()
+	bad[len(bad)-1] ^= 0x40
+	if err := db.Set(k, bad, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Close()
+
+	s, err := openMultiStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Load(defaultGroup)
+	_ = s.Close()
+	var ce *CorruptError
+	if !errors.As(err, &ce) || ce.Index != 3 {
+		t.Fatalf("Load = %v, want corruption at index 3", err)
+	}
+	_, err = Open(cfgs["a"])
+	var re *RefusedError
+	if !errors.As(err, &re) {
+		t.Fatalf("Open = %v, want the data dir refused", err)
+	}
+}
+
+// tearNewestWAL cuts the newest pebble WAL of the store at dir by cut bytes.
+func tearNewestWAL(t *testing.T, dir string, cut int64) {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	sort.Strings(logs)
+	for i := len(logs) - 1; i >= 0; i-- {
+		fi, err := os.Stat(logs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > cut+16 {
+			if err := os.Truncate(logs[i], fi.Size()-cut); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no WAL in %s long enough to tear", dir)
+}
+
+// TestEtcdStoreTornTail: a crash in the middle of a write leaves the newest
+// WAL record half written. That write was never acknowledged (nothing is
+// before its fsync returns): the node opens without it, with everything
+// before. A torn tail that takes acknowledged entries with it is caught by
+// the durable mark, and the node refuses its data dir.
+func TestEtcdStoreTornTail(t *testing.T) {
+	nodes, cfgs := openEtcdCluster(t, []string{"a"}, nil)
+	for i := range 5 {
+		acquire(t, nodes["a"], fmt.Sprintf("l%d", i))
+	}
+	_ = nodes["a"].Shutdown()
+	dir := filepath.Join(cfgs["a"].DataDir, etcdStoreDir)
+
+	// The write in flight at the crash: appended, never acknowledged.
+	s, err := openMultiStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := s.Load(defaultGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := gs.Entries[len(gs.Entries)-1]
+	next := raftpb.Entry{Term: last.Term, Index: last.Index + 1, Data: bytes.Repeat([]byte{7}, 300)}
+	if err := s.Save(defaultGroup, raftpb.HardState{}, []raftpb.Entry{next}, raftpb.Snapshot{}, true); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	tearNewestWAL(t, dir, 100)
+
+	n, err := Open(cfgs["a"])
+	if err != nil {
+		t.Fatalf("open after a torn tail: %v", err)
+	}
+	waitLeader(t, map[string]*Node{"a": n})
+	acquire(t, n, "after-tear")
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("l4").Held {
+			t.Fatal("entries before the torn record were lost")
+		}
+	})
+	_ = n.Shutdown()
+
+	// Now lose acknowledged entries, with a hard state that agrees (as a
+	// disk that dropped the tail's pages could leave it): only the durable
+	// mark knows the log held more.
+	s, err = openMultiStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err = s.Load(defaultGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastIdx := gs.Entries[len(gs.Entries)-1].Index
+	if err := s.db.DeleteRange(groupKey(defaultGroup, keyEntry, lastIdx-1), groupKey(defaultGroup, keyEntry, lastIdx+1), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	hs := gs.HardState
+	hs.Commit = lastIdx - 2
+	if err := s.Save(defaultGroup, hs, nil, raftpb.Snapshot{}, true); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	_, err = Open(cfgs["a"])
+	var re *RefusedError
+	if !errors.As(err, &re) {
+		t.Fatalf("Open after losing acknowledged entries = %v, want the data dir refused", err)
+	}
+}
+
+// TestEtcdEngineMembershipAndSnapshots: a new member joins as a learner,
+// catches up from a snapshot (the log behind it is compacted), is promoted,
+// and leadership moves to it; a member is removed.
+func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
+	small := func(c *Config) {
+		c.SnapshotThreshold, c.TrailingLogs = 8, 4
+		if os.Getenv("DLOCK_TEST_LOG") != "" {
+			c.RaftLogLevel, c.Logger = "debug", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+	}
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, small)
+	leader := waitLeader(t, nodes)
+	for i := range 40 {
+		acquire(t, nodes[leader], fmt.Sprintf("l%d", i))
+	}
+	addr := freeRaftAddr(t)
+	cfg := Config{ID: "d", DataDir: t.TempDir(), RaftAddr: addr, Engine: EngineEtcd, RaftLogLevel: "off", Logger: quietLogger()}
+	small(&cfg)
+	d, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Shutdown() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := nodes[leader].Join(ctx, "d", addr); err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	nodes["d"] = d
+	testutil.Eventually(t, 30*time.Second, "the new member was not promoted", func() bool {
+		cfg, err := nodes[waitLeader(t, nodes)].configuration()
+		if err != nil {
+			return false
+		}
+		for _, s := range cfg.Servers {
+			if s.ID == "d" && s.Suffrage == hraft.Voter {
+				return true
+			}
+		}
+		return false
+	})
+	sameState(t, nodes)
+	leader = waitLeader(t, nodes)
+	if err := nodes[leader].TransferLeadership(ctx, "d"); err != nil {
+		t.Fatalf("transfer: %v", err)
+	}
+	testutil.Eventually(t, 20*time.Second, "leadership did not move to d", func() bool { return d.IsLeader() })
+	acquire(t, nodes["b"], "after-transfer")
+	if err := d.Remove(ctx, "a"); err != nil {
+		t.Fatalf("remove: %v", err)
+	}
+	_ = nodes["a"].Shutdown()
+	delete(nodes, "a")
+	acquire(t, nodes["c"], "after-remove")
+	sameState(t, nodes)
+	cfgNow, _ := d.configuration()
+	if len(cfgNow.Servers) != 3 {
+		t.Fatalf("configuration after remove: %+v", cfgNow.Servers)
+	}
+}
+
+// TestMoveToEtcdEngineAndRecover: a hashicorp cluster's state, saved as a
+// snapshot, seeds an etcd-engine cluster (the migration path), which keeps
+// every lock; after a quorum loss, recover forces a new member list onto an
+// etcd-engine dir and the survivor serves alone with its state.
+func TestMoveToEtcdEngineAndRecover(t *testing.T) {
+	old, oldLeader := openTestClusterWith(t, []string{"h"}, func(c *Config) { c.Engine = EngineHashicorp })
+	acquire(t, old[oldLeader], "kept")
+	var saved []byte
+	old[oldLeader].FSM().Read(func(s *state.State) { saved = s.Snapshot() })
+	_ = old[oldLeader].Shutdown()
+
+	dir, addr := t.TempDir(), freeRaftAddr(t)
+	if _, err := RestoreSnapshotOn(EngineEtcd, dir, "", saved, map[string]string{"x": addr}); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := DataDirEngine(dir); k != EngineEtcd {
+		t.Fatalf("restored dir's engine = %q", k)
+	}
+	// No engine given: the dir's own is used.
+	cfg := Config{ID: "x", DataDir: dir, RaftAddr: addr, RaftLogLevel: "off", Logger: quietLogger()}
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLeader(t, map[string]*Node{"x": n})
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("kept").Held {
+			t.Fatal("the restored cluster lost a lock")
+		}
+	})
+	acquire(t, n, "new")
+	_ = n.Shutdown()
+
+	// Its (imagined) peers are gone: force a one-member list at a new address.
+	addr2 := freeRaftAddr(t)
+	if err := Recover(dir, map[string]string{"x": addr2}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.RaftAddr = addr2
+	n, err = Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Shutdown() })
+	waitLeader(t, map[string]*Node{"x": n})
+	n.FSM().Read(func(s *state.State) {
+		if !s.GetLock("kept").Held || !s.GetLock("new").Held {
+			t.Fatal("recover lost state")
+		}
+	})
+	var buf bytes.Buffer
+	_ = n.Shutdown()
+	if err := dumpForTest(dir, &buf); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dumpForTest(dir string, w io.Writer) error {
+	st, closeFn, err := OpenLogStore("", dir)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	_, err = st.LastIndex()
+	return err
+}

@@ -1,0 +1,299 @@
+// The etcd engine's durable log: one pebble database per node, keyed by Raft
+// group, so every group a node hosts shares one write-ahead log and one
+// fsync per batch.
+
+package raftnode
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// etcdStoreDir is the pebble database under a data dir (etcd engine).
+const etcdStoreDir = "raftlog"
+
+// Key layout: 'g' | group (8 bytes, big endian) | kind | [index (8 bytes)].
+// Big-endian indexes make a group's entries one contiguous, ordered range.
+const (
+	keyEntry     byte = 'e'
+	keyHardState byte = 'h'
+	keySnapshot  byte = 's'
+)
+
+// groupKey is the key of one record of group g.
+func groupKey(g uint64, kind byte, index uint64) []byte {
+	k := make([]byte, 0, 18)
+	k = append(k, 'g')
+	k = binary.BigEndian.AppendUint64(k, g)
+	k = append(k, kind)
+	if kind == keyEntry {
+		k = binary.BigEndian.AppendUint64(k, index)
+	}
+	return k
+}
+
+// sealValue prefixes payload with a CRC-32C of key and payload: a record
+// that pebble returns under the wrong key, or with flipped bits that its own
+// block checksums missed, fails verification on read.
+func sealValue(key, payload []byte) []byte {
+	crc := crc32.Update(crc32.Checksum(key, castagnoli), castagnoli, payload)
+	v := make([]byte, 4, 4+len(payload))
+	binary.BigEndian.PutUint32(v, crc)
+	return append(v, payload...)
+}
+
+// openValue checks a sealed value and returns its payload (a copy: pebble's
+// buffer is only valid until its closer runs).
+func openValue(key, v []byte) ([]byte, error) {
+	if len(v) < 4 {
+		return nil, fmt.Errorf("record %x is %d bytes, shorter than its checksum", key, len(v))
+	}
+	payload := v[4:]
+	want := binary.BigEndian.Uint32(v[:4])
+	if got := crc32.Update(crc32.Checksum(key, castagnoli), castagnoli, payload); got != want {
+		return nil, fmt.Errorf("record %x: checksum mismatch (stored %08x, computed %08x)", key, want, got)
+	}
+	return append([]byte(nil), payload...), nil
+}
+
+// multiStore is one node's Raft log for every group it hosts. Writes from
+// different groups that arrive together are committed by pebble's commit
+// pipeline as one WAL write and one fsync (group commit), so adding groups
+// adds no fsyncs.
+type multiStore struct {
+	db *pebble.DB
+	// snapMu orders snapshot saves of one group: a snapshot received from
+	// the leader and one taken locally may race, and the older must never
+	// replace the newer.
+	snapMu sync.Mutex
+	// writeHook, set only by tests, sees every log write before pebble does
+	// and may fail it.
+	writeHook func(group uint64) error
+}
+
+// openMultiStore opens (creating if needed) the store at dir.
+func openMultiStore(dir string) (*multiStore, error) {
+	opts := &pebble.Options{Logger: quietPebbleLogger{}}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		err = fmt.Errorf("open raft log %s: %w", dir, err)
+		if pebble.IsCorruptionError(err) {
+			err = &CorruptError{File: dir, Reason: err.Error()}
+		}
+		return nil, err
+	}
+	return &multiStore{db: db}, nil
+}
+
+func (s *multiStore) Close() error { return s.db.Close() }
+
+// quietPebbleLogger keeps pebble's informational chatter out of the node's
+// log; its errors reach us as returned errors.
+type quietPebbleLogger struct{}
+
+func (quietPebbleLogger) Infof(string, ...any)  {}
+func (quietPebbleLogger) Errorf(string, ...any) {}
+func (quietPebbleLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("pebble: "+format, args...))
+}
+
+// groupState is what a group's log holds when it is opened.
+type groupState struct {
+	HardState raftpb.HardState
+	Snapshot  raftpb.Snapshot
+	// Entries follow Snapshot without a gap.
+	Entries []raftpb.Entry
+}
+
+// Load reads and verifies group g's log: every record's checksum, every
+// entry's index against its key, and that the entries after the snapshot are
+// contiguous with non-decreasing terms. It never repairs anything.
+func (s *multiStore) Load(g uint64) (groupState, error) {
+	var gs groupState
+	if b, err := s.get(groupKey(g, keyHardState, 0)); err != nil {
+		return gs, err
+	} else if b != nil {
+		if err := gs.HardState.Unmarshal(b); err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Reason: fmt.Sprintf("hard state: %v", err)}
+		}
+	}
+	if b, err := s.get(groupKey(g, keySnapshot, 0)); err != nil {
+		return gs, err
+	} else if b != nil {
+		if err := gs.Snapshot.Unmarshal(b); err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Reason: fmt.Sprintf("snapshot: %v", err)}
+		}
+	}
+	first := gs.Snapshot.Metadata.Index + 1
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: groupKey(g, keyEntry, first), UpperBound: groupKey(g, keyEntry, math.MaxUint64)})
+	if err != nil {
+		return gs, fmt.Errorf("read raft log: %w", err)
+	}
+	defer it.Close()
+	next, prevTerm := first, gs.Snapshot.Metadata.Term
+	for it.First(); it.Valid(); it.Next() {
+		idx := binary.BigEndian.Uint64(it.Key()[10:])
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Index: idx, Reason: err.Error()}
+		}
+		b, err := openValue(it.Key(), v)
+		if err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Index: idx, Reason: err.Error()}
+		}
+		var e raftpb.Entry
+		if err := e.Unmarshal(b); err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Index: idx, Reason: err.Error()}
+		}
+		switch {
+		case e.Index != idx:
+			return gs, &CorruptError{File: etcdStoreDir, Index: idx, Reason: fmt.Sprintf("entry says index %d", e.Index)}
+		case idx != next:
+			return gs, &CorruptError{File: etcdStoreDir, Index: next, Reason: fmt.Sprintf("entry missing: the log jumps to %d", idx)}
+		case e.Term < prevTerm:
+			return gs, &CorruptError{File: etcdStoreDir, Index: idx, Reason: fmt.Sprintf("term %d is below the previous entry's term %d", e.Term, prevTerm)}
+		}
+		next, prevTerm = idx+1, e.Term
+		gs.Entries = append(gs.Entries, e)
+	}
+	if err := it.Error(); err != nil {
+		return gs, &CorruptError{File: etcdStoreDir, Reason: err.Error()}
+	}
+	return gs, nil
+}
+
+// get reads and verifies one record; nil if absent.
+func (s *multiStore) get(key []byte) ([]byte, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read raft log: %w", err)
+	}
+	defer closer.Close()
+	b, err := openValue(key, v)
+	if err != nil {
+		return nil, &CorruptError{File: etcdStoreDir, Reason: err.Error()}
+	}
+	return b, nil
+}
+
+// Save makes one Ready's writes of group g durable (sync) in one batch: the
+// hard state, the new entries (dropping any later ones they replace) and a
+// received snapshot.
+func (s *multiStore) Save(g uint64, hs raftpb.HardState, ents []raftpb.Entry, snap raftpb.Snapshot, sync bool) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := s.stage(b, g, hs, ents, snap); err != nil {
+		return err
+	}
+	if s.writeHook != nil {
+		if err := s.writeHook(g); err != nil {
+			return err
+		}
+	}
+	opt := pebble.NoSync
+	if sync {
+		opt = pebble.Sync
+	}
+	if err := b.Commit(opt); err != nil {
+		return fmt.Errorf("write raft log: %w", err)
+	}
+	return nil
+}
+
+// stage adds one group's Ready writes to b.
+func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents []raftpb.Entry, snap raftpb.Snapshot) error {
+	if !raft.IsEmptyHardState(hs) {
+		v, err := hs.Marshal()
+		if err != nil {
+			return err
+		}
+		k := groupKey(g, keyHardState, 0)
+		if err := b.Set(k, sealValue(k, v), nil); err != nil {
+			return err
+		}
+	}
+	if !raft.IsEmptySnap(snap) {
+		if err := s.stageSnapshot(b, g, snap, true); err != nil {
+			return err
+		}
+	}
+	for i := range ents {
+		v, err := ents[i].Marshal()
+		if err != nil {
+			return err
+		}
+		k := groupKey(g, keyEntry, ents[i].Index)
+		if err := b.Set(k, sealValue(k, v), nil); err != nil {
+			return err
+		}
+	}
+	if n := len(ents); n > 0 {
+		// A new leader's entries replace a conflicting tail: drop whatever
+		// followed it, or a restart would read the old tail back.
+		if err := b.DeleteRange(groupKey(g, keyEntry, ents[n-1].Index+1), groupKey(g, keyEntry, math.MaxUint64), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stageSnapshot stores snap and drops the entries it covers; received
+// (a snapshot from the leader) drops the whole log, as Raft does: entries
+// after a received snapshot's index are not known to agree with it.
+func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapshot, received bool) error {
+	v, err := snap.Marshal()
+	if err != nil {
+		return err
+	}
+	k := groupKey(g, keySnapshot, 0)
+	if err := b.Set(k, sealValue(k, v), nil); err != nil {
+		return err
+	}
+	end := groupKey(g, keyEntry, snap.Metadata.Index+1)
+	if received {
+		end = groupKey(g, keyEntry, math.MaxUint64)
+	}
+	return b.DeleteRange(groupKey(g, keyEntry, 0), end, nil)
+}
+
+// SaveSnapshot stores a snapshot group g took itself, unless a newer one is
+// already stored, and drops the entries it covers.
+func (s *multiStore) SaveSnapshot(g uint64, snap raftpb.Snapshot) error {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	cur, err := s.get(groupKey(g, keySnapshot, 0))
+	if err != nil {
+		return err
+	}
+	if cur != nil {
+		var old raftpb.Snapshot
+		if err := old.Unmarshal(cur); err == nil && old.Metadata.Index >= snap.Metadata.Index {
+			return nil
+		}
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := s.stageSnapshot(b, g, snap, false); err != nil {
+		return err
+	}
+	if s.writeHook != nil {
+		if err := s.writeHook(g); err != nil {
+			return err
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("write raft snapshot: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+// The etcd engine's transport: Raft messages of every group, framed and
+// pipelined over one stream per peer on the node's raft port (the mux's 'E'
+// connections, behind the same peer mTLS as everything else there).
+
+package raftnode
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// maxFrame bounds one message on the wire (a snapshot travels as one
+// message): a peer that announces more is not a dlock node, or is broken.
+const maxFrame = 512 << 20
+
+// peerQueue is how many messages wait for one peer's stream. Raft tolerates
+// lost messages, so a full queue drops rather than blocks the Raft loop.
+const peerQueue = 4096
+
+// etcdTransport carries framed Raft messages between nodes. A frame is
+// uvarint(length) | uvarint(group) | raftpb.Message: the group id lets every
+// group a node hosts share one stream and one port.
+type etcdTransport struct {
+	mux    *Mux
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	peers  map[string]*peerStream // by raft address
+	groups map[uint64]groupHandler
+	// learned maps a sender's raft id to the address its streams announce:
+	// a node that has just joined knows no member's address until its
+	// first snapshot, yet must answer the leader.
+	learned map[uint64]string
+	closed  bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// groupHandler is one group's side of the transport.
+type groupHandler interface {
+	// receive hands a message to the group; it may block (back-pressure on
+	// the sender's stream) but returns once the group stops.
+	receive(m raftpb.Message)
+	// unreachable and snapshotDone report what happened to sent messages.
+	unreachable(to uint64)
+	snapshotDone(to uint64, ok bool)
+	// peerFailing tracks a peer stream's health for the member list.
+	peerFailing(addr string, failing bool)
+}
+
+func newEtcdTransport(mux *Mux, logger *slog.Logger) *etcdTransport {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &etcdTransport{mux: mux, logger: logger, peers: map[string]*peerStream{}, groups: map[uint64]groupHandler{}, learned: map[uint64]string{}, ctx: ctx, cancel: cancel}
+	t.wg.Add(1)
+	go func() { defer t.wg.Done(); t.accept(mux.EtcdListener()) }()
+	return t
+}
+
+func (t *etcdTransport) register(group uint64, h groupHandler) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.groups[group] = h
+}
+
+func (t *etcdTransport) unregister(group uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.groups, group)
+}
+
+// send queues m of group for the peer at addr; false if it was dropped.
+func (t *etcdTransport) send(group uint64, addr string, m raftpb.Message) bool {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	p := t.peers[addr]
+	if p == nil {
+		p = &peerStream{t: t, addr: addr, q: make(chan outMsg, peerQueue)}
+		t.peers[addr] = p
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); p.run() }()
+	}
+	t.mu.Unlock()
+	select {
+	case p.q <- outMsg{group: group, m: m}:
+		return true
+	default:
+		return false
+	}
+}
+
+// learnedAddr is the address a peer's streams announced for raft id id.
+func (t *etcdTransport) learnedAddr(id uint64) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a, ok := t.learned[id]
+	return a, ok
+}
+
+func (t *etcdTransport) handler(group uint64) groupHandler {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.groups[group]
+}
+
+// Close stops every stream and waits for their goroutines.
+func (t *etcdTransport) Close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.cancel()
+	_ = t.mux.EtcdListener().Close()
+	t.wg.Wait()
+}
+
+type outMsg struct {
+	group uint64
+	m     raftpb.Message
+}
+
+// peerStream owns the outbound stream to one peer: it dials, writes queued
+// messages (flushing when the queue runs dry, so a burst goes out as few
+// writes), and redials after a failure.
+type peerStream struct {
+	t    *etcdTransport
+	addr string
+	q    chan outMsg
+}
+
+func (p *peerStream) run() {
+	backoff := 10 * time.Millisecond
+	for {
+		var first outMsg
+		select {
+		case <-p.t.ctx.Done():
+			return
+		case first = <-p.q:
+		}
+		ctx, cancel := context.WithTimeout(p.t.ctx, 2*time.Second)
+		conn, err := p.t.mux.dialEtcd(ctx, p.addr)
+		cancel()
+		if err != nil {
+			p.failed(first)
+			p.drain()
+			p.t.reportPeer(p.addr, true)
+			select {
+			case <-p.t.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		p.t.reportPeer(p.addr, false)
+		err = p.write(conn, first)
+		_ = conn.Close()
+		if p.t.ctx.Err() != nil {
+			return
+		}
+		p.t.logger.Debug("etcd raft stream to peer ended", "peer", p.addr, "err", err)
+	}
+}
+
+// write sends messages on conn until a write fails or the transport closes.
+// A dead peer is noticed by the write deadline (or by TCP).
+func (p *peerStream) write(conn net.Conn, first outMsg) error {
+	stop := context.AfterFunc(p.t.ctx, func() { _ = conn.Close() })
+	defer stop()
+	// Drain and discard anything the peer sends (it sends nothing).
+	go func() { _, _ = io.Copy(io.Discard, conn) }()
+	w := bufio.NewWriterSize(conn, 64<<10)
+	// The stream opens with a hello frame (group 0): the address this
+	// node's peers reach it at.
+	adv := p.t.mux.advertise.String()
+	buf := binary.AppendUvarint(nil, uint64(1+len(adv)))
+	buf = append(append(buf, 0), adv...)
+	if _, err := w.Write(buf); err != nil {
+		p.failed(first)
+		return err
+	}
+	m := first
+	for {
+		var err error
+		buf, err = appendFrame(buf[:0], m.group, &m.m)
+		if err == nil {
+			_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			_, err = w.Write(buf)
+		}
+		if err == nil && len(p.q) == 0 {
+			err = w.Flush()
+		}
+		if err != nil {
+			p.failed(m)
+			return err
+		}
+		if m.m.Type == raftpb.MsgSnap {
+			if err := w.Flush(); err != nil {
+				p.failed(m)
+				return err
+			}
+			if h := p.t.handler(m.group); h != nil {
+				h.snapshotDone(m.m.To, true)
+			}
+		}
+		select {
+		case <-p.t.ctx.Done():
+			return p.t.ctx.Err()
+		case m = <-p.q:
+		}
+	}
+}
+
+// failed reports a message that did not go out.
+func (p *peerStream) failed(m outMsg) {
+	h := p.t.handler(m.group)
+	if h == nil {
+		return
+	}
+	h.unreachable(m.m.To)
+	if m.m.Type == raftpb.MsgSnap {
+		h.snapshotDone(m.m.To, false)
+	}
+}
+
+// drain drops (and reports) what queued while the peer was unreachable:
+// Raft resends what matters once the peer answers again.
+func (p *peerStream) drain() {
+	for {
+		select {
+		case m := <-p.q:
+			p.failed(m)
+		default:
+			return
+		}
+	}
+}
+
+func (t *etcdTransport) reportPeer(addr string, failing bool) {
+	t.mu.Lock()
+	hs := make([]groupHandler, 0, len(t.groups))
+	for _, h := range t.groups {
+		hs = append(hs, h)
+	}
+	t.mu.Unlock()
+	for _, h := range hs {
+		h.peerFailing(addr, failing)
+	}
+}
+
+func appendFrame(buf []byte, group uint64, m *raftpb.Message) ([]byte, error) {
+	size := m.Size()
+	payload := uvarintLen(group) + size
+	if payload > maxFrame {
+		return nil, fmt.Errorf("raft message of %d bytes exceeds the %d-byte frame limit", payload, maxFrame)
+	}
+	buf = binary.AppendUvarint(buf, uint64(payload))
+	buf = binary.AppendUvarint(buf, group)
+	start := len(buf)
+	buf = append(buf, make([]byte, size)...)
+	if _, err := m.MarshalTo(buf[start:]); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+func uvarintLen(x uint64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], x)
+}
+
+// accept serves inbound streams until the transport closes.
+func (t *etcdTransport) accept(ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.serve(conn) }()
+	}
+}
+
+// serve reads frames from one peer and hands each message to its group.
+func (t *etcdTransport) serve(conn net.Conn) {
+	stop := context.AfterFunc(t.ctx, func() { _ = conn.Close() })
+	defer stop()
+	defer conn.Close()
+	r := bufio.NewReaderSize(conn, 64<<10)
+	var buf []byte
+	var from string // the address the peer announced in its hello
+	for {
+		n, err := binary.ReadUvarint(r)
+		if err != nil {
+			return
+		}
+		if n == 0 || n > maxFrame {
+			t.logger.Warn("etcd raft stream: dropping a peer that sent a bad frame length", "remote", conn.RemoteAddr().String(), "length", n)
+			return
+		}
+		if uint64(cap(buf)) < n {
+			buf = make([]byte, n)
+		}
+		buf = buf[:n]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return
+		}
+		group, k := binary.Uvarint(buf)
+		if k <= 0 {
+			return
+		}
+		if group == 0 {
+			from = string(buf[k:])
+			continue
+		}
+		var m raftpb.Message
+		if err := m.Unmarshal(buf[k:]); err != nil {
+			t.logger.Warn("etcd raft stream: dropping a peer that sent an undecodable message", "remote", conn.RemoteAddr().String(), "err", err)
+			return
+		}
+		if m.Type == raftpb.MsgSnap {
+			// The message keeps its snapshot's bytes; buf is reused.
+			buf = nil
+		}
+		if from != "" {
+			t.mu.Lock()
+			if t.learned[m.From] != from {
+				t.learned[m.From] = from
+			}
+			t.mu.Unlock()
+		}
+		h := t.handler(group)
+		if h == nil {
+			continue // a group this node does not (or no longer) host
+		}
+		h.receive(m)
+	}
+}
+
+var errEngineStopped = errors.New("raft engine stopped")
