@@ -20,6 +20,7 @@ import (
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // testElect: two `dlock elect` at once run their commands one after the
@@ -171,17 +172,10 @@ func testMembersChanges(t *testing.T, e *cliEnv) {
 	}
 	eventuallyMembers := func(what string, cond func(membersJSON) bool) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
+		testutil.Eventually(t, 15*time.Second, "members: "+what, func() (bool, string) {
 			m := members()
-			if cond(m) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("members: no %s within 15 s: %+v", what, m)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return cond(m), fmt.Sprintf("%+v", m)
+		})
 	}
 
 	before := members()

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 type lostHolding chan struct{}
@@ -25,15 +27,11 @@ func TestLostLockStopsAStoppedCommandPromptly(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until it is stopped.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "the command to stop", func() (bool, string) {
 		b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat")
-		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the command did not stop: %q", b)
-		}
-	}
+		f := strings.Fields(string(b))
+		return len(f) > 2 && f[2] == "T", string(b)
+	})
 	h := make(lostHolding)
 	close(h)
 	start := time.Now()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // cliEnv is a built dlock binary and a cluster for it to talk to.
@@ -342,13 +343,8 @@ func testLockLost(t *testing.T, e *cliEnv) {
 		if code := h.cmd.ProcessState.ExitCode(); code != cliExitLost || !strings.Contains(h.stderr.String(), h.want) {
 			t.Fatalf("dlock %v after it was lost: exit %d (%v), stderr %q; want 4 and %q", h.cmd.Args[1:3], code, err, h.stderr, h.want)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for !processGone(h.grandchild) {
-			if time.Now().After(deadline) {
-				t.Fatalf("grandchild %d still runs after the lock was lost", h.grandchild)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testutil.Eventually(t, 5*time.Second, fmt.Sprintf("grandchild %d to end after the lock was lost", h.grandchild),
+			func() bool { return processGone(h.grandchild) })
 	}
 }
 

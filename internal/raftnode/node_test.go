@@ -71,16 +71,17 @@ func openTestClusterWith(t *testing.T, ids []string, set func(*Config)) (map[str
 		nodes[id] = n
 		t.Cleanup(func() { _ = n.Shutdown() })
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	var leader string
+	testutil.Eventually(t, 10*time.Second, "a ready leader", func() bool {
 		for id, n := range nodes {
 			if n.IsLeader() {
-				return nodes, id
+				leader = id
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no ready leader")
-		}
-	}
+		return false
+	})
+	return nodes, leader
 }
 
 // openSingleNode opens a one-node cluster and waits until it is the ready leader.

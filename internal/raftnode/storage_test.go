@@ -377,13 +377,11 @@ func TestDiskFullRefusesWritesUntilSpaceReturns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "a write refused as disk_full", func() (bool, string) {
 		_, err = n.Apply(ctx, registerMemberEnvelope(fmt.Sprint("full-", time.Now().UnixNano())))
-		if apierror.CodeOf(err) == apierror.DiskFull || time.Now().After(deadline) {
-			break
-		}
-	}
-	if apierror.CodeOf(err) != apierror.DiskFull || !strings.Contains(err.Error(), "--min-free-disk") {
+		return apierror.CodeOf(err) == apierror.DiskFull, fmt.Sprint(err)
+	})
+	if !strings.Contains(err.Error(), "--min-free-disk") {
 		t.Fatalf("a write on a full disk answered %v, want disk_full naming --min-free-disk", err)
 	}
 	if apierror.HTTPStatus(apierror.DiskFull) != 503 {
@@ -443,15 +441,17 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 		nodes[id] = n
 	}
 	leaderOf := func() *Node {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var leader *Node
+		testutil.Eventually(t, 10*time.Second, "a ready leader", func() bool {
 			for _, n := range nodes {
 				if n != nil && n.IsLeader() {
-					return n
+					leader = n
+					return true
 				}
 			}
-		}
-		t.Fatal("no ready leader")
-		return nil
+			return false
+		})
+		return leader
 	}
 	leader := leaderOf()
 	register(t, leader, "early")

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/dlock/dlock/internal/testutil"
 )
 
 // startMux listens on loopback, starts Serve and registers a cleanup that
@@ -336,14 +338,13 @@ func TestMuxCloseStopsEverything(t *testing.T) {
 
 	// Every goroutine the Mux started has exited (allow the runtime a
 	// moment to reap the ones that just returned).
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("goroutines: %d before, %d after Close\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+	testutil.Eventually(t, 5*time.Second, "every goroutine the Mux started to exit", func() (bool, string) {
+		if runtime.NumGoroutine() <= before {
+			return true, ""
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		buf := make([]byte, 1<<16)
+		return false, fmt.Sprintf("%d before, %d after Close\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+	})
 }
 
 func TestDialForwardHonoursContext(t *testing.T) {
