@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/dlock/dlock/internal/command"
-	"github.com/dlock/dlock/internal/testutil"
 )
 
 // BenchmarkEngineCommit: one write committed and applied by a 3-node
@@ -47,30 +45,5 @@ func BenchmarkEngineCommit(b *testing.B) {
 
 func openBenchCluster(b *testing.B, engine EngineKind) (map[string]*Node, string) {
 	b.Helper()
-	ids := []string{"n1", "n2", "n3"}
-	addrs := map[string]string{}
-	for _, id := range ids {
-		addrs[id] = freeRaftAddr(b)
-	}
-	nodes := map[string]*Node{}
-	for _, id := range ids {
-		n, err := Open(Config{ID: id, DataDir: b.TempDir(), RaftAddr: addrs[id], InitialCluster: addrs, Engine: engine,
-			RaftLogLevel: "off", Logger: quietLogger()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		nodes[id] = n
-		b.Cleanup(func() { _ = n.Shutdown() })
-	}
-	var leader string
-	testutil.Eventually(b, 20*time.Second, "no ready leader", func() bool {
-		for id, n := range nodes {
-			if n.IsLeader() {
-				leader = id
-				return true
-			}
-		}
-		return false
-	})
-	return nodes, leader
+	return openTestClusterWith(b, []string{"n1", "n2", "n3"}, func(cfg *Config) { cfg.Engine = engine })
 }

@@ -52,7 +52,7 @@ func openTestCluster(t *testing.T, ids []string, applyTimeout time.Duration, obs
 
 // openTestClusterWith is openTestCluster with each node's Config adjusted by
 // set before it opens.
-func openTestClusterWith(t *testing.T, ids []string, set func(*Config)) (map[string]*Node, string) {
+func openTestClusterWith(t testing.TB, ids []string, set func(*Config)) (map[string]*Node, string) {
 	t.Helper()
 	addrs := map[string]string{}
 	for _, id := range ids {
