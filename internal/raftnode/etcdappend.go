@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -61,6 +62,8 @@ type appendWriter struct {
 	reqc  chan appendReq
 	stopc chan struct{}
 	done  chan struct{}
+	// batches and syncs count commits and fsyncs (for tests and benchmarks).
+	batches, syncs atomic.Uint64
 	// The goroutine's own.
 	failed error
 	// hs is each group's last written hard state: a write that changes only
@@ -209,6 +212,10 @@ func (w *appendWriter) write(batch []appendReq) error {
 	}
 	if err := b.Commit(opt); err != nil {
 		return fmt.Errorf("write raft log: %w", err)
+	}
+	w.batches.Add(1)
+	if sync {
+		w.syncs.Add(1)
 	}
 	return nil
 }

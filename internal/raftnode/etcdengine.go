@@ -301,7 +301,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		// The leader sends its entries while it writes them, and counts
 		// its own copy once the write is durable (handleReady).
 		AsyncStorageWrites: true,
-		Logger:            newEtcdRaftLogger(e.log, c.RaftLogLevel),
+		Logger:             newEtcdRaftLogger(e.log, c.RaftLogLevel),
 	}
 	rn, err := raft.NewRawNode(rc)
 	if err != nil {
