@@ -136,6 +136,13 @@ type etcdEngineConfig struct {
 	Election       time.Duration
 	Threshold      uint64
 	Trailing       uint64
+	// SnapshotBytes and TrailingBytes bound the in-memory log in bytes as
+	// Threshold and Trailing do in entries (an entry may be up to
+	// command.MaxEntryBytes): a snapshot is also taken once SnapshotBytes of
+	// entries were applied since the last, and compaction keeps at most
+	// TrailingBytes of entries behind it. Zero means 64 MiB each.
+	SnapshotBytes uint64
+	TrailingBytes uint64
 	RaftLogLevel   string
 	Logger         *slog.Logger
 	FSM            *fsm.FSM
@@ -203,6 +210,38 @@ type etcdEngine struct {
 	snapIndex uint64
 	applyConf raftpb.ConfState
 	applyBook map[uint64]etcdMember
+	// applyBytes counts the entry bytes applied; sizeMarks holds it after
+	// each applied batch since the last compaction, to find how far back
+	// TrailingBytes reaches.
+	applyBytes uint64
+	snapBytes  uint64 // applyBytes at the last snapshot
+	sizeMarks  []sizeMark
+}
+
+// sizeMark is applyBytes once entries up to index were applied.
+type sizeMark struct{ index, bytes uint64 }
+
+const defaultLogBytes = 64 << 20
+
+// compactTo is how far the memory log may be compacted behind a snapshot at
+// the applied index: keep Trailing entries for followers a little behind,
+// but no more than TrailingBytes of them.
+func (e *etcdEngine) compactTo() uint64 {
+	var c uint64
+	if e.applied > e.cfg.Trailing {
+		c = e.applied - e.cfg.Trailing
+	}
+	limit := e.cfg.TrailingBytes
+	if limit == 0 {
+		limit = defaultLogBytes
+	}
+	for _, m := range e.sizeMarks {
+		if m.index > c && e.applyBytes-m.bytes <= limit {
+			break
+		}
+		c = max(c, m.index)
+	}
+	return min(c, e.applied)
 }
 
 // applyBatch is one Ready's work for the apply goroutine.
@@ -959,6 +998,10 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	}
 	resps := e.fsm.ApplyBatch(logs)
 	e.applied = logs[len(logs)-1].Index
+	for _, l := range logs {
+		e.applyBytes += uint64(len(l.Data))
+	}
+	e.sizeMarks = append(e.sizeMarks, sizeMark{index: e.applied, bytes: e.applyBytes})
 	e.mu.Lock()
 	for i, l := range logs {
 		f := e.waiting[l.Index]
@@ -978,7 +1021,11 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	// ignores a snapshot whose configuration does not name it), so a
 	// configuration change is snapshotted at once: a new member that is
 	// too far behind for the log gets a snapshot that names it.
-	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) {
+	snapBytes := e.cfg.SnapshotBytes
+	if snapBytes == 0 {
+		snapBytes = defaultLogBytes
+	}
+	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
 		e.takeSnapshot(nil)
 	}
 	return true
@@ -1039,11 +1086,16 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		finish(err)
 		return
 	}
-	e.snapIndex = e.applied
-	if e.applied > e.cfg.Trailing {
-		if err := e.mem.Compact(e.applied - e.cfg.Trailing); err != nil && !errors.Is(err, raft.ErrCompacted) {
+	e.snapIndex, e.snapBytes = e.applied, e.applyBytes
+	if c := e.compactTo(); c > 0 {
+		if err := e.mem.Compact(c); err != nil && !errors.Is(err, raft.ErrCompacted) {
 			e.log.Warn("compacting the in-memory raft log failed", "err", err)
 		}
+		i := 0
+		for i < len(e.sizeMarks) && e.sizeMarks[i].index <= c {
+			i++
+		}
+		e.sizeMarks = append(e.sizeMarks[:0], e.sizeMarks[i:]...)
 	}
 	if f != nil {
 		f.meta = &hraft.SnapshotMeta{Index: snap.Metadata.Index, Term: snap.Metadata.Term}

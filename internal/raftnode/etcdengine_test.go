@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -589,5 +590,42 @@ func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
 	}
 	if st := raftStatus(t, ln); st.Commit <= before.Commit {
 		t.Fatalf("commit %d did not move past %d", st.Commit, before.Commit)
+	}
+}
+
+// TestEtcdEngineMemoryLogBoundedInBytes: the in-memory log is compacted by
+// bytes as well as by entries, so large entries cannot pile up in memory
+// before the entry-count snapshot threshold is reached.
+func TestEtcdEngineMemoryLogBoundedInBytes(t *testing.T) {
+	const limit = 8 << 10
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) { c.etcdLogBytes = limit })
+	n := nodes["a"]
+	long := string(bytes.Repeat([]byte("x"), 200))
+	for i := range 300 {
+		acquire(t, n, fmt.Sprintf("%s-%d", long, i))
+	}
+	e := n.raft.(*etcdEngine)
+	// The apply goroutine compacts after it answers; wait for it to settle.
+	testutil.Eventually(t, 10*time.Second, "the memory log was never compacted", func() bool {
+		first, _ := e.mem.FirstIndex()
+		return first > 100
+	})
+	first, _ := e.mem.FirstIndex()
+	last, _ := e.mem.LastIndex()
+	ents, err := e.mem.Entries(first, last+1, math.MaxUint64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	for _, ent := range ents {
+		held += len(ent.Data)
+	}
+	// TrailingBytes behind the snapshot, SnapshotBytes since it, and one
+	// batch of slack on each.
+	if held > 3*limit {
+		t.Fatalf("the memory log holds %d bytes in %d entries (%d..%d), want at most %d", held, len(ents), first, last, 3*limit)
+	}
+	if threshold := uint64(16384); last >= threshold {
+		t.Fatalf("the log reached the entry threshold (%d entries): the byte bound was not what compacted it", last)
 	}
 }
