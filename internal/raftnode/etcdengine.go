@@ -143,10 +143,10 @@ type etcdEngineConfig struct {
 	// TrailingBytes of entries behind it. Zero means 64 MiB each.
 	SnapshotBytes uint64
 	TrailingBytes uint64
-	RaftLogLevel   string
-	Logger         *slog.Logger
-	FSM            *fsm.FSM
-	Store          *multiStore
+	RaftLogLevel  string
+	Logger        *slog.Logger
+	FSM           *fsm.FSM
+	Store         *multiStore
 	// MarkDir holds the group's durable high-water mark (checkstore.go's
 	// durableMark): a restart whose log ends below it lost acknowledged
 	// entries (a torn or corrupt tail pebble recovered from silently).
