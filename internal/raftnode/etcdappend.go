@@ -93,6 +93,14 @@ func (s *multiStore) writer() *appendWriter {
 // is full, until stop closes (false: not queued).
 func (s *multiStore) submitAppend(g uint64, o appendOwner, m raftpb.Message, stop <-chan struct{}) bool {
 	w := s.writer()
+	// Closed: refuse at once (the queue may still have room, and nothing
+	// would ever answer from it).
+	select {
+	case <-w.done:
+		o.appendFailed(errStoreClosed)
+		return true
+	default:
+	}
 	select {
 	case w.reqc <- appendReq{group: g, owner: o, m: m}:
 		return true

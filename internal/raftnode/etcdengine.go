@@ -691,8 +691,31 @@ func (e *etcdEngine) appended(m raftpb.Message) {
 		}
 		e.mark.stored(m.Entries[n-1].Index)
 	}
-	e.deliver(localDelivery{snap: snap, msgs: m.Responses})
+	// A follower's acknowledgement or a vote leaves from here, saving the
+	// hop through the Raft goroutine on every commit's path; what is for
+	// this node's Raft (the leader's own acknowledgement) goes there.
+	var local []raftpb.Message
+	for _, r := range m.Responses {
+		if r.To == e.nid {
+			local = append(local, r)
+		} else {
+			e.sendFromLocal(r)
+		}
+	}
+	e.deliver(localDelivery{snap: snap, msgs: local})
 	e.inflight.Done()
+}
+
+// sendFromLocal sends m from a goroutine other than the Raft goroutine,
+// with the address book it last published.
+func (e *etcdEngine) sendFromLocal(m raftpb.Message) {
+	addr := e.view.Load().book[m.To].Addr
+	if addr == "" {
+		addr, _ = e.trans.learnedAddr(m.To)
+	}
+	if addr == "" || !e.trans.send(e.group, addr, m) {
+		e.unreachable(m.To)
+	}
 }
 
 // appendFailed (append goroutine): the node stops; the write's responses are
