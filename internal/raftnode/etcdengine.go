@@ -468,6 +468,10 @@ func (e *etcdEngine) runRaft() {
 				e.step(m)
 			case f := <-e.propc:
 				e.propose(f)
+			case <-e.inSig:
+				if !e.takeDeliveries() {
+					return
+				}
 			default:
 				break drain
 			}
