@@ -1,0 +1,287 @@
+package shard_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/shard"
+	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
+)
+
+// names has two names in every range of the default 4-shard map.
+var names = []string{"alpha/job", "Zulu", "golf", "mike/x/y", "november", "oscar/a", "tango", "zebra/b"}
+
+func sharded(t *testing.T, n int) (*testcluster.Cluster, shard.Map) {
+	m, err := shard.NewMap(shard.DefaultBounds(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testcluster.NewWith(t, n, testcluster.Options{Shards: &m})
+	waitSpread(t, c, m)
+	return c, m
+}
+
+// leaders maps each shard to the node whose group leads it and is ready.
+func leaders(c *testcluster.Cluster, m shard.Map) []string {
+	out := make([]string, m.N())
+	for _, id := range c.Running() {
+		for k, n := range c.Server(id).Shards() {
+			if n.IsLeader() {
+				out[k] = id
+			}
+		}
+	}
+	return out
+}
+
+// waitSpread waits until every shard's leader is its preferred node among
+// the running ones.
+func waitSpread(t *testing.T, c *testcluster.Cluster, m shard.Map) {
+	t.Helper()
+	eventually(t, 60*time.Second, "shard leaders spread", func() error {
+		got := leaders(c, m)
+		for k := range got {
+			if want := shard.Preferred(k, c.Running()); got[k] != want {
+				return fmt.Errorf("shard leaders %v; shard %d should be led by %s", got, k, want)
+			}
+		}
+		return nil
+	})
+}
+
+func eventually(t *testing.T, within time.Duration, what string, fn func() error) {
+	t.Helper()
+	testutil.Eventually(t, within, what, func() (bool, string) {
+		if err := fn(); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+}
+
+func do(t *testing.T, c *testcluster.Cluster, method, u string, body, out any) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, err := c.Do(ctx, method, u, body, out)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, u, err)
+	}
+	return code
+}
+
+type sse struct {
+	id, typ string
+	ev      service.WatchEvent
+}
+
+// watch opens an SSE stream and delivers its records until the test ends.
+func watch(t *testing.T, c *testcluster.Cluster, u string) <-chan sse {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != 200 {
+		t.Fatalf("watch %s: status %d", u, res.StatusCode)
+	}
+	out := make(chan sse, 1024)
+	go func() {
+		defer res.Body.Close()
+		defer close(out)
+		sc := bufio.NewScanner(res.Body)
+		var cur sse
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				cur.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				cur.typ = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				_ = json.Unmarshal([]byte(line[6:]), &cur.ev)
+				select {
+				case out <- cur:
+				case <-ctx.Done():
+					return
+				}
+				cur = sse{}
+			}
+		}
+	}()
+	return out
+}
+
+// next reads stream records until fn has seen enough (fn returns true).
+func next(t *testing.T, ch <-chan sse, fn func(sse) bool) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				t.Fatal("watch stream ended")
+			}
+			if fn(r) {
+				return
+			}
+		case <-timeout:
+			t.Fatal("watch: no such event within 30s")
+		}
+	}
+}
+
+func TestShardedClusterRoutesListsAndWatches(t *testing.T) {
+	c, m := sharded(t, 3)
+	ids := c.IDs()
+	// Everything through the node that leads fewest shards, so most calls
+	// are forwarded to another node's group.
+	via := c.URL(ids[2])
+	stream := watch(t, c, via+"/api/v1/watch")
+
+	tokens, leases := map[string]uint64{}, map[string]string{}
+	for i, name := range names {
+		var a service.AcquireResponse
+		if code := do(t, c, "POST", via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("c%d", i), "ttl_ms": 60000}, &a); code != 200 || !a.Acquired {
+			t.Fatalf("acquire %s: %d %+v", name, code, a)
+		}
+		tokens[name], leases[name] = a.FencingToken, a.LeaseID
+	}
+	// Each name lives in its own shard's state, and only there.
+	for _, id := range ids {
+		for k, n := range c.Server(id).Shards() {
+			eventually(t, 20*time.Second, "every shard holds its names", func() error {
+				var held []string
+				n.FSM().Read(func(st *state.State) {
+					infos, _ := st.ListLocks("", "", 100)
+					for _, li := range infos {
+						held = append(held, li.Name)
+					}
+				})
+				var want []string
+				for _, name := range names {
+					if m.Lookup(name) == k {
+						want = append(want, name)
+					}
+				}
+				slices.Sort(want)
+				if !slices.Equal(held, want) {
+					return fmt.Errorf("node %s shard %d holds %v, want %v", id, k, held, want)
+				}
+				return nil
+			})
+		}
+	}
+	// Each shard counts its own tokens: the first grant of every shard is 1.
+	for k := 0; k < m.N(); k++ {
+		var first []uint64
+		for _, name := range names {
+			if m.Lookup(name) == k {
+				first = append(first, tokens[name])
+			}
+		}
+		if slices.Min(first) != 1 {
+			t.Errorf("shard %d's tokens %v: each shard's counter should start at 1", k, first)
+		}
+	}
+
+	// The list merges every shard in name order, with each shard's revision.
+	var list service.ListResponse
+	if code := do(t, c, "GET", via+"/api/v1/locks?prefix=", nil, &list); code != 200 {
+		t.Fatalf("list: %d", code)
+	}
+	var got []string
+	for _, l := range list.Locks {
+		got = append(got, l.Name)
+	}
+	want := slices.Clone(names)
+	slices.Sort(want)
+	if !slices.Equal(got, want) || len(list.Revisions) != 4 {
+		t.Fatalf("list = %v revisions %v, want %v and 4 revisions", got, list.Revisions, want)
+	}
+	// Paging across shards keeps name order.
+	var page service.ListResponse
+	do(t, c, "GET", via+"/api/v1/locks?limit=3&after="+url.QueryEscape(want[2]), nil, &page)
+	if len(page.Locks) != 3 || page.Locks[0].Name != want[3] || page.Locks[2].Name != want[5] || !page.More {
+		t.Fatalf("page after %s = %+v, want %v", want[2], page.Locks, want[3:6])
+	}
+	// One prefix inside one top-level segment is one shard's answer.
+	var one service.ListResponse
+	do(t, c, "GET", via+"/api/v1/locks?prefix=mike/", nil, &one)
+	if len(one.Locks) != 1 || one.Revisions != nil || one.Revision == 0 {
+		t.Fatalf("list prefix mike/ = %+v", one)
+	}
+
+	// The watch over everything sees every grant once, each with its shard.
+	seen := map[string]int{}
+	var lastID string
+	next(t, stream, func(r sse) bool {
+		if r.ev.Shard == nil || len(r.ev.Revisions) != 4 {
+			t.Fatalf("merged event without shard or revision vector: %+v", r)
+		}
+		if r.ev.Kind == "lock" && r.ev.Type == "acquired" {
+			seen[r.ev.Name]++
+			if *r.ev.Shard != m.Lookup(r.ev.Name) {
+				t.Fatalf("event %s says shard %d, map says %d", r.ev.Name, *r.ev.Shard, m.Lookup(r.ev.Name))
+			}
+		}
+		lastID = r.id
+		return len(seen) == len(names)
+	})
+	for name, n := range seen {
+		if n != 1 {
+			t.Fatalf("grant of %s seen %d times", name, n)
+		}
+	}
+
+	// Resume from the vector: the next events, none of the earlier ones.
+	// (on another node: every node has every shard's events).
+	resume := bumpVector(t, lastID)
+	for i, name := range names {
+		if code := do(t, c, "POST", via+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": fmt.Sprintf("c%d", i), "fencing_token": tokens[name], "lease_id": leases[name]}, nil); code != 200 {
+			t.Fatalf("release %s: %d", name, code)
+		}
+	}
+	resumed := watch(t, c, c.URL(ids[0])+"/api/v1/watch?from_revisions="+url.QueryEscape(resume))
+	gone := map[string]int{}
+	next(t, resumed, func(r sse) bool {
+		if r.ev.Type != "released" {
+			t.Fatalf("resumed stream delivered %s %s: the vector should start right after the grants", r.ev.Type, r.ev.Name)
+		}
+		gone[r.ev.Name]++
+		return len(gone) == len(names)
+	})
+	for name, n := range gone {
+		if n != 1 {
+			t.Fatalf("release of %s seen %d times", name, n)
+		}
+	}
+}
+
+// bumpVector turns an SSE id "0:5,1:7" into the resume vector "0:6,1:8".
+func bumpVector(t *testing.T, id string) string {
+	var parts []string
+	for _, p := range strings.Split(id, ",") {
+		var k int
+		var r uint64
+		if _, err := fmt.Sscanf(p, "%d:%d", &k, &r); err != nil {
+			t.Fatalf("bad vector id %q", id)
+		}
+		parts = append(parts, fmt.Sprintf("%d:%d", k, r+1))
+	}
+	return strings.Join(parts, ",")
+}
