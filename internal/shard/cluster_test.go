@@ -285,3 +285,98 @@ func bumpVector(t *testing.T, id string) string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// TestShardedFailoverKeepsHoldersAndWaiters kills the node that leads two
+// shards: both fail over to the survivors with their holders (same tokens)
+// and waiters, a session holds locks on every shard through it, and once
+// the node returns the leaders spread back.
+func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
+	c, m := sharded(t, 3)
+	ids := c.IDs()
+	victim := shard.Preferred(0, ids) // leads shards 0 and 3
+	var via string
+	for _, id := range ids {
+		if id != victim {
+			via = c.URL(id)
+			break
+		}
+	}
+	// One session, locks on every shard.
+	var sess service.SessionResponse
+	if code := do(t, c, "POST", via+"/api/v1/sessions", map[string]any{"client_id": "holder", "ttl_ms": 20000}, &sess); code != 201 {
+		t.Fatalf("session create: %d", code)
+	}
+	tokens := map[string]uint64{}
+	for _, name := range names {
+		var a service.AcquireResponse
+		if code := do(t, c, "POST", via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": "holder", "session_id": sess.SessionID}, &a); code != 200 || !a.Acquired {
+			t.Fatalf("acquire %s with the session: %d %+v", name, code, a)
+		}
+		tokens[name] = a.FencingToken
+	}
+	// A waiter on a lock of a shard the victim leads, queued through a
+	// survivor; its request stays open across the failover.
+	waited := make(chan service.AcquireResponse, 1)
+	go func() {
+		var a service.AcquireResponse
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, _ = c.Do(ctx, "POST", via+"/api/v1/locks/alpha/job/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 20000, "wait_timeout_ms": 50000}, &a)
+		waited <- a
+	}()
+	eventually(t, 20*time.Second, "the waiter is queued", func() error {
+		var v service.LockView
+		do(t, c, "GET", via+"/api/v1/locks/alpha/job", nil, &v)
+		if len(v.Queue) != 1 {
+			return fmt.Errorf("queue %+v", v.Queue)
+		}
+		return nil
+	})
+
+	c.Kill(victim)
+	eventually(t, 30*time.Second, "every shard the victim led has a new leader", func() error {
+		got := leaders(c, m)
+		for k, l := range got {
+			if l == "" || l == victim {
+				return fmt.Errorf("shard %d leader %q", k, l)
+			}
+		}
+		return nil
+	})
+	// Holders keep their grants and tokens, the waiter its place; the
+	// session's one keepalive renews it on every shard.
+	var ka service.SessionResponse
+	if code := do(t, c, "POST", via+"/api/v1/sessions/"+sess.SessionID+"/keepalive", map[string]any{}, &ka); code != 200 {
+		t.Fatalf("keepalive after failover: %d", code)
+	}
+	for _, name := range names {
+		var v service.LockView
+		do(t, c, "GET", via+"/api/v1/locks/"+name, nil, &v)
+		if !v.Held || v.Holder == nil || v.Holder.FencingToken != tokens[name] {
+			t.Fatalf("after failover %s = %+v, want held with token %d", name, v, tokens[name])
+		}
+	}
+	// Ending the session releases every shard's locks; the waiter is
+	// granted with a higher token than the holder's.
+	var del service.DeleteSessionResponse
+	if code := do(t, c, "DELETE", via+"/api/v1/sessions/"+sess.SessionID, nil, &del); code != 200 || !del.Deleted {
+		t.Fatalf("session delete: %d %+v", code, del)
+	}
+	select {
+	case a := <-waited:
+		if !a.Acquired || a.FencingToken <= tokens["alpha/job"] {
+			t.Fatalf("waiter got %+v after the holder's token %d", a, tokens["alpha/job"])
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the waiter was not granted after the session ended")
+	}
+	var list service.ListResponse
+	do(t, c, "GET", via+"/api/v1/locks", nil, &list)
+	if len(list.Locks) != 1 || list.Locks[0].Name != "alpha/job" {
+		t.Fatalf("after the session ended the locks are %+v, want only the waiter's", list.Locks)
+	}
+
+	// The victim returns: leaders spread back to it.
+	c.Start(victim)
+	waitSpread(t, c, m)
+}
