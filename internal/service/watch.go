@@ -141,6 +141,9 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
 	}
+	if req.FromRevisions != nil {
+		return nil, invalid("from_revisions is for clusters with several shards; this one has one: use from_revision")
+	}
 	tok, err := s.authToken(ctx, command.PermWatch, prefix, "")
 	if err != nil {
 		return nil, err
