@@ -78,7 +78,7 @@ func startSharded(cfg Config) (*Server, error) {
 	for k := 0; k < m.N(); k++ {
 		hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
 		gc := rc
-		gc.Shared, gc.Group = s.shared, uint64(k)+1
+		gc.Shared, gc.Group = s.shared, m.Group(k)
 		gc.Logger = rc.Logger.With("shard", k)
 		gc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], hub)
 		if k == 0 {

@@ -7,6 +7,7 @@ package shard
 
 import (
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,6 +118,23 @@ func (m Map) Overlap(prefix string) []int {
 		out = append(out, k)
 	}
 	return out
+}
+
+// Group is shard k's Raft group id: a hash of the whole map and k. Nodes
+// started with different maps (a mistyped --shard-bounds on one of them)
+// would route one name to different shards, and two shards could each
+// grant it; with the map in the group id their groups are different Raft
+// groups, so the odd node's never reach a quorum and it serves nothing
+// instead of a second holder. Ids 0 and 1 are never used (1 is a one-group
+// node's group).
+func (m Map) Group(k int) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "dlock shard map\x00%d\x00%s\x00%d", m.Generation, strings.Join(m.Bounds, "\x00"), k)
+	g := h.Sum64() >> 1
+	if g < 2 {
+		g += 2
+	}
+	return g
 }
 
 // mapFile records a data dir's shard map, one bound a line after the

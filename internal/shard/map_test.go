@@ -54,3 +54,20 @@ func TestPreferredSpreadsShards(t *testing.T) {
 		t.Fatalf("preferred leaders %v, want %v", got, want)
 	}
 }
+
+func TestGroupIDsNameTheMap(t *testing.T) {
+	a, _ := ParseBounds("g,n,t")
+	b, _ := ParseBounds("h,n,t")
+	seen := map[uint64]bool{}
+	for k := 0; k < 4; k++ {
+		for _, g := range []uint64{a.Group(k), b.Group(k)} {
+			if g < 2 || seen[g] {
+				t.Fatalf("group id %d reused or reserved", g)
+			}
+			seen[g] = true
+		}
+	}
+	if c, _ := ParseBounds("g,n,t"); c.Group(2) != a.Group(2) {
+		t.Fatal("the same map gives different group ids")
+	}
+}
