@@ -6,12 +6,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	dproc "github.com/dlock/dlock/internal/proc"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -173,5 +177,84 @@ func TestShardedKillNodeProcess(t *testing.T) {
 	}
 	if !slices.Equal(got, wantGrants) {
 		t.Fatalf("the watch saw grants %v, want each name twice: %v", got, wantGrants)
+	}
+}
+
+// TestDevShards runs `dlock dev --shards 4` as an operator would: every
+// shard gets a leader, spread over the three nodes; locks in every range
+// list in name order through any node; Ctrl-C stops it cleanly.
+func TestDevShards(t *testing.T) {
+	bin := dlockBinary(t)
+	dir := t.TempDir()
+	base := pickBasePort(t, 0, 1, 2, 10, 11, 12, 20, 21, 22)
+	logPath := filepath.Join(dir, "dev.log")
+	p := launch(t, "dlock dev --shards 4", logPath, nil, bin, "dev", "--shards", "4", "--base-port", itoa(base), "--log-level", "warn")
+	t.Cleanup(func() {
+		if took, killed := p.stop(syscall.SIGTERM); killed {
+			t.Errorf("dlock dev did not exit within %s of SIGTERM at clean-up; SIGKILLed it", took)
+		}
+		checkRaces(t, "dlock dev", logPath)
+		if t.Failed() {
+			t.Logf("--- tail of dlock dev's output:\n%s", dproc.LogTail(logPath, 60))
+		}
+	})
+	n1, n3 := fmt.Sprintf("http://127.0.0.1:%d", base), fmt.Sprintf("http://127.0.0.1:%d", base+20)
+	testutil.Eventually(t, 30*time.Second*slow, "every shard ready and the leaders spread", func() (bool, string) {
+		if p.Exited() {
+			t.Fatalf("dlock dev exited early: %v", p.WaitErr())
+		}
+		l := shardLeaders(t, n1)
+		return slices.Equal(l, []string{"n1", "n2", "n3", "n1"}), fmt.Sprint(l)
+	})
+	names := []string{"zebra", "alpha/a", "mike/m", "oscar"}
+	for _, name := range names {
+		checkGrant(t, "acquire "+name, mustCall(t, http.MethodPost, n3+"/api/v1/locks/"+name+"/acquire",
+			map[string]any{"client_id": "me", "ttl_ms": 30000}, http.StatusOK, nil))
+	}
+	var list struct {
+		Locks []struct{ Name string } `json:"locks"`
+	}
+	mustCall(t, http.MethodGet, n1+"/api/v1/locks", nil, http.StatusOK, &list)
+	var listed []string
+	for _, l := range list.Locks {
+		listed = append(listed, l.Name)
+	}
+	if want := []string{"alpha/a", "mike/m", "oscar", "zebra"}; !slices.Equal(listed, want) {
+		t.Fatalf("list = %v, want %v", listed, want)
+	}
+	if _, killed := p.stop(syscall.SIGINT); killed {
+		t.Fatalf("dlock dev --shards 4 did not exit within %s of SIGINT", stopTimeout)
+	}
+	if code := p.ExitCode(); code != 0 {
+		t.Fatalf("dlock dev --shards 4 exited with %v after SIGINT, want 0", p.WaitErr())
+	}
+	if b, err := os.ReadFile(logPath); err == nil && strings.Contains(string(b), "level=ERROR") {
+		t.Errorf("a clean Ctrl-C of dlock dev --shards 4 logged an ERROR:\n%s", dproc.LogTail(logPath, 30))
+	}
+}
+
+// A sharded node refuses what it cannot do yet, and a data dir keeps its map.
+func TestServeShardsRefusals(t *testing.T) {
+	bin := dlockBinary(t)
+	dir := t.TempDir()
+	base := pickBasePort(t, 0, 1)
+	api, raft := fmt.Sprintf("127.0.0.1:%d", base), fmt.Sprintf("127.0.0.1:%d", base+1)
+	run := func(args ...string) (string, int) {
+		p := launch(t, "dlock serve", filepath.Join(dir, "serve.log"), nil, bin, append([]string{"serve", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+			"--api-addr", api, "--raft-addr", raft, "--initial-cluster", "n1=" + raft, "--log-level", "warn"}, args...)...)
+		if !p.WaitExit(30 * time.Second * slow) {
+			p.kill(t)
+			t.Fatalf("dlock serve %v did not exit", args)
+		}
+		return dproc.LogTail(filepath.Join(dir, "serve.log"), 5), p.ExitCode()
+	}
+	if out, code := run("--shards", "4", "--raft-engine", "hashicorp"); code == 0 || !strings.Contains(out, "etcd") {
+		t.Fatalf("--shards with hashicorp: exit %d, output %s", code, out)
+	}
+	if out, code := run("--shards", "4", "--acl"); code == 0 || !strings.Contains(out, "ACLs are not available on a sharded cluster") {
+		t.Fatalf("--shards with --acl: exit %d, output %s", code, out)
+	}
+	if out, code := run("--shards", "4", "--shard-bounds", "g,n"); code == 0 || !strings.Contains(out, "--shard-bounds gives 3") {
+		t.Fatalf("--shards 4 with 3 bounds: exit %d, output %s", code, out)
 	}
 }
