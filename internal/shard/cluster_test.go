@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/state"
@@ -379,4 +383,44 @@ func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
 	// The victim returns: leaders spread back to it.
 	c.Start(victim)
 	waitSpread(t, c, m)
+}
+
+// TestShardedGRPC: the gRPC API routes through the same router: a session
+// made over gRPC holds locks on two shards and the list merges them.
+func TestShardedGRPC(t *testing.T) {
+	c, m := sharded(t, 3)
+	cc, err := grpc.NewClient(c.GRPCAddr(c.IDs()[1]), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	locks, sessions := dlockv1.NewLockServiceClient(cc), dlockv1.NewSessionServiceClient(cc)
+	s, err := sessions.CreateSession(ctx, &dlockv1.CreateSessionRequest{ClientId: "g", TtlMs: 20000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"zebra/z", "alpha/a"} {
+		a, err := locks.Acquire(ctx, &dlockv1.AcquireRequest{Name: name, ClientId: "g", SessionId: s.SessionId})
+		if err != nil || !a.Acquired {
+			t.Fatalf("gRPC acquire %s: %v %v", name, a, err)
+		}
+	}
+	if m.Lookup("zebra/z") == m.Lookup("alpha/a") {
+		t.Fatal("the test's names should be on two shards")
+	}
+	if _, err := sessions.KeepAlive(ctx, &dlockv1.KeepAliveRequest{SessionId: s.SessionId}); err != nil {
+		t.Fatalf("gRPC keepalive: %v", err)
+	}
+	l, err := locks.ListLocks(ctx, &dlockv1.ListLocksRequest{})
+	if err != nil || len(l.Locks) != 2 || l.Locks[0].Name != "alpha/a" || l.Locks[1].Name != "zebra/z" {
+		t.Fatalf("gRPC list: %v %v", l, err)
+	}
+	if _, err := sessions.DeleteSession(ctx, &dlockv1.DeleteSessionRequest{SessionId: s.SessionId}); err != nil {
+		t.Fatalf("gRPC delete session: %v", err)
+	}
+	if l, err = locks.ListLocks(ctx, &dlockv1.ListLocksRequest{}); err != nil || len(l.Locks) != 0 {
+		t.Fatalf("after the session ended, gRPC list: %v %v", l, err)
+	}
 }
