@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/fence"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/state"
@@ -158,12 +159,34 @@ func TestShardedClusterRoutesListsAndWatches(t *testing.T) {
 	stream := watch(t, c, via+"/api/v1/watch")
 
 	tokens, leases := map[string]uint64{}, map[string]string{}
+	var grants []service.AcquireResponse
 	for i, name := range names {
 		var a service.AcquireResponse
 		if code := do(t, c, "POST", via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("c%d", i), "ttl_ms": 60000}, &a); code != 200 || !a.Acquired {
 			t.Fatalf("acquire %s: %d %+v", name, code, a)
 		}
 		tokens[name], leases[name] = a.FencingToken, a.LeaseID
+		grants = append(grants, a)
+	}
+	// Each shard signs with its own key; the one key set verifies them all.
+	res, err := http.Get(via + "/api/v1/cluster/token-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc fence.KeySetDocument
+	err = json.NewDecoder(res.Body).Decode(&doc)
+	res.Body.Close()
+	if err != nil || len(doc.Keys) != m.N() {
+		t.Fatalf("token keys: %v, %d keys, want one per shard", err, len(doc.Keys))
+	}
+	ks, err := fence.NewKeySetFromDocument(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range grants {
+		if err := ks.Verify(names[i], a.FencingToken, fmt.Sprintf("c%d", i), a.LeaseRef, a.TokenProof); err != nil {
+			t.Fatalf("proof of %s (shard %d): %v", names[i], m.Lookup(names[i]), err)
+		}
 	}
 	// Each name lives in its own shard's state, and only there.
 	for _, id := range ids {
