@@ -105,6 +105,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Shards != nil && cfg.Shards.N() > 1 {
 		return startSharded(cfg)
 	}
+	if err := shard.CheckOneGroup(cfg.Raft.DataDir); err != nil {
+		return nil, err
+	}
 	warnACLWithoutPeerTLS(cfg)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {

@@ -165,3 +165,18 @@ func CheckDataDir(dir string, m Map) error {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 }
+
+// CheckOneGroup refuses to open a sharded data dir as one group: the
+// default group is not among a sharded dir's groups, so the node would
+// start an empty cluster beside the real one.
+func CheckOneGroup(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, mapFile))
+	switch {
+	case err == nil:
+		return fmt.Errorf("data dir %s belongs to a sharded cluster (%s: %q); start it with the same --shards/--shard-bounds as its first start", dir, mapFile, strings.TrimSpace(string(b)))
+	case os.IsNotExist(err):
+		return nil
+	default:
+		return fmt.Errorf("read %s: %w", filepath.Join(dir, mapFile), err)
+	}
+}

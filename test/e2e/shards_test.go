@@ -257,4 +257,20 @@ func TestServeShardsRefusals(t *testing.T) {
 	if out, code := run("--shards", "4", "--shard-bounds", "g,n"); code == 0 || !strings.Contains(out, "--shard-bounds gives 3") {
 		t.Fatalf("--shards 4 with 3 bounds: exit %d, output %s", code, out)
 	}
+	// A data dir keeps its map: made with 4 shards, it refuses 2 and 1.
+	p := launch(t, "dlock serve", filepath.Join(dir, "serve.log"), nil, bin, "serve", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+		"--api-addr", api, "--raft-addr", raft, "--initial-cluster", "n1="+raft, "--log-level", "warn", "--shards", "4")
+	testutil.Eventually(t, 30*time.Second*slow, "the 4-shard node ready", func() (bool, string) {
+		r, err := call(http.MethodGet, "http://"+api+"/readyz", nil)
+		return err == nil && r.Status == http.StatusOK, fmt.Sprint(err)
+	})
+	if _, killed := p.stop(syscall.SIGTERM); killed {
+		t.Fatal("dlock serve --shards 4 did not stop")
+	}
+	if out, code := run("--shards", "2"); code == 0 || !strings.Contains(out, "another shard map") {
+		t.Fatalf("restart with --shards 2: exit %d, output %s", code, out)
+	}
+	if out, code := run(); code == 0 || !strings.Contains(out, "belongs to a sharded cluster") {
+		t.Fatalf("restart without --shards: exit %d, output %s", code, out)
+	}
 }
