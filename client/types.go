@@ -96,6 +96,25 @@ type ClusterInfo struct {
 	AppliedIndex     uint64   `json:"applied_index"`
 	Revision         uint64   `json:"revision"`
 	LastFencingToken uint64   `json:"last_fencing_token"`
+	// Shards is set by a sharded cluster: each shard's key range, leader,
+	// term and indexes as the answering node sees them (the fields above
+	// are then shard 0's).
+	Shards []ShardInfo `json:"shards,omitempty"`
+}
+
+// ShardInfo is one shard of a sharded cluster: the names whose first
+// segment is in [Start, End) (End "" is open), and its Raft group.
+type ShardInfo struct {
+	ID               int    `json:"id"`
+	Start            string `json:"start"`
+	End              string `json:"end"`
+	LeaderID         string `json:"leader_id"`
+	LeaderAPIAddr    string `json:"leader_api_addr,omitempty"`
+	Term             uint64 `json:"term"`
+	CommitIndex      uint64 `json:"commit_index"`
+	AppliedIndex     uint64 `json:"applied_index"`
+	Revision         uint64 `json:"revision"`
+	LastFencingToken uint64 `json:"last_fencing_token"`
 }
 
 // Grant is a successful low-level Acquire. Nothing renews it: renew it with

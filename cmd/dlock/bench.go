@@ -70,6 +70,7 @@ func newBenchCmd() *cobra.Command {
 	fs.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured warm-up before the measured time")
 	fs.DurationVar(&cfg.TTL, "ttl", 10*time.Second, "lock TTL (ttl_ms) or session TTL; whole seconds for etcd")
 	fs.BoolVar(&cfg.TTLPerAcquire, "ttl-per-acquire", false, "uncontended: every etcd acquire grants its own lease (dlock's acquire with ttl_ms already does)")
+	fs.BoolVar(&cfg.SpreadNames, "spread-names", false, "uncontended and session: start each worker's lock names with its own letter (a/, b/, …), so they spread over a sharded cluster's ranges")
 	fs.DurationVar(&cfg.WaitTimeout, "wait", 60*time.Second, "contended: how long one acquire may wait in line")
 	fs.IntVar(&cfg.Names, "names", 16, "session: lock names each worker rotates over")
 	fs.IntVar(&cfg.Keys, "keys", 10000, "held: number of locks held at once")

@@ -283,6 +283,22 @@ func newMembersCmd() *cobra.Command {
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
 			}
+			if err := tw.Flush(); err != nil || len(ci.Shards) == 0 {
+				return err
+			}
+			fmt.Println()
+			fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN")
+			for _, sh := range ci.Shards {
+				end := strconv.Quote(sh.End)
+				if sh.End == "" {
+					end = "…"
+				}
+				leader := sh.LeaderID
+				if leader == "" {
+					leader = "none known"
+				}
+				fmt.Fprintf(tw, "%d\t[%q, %s)\t%s\t%d\t%d\t%d\t%d\t%d\n", sh.ID, sh.Start, end, leader, sh.Term, sh.CommitIndex, sh.AppliedIndex, sh.Revision, sh.LastFencingToken)
+			}
 			return tw.Flush()
 		},
 	}

@@ -34,6 +34,8 @@ func newDevCmd(out io.Writer, wait func(shutdown func(context.Context) error, in
 	withTLS := fs.Bool("tls", false, "TLS on the API and mutual TLS between nodes, with a throwaway CA and certificates made in the data dir")
 	withACL := fs.Bool("acl", false, "require ACL tokens (docs/security.md); a management token is bootstrapped and printed")
 	rf.register(fs)
+	var sf shardFlags
+	sf.register(fs)
 	var lf limitFlags
 	lf.register(fs)
 	configPath := registerConfig(fs)
@@ -88,8 +90,12 @@ func newDevCmd(out io.Writer, wait func(shutdown func(context.Context) error, in
 			if err := rf.apply(&rc); err != nil {
 				return err
 			}
+			shards, err := sf.apply(&rc)
+			if err != nil {
+				return err
+			}
 			s, err := server.Start(server.Config{Raft: rc, TLS: dt.apiConfig(), APIAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i),
-				GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui, Limits: limits, ACL: *withACL})
+				GRPCAddr: fmt.Sprintf("%s:%d", *host, *basePort+10*i+2), MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui, Limits: limits, ACL: *withACL, Shards: shards})
 			if err != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				_ = shutdown(ctx)

@@ -201,6 +201,8 @@ later starts recover everything from --data-dir.` + configHelp,
 	var tf tlsFlags
 	tf.register(fs)
 	rf.register(fs)
+	var sf shardFlags
+	sf.register(fs)
 	var lf limitFlags
 	lf.register(fs)
 	configPath := registerConfig(fs)
@@ -240,6 +242,10 @@ later starts recover everything from --data-dir.` + configHelp,
 		if err := rf.apply(&rc); err != nil {
 			return err
 		}
+		shards, err := sf.apply(&rc)
+		if err != nil {
+			return err
+		}
 		apiTLS, peerTLS, joinTLS, err := tf.load(logger)
 		if err != nil {
 			return err
@@ -250,7 +256,7 @@ later starts recover everything from --data-dir.` + configHelp,
 			return err
 		}
 		srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui,
-			Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits})
+			Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits, Shards: shards})
 		if err != nil {
 			return err
 		}

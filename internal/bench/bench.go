@@ -91,6 +91,10 @@ type Config struct {
 	TTL time.Duration
 	// TTLPerAcquire: every etcd acquire grants its own lease (uncontended).
 	TTLPerAcquire bool
+	// SpreadNames starts each worker's lock names with its own letter
+	// (uncontended, session), so they spread over a sharded cluster's
+	// ranges instead of all falling in the shard of "bench".
+	SpreadNames bool
 	// WaitTimeout bounds a contended acquire's wait.
 	WaitTimeout time.Duration
 	// Limit is the semaphore workload's limit (default 4).

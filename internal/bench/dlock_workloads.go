@@ -104,12 +104,22 @@ func afterFailure(ctx, stop context.Context, c lockAPI, rec *recorder, op string
 	return pause(stop, time.Millisecond)
 }
 
+// spread is worker w's name prefix under SpreadNames: a top-level segment
+// of its own letter, so the workers' names cover the ranges of a sharded
+// cluster evenly.
+func spread(cfg *Config, w int) string {
+	if !cfg.SpreadNames {
+		return ""
+	}
+	return string(rune('a'+w%26)) + "/"
+}
+
 func dlockUncontended(ctx context.Context, cfg *Config, res *Result, c lockAPI, id string) error {
 	rec := window(cfg)
 	pace := newPacer(cfg.Rate)
 	ttl := cfg.TTL.Milliseconds()
 	runWorkers(ctx, cfg.Workers, rec, func(ctx, stop context.Context, w int) {
-		name := fmt.Sprintf("bench/%s/u/w%d", id, w)
+		name := spread(cfg, w) + fmt.Sprintf("bench/%s/u/w%d", id, w)
 		cid := fmt.Sprintf("bench-%s-w%d", id, w)
 		for pace.wait(stop) {
 			if !lockCycle(ctx, stop, c, rec, name, cid, acquireReq{ClientID: cid, TTLms: ttl, Takeover: true}) {
@@ -168,7 +178,7 @@ func dlockSession(ctx context.Context, cfg *Config, res *Result, c lockAPI, id s
 			cancel()
 		}()
 		for j := 0; pace.wait(stop); j++ {
-			name := fmt.Sprintf("bench/%s/s/w%d/k%d", id, w, j%cfg.Names)
+			name := spread(cfg, w) + fmt.Sprintf("bench/%s/s/w%d/k%d", id, w, j%cfg.Names)
 			if !lockCycle(ctx, stop, c, rec, name, cid, acquireReq{ClientID: cid, SessionID: sid, Takeover: true}) {
 				return
 			}

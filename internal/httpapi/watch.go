@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -21,7 +23,7 @@ func (a *api) watch(w http.ResponseWriter, r *http.Request) {
 		a.methodNotAllowed(w, r, allowStream)
 		return
 	}
-	q, aerr := parseQuery(r, "prefix", "from_revision")
+	q, aerr := parseQuery(r, "prefix", "from_revision", "from_revisions")
 	if aerr != nil {
 		a.writeError(w, r, aerr)
 		return
@@ -35,6 +37,12 @@ func (a *api) watch(w http.ResponseWriter, r *http.Request) {
 	if v, ok := q["from_revision"]; ok {
 		if req.FromRevision, err = strconv.ParseUint(v[0], 10, 64); err != nil {
 			a.writeError(w, r, badRequest("query parameter from_revision=%q must be a non-negative integer", v[0]))
+			return
+		}
+	}
+	if v, ok := q["from_revisions"]; ok {
+		if req.FromRevisions, err = ParseRevisions(v[0]); err != nil {
+			a.writeError(w, r, badRequest("query parameter from_revisions=%q: %v", v[0], err))
 			return
 		}
 	}
@@ -101,7 +109,11 @@ func (a *api) stream(w http.ResponseWriter, r *http.Request, watcher *service.Wa
 					writeRecord(w, ev.Revision, "leader", view)
 				} else {
 					typ, body := format(ev)
-					writeRecord(w, ev.Revision, typ, body)
+					if ev.Revisions != nil {
+						writeRecordID(w, FormatRevisions(ev.Revisions), typ, body)
+					} else {
+						writeRecord(w, ev.Revision, typ, body)
+					}
 				}
 				select {
 				case e, ok = <-events:
@@ -134,4 +146,63 @@ func writeRecord(w http.ResponseWriter, rev uint64, event string, v any) {
 		fmt.Fprintf(w, "id: %d\n", rev)
 	}
 	fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b)
+}
+
+func writeRecordID(w http.ResponseWriter, id string, event string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", id, event, b)
+}
+
+// FormatRevisions writes a sharded stream's resume vector as its SSE id:
+// "shard:revision" pairs in shard order, comma-separated.
+func FormatRevisions(v map[string]uint64) string {
+	ids := make([]int, 0, len(v))
+	for k := range v {
+		if n, err := strconv.Atoi(k); err == nil {
+			ids = append(ids, n)
+		}
+	}
+	slices.Sort(ids)
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d:%d", id, v[strconv.Itoa(id)])
+	}
+	return b.String()
+}
+
+// maxShardsInVector bounds a hostile from_revisions.
+const maxShardsInVector = 1024
+
+// ParseRevisions reads from_revisions ("shard:revision,..."): per shard,
+// the first revision wanted.
+func ParseRevisions(s string) (map[int]uint64, error) {
+	out := map[int]uint64{}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(part, ":")
+		if !ok {
+			return nil, fmt.Errorf("want shard:revision pairs separated by commas, e.g. 0:12,1:40")
+		}
+		id, err := strconv.ParseUint(k, 10, 16)
+		if err != nil {
+			return nil, fmt.Errorf("shard %q is not a shard id", k)
+		}
+		rev, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("revision %q is not a non-negative integer", v)
+		}
+		if _, dup := out[int(id)]; dup {
+			return nil, fmt.Errorf("shard %d is given twice", id)
+		}
+		if len(out) >= maxShardsInVector {
+			return nil, fmt.Errorf("more than %d shards", maxShardsInVector)
+		}
+		out[int(id)] = rev
+	}
+	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -308,6 +309,9 @@ func (n *Node) forward(ctx context.Context, addr, path string, payload []byte) (
 		return nil, 0, err
 	}
 	req.Header.Set("X-Dlock-From", n.cfg.ID)
+	if g := n.group(); g != defaultGroup {
+		req.Header.Set(groupHeader, strconv.FormatUint(g, 10))
+	}
 	res, err := n.fwdClient.Do(req)
 	if err != nil {
 		return nil, 0, err

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,12 @@ type Config struct {
 	// FreeSpace reports the free space under a dir (nil: statfs); tests
 	// inject a full disk with it.
 	FreeSpace func(dir string) (uint64, error)
+
+	// Shared, when set, runs this node as one group (Group; 0 means the
+	// default group) on a base other groups share: its store, raft port and
+	// transport (etcd engine only). The node neither opens nor closes them.
+	Shared *Shared
+	Group  uint64
 
 	// HistoryRetention, when set, is what this node commits as the grant
 	// history's bounds while it leads (nil leaves the state's bounds).
@@ -273,6 +280,9 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	var err error
+	if cfg.Shared != nil && cfg.Engine != EngineEtcd {
+		return nil, fmt.Errorf("groups sharing one store need the etcd engine, not %s", cfg.Engine)
+	}
 	if cfg.Engine == EngineEtcd {
 		err = n.openEtcd()
 	} else {
@@ -290,9 +300,18 @@ func Open(cfg Config) (*Node, error) {
 	}}
 	n.fwdServer = &http.Server{Handler: n.forwardHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(n.logger.Handler(), slog.LevelWarn)}
 	limitForwardServer(n.fwdServer)
-	n.wg.Add(4)
+	if cfg.Shared != nil {
+		if err := cfg.Shared.register(n.group(), n.fwdServer.Handler); err != nil {
+			return nil, err
+		}
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); <-n.ctx.Done() }()
+	} else {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
+	}
+	n.wg.Add(3)
 	go func() { defer n.wg.Done(); n.packer.run() }()
-	go func() { defer n.wg.Done(); _ = n.fwdServer.Serve(n.mux.ForwardListener()) }()
 	go func() { defer n.wg.Done(); n.followLeadership() }()
 	go func() { defer n.wg.Done(); n.reaper.Run(n.ctx) }()
 	n.wg.Add(1)
@@ -330,6 +349,10 @@ func (n *Node) listen() error {
 // openEtcd starts the etcd engine on the node's pebble log.
 func (n *Node) openEtcd() error {
 	cfg := n.cfg
+	if sh := cfg.Shared; sh != nil {
+		n.mux, n.etcdStore, n.etcdTrans = sh.mux, sh.store, sh.trans
+		return n.startEtcd()
+	}
 	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
 	var ce *CorruptError
 	if errors.As(err, &ce) {
@@ -345,13 +368,27 @@ func (n *Node) openEtcd() error {
 		return err
 	}
 	n.etcdTrans = newEtcdTransport(n.mux, n.logger)
+	return n.startEtcd()
+}
+
+// group is the node's Raft group id.
+func (n *Node) group() uint64 {
+	if n.cfg.Group == 0 {
+		return defaultGroup
+	}
+	return n.cfg.Group
+}
+
+// startEtcd starts the node's group on its store and transport.
+func (n *Node) startEtcd() error {
+	cfg := n.cfg
 	e, err := newEtcdEngine(etcdEngineConfig{
-		ID: cfg.ID, Group: defaultGroup, InitialCluster: cfg.InitialCluster,
+		ID: cfg.ID, Group: n.group(), InitialCluster: cfg.InitialCluster,
 		Election:  max(cfg.HeartbeatTimeout, cfg.ElectionTimeout),
 		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
 		SnapshotBytes: cfg.etcdLogBytes, TrailingBytes: cfg.etcdLogBytes,
-		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: store, Transport: n.etcdTrans,
-		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", "1"),
+		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: n.etcdStore, Transport: n.etcdTrans,
+		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", strconv.FormatUint(n.group(), 10)),
 		OnFail:     n.fail,
 		PeerHealth: n.peers.set,
 	})
@@ -833,6 +870,14 @@ func (n *Node) shutdownRaft() error {
 const failedShutdownWait = 5 * time.Second
 
 func (n *Node) closeAll() {
+	if sh := n.cfg.Shared; sh != nil {
+		// The base outlives its groups; only this group's forwarding stops.
+		sh.unregister(n.group())
+		if n.fwdClient != nil {
+			n.fwdClient.CloseIdleConnections()
+		}
+		return
+	}
 	if n.fwdServer != nil {
 		_ = n.fwdServer.Close()
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/dlock/dlock/internal/metrics"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/tlsconfig"
 	"github.com/dlock/dlock/internal/watch"
@@ -65,6 +66,9 @@ type Config struct {
 	ACL      bool
 	ACLToken string
 	Logger   *slog.Logger
+	// Shards, when it has more than one range, runs the node as one member
+	// of a sharded cluster (sharded.go); nil or one range is one group.
+	Shards *shard.Map
 }
 
 // Server is one running node.
@@ -81,6 +85,15 @@ type Server struct {
 	cfg     Config
 	stop    context.CancelFunc
 	joined  chan struct{}
+
+	// A sharded node's groups (Node and Service are shard 0's), their
+	// shared store and raft port, and its router.
+	nodes  []*raftnode.Node
+	svcs   []*service.Service
+	shared *raftnode.Shared
+	router *shard.Router
+	// balanced is closed when the shard balancer has stopped (nil unsharded).
+	balanced chan struct{}
 }
 
 // Start opens the node and begins serving the API.
@@ -89,6 +102,12 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.Shards != nil && cfg.Shards.N() > 1 {
+		return startSharded(cfg)
+	}
+	if err := shard.CheckOneGroup(cfg.Raft.DataDir); err != nil {
+		return nil, err
+	}
 	warnACLWithoutPeerTLS(cfg)
 	ln, err := net.Listen("tcp", cfg.APIAddr)
 	if err != nil {
@@ -127,14 +146,36 @@ func Start(cfg Config) (*Server, error) {
 	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
-	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
-		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, Console: consoleHandler(cfg.DisableConsole, svc)})
-	wsOpts := wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes, MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited,
-		AllowOrigin: svc.MemberOrigin, AuthTimeout: cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: cfg.Limits.MaxUnauthenticatedPerIP}
-	if cfg.ACL {
+	s.serveAPI(svc, svc, mtr, ln, grpcLn)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stop = cancel
+	if len(cfg.Join) > 0 {
+		go s.join(ctx, rc.ID, rc.RaftAdvertise)
+	} else {
+		close(s.joined)
+	}
+	return s, nil
+}
+
+// frontend is what the API listeners serve: one node's service, or the
+// shard router over several.
+type frontend interface {
+	httpapi.Service
+	grpcapi.Service
+	wsapi.Service
+}
+
+// serveAPI starts the HTTP (with WebSocket) and gRPC listeners on front;
+// svc is the (first) service, for origins and the console.
+func (s *Server) serveAPI(front frontend, svc *service.Service, mtr *metrics.Metrics, ln, grpcLn net.Listener) {
+	api := httpapi.New(front, s.cfg.Logger.With("node", s.cfg.Raft.ID), httpapi.Options{MaxBodyBytes: s.cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(s.cfg.EnablePprof),
+		WriteTimeout: s.cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, Console: consoleHandler(s.cfg.DisableConsole, svc)})
+	wsOpts := wsapi.Options{MaxMessageBytes: s.cfg.MaxBodyBytes, MaxWatches: s.cfg.Limits.wsWatches(), Limited: mtr.Limited,
+		AllowOrigin: svc.MemberOrigin, AuthTimeout: s.cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: s.cfg.Limits.MaxUnauthenticatedPerIP}
+	if s.cfg.ACL {
 		wsOpts.Authenticate = svc.Authenticate
 	}
-	s.ws = wsapi.New(svc, s.logger, wsOpts)
+	s.ws = wsapi.New(front, s.logger, wsOpts)
 	s.http = &http.Server{
 		// The WebSocket endpoint is matched on the exact escaped path, so
 		// httpapi keeps its own routing (no ServeMux path cleaning).
@@ -145,9 +186,9 @@ func Start(cfg Config) (*Server, error) {
 			}
 			api.ServeHTTP(w, r)
 		}),
-		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
+		ErrorLog: slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}
-	cfg.Limits.applyHTTP(s.http)
+	s.cfg.Limits.applyHTTP(s.http)
 	go func() {
 		defer close(s.done)
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -156,26 +197,18 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if grpcLn != nil {
 		s.grpcLn = grpcLn
-		gopts := grpcapi.Options{MaxMessageBytes: int(cfg.MaxBodyBytes), Limits: cfg.Limits.grpc(), SendTimeout: cfg.Limits.WriteTimeout}
-		if cfg.TLS != nil {
+		gopts := grpcapi.Options{MaxMessageBytes: int(s.cfg.MaxBodyBytes), Limits: s.cfg.Limits.grpc(), SendTimeout: s.cfg.Limits.WriteTimeout}
+		if s.cfg.TLS != nil {
 			pn := &peerNames{Listener: grpcLn}
 			grpcLn, gopts.PeerIdentity = pn, pn.name
 		}
-		s.grpc = grpcapi.New(svc, s.logger, gopts)
+		s.grpc = grpcapi.New(front, s.logger, gopts)
 		go func() {
 			if err := s.grpc.Serve(grpcLn); err != nil {
 				s.logger.Error("gRPC server stopped", "err", err)
 			}
 		}()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
-	if len(cfg.Join) > 0 {
-		go s.join(ctx, rc.ID, rc.RaftAdvertise)
-	} else {
-		close(s.joined)
-	}
-	return s, nil
 }
 
 // join asks the listed members to add this node, until one succeeds or the
@@ -252,6 +285,9 @@ func (s *Server) GRPCAddr() string {
 // then stops the node.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stop()
+	if s.balanced != nil {
+		<-s.balanced
+	}
 	if s.cfg.LeaveOnShutdown {
 		if err := s.Node.Leave(ctx); err != nil {
 			s.logger.Warn("could not leave the cluster cleanly; remove this node by hand", "err", err)
@@ -259,9 +295,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	} else {
 		// A planned stop of the leader hands leadership on first, so clients
 		// see no election timeout.
-		s.Node.HandOffLeadership()
+		for _, n := range s.allNodes() {
+			n.HandOffLeadership()
+		}
 	}
-	s.Service.Close()
+	for _, svc := range s.allServices() {
+		svc.Close()
+	}
 	// WebSocket connections are hijacked, so http.Shutdown would not end
 	// them; closing them withdraws their waits while the node still runs.
 	s.ws.Close()
@@ -279,7 +319,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	<-s.done
 	herr = errors.Join(herr, <-gerr)
-	nerr := s.Node.Shutdown()
+	var nerr error
+	for _, n := range s.allNodes() {
+		nerr = errors.Join(nerr, n.Shutdown())
+	}
+	if s.shared != nil {
+		nerr = errors.Join(nerr, s.shared.Close())
+	}
 	return errors.Join(herr, nerr)
 }
 
@@ -287,10 +333,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // cut and Raft stops without a graceful hand-over.
 func (s *Server) Kill() {
 	s.stop()
+	if s.balanced != nil {
+		<-s.balanced
+	}
 	// Raft first: a crashed node commits nothing more, not even the clean-up of
 	// the requests its dying connections abandon.
-	_ = s.Node.Shutdown()
-	s.Service.Close()
+	for _, n := range s.allNodes() {
+		_ = n.Shutdown()
+	}
+	if s.shared != nil {
+		_ = s.shared.Close()
+	}
+	for _, svc := range s.allServices() {
+		svc.Close()
+	}
 	if s.grpc != nil {
 		s.grpc.Stop()
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -127,7 +128,7 @@ func TestWatchListThenWatchAcrossReconnectAndFollower(t *testing.T) {
 		leaderEvents = append(leaderEvents, e)
 	}
 	for i := range want {
-		if e := nextEvent(t, onFollower, 5*time.Second); e != leaderEvents[i] {
+		if e := nextEvent(t, onFollower, 5*time.Second); !reflect.DeepEqual(e, leaderEvents[i]) {
 			t.Fatalf("follower event %d = %+v, leader's = %+v", i, e, leaderEvents[i])
 		}
 	}
@@ -138,7 +139,7 @@ func TestWatchListThenWatchAcrossReconnectAndFollower(t *testing.T) {
 	defer cancel2()
 	_, again := sse(t, ctx2, c.URL(follower)+fmt.Sprintf("/api/v1/watch?prefix=billing/&from_revision=%d", leaderEvents[2].Revision+1))
 	for _, wantE := range leaderEvents[3:] {
-		if e := nextEvent(t, again, 5*time.Second); e != wantE {
+		if e := nextEvent(t, again, 5*time.Second); !reflect.DeepEqual(e, wantE) {
 			t.Fatalf("after reconnect got %+v, want %+v", e, wantE)
 		}
 	}

@@ -490,7 +490,7 @@ func (s *Service) CreateSession(ctx context.Context, req CreateSessionRequest) (
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms}), "create session")
+	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.CreateSession{TTLms: req.TTLms, LeaseID: req.LeaseID}), "create session")
 	if err != nil {
 		return nil, err
 	}

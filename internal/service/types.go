@@ -1,6 +1,10 @@
 package service
 
-import "time"
+import (
+	"time"
+
+	"github.com/dlock/dlock/internal/command"
+)
 
 // AcquireRequest asks for a lock. Exactly one of TTLms (an implicit one-lock
 // lease) or SessionID (hold it under an existing session) is set. WaitTimeoutMs
@@ -183,7 +187,10 @@ type ListResponse struct {
 	Locks    []LockView `json:"locks"`
 	More     bool       `json:"more"`
 	Revision uint64     `json:"revision"`
-	Stale    *StaleRead `json:"-"` // as LockView.Stale
+	// Revisions is set on a page merged over several shards: each shard's
+	// revision (Revision is then 0).
+	Revisions map[string]uint64 `json:"revisions,omitempty"`
+	Stale     *StaleRead        `json:"-"` // as LockView.Stale
 }
 
 // ElectionListResponse is one page of elections, like ListResponse.
@@ -191,7 +198,9 @@ type ElectionListResponse struct {
 	Elections []ElectionView `json:"elections"`
 	More      bool           `json:"more"`
 	Revision  uint64         `json:"revision"`
-	Stale     *StaleRead     `json:"-"` // as LockView.Stale
+	// Revisions is as ListResponse.Revisions.
+	Revisions map[string]uint64 `json:"revisions,omitempty"`
+	Stale     *StaleRead        `json:"-"` // as LockView.Stale
 }
 
 // CreateSessionRequest creates an explicit session (a lease kept alive by
@@ -200,6 +209,10 @@ type CreateSessionRequest struct {
 	ClientID  string `json:"client_id"`
 	TTLms     int64  `json:"ttl_ms"`
 	RequestID string `json:"request_id,omitempty"`
+	// LeaseID, when set, is the id the session gets instead of one the
+	// leader draws: the shard router gives a session's lease the same id on
+	// every shard. Never from a client.
+	LeaseID command.LeaseID `json:"-"`
 }
 
 // SessionResponse answers session create and keepalive.
@@ -264,6 +277,25 @@ type ClusterInfo struct {
 	// show the same digest, or their states diverged.
 	CheckpointIndex  uint64 `json:"checkpoint_index,omitempty"`
 	CheckpointDigest string `json:"checkpoint_digest,omitempty"`
+	// Shards is set on a sharded cluster: every shard as this node sees it
+	// (the fields above are then shard 0's).
+	Shards []ShardInfo `json:"shards,omitempty"`
+}
+
+// ShardInfo is one shard of a sharded cluster in GET /cluster: its key
+// range (by top-level name segment; End "" is open), its Raft group's
+// leader and term, and this node's commit and applied index in it.
+type ShardInfo struct {
+	ID           int    `json:"id"`
+	Start        string `json:"start"`
+	End          string `json:"end"`
+	LeaderID     string `json:"leader_id"`
+	LeaderAPI    string `json:"leader_api_addr,omitempty"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Revision     uint64 `json:"revision"`
+	LastToken    uint64 `json:"last_fencing_token"`
 }
 
 // CampaignRequest joins an election: wait in its FIFO queue (WaitTimeoutMs) to
@@ -349,6 +381,10 @@ type ResignResponse struct {
 type WatchRequest struct {
 	Prefix       string
 	FromRevision uint64
+	// FromRevisions is a sharded cluster's resume vector: per shard id, the
+	// first revision wanted (that shard's last delivered revision + 1).
+	// Only the shard router reads it.
+	FromRevisions map[int]uint64
 }
 
 // WatchEvent is one state change as watchers see it.
@@ -369,6 +405,11 @@ type WatchEvent struct {
 	Subtree bool   `json:"subtree,omitempty"`
 	// Reason is a revoke's reason (type "revoked").
 	Reason string `json:"reason,omitempty"`
+	// Shard and Revisions are set on a stream merged over the shards of a
+	// sharded cluster: the event's shard, and every shard's revision as it
+	// stands after this event (the stream's resume vector).
+	Shard     *int              `json:"shard,omitempty"`
+	Revisions map[string]uint64 `json:"revisions,omitempty"`
 }
 
 // MemberRequest adds a node to the cluster (it joins as a non-voter and is

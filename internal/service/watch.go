@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -23,18 +24,35 @@ type Watcher struct {
 	release func()
 	// revoked is set when the stream's ACL token was revoked (bindToken).
 	revoked atomic.Bool
+	// m, when set, is a stream merged over several shards (MergeWatchers);
+	// sub is then nil.
+	m *merged
 }
 
 // Events delivers events in revision order; it is closed when the stream ends.
-func (w *Watcher) Events() <-chan watch.Event { return w.sub.Events() }
+func (w *Watcher) Events() <-chan watch.Event {
+	if w.m != nil {
+		return w.m.out
+	}
+	return w.sub.Events()
+}
 
 // Done is closed as soon as the stream ends (Err says why), even while events
 // are still queued on Events.
-func (w *Watcher) Done() <-chan struct{} { return w.sub.Done() }
+func (w *Watcher) Done() <-chan struct{} {
+	if w.m != nil {
+		return w.m.done
+	}
+	return w.sub.Done()
+}
 
 // Close ends the stream. Every watcher must be closed, even one that ended by
 // itself: that frees its slot under the watcher limits.
 func (w *Watcher) Close() {
+	if w.m != nil {
+		w.m.close()
+		return
+	}
 	w.sub.Close()
 	if w.release != nil {
 		w.release()
@@ -43,6 +61,9 @@ func (w *Watcher) Close() {
 
 // Err says why the stream ended, as a client-facing error (nil if closed by Close).
 func (w *Watcher) Err() error {
+	if w.m != nil {
+		return w.m.error()
+	}
 	if w.revoked.Load() {
 		return revokedErr("this stream was opened with")
 	}
@@ -91,6 +112,14 @@ func watchErr(err error) error {
 func Event(e watch.Event) WatchEvent {
 	v := WatchEvent{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name, ClientID: e.ClientID,
 		FencingToken: e.Token, Cause: e.Cause, Reason: e.Reason, Value: e.Value, At: ms(e.At), Subtree: e.Subtree}
+	if e.Vector != nil {
+		shard := e.Shard
+		v.Shard = &shard
+		v.Revisions = make(map[string]uint64, len(e.Vector))
+		for _, p := range e.Vector {
+			v.Revisions[strconv.Itoa(p.Shard)] = p.Revision
+		}
+	}
 	if e.Kind == "lock" {
 		switch e.Type {
 		case "acquired", "released", "expired", "revoked", "queued", "dequeued":
@@ -111,6 +140,9 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	prefix, err := command.ValidatePrefix(req.Prefix)
 	if err != nil {
 		return nil, invalid("bad prefix: %v", err)
+	}
+	if req.FromRevisions != nil {
+		return nil, invalid("from_revisions is for clusters with several shards; this one has one: use from_revision")
 	}
 	tok, err := s.authToken(ctx, command.PermWatch, prefix, "")
 	if err != nil {

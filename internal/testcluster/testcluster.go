@@ -20,6 +20,7 @@ import (
 	"github.com/dlock/dlock/internal/loopback"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
+	"github.com/dlock/dlock/internal/shard"
 )
 
 // Cluster is a set of in-process nodes.
@@ -77,6 +78,9 @@ type Options struct {
 	// Engine, when set, is the replication engine instead of Engine()'s:
 	// for a test about one engine's files on disk.
 	Engine raftnode.EngineKind
+	// Shards, with more than one range, runs a sharded cluster (on the etcd
+	// engine, whatever DLOCK_TEST_RAFT_ENGINE says).
+	Shards *shard.Map
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -175,10 +179,13 @@ func (c *Cluster) Start(id string) {
 	if c.opts.TLS != nil {
 		rc.PeerTLS = c.opts.TLS.Peer(id)
 	}
+	if c.opts.Shards != nil && c.opts.Shards.N() > 1 {
+		rc.Engine = raftnode.EngineEtcd
+	}
 	if c.Tune != nil {
 		c.Tune(&rc)
 	}
-	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL}
+	cfg := server.Config{Shards: c.opts.Shards, Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL}
 	cfg.Limits = c.opts.Limits
 	if c.opts.TLS != nil {
 		cfg.TLS, cfg.JoinTLS = c.opts.TLS.API, c.opts.TLS.Join

@@ -34,6 +34,17 @@ type Event struct {
 	Shared, Subtree bool
 	// Reason is a revoke's reason.
 	Reason string
+	// Shard and Vector are set only on a stream merged over several shards
+	// (service.MergeWatchers): the event's shard, and every shard's revision
+	// after this event, in shard order. A node's own history never has them.
+	Shard  int
+	Vector []ShardRevision
+}
+
+// ShardRevision is one shard's place in a merged stream's resume vector.
+type ShardRevision struct {
+	Shard    int
+	Revision uint64
 }
 
 // Errors a subscription can end with.

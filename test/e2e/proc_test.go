@@ -122,12 +122,19 @@ type procCluster struct {
 	t       *testing.T
 	bin     string
 	nodes   []*node
-	initial string // the --initial-cluster value
+	initial string   // the --initial-cluster value
+	extra   []string // more flags for every start
 }
 
 // startCluster starts n nodes on first boot and waits until every node is
 // ready and names the same leader. Everything is stopped at test clean-up.
 func startCluster(t *testing.T, n int) *procCluster {
+	t.Helper()
+	return startClusterWith(t, n)
+}
+
+// startClusterWith is startCluster with more flags for every node.
+func startClusterWith(t *testing.T, n int, extra ...string) *procCluster {
 	t.Helper()
 	bin := dlockBinary(t)
 	dir := t.TempDir()
@@ -136,7 +143,7 @@ func startCluster(t *testing.T, n int) *procCluster {
 		offsets = append(offsets, 10*i, 10*i+1)
 	}
 	base := pickBasePort(t, offsets...)
-	c := &procCluster{t: t, bin: bin}
+	c := &procCluster{t: t, bin: bin, extra: extra}
 	var initial []string
 	for i := range n {
 		id := fmt.Sprintf("n%d", i+1)
@@ -199,6 +206,7 @@ func (c *procCluster) start(id string, withInitial bool) {
 	}
 	args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
 		"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--log-level", "warn"}
+	args = append(args, c.extra...)
 	if withInitial {
 		args = append(args, "--initial-cluster", c.initial)
 	}

@@ -23,6 +23,7 @@ import (
 
 	apidoc "github.com/dlock/dlock/api/openapi"
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 )
@@ -669,7 +670,37 @@ func TestContract(t *testing.T) {
 	k.do(call{op: "removeMember", node: leader, params: map[string]string{"member_id": target}, want: 200})
 	k.do(call{op: "removeMember", node: leader, params: map[string]string{"member_id": target}, want: 404})
 
+	k.sharded()
 	k.checkCoverage()
+}
+
+// sharded drives the answers only a sharded cluster gives (per-shard
+// revisions, the shard list, merged watch events) on a one-node, 4-shard
+// cluster without ACLs.
+func (k *contract) sharded() {
+	t := k.t
+	m, err := shard.NewMap(shard.DefaultBounds(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.c = testcluster.NewWith(t, 1, testcluster.Options{Shards: &m})
+	k.hc, k.token = k.c.Client, ""
+	k.c.WaitLeader(20 * time.Second)
+	testutil.Eventually(t, 20*time.Second, "every shard ready", func() bool { return k.peek("GET", "/readyz", nil, nil) })
+	ready := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.stream(call{op: "watch", query: url.Values{"prefix": {""}}}, ready, func(r sseRecord) bool { return r.event == "acquired" })
+	}()
+	<-ready
+	if !k.peek("POST", "/api/v1/locks/tango/x/acquire", map[string]any{"client_id": "sh", "ttl_ms": 5000}, nil) {
+		t.Fatal("acquire on the sharded cluster failed")
+	}
+	<-done
+	k.do(call{op: "getCluster", want: 200})
+	k.do(call{op: "listLocks", want: 200})
+	k.do(call{op: "listElections", want: 200})
 }
 
 // peek sends a request outside the contract's records (a wait for a

@@ -1,0 +1,145 @@
+// The etcd-engine base that several Raft groups on one node share: one
+// pebble store, one raft port with its mux and 'E' transport, and one
+// forwarding server that hands each forwarded request to its group's node.
+
+package raftnode
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// SharedConfig is where the shared base lives: a node's data dir and raft
+// port, as in Config.
+type SharedConfig struct {
+	DataDir       string
+	RaftAddr      string
+	RaftAdvertise string
+	PeerTLS       *tls.Config
+	Logger        *slog.Logger
+}
+
+// Shared is one node's store, raft port and transport, shared by every
+// group that node runs (Config.Shared). Open the groups' nodes on it, shut
+// them all down, then Close it.
+type Shared struct {
+	logger *slog.Logger
+	dir    string
+	mux    *Mux
+	store  *multiStore
+	trans  *etcdTransport
+	fwd    *http.Server
+
+	mu     sync.Mutex
+	groups map[uint64]http.Handler
+
+	wg     sync.WaitGroup
+	closed sync.Once
+}
+
+// groupHeader names the group a forwarded request is for; a request
+// without it is for the default group (so a one-group node's peers need
+// not send it).
+const groupHeader = "X-Dlock-Group"
+
+// OpenShared opens the data dir's etcd-engine store and listens on the
+// raft port. The data dir must be (or become) an etcd-engine dir.
+func OpenShared(cfg SharedConfig) (*Shared, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.RaftAdvertise == "" {
+		cfg.RaftAdvertise = cfg.RaftAddr
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	if err := checkEngine(cfg.DataDir, EngineEtcd); err != nil {
+		return nil, err
+	}
+	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
+	var ce *CorruptError
+	if errors.As(err, &ce) {
+		return nil, &RefusedError{Dir: cfg.DataDir, Err: err}
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := &Shared{logger: cfg.Logger, dir: cfg.DataDir, store: store, groups: map[uint64]http.Handler{}}
+	// listen is the node's; a throwaway node carries its settings.
+	tmp := &Node{cfg: Config{RaftAddr: cfg.RaftAddr, RaftAdvertise: cfg.RaftAdvertise, PeerTLS: cfg.PeerTLS}, logger: cfg.Logger}
+	if err := tmp.listen(); err != nil {
+		store.Close()
+		return nil, err
+	}
+	s.mux = tmp.mux
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); tmp.wg.Wait() }()
+	s.trans = newEtcdTransport(s.mux, cfg.Logger)
+	s.fwd = &http.Server{Handler: http.HandlerFunc(s.serveForward), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	limitForwardServer(s.fwd)
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); _ = s.fwd.Serve(s.mux.ForwardListener()) }()
+	return s, nil
+}
+
+// serveForward hands a forwarded request to its group's node; a group this
+// node does not run (yet, or any more) is a 503, which the sender retries.
+func (s *Shared) serveForward(w http.ResponseWriter, r *http.Request) {
+	g := defaultGroup
+	if v := r.Header.Get(groupHeader); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			http.Error(w, "bad "+groupHeader, http.StatusBadRequest)
+			return
+		}
+		g = n
+	}
+	s.mu.Lock()
+	h := s.groups[g]
+	s.mu.Unlock()
+	if h == nil {
+		http.Error(w, fmt.Sprintf("group %d is not running on this node", g), http.StatusServiceUnavailable)
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+func (s *Shared) register(group uint64, h http.Handler) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.groups[group] != nil {
+		return fmt.Errorf("group %d is already open on this node", group)
+	}
+	s.groups[group] = h
+	return nil
+}
+
+func (s *Shared) unregister(group uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.groups, group)
+}
+
+// Close stops the forwarding server, transport and raft port and closes
+// the store. Shut every group's node down first.
+func (s *Shared) Close() error {
+	var err error
+	s.closed.Do(func() {
+		_ = s.fwd.Close()
+		s.trans.Close()
+		_ = s.mux.Close()
+		s.wg.Wait()
+		err = s.store.Close()
+	})
+	return err
+}
