@@ -21,7 +21,7 @@ require (
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9
 	github.com/valyala/fasthttp v1.78.0
-	go.etcd.io/bbolt v1.3.6
+	go.etcd.io/bbolt v1.4.3
 	go.etcd.io/etcd/client/v3 v3.5.35
 	go.etcd.io/raft/v3 v3.6.0
 	go.uber.org/zap v1.17.0

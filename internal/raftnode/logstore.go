@@ -106,6 +106,7 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 			_ = unlock()
 		}
 	}()
+	defer refuseOnPanic(dir, &err)
 
 	var inner LogAndStableStore
 	var closeInner func() error

@@ -555,3 +555,41 @@ func TestLeaderStorageFailureInCluster(t *testing.T) {
 		}
 	}
 }
+
+// A bolt log store truncated while the node was stopped is refused with the
+// usual message. bbolt reads the missing pages as zeros: v1.3.6 looped on
+// them for ever (the node hung at start, silent), v1.4 panics on its page
+// check, which the start-up turns into the refusal.
+func TestTruncatedBoltStoreRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) { c.LogStore = LogStoreBolt })
+	n := d.start()
+	for i := range 300 {
+		register(t, n, fmt.Sprintf("member-%04d-%s", i, strings.Repeat("x", 100)))
+	}
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(d.dir, boltFileName)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.open()
+		done <- err
+	}()
+	var openErr error
+	testutil.Eventually(t, time.Minute, "the start on a truncated raft.db neither started nor refused (hung)", func() bool {
+		select {
+		case openErr = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	refused(t, openErr, "damaged")
+}

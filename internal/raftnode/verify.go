@@ -32,12 +32,23 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Unwrap() error { return e.Err }
 
+// refuseOnPanic turns a panic of a log store reading damaged files into a
+// refusal: bbolt asserts (panics) when a page is not what its parent says,
+// e.g. in a raft.db that was truncated, and such a node must say what is
+// wrong and how to recover, not crash with a stack trace.
+func refuseOnPanic(dir string, err *error) {
+	if r := recover(); r != nil {
+		*err = &RefusedError{Dir: dir, Err: fmt.Errorf("reading the raft log store failed (%v): its files are damaged", r)}
+	}
+}
+
 // verifyDataDir checks the data dir as Raft would find it, then starts the
 // durable mark at the verified log's end. It reads every entry once; the
 // log holds at most about TrailingLogs + SnapshotThreshold of them. Entries
 // after the newest snapshot must be contiguous; below it a gap is allowed
 // (see the loop).
-func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, logger *slog.Logger) error {
+func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, logger *slog.Logger) (err error) {
+	defer refuseOnPanic(dir, &err)
 	refuse := func(format string, args ...any) error {
 		return &RefusedError{Dir: dir, Err: fmt.Errorf(format, args...)}
 	}
