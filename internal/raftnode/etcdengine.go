@@ -238,9 +238,27 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		mark.f.Close()
 		return nil, fmt.Errorf("the log ends at %d but it held entry %d durably before: entries were lost", lastIndexOf(gs), value)
 	}
+	kept, err := e.store.markKept(e.group)
+	if err != nil {
+		mark.f.Close()
+		return nil, err
+	}
+	if err := markKeptCheck(kept, existed, mark.path); err != nil {
+		mark.f.Close()
+		return nil, err
+	}
 	if err := mark.set(lastIndexOf(gs)); err != nil {
 		mark.f.Close()
 		return nil, fmt.Errorf("write the durable mark: %w", err)
+	}
+	if !kept {
+		if err := syncDir(c.MarkDir); err == nil {
+			err = e.store.setMarkKept(e.group)
+		}
+		if err != nil {
+			mark.f.Close()
+			return nil, fmt.Errorf("record the durable mark: %w", err)
+		}
 	}
 	e.mark = mark
 	if !raft.IsEmptySnap(gs.Snapshot) {
@@ -563,9 +581,14 @@ func (e *etcdEngine) handleReady(rd raft.Ready) bool {
 			return false
 		}
 		if n := len(rd.Entries); n > 0 {
-			e.mark.stored(rd.Entries[n-1].Index)
+			err = e.mark.stored(rd.Entries[n-1].Index)
 		} else if !raft.IsEmptySnap(rd.Snapshot) {
-			e.mark.stored(rd.Snapshot.Metadata.Index)
+			err = e.mark.stored(rd.Snapshot.Metadata.Index)
+		}
+		if err != nil {
+			e.failed.Store(true)
+			e.cfg.OnFail(fmt.Errorf("write the durable mark: %w", err))
+			return false
 		}
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {

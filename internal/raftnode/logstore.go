@@ -158,6 +158,15 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 		_ = closeInner()
 		return nil, nil, &RefusedError{Dir: dir, Err: err}
 	}
+	_, kept, err := stableUint64(inner, markKeptKey)
+	if err == nil {
+		err = markKeptCheck(kept, markExisted, mark.path)
+	}
+	if err != nil {
+		_ = mark.close(true)
+		_ = closeInner()
+		return nil, nil, &RefusedError{Dir: dir, Err: err}
+	}
 	closeAll := func() error {
 		return errors.Join(mark.close(cs.failure() != nil), closeInner())
 	}

@@ -353,7 +353,7 @@ func (n *Node) openEtcd() error {
 	})
 	if err != nil {
 		var ce *CorruptError
-		if errors.As(err, &ce) || strings.Contains(err.Error(), "entries were lost") {
+		if errors.As(err, &ce) || errors.Is(err, errMarkMissing) || strings.Contains(err.Error(), "entries were lost") {
 			return &RefusedError{Dir: cfg.DataDir, Err: err}
 		}
 		return err

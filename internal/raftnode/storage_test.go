@@ -8,6 +8,7 @@ package raftnode
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -592,4 +593,84 @@ func TestTruncatedBoltStoreRefusesStart(t *testing.T) {
 		}
 	})
 	refused(t, openErr, "damaged")
+}
+
+// After kill -9 the mark file must cover every entry StoreLogs returned:
+// the process is gone but the page cache keeps what it wrote. The file is
+// read here while the node still runs and before any periodic flush could
+// have run (as if the process died right after the write), on a real data
+// dir. Before, the mark was written only by a goroutine every 50 ms, so the
+// last entries a node acknowledged before kill -9 could then be cut from
+// its log unnoticed.
+func TestDurableMarkCoversEveryAcknowledgedEntryAtOnce(t *testing.T) {
+	for _, kind := range logStoreKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			d := newDiskNode(t, func(c *Config) { c.LogStore = kind })
+			n := d.start()
+			for i := range 50 {
+				idx := register(t, n, fmt.Sprintf("member-%04d", i))
+				// What survives a kill -9 now: the file's contents.
+				b, err := os.ReadFile(filepath.Join(d.dir, markFileName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(b) != 12 {
+					t.Fatalf("mark file holds %d bytes", len(b))
+				}
+				if v := binary.BigEndian.Uint64(b[:8]); v < idx {
+					t.Fatalf("entry %d was acknowledged but the mark file says %d: a kill -9 now and a cut log would go unnoticed", idx, v)
+				}
+			}
+		})
+	}
+}
+
+// A durable mark file that was deleted or emptied while the node was
+// stopped is refused: before, the node took it for a data dir that never
+// had one and started, which disarmed the check for a log that lost its
+// tail (delete the mark, truncate the log, and the node voted on).
+func TestDeletedDurableMarkRefusesStart(t *testing.T) {
+	for _, kind := range []string{string(LogStoreWAL), string(LogStoreBolt), string(EngineEtcd)} {
+		t.Run(kind, func(t *testing.T) {
+			d := newDiskNode(t, func(c *Config) {
+				if kind == string(EngineEtcd) {
+					c.Engine = EngineEtcd
+				} else {
+					c.LogStore = LogStoreKind(kind)
+				}
+			})
+			markPath := filepath.Join(d.dir, markFileName)
+			if kind == string(EngineEtcd) {
+				markPath = filepath.Join(d.dir, etcdStoreDir+"-mark", "1", markFileName)
+			}
+			n := d.start()
+			register(t, n, "member-0001")
+			if err := n.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			orig, err := os.ReadFile(markPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, damage := range map[string]func() error{
+				"deleted": func() error { return os.Remove(markPath) },
+				"emptied": func() error { return os.Truncate(markPath, 0) },
+			} {
+				if err := damage(); err != nil {
+					t.Fatal(err)
+				}
+				_, err := d.open()
+				if re := (*RefusedError)(nil); !errors.As(err, &re) || !strings.Contains(err.Error(), "missing or empty") {
+					t.Fatalf("%s mark: start gave %v; want a refusal saying the mark is missing", name, err)
+				}
+				if err := os.WriteFile(markPath, orig, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n = d.start()
+			if !hasMember(n, "member-0001") {
+				t.Fatal("the restored dir lost its entry")
+			}
+		})
+	}
 }

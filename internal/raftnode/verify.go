@@ -125,6 +125,20 @@ func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, 
 	if err := cs.mark.set(last); err != nil {
 		return fmt.Errorf("write the durable mark in %s: %w", dir, err)
 	}
+	if _, kept, err := stableUint64(cs.inner, markKeptKey); err != nil {
+		return refuse("read %s from the stable store: %w", markKeptKey, err)
+	} else if !kept {
+		// The mark file's directory entry must be durable before the key
+		// says the file exists.
+		if err := syncDir(dir); err != nil {
+			return fmt.Errorf("sync %s: %w", dir, err)
+		}
+		var one [8]byte
+		one[7] = 1
+		if err := cs.inner.Set(markKeptKey, one[:]); err != nil {
+			return fmt.Errorf("record %s in the stable store: %w", markKeptKey, err)
+		}
+	}
 	cs.mark.start(func(err error) { _ = cs.fail(err) })
 	return nil
 }
