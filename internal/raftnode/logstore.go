@@ -135,6 +135,9 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 
 	default: // LogStoreBolt
 		path := filepath.Join(dir, boltFileName)
+		if err := checkBoltFile(path); err != nil {
+			return nil, nil, &RefusedError{Dir: dir, Err: err}
+		}
 		b, err := raftboltdb.New(raftboltdb.Options{
 			Path: path,
 			// bbolt otherwise waits forever for the file lock; the dir lock
@@ -171,6 +174,47 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 		return errors.Join(mark.close(cs.failure() != nil), closeInner())
 	}
 	return cs, closeOnce(closeAll, unlock), nil
+}
+
+// checkBoltFile runs bbolt's consistency check over an existing raft.db
+// before the store opens it for writing: a damaged free list (a page listed
+// free that a bucket still uses) passes every read, and the first write
+// would then overwrite live entries with new ones.
+func checkBoltFile(path string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && fi.Size() == 0) {
+		// New, or never initialised: the stable store checks that follow
+		// refuse an empty one that should hold a log.
+		return nil
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: boltOpenLimit})
+	if err != nil {
+		return fmt.Errorf("open raft bolt store %s: %w", path, err)
+	}
+	defer db.Close()
+	var first error
+	err = db.View(func(tx *bbolt.Tx) error {
+		// bbolt reads pages past the end as zeros and its check panics on
+		// them (in a goroutine of its own, where no recover reaches).
+		if tx.Size() > fi.Size() {
+			first = fmt.Errorf("it holds %d bytes but its pages reach %d: the file was truncated", fi.Size(), tx.Size())
+			return nil
+		}
+		// Drain the channel: its goroutine holds the transaction.
+		for err := range tx.Check() {
+			if first == nil {
+				first = err
+			}
+		}
+		return nil
+	})
+	if first == nil {
+		first = err
+	}
+	if first != nil {
+		return fmt.Errorf("raft bolt store %s fails its consistency check: %w", path, first)
+	}
+	return nil
 }
 
 // walSegmentFile names the raft-wal segment file that holds index: the one

@@ -435,7 +435,9 @@ func (n *Node) openHashicorp() error {
 	if err != nil {
 		return fmt.Errorf("raft log cache: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
+	r, err := newRaftRefusingPanics(cfg.DataDir, func() (*raft.Raft, error) {
+		return raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
+	})
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}

@@ -592,7 +592,7 @@ func TestTruncatedBoltStoreRefusesStart(t *testing.T) {
 			return false
 		}
 	})
-	refused(t, openErr, "damaged")
+	refused(t, openErr, boltFileName)
 }
 
 // After kill -9 the mark file must cover every entry StoreLogs returned:
@@ -672,5 +672,69 @@ func TestDeletedDurableMarkRefusesStart(t *testing.T) {
 				t.Fatal("the restored dir lost its entry")
 			}
 		})
+	}
+}
+
+// A flipped digit in the newest snapshot's meta.json — its Index, Term,
+// Size, or a member's address — is refused. raft's CRC there covers
+// state.bin only: a node whose meta.json said index 1849 for a state taken
+// at 1749 started, believed its state 100 entries ahead and skipped them.
+func TestDamagedSnapshotMetaRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) {
+		c.TrailingLogs = 5
+		c.SnapshotThreshold = 1 << 30 // only the snapshot taken below
+		c.SnapshotInterval = time.Hour
+	})
+	n := d.start()
+	for i := range 20 {
+		register(t, n, fmt.Sprintf("member-%04d", i))
+	}
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	register(t, n, "member-after")
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	metas, err := filepath.Glob(filepath.Join(d.dir, "snapshots", "*", "meta.json"))
+	if err != nil || len(metas) != 1 {
+		t.Fatalf("want 1 snapshot, found %v (%v)", metas, err)
+	}
+	path := metas[0]
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each rewrite changes one digit (or letter) of one field's value.
+	bump := func(b []byte, field string) []byte {
+		i := bytes.Index(b, []byte(field))
+		if i < 0 {
+			t.Fatalf("meta.json has no %s: %s", field, b)
+		}
+		b = bytes.Clone(b)
+		b[i+len(field)] ^= 0x01
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"index":   bump(orig, `"Index":`),
+		"term":    bump(orig, `"Term":`),
+		"size":    bump(orig, `"Size":`),
+		"address": bump(orig, `"Address":"127.0.0.1:`),
+		"confidx": bump(orig, `"ConfigurationIndex":`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := d.open()
+			refused(t, err, "meta.json")
+		})
+	}
+	if err := os.WriteFile(path, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n = d.start()
+	if !hasMember(n, "member-after") {
+		t.Fatal("the restored dir lost its last entry")
 	}
 }
