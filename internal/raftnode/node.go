@@ -327,9 +327,13 @@ func (n *Node) listen() error {
 // openEtcd starts the etcd engine on the node's pebble log.
 func (n *Node) openEtcd() error {
 	cfg := n.cfg
-	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
+	storeDir := filepath.Join(cfg.DataDir, etcdStoreDir)
+	_, statErr := os.Stat(storeDir)
+	store, err := openMultiStore(storeDir)
 	var ce *CorruptError
-	if errors.As(err, &ce) {
+	if errors.As(err, &ce) || (err != nil && statErr == nil && !errors.Is(err, os.ErrPermission)) {
+		// An existing log pebble cannot open (a file of its own missing or
+		// damaged, whatever error pebble names) is a damaged data dir.
 		return &RefusedError{Dir: cfg.DataDir, Err: err}
 	}
 	if err != nil {

@@ -738,3 +738,37 @@ func TestDamagedSnapshotMetaRefusesStart(t *testing.T) {
 		t.Fatal("the restored dir lost its last entry")
 	}
 }
+
+// An etcd-engine data dir whose pebble log lost one of pebble's own files
+// (its manifest, its format marker) is refused with the usual message;
+// before, the node exited with pebble's bare error and no word of recovery.
+func TestMissingPebbleFileRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) { c.Engine = EngineEtcd })
+	n := d.start()
+	register(t, n, "member-0001")
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pattern := range []string{"MANIFEST-*", "marker.format-version.*"} {
+		files, err := filepath.Glob(filepath.Join(d.dir, etcdStoreDir, pattern))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no %s in the pebble log: %v", pattern, err)
+		}
+		orig, err := os.ReadFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(files[0]); err != nil {
+			t.Fatal(err)
+		}
+		_, err = d.open()
+		refused(t, err, etcdStoreDir)
+		if err := os.WriteFile(files[0], orig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n = d.start()
+	if !hasMember(n, "member-0001") {
+		t.Fatal("the restored dir lost its entry")
+	}
+}
