@@ -49,6 +49,10 @@ type Config struct {
 	EnablePprof bool
 	// DisableConsole turns off the web console at /ui/ (docs/console.md).
 	DisableConsole bool
+	// BrowserHosts are names, besides IP addresses, localhost and members'
+	// API addresses, under which browser pages may reach the API (a reverse
+	// proxy's name): see service.BrowserHost.
+	BrowserHosts []string
 	// TLS, when set, serves the HTTP and gRPC APIs over TLS (build it with
 	// tlsconfig.API); JoinTLS is the client side of Join requests to https
 	// URLs (tlsconfig.JoinClient; nil trusts the system roots). Peer mTLS
@@ -124,11 +128,12 @@ func Start(cfg Config) (*Server, error) {
 	svc.EnableACL(cfg.ACL)
 	svc.SetRecorder(mtr)
 	svc.SetLimits(cfg.Limits.Service)
+	svc.SetBrowserHosts(cfg.BrowserHosts)
 	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
 	api := httpapi.New(svc, cfg.Logger.With("node", rc.ID), httpapi.Options{MaxBodyBytes: cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(cfg.EnablePprof),
-		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, Console: consoleHandler(cfg.DisableConsole, svc)})
+		WriteTimeout: cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, TrustHost: svc.BrowserHost, Console: consoleHandler(cfg.DisableConsole, svc)})
 	wsOpts := wsapi.Options{MaxMessageBytes: cfg.MaxBodyBytes, MaxWatches: cfg.Limits.wsWatches(), Limited: mtr.Limited,
 		AllowOrigin: svc.MemberOrigin, AuthTimeout: cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: cfg.Limits.MaxUnauthenticatedPerIP}
 	if cfg.ACL {
@@ -140,6 +145,10 @@ func Start(cfg Config) (*Server, error) {
 		// httpapi keeps its own routing (no ServeMux path cleaning).
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.EscapedPath() == wsapi.Path {
+				if httpapi.CheckBrowserHost(r, svc.BrowserHost) != nil {
+					api.ServeHTTP(w, r) // refused there, before routing
+					return
+				}
 				s.ws.ServeHTTP(w, r)
 				return
 			}

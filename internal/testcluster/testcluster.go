@@ -74,6 +74,8 @@ type Options struct {
 	TLS *TLS
 	// ACL runs every node with --acl (tokens required; docs/security.md).
 	ACL bool
+	// BrowserHosts is each node's --browser-hosts.
+	BrowserHosts []string
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -172,7 +174,7 @@ func (c *Cluster) Start(id string) {
 	if c.Tune != nil {
 		c.Tune(&rc)
 	}
-	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL}
+	cfg := server.Config{Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL, BrowserHosts: c.opts.BrowserHosts}
 	cfg.Limits = c.opts.Limits
 	if c.opts.TLS != nil {
 		cfg.TLS, cfg.JoinTLS = c.opts.TLS.API, c.opts.TLS.Join
