@@ -118,6 +118,13 @@ dirs of the other is how a cluster moves between engines.`,
 			if err != nil {
 				return fmt.Errorf("read snapshot: %w", err)
 			}
+			b, err = raftnode.ReadBackup(b)
+			switch {
+			case errors.Is(err, raftnode.ErrBackupUnchecked):
+				fmt.Fprintf(os.Stderr, "warning: %s: %v\n", file, err)
+			case err != nil:
+				return fmt.Errorf("refusing %s: %w; restore from another copy of the backup (nothing was written to %s)", file, err, dataDir)
+			}
 			eng, err := raftnode.ParseEngine(engine)
 			if err != nil {
 				return usageErrorf("--raft-engine: %v", err)
@@ -169,7 +176,7 @@ func saveSnapshot(endpoint, file string, tlsCfg *tls.Config, aclToken string) er
 	if err != nil {
 		return fmt.Errorf("create %s: %w", file, err)
 	}
-	n, err := io.Copy(tmp, res.Body)
+	n, err := raftnode.WriteBackup(tmp, res.Body)
 	if err == nil {
 		err = tmp.Sync()
 	}

@@ -38,6 +38,7 @@ type raftFlags struct {
 	maxBody           int64
 	pprof             bool
 	ui                bool
+	browserHosts      []string
 	minFreeDisk       string
 	// the grant history's retention, committed by whichever node leads
 	historyPerName, historyMaxEntries int64
@@ -60,6 +61,7 @@ func (f *raftFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fs.Int64Var(&f.maxBody, "max-body-bytes", 64<<10, "largest accepted request body")
 	fs.StringVar(&f.minFreeDisk, "min-free-disk", "64MiB", "free space kept in reserve on the data dir's disk: below it the leader refuses writes (503 disk_full) until space returns; 0 turns the check off (sizes: bytes, or with KiB, MiB, GiB)")
+	fs.StringSliceVar(&f.browserHosts, "browser-hosts", nil, "host names (comma-separated, host or host:port) under which browsers may reach the API besides IP addresses, localhost and members' API addresses, e.g. a reverse proxy's; other names are refused to browser pages (DNS rebinding)")
 	fs.BoolVar(&f.ui, "ui", true, "serve the web console at /ui/ on the API port (same TLS and ACL tokens as the API; --ui=false turns it off)")
 	fs.BoolVar(&f.pprof, "enable-pprof", false, "serve Go's profiler at /debug/pprof/ on the API port (for diagnosis; off in production)")
 	fs.Int64Var(&f.historyPerName, "history-per-name", state.DefaultHistoryPerName, "ended grants kept in each lock's history (dlock history); 0 keeps none. The leader's value applies to the whole cluster: give every node the same")
@@ -255,7 +257,7 @@ later starts recover everything from --data-dir.` + configHelp,
 		if err != nil {
 			return err
 		}
-		srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui,
+		srv, err := server.Start(server.Config{Raft: rc, TLS: apiTLS, JoinTLS: joinTLS, APIAddr: *apiAddr, GRPCAddr: *grpcAddr, MaxBodyBytes: rf.maxBody, Logger: logger, EnablePprof: rf.pprof, DisableConsole: !rf.ui, BrowserHosts: rf.browserHosts,
 			Join: joinURLs, LeaveOnShutdown: *leave, ACL: *acl, ACLToken: *aclToken, Limits: limits, Shards: shards})
 		if err != nil {
 			return err

@@ -48,6 +48,25 @@ func checkOrigin(r *http.Request, allow func(origin string) bool) (member bool, 
 		"cross-origin request from %q refused: browser pages may call this API only from the node's own origin or another member's API address (clients other than browsers send no Origin header)", truncate(origin, 200))
 }
 
+// CheckBrowserHost refuses a request from a browser page (one with Origin
+// or Sec-Fetch-Site) that reached this node under a host name trust does
+// not accept: after DNS rebinding, an attacker's page on rebind.example
+// talks to this node as its own origin, and its requests carry that name in
+// Host (and Origin). A user's own navigation (Sec-Fetch-Site: none, no
+// Origin) passes: it is not a page acting on its own. Clients other than
+// browsers send neither header.
+func CheckBrowserHost(r *http.Request, trust func(hostport string) bool) *apierror.Error {
+	if trust == nil || trust(r.Host) {
+		return nil
+	}
+	site := r.Header.Get("Sec-Fetch-Site")
+	if r.Header.Get("Origin") == "" && (site == "" || site == "none") {
+		return nil
+	}
+	return apierror.New(apierror.PermissionDenied,
+		"browser request to this node under the name %q refused: a page may reach it by IP address, localhost or a member's API address; add the name to dlock serve --browser-hosts if it is yours (a reverse proxy's)", truncate(r.Host, 200))
+}
+
 // corsHeaders lets a page served by another member read this node's
 // answers, and answers its preflight (reported by preflight: nothing more
 // to do). Credentials are not allowed: a page sends its token in
@@ -84,6 +103,10 @@ func hasBody(r *http.Request) bool {
 // every request that has a body, whatever the endpoint does with it. It
 // reports false when it has answered the request itself.
 func (a *api) browserChecks(w http.ResponseWriter, r *http.Request) bool {
+	if aerr := CheckBrowserHost(r, a.trustHost); aerr != nil {
+		a.writeError(w, r, aerr)
+		return false
+	}
 	member, aerr := checkOrigin(r, a.allowOrigin)
 	if aerr == nil && member && corsHeaders(w, r) {
 		return false

@@ -81,6 +81,10 @@ type Options struct {
 	// AllowOrigin accepts browser origins other than the server's own
 	// (browser.go); the server passes Service.MemberOrigin. nil: none.
 	AllowOrigin func(origin string) bool
+	// TrustHost accepts the Host header (host:port) of a browser request:
+	// a browser that reached this node under another name is refused
+	// (DNS rebinding; browser.go). nil accepts every host.
+	TrustHost func(hostport string) bool
 	// Console, when set, serves the web console under ConsolePrefix
 	// (internal/console). Like Metrics it is mounted here, not beside this
 	// handler, so no ServeMux comes between a lock name and its route.
@@ -128,6 +132,7 @@ type api struct {
 	// writeTimeout: see Options.WriteTimeout.
 	writeTimeout time.Duration
 	allowOrigin  func(origin string) bool
+	trustHost    func(hostport string) bool
 }
 
 // New returns the handler for the whole HTTP API: /api/v1/..., /healthz,
@@ -158,7 +163,7 @@ func New(svc Service, logger *slog.Logger, opts Options) http.Handler {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	a := &api{svc: svc, log: logger, maxBody: opts.MaxBodyBytes, metrics: opts.Metrics, heartbeat: opts.WatchHeartbeat, debug: untimed(opts.Debug),
-		writeTimeout: opts.WriteTimeout, allowOrigin: opts.AllowOrigin, console: opts.Console}
+		writeTimeout: opts.WriteTimeout, allowOrigin: opts.AllowOrigin, trustHost: opts.TrustHost, console: opts.Console}
 	return a.middleware(http.HandlerFunc(a.route))
 }
 

@@ -37,6 +37,33 @@ var checksumFromKey = []byte("dlock.ChecksumFrom")
 // StoreLogs call made durable, as of at most markFlushEvery ago.
 const markFileName = "durable-index"
 
+// markKeptKey (stable store) is set once the durable mark file has been
+// written: from then on a missing or empty mark file is damage, not a data
+// dir that never had one (markKeptCheck).
+var markKeptKey = []byte("dlock.MarkKept")
+
+// markKeptCheck refuses a mark file that is gone (or empty) although the
+// store recorded keeping one: deleting it would otherwise disarm the check
+// for a log that lost its tail.
+func markKeptCheck(kept, existed bool, path string) error {
+	if kept && !existed {
+		return fmt.Errorf("the durable mark %s is missing or empty although this data dir kept one: %w", path, errMarkMissing)
+	}
+	return nil
+}
+
+var errMarkMissing = errors.New("it was deleted or damaged, so the log cannot be checked for lost entries")
+
+// syncDir fsyncs a directory, so a file created in it survives a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
 // markFlushEvery is how often the mark is rewritten while it changes. Raising
 // it lowers the cost (one small fsync per period) and widens the window in
 // which a lost tail goes unnoticed (docs/reliability.md, "Storage integrity").
@@ -235,7 +262,9 @@ func (s *checkedStore) StoreLogs(logs []*raft.Log) error {
 	if err := s.inner.StoreLogs(ptrs); err != nil {
 		return s.fail(fmt.Errorf("store log entries %d..%d: %w", logs[0].Index, logs[len(logs)-1].Index, err))
 	}
-	s.mark.stored(logs[len(logs)-1].Index)
+	if err := s.mark.stored(logs[len(logs)-1].Index); err != nil {
+		return s.fail(fmt.Errorf("write the durable mark %s: %w", s.mark.path, err))
+	}
 	return nil
 }
 
@@ -341,17 +370,23 @@ func (s *checkedStore) initChecksumFrom(markExisted bool) error {
 }
 
 // durableMark keeps the durable high-water mark file (see markFileName).
-// StoreLogs only records the index in memory (mu, never held across I/O); a
-// goroutine writes it out. File writes are serialized by wmu, and each one
-// writes the value current when it took wmu, so a write can never put back a
-// mark that a truncation lowered.
+// StoreLogs writes each new mark into the file without fsync: the write
+// costs a system call, not a disk flush, and it survives the process being
+// killed (the page cache keeps it), so after a kill -9 the mark covers every
+// entry the log made durable. A goroutine fsyncs it at most every
+// markFlushEvery, which bounds what a power loss can take from the mark.
+// File writes are serialized by wmu, and each one writes the value current
+// when it took wmu, so a write can never put back a mark that a truncation
+// lowered.
 type durableMark struct {
 	path string
 	f    *os.File
 
-	// wmu serializes writes to f and guards written (what the file says).
-	wmu     sync.Mutex
-	written uint64
+	// wmu serializes writes to f and guards cached (what the file says, in
+	// the page cache) and synced (what an fsync covered).
+	wmu    sync.Mutex
+	cached uint64
+	synced uint64
 	// mu guards last, the last index the log holds durably.
 	mu   sync.Mutex
 	last uint64
@@ -361,8 +396,8 @@ type durableMark struct {
 	done    chan struct{}
 }
 
-// openMark opens the mark file; existed says whether it was there, and
-// value is what it holds (0 if new).
+// openMark opens the mark file; existed says whether it was there with a
+// mark in it, and value is what it holds (0 if new).
 func openMark(dir string) (m *durableMark, value uint64, existed bool, err error) {
 	path := filepath.Join(dir, markFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -384,11 +419,11 @@ func openMark(dir string) (m *durableMark, value uint64, existed bool, err error
 		return nil, 0, true, fmt.Errorf("%s fails its checksum: it is damaged", path)
 	}
 	value = binary.BigEndian.Uint64(b[:8])
-	m.last, m.written = value, value
+	m.last, m.cached, m.synced = value, value, value
 	return m, value, true, nil
 }
 
-// writeLocked stores v and fsyncs. Caller holds wmu.
+// writeLocked stores v in the file, without fsync. Caller holds wmu.
 func (m *durableMark) writeLocked(v uint64) error {
 	var b [12]byte
 	binary.BigEndian.PutUint64(b[:8], v)
@@ -396,10 +431,19 @@ func (m *durableMark) writeLocked(v uint64) error {
 	if _, err := m.f.WriteAt(b[:], 0); err != nil {
 		return err
 	}
+	m.cached = v
+	return nil
+}
+
+// syncLocked stores v and fsyncs. Caller holds wmu.
+func (m *durableMark) syncLocked(v uint64) error {
+	if err := m.writeLocked(v); err != nil {
+		return err
+	}
 	if err := m.f.Sync(); err != nil {
 		return err
 	}
-	m.written = v
+	m.synced = v
 	return nil
 }
 
@@ -409,30 +453,53 @@ func (m *durableMark) current() uint64 {
 	return m.last
 }
 
-// flush writes the current mark if the file does not say it yet.
+// flush makes the current mark durable if an fsync has not covered it yet.
+// The fsync runs outside wmu, so StoreLogs never waits for it.
 func (m *durableMark) flush() error {
 	m.wmu.Lock()
-	defer m.wmu.Unlock()
-	if v := m.current(); v != m.written {
-		return m.writeLocked(v)
+	if v := m.current(); v != m.cached {
+		if err := m.writeLocked(v); err != nil {
+			m.wmu.Unlock()
+			return err
+		}
 	}
+	v, need := m.cached, m.cached != m.synced
+	m.wmu.Unlock()
+	if !need {
+		return nil
+	}
+	if err := m.f.Sync(); err != nil {
+		return err
+	}
+	m.wmu.Lock()
+	// v was in the file before the fsync began; a truncation since then
+	// synced its own lower value (and a later flush syncs whatever follows).
+	if m.cached == v {
+		m.synced = v
+	}
+	m.wmu.Unlock()
 	return nil
 }
 
-// set makes v the mark now (at open).
+// set makes v the mark now, durably (at open).
 func (m *durableMark) set(v uint64) error {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	m.mu.Lock()
 	m.last = v
 	m.mu.Unlock()
-	return m.writeLocked(v)
+	return m.syncLocked(v)
 }
 
-func (m *durableMark) stored(index uint64) {
+// stored records that the log holds index durably, and writes it into the
+// file (no fsync: see the type comment).
+func (m *durableMark) stored(index uint64) error {
+	m.wmu.Lock()
+	defer m.wmu.Unlock()
 	m.mu.Lock()
 	m.last = index
 	m.mu.Unlock()
+	return m.writeLocked(index)
 }
 
 // truncating lowers the mark, durably, when [min, max] reaches the log's end.
@@ -447,10 +514,10 @@ func (m *durableMark) truncating(lo, hi uint64) error {
 	m.last = min(m.last, lo-1)
 	v := m.last
 	m.mu.Unlock()
-	if m.written <= v {
+	if m.cached <= v && m.synced <= v {
 		return nil
 	}
-	return m.writeLocked(v)
+	return m.syncLocked(v)
 }
 
 // run writes the mark out at most every markFlushEvery while it changes.

@@ -74,19 +74,61 @@ const engineFile = "RAFT_ENGINE"
 
 // DataDirEngine is the engine a data dir was created with: its RAFT_ENGINE
 // file, else hashicorp for a dir that has a log already (created before
-// engines could be chosen), else "" for a new dir.
+// engines could be chosen), else "" for a new dir. A RAFT_ENGINE file that is
+// missing or names no engine while the dir holds an engine's files is damage
+// (a *RefusedError): guessing could open the dir with the other engine, which
+// finds no log there and starts the node empty, able to vote as if it had
+// never acknowledged anything.
 func DataDirEngine(dir string) (EngineKind, error) {
-	b, err := os.ReadFile(filepath.Join(dir, engineFile))
+	path := filepath.Join(dir, engineFile)
+	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		return EngineKind(strings.TrimSpace(string(b))), nil
+		switch k := EngineKind(strings.TrimSpace(string(b))); k {
+		case EngineHashicorp, EngineEtcd:
+			if held := engineOfFiles(dir); held != "" && held != k {
+				return "", &RefusedError{Dir: dir, Err: fmt.Errorf("%s says %s but the dir holds the %s engine's files: the file is damaged (if you are sure, write %s into it)",
+					path, k, held, held)}
+			}
+			return k, nil
+		}
+		if held := engineOfFiles(dir); held != "" {
+			return "", &RefusedError{Dir: dir, Err: fmt.Errorf("%s holds %q, which names no replication engine: the file is damaged (the dir holds the %s engine's files; if you are sure, write %s into it)",
+				path, truncateBytes(b, 40), held, held)}
+		}
+		// A new dir whose first start stopped before the file was written.
+		return "", nil
 	case !errors.Is(err, os.ErrNotExist):
-		return "", fmt.Errorf("read %s: %w", filepath.Join(dir, engineFile), err)
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, etcdStoreDir)); err == nil {
+		return "", &RefusedError{Dir: dir, Err: fmt.Errorf("%s is missing although the dir holds the etcd engine's log (%s): the file was lost (if you are sure, write etcd into it)",
+			path, etcdStoreDir)}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "LOG_STORE")); err == nil {
 		return EngineHashicorp, nil
 	}
 	return "", nil
+}
+
+// engineOfFiles is the engine whose files dir holds, or "".
+func engineOfFiles(dir string) EngineKind {
+	if _, err := os.Stat(filepath.Join(dir, etcdStoreDir)); err == nil {
+		return EngineEtcd
+	}
+	for _, f := range []string{"LOG_STORE", walDirName, boltFileName} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return EngineHashicorp
+		}
+	}
+	return ""
+}
+
+func truncateBytes(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
 }
 
 // checkEngine pins a data dir to the engine it was created with: the other

@@ -53,3 +53,50 @@ func TestDataDirKeepsItsEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A data dir whose RAFT_ENGINE file was lost or damaged is refused, not
+// opened with a guessed engine: before, an etcd dir without the file started
+// as an empty hashicorp node (a node that forgot every entry it had
+// acknowledged, able to vote), and wrote a new log beside the old one.
+func TestDamagedEngineFileRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) { c.Engine = EngineEtcd })
+	n := d.start()
+	register(t, n, "member-0001")
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	// Later starts name no engine, as dlock serve does without --raft-engine.
+	d.set = nil
+	path := filepath.Join(d.dir, engineFile)
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damage := map[string]func() error{
+		"deleted": func() error { return os.Remove(path) },
+		"empty":   func() error { return os.WriteFile(path, nil, 0o640) },
+		"garbage": func() error { return os.WriteFile(path, []byte("etcc\n"), 0o640) },
+		"other":   func() error { return os.WriteFile(path, []byte("hashicorp\n"), 0o640) },
+	}
+	for name, do := range damage {
+		t.Run(name, func(t *testing.T) {
+			if err := do(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := d.open()
+			refused(t, err, engineFile)
+			for _, f := range []string{walDirName, boltFileName, "LOG_STORE"} {
+				if _, err := os.Stat(filepath.Join(d.dir, f)); err == nil {
+					t.Errorf("the refused start created %s", f)
+				}
+			}
+			if err := os.WriteFile(path, orig, 0o640); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	n = d.start()
+	if !hasMember(n, "member-0001") {
+		t.Fatal("the restored dir lost its entry")
+	}
+}

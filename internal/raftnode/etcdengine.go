@@ -287,9 +287,27 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		mark.f.Close()
 		return nil, fmt.Errorf("the log ends at %d but it held entry %d durably before: entries were lost", lastIndexOf(gs), value)
 	}
+	kept, err := e.store.markKept(e.group)
+	if err != nil {
+		mark.f.Close()
+		return nil, err
+	}
+	if err := markKeptCheck(kept, existed, mark.path); err != nil {
+		mark.f.Close()
+		return nil, err
+	}
 	if err := mark.set(lastIndexOf(gs)); err != nil {
 		mark.f.Close()
 		return nil, fmt.Errorf("write the durable mark: %w", err)
+	}
+	if !kept {
+		if err := syncDir(c.MarkDir); err == nil {
+			err = e.store.setMarkKept(e.group)
+		}
+		if err != nil {
+			mark.f.Close()
+			return nil, fmt.Errorf("record the durable mark: %w", err)
+		}
 	}
 	e.mark = mark
 	if !raft.IsEmptySnap(gs.Snapshot) {
@@ -683,7 +701,10 @@ func (e *etcdEngine) appended(m raftpb.Message) {
 			return
 		}
 		snap = m.Snapshot
-		e.mark.stored(m.Snapshot.Metadata.Index)
+		if err := e.mark.stored(m.Snapshot.Metadata.Index); err != nil {
+			e.appendFailed(fmt.Errorf("write the durable mark: %w", err))
+			return
+		}
 	}
 	if hs := (raftpb.HardState{Term: m.Term, Vote: m.Vote, Commit: m.Commit}); !raft.IsEmptyHardState(hs) {
 		_ = e.mem.SetHardState(hs)
@@ -693,7 +714,10 @@ func (e *etcdEngine) appended(m raftpb.Message) {
 			e.appendFailed(fmt.Errorf("raft log: %w", err))
 			return
 		}
-		e.mark.stored(m.Entries[n-1].Index)
+		if err := e.mark.stored(m.Entries[n-1].Index); err != nil {
+			e.appendFailed(fmt.Errorf("write the durable mark: %w", err))
+			return
+		}
 	}
 	// A follower's acknowledgement or a vote leaves from here, saving the
 	// hop through the Raft goroutine on every commit's path; what is for

@@ -26,6 +26,9 @@ const (
 	keyEntry     byte = 'e'
 	keyHardState byte = 'h'
 	keySnapshot  byte = 's'
+	// keyMarkKept is present once the group's durable mark file has been
+	// written: from then on a missing mark file is damage (markKeptCheck).
+	keyMarkKept byte = 'm'
 )
 
 // groupKey is the key of one record of group g.
@@ -176,6 +179,22 @@ func (s *multiStore) Load(g uint64) (groupState, error) {
 		return gs, &CorruptError{File: etcdStoreDir, Reason: err.Error()}
 	}
 	return gs, nil
+}
+
+// markKept reports whether group g has recorded that it keeps a durable
+// mark file.
+func (s *multiStore) markKept(g uint64) (bool, error) {
+	b, err := s.get(groupKey(g, keyMarkKept, 0))
+	return b != nil, err
+}
+
+// setMarkKept records, durably, that group g keeps a durable mark file.
+func (s *multiStore) setMarkKept(g uint64) error {
+	k := groupKey(g, keyMarkKept, 0)
+	if err := s.db.Set(k, sealValue(k, []byte{1}), pebble.Sync); err != nil {
+		return fmt.Errorf("write raft log: %w", err)
+	}
+	return nil
 }
 
 // get reads and verifies one record; nil if absent.

@@ -106,6 +106,7 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 			_ = unlock()
 		}
 	}()
+	defer refuseOnPanic(dir, &err)
 
 	var inner LogAndStableStore
 	var closeInner func() error
@@ -134,6 +135,9 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 
 	default: // LogStoreBolt
 		path := filepath.Join(dir, boltFileName)
+		if err := checkBoltFile(path); err != nil {
+			return nil, nil, &RefusedError{Dir: dir, Err: err}
+		}
 		b, err := raftboltdb.New(raftboltdb.Options{
 			Path: path,
 			// bbolt otherwise waits forever for the file lock; the dir lock
@@ -157,10 +161,44 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 		_ = closeInner()
 		return nil, nil, &RefusedError{Dir: dir, Err: err}
 	}
+	_, kept, err := stableUint64(inner, markKeptKey)
+	if err == nil {
+		err = markKeptCheck(kept, markExisted, mark.path)
+	}
+	if err != nil {
+		_ = mark.close(true)
+		_ = closeInner()
+		return nil, nil, &RefusedError{Dir: dir, Err: err}
+	}
 	closeAll := func() error {
 		return errors.Join(mark.close(cs.failure() != nil), closeInner())
 	}
 	return cs, closeOnce(closeAll, unlock), nil
+}
+
+// checkBoltFile refuses a raft.db shorter than its own pages say: bbolt
+// reads the missing pages as zeros, and v1.4 panics on them (in places no
+// recover reaches) where v1.3 looped for ever. (bbolt's full consistency
+// check, tx.Check, is not run: it panics in a goroutine of its own on
+// damaged pages, taking the process down without the refusal.)
+func checkBoltFile(path string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && fi.Size() == 0) {
+		// New, or never initialised: the stable store checks that follow
+		// refuse an empty one that should hold a log.
+		return nil
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: boltOpenLimit})
+	if err != nil {
+		return fmt.Errorf("open raft bolt store %s: %w", path, err)
+	}
+	defer db.Close()
+	return db.View(func(tx *bbolt.Tx) error {
+		if tx.Size() > fi.Size() {
+			return fmt.Errorf("raft bolt store %s is damaged: it holds %d bytes but its pages reach %d: the file was truncated", path, fi.Size(), tx.Size())
+		}
+		return nil
+	})
 }
 
 // walSegmentFile names the raft-wal segment file that holds index: the one

@@ -346,6 +346,20 @@ func (n *Node) listen() error {
 	return nil
 }
 
+// openDataDirStore opens the etcd engine's pebble log under a data dir.
+func openDataDirStore(dataDir string) (*multiStore, error) {
+	storeDir := filepath.Join(dataDir, etcdStoreDir)
+	_, statErr := os.Stat(storeDir)
+	store, err := openMultiStore(storeDir)
+	var ce *CorruptError
+	if errors.As(err, &ce) || (err != nil && statErr == nil && !errors.Is(err, os.ErrPermission)) {
+		// An existing log pebble cannot open (a file of its own missing or
+		// damaged, whatever error pebble names) is a damaged data dir.
+		return nil, &RefusedError{Dir: dataDir, Err: err}
+	}
+	return store, err
+}
+
 // openEtcd starts the etcd engine on the node's pebble log.
 func (n *Node) openEtcd() error {
 	cfg := n.cfg
@@ -353,11 +367,7 @@ func (n *Node) openEtcd() error {
 		n.mux, n.etcdStore, n.etcdTrans = sh.mux, sh.store, sh.trans
 		return n.startEtcd()
 	}
-	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
-	var ce *CorruptError
-	if errors.As(err, &ce) {
-		return &RefusedError{Dir: cfg.DataDir, Err: err}
-	}
+	store, err := openDataDirStore(cfg.DataDir)
 	if err != nil {
 		return err
 	}
@@ -394,7 +404,7 @@ func (n *Node) startEtcd() error {
 	})
 	if err != nil {
 		var ce *CorruptError
-		if errors.As(err, &ce) || strings.Contains(err.Error(), "entries were lost") {
+		if errors.As(err, &ce) || errors.Is(err, errMarkMissing) || strings.Contains(err.Error(), "entries were lost") {
 			return &RefusedError{Dir: cfg.DataDir, Err: err}
 		}
 		return err
@@ -476,7 +486,9 @@ func (n *Node) openHashicorp() error {
 	if err != nil {
 		return fmt.Errorf("raft log cache: %w", err)
 	}
-	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
+	r, err := newRaftRefusingPanics(cfg.DataDir, func() (*raft.Raft, error) {
+		return raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
+	})
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}

@@ -6,12 +6,10 @@ package raftnode
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -65,11 +63,7 @@ func OpenShared(cfg SharedConfig) (*Shared, error) {
 	if err := checkEngine(cfg.DataDir, EngineEtcd); err != nil {
 		return nil, err
 	}
-	store, err := openMultiStore(filepath.Join(cfg.DataDir, etcdStoreDir))
-	var ce *CorruptError
-	if errors.As(err, &ce) {
-		return nil, &RefusedError{Dir: cfg.DataDir, Err: err}
-	}
+	store, err := openDataDirStore(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}

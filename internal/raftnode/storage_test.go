@@ -8,6 +8,7 @@ package raftnode
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -553,5 +554,221 @@ func TestLeaderStorageFailureInCluster(t *testing.T) {
 				t.Fatalf("acknowledged write before-%d lost on %s", i, m.ID())
 			}
 		}
+	}
+}
+
+// A bolt log store truncated while the node was stopped is refused with the
+// usual message. bbolt reads the missing pages as zeros: v1.3.6 looped on
+// them for ever (the node hung at start, silent), v1.4 panics on its page
+// check, which the start-up turns into the refusal.
+func TestTruncatedBoltStoreRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) { c.LogStore = LogStoreBolt })
+	n := d.start()
+	for i := range 300 {
+		register(t, n, fmt.Sprintf("member-%04d-%s", i, strings.Repeat("x", 100)))
+	}
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(d.dir, boltFileName)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.open()
+		done <- err
+	}()
+	var openErr error
+	testutil.Eventually(t, time.Minute, "the start on a truncated raft.db neither started nor refused (hung)", func() bool {
+		select {
+		case openErr = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	refused(t, openErr, boltFileName)
+}
+
+// After kill -9 the mark file must cover every entry StoreLogs returned:
+// the process is gone but the page cache keeps what it wrote. The file is
+// read here while the node still runs and before any periodic flush could
+// have run (as if the process died right after the write), on a real data
+// dir. Before, the mark was written only by a goroutine every 50 ms, so the
+// last entries a node acknowledged before kill -9 could then be cut from
+// its log unnoticed.
+func TestDurableMarkCoversEveryAcknowledgedEntryAtOnce(t *testing.T) {
+	for _, kind := range logStoreKinds {
+		t.Run(string(kind), func(t *testing.T) {
+			d := newDiskNode(t, func(c *Config) { c.LogStore = kind })
+			n := d.start()
+			for i := range 50 {
+				idx := register(t, n, fmt.Sprintf("member-%04d", i))
+				// What survives a kill -9 now: the file's contents.
+				b, err := os.ReadFile(filepath.Join(d.dir, markFileName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(b) != 12 {
+					t.Fatalf("mark file holds %d bytes", len(b))
+				}
+				if v := binary.BigEndian.Uint64(b[:8]); v < idx {
+					t.Fatalf("entry %d was acknowledged but the mark file says %d: a kill -9 now and a cut log would go unnoticed", idx, v)
+				}
+			}
+		})
+	}
+}
+
+// A durable mark file that was deleted or emptied while the node was
+// stopped is refused: before, the node took it for a data dir that never
+// had one and started, which disarmed the check for a log that lost its
+// tail (delete the mark, truncate the log, and the node voted on).
+func TestDeletedDurableMarkRefusesStart(t *testing.T) {
+	for _, kind := range []string{string(LogStoreWAL), string(LogStoreBolt), string(EngineEtcd)} {
+		t.Run(kind, func(t *testing.T) {
+			d := newDiskNode(t, func(c *Config) {
+				if kind == string(EngineEtcd) {
+					c.Engine = EngineEtcd
+				} else {
+					c.LogStore = LogStoreKind(kind)
+				}
+			})
+			markPath := filepath.Join(d.dir, markFileName)
+			if kind == string(EngineEtcd) {
+				markPath = filepath.Join(d.dir, etcdStoreDir+"-mark", "1", markFileName)
+			}
+			n := d.start()
+			register(t, n, "member-0001")
+			if err := n.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			orig, err := os.ReadFile(markPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, damage := range map[string]func() error{
+				"deleted": func() error { return os.Remove(markPath) },
+				"emptied": func() error { return os.Truncate(markPath, 0) },
+			} {
+				if err := damage(); err != nil {
+					t.Fatal(err)
+				}
+				_, err := d.open()
+				if re := (*RefusedError)(nil); !errors.As(err, &re) || !strings.Contains(err.Error(), "missing or empty") {
+					t.Fatalf("%s mark: start gave %v; want a refusal saying the mark is missing", name, err)
+				}
+				if err := os.WriteFile(markPath, orig, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n = d.start()
+			if !hasMember(n, "member-0001") {
+				t.Fatal("the restored dir lost its entry")
+			}
+		})
+	}
+}
+
+// A flipped digit in the newest snapshot's meta.json — its Index, Term,
+// Size, or a member's address — is refused. raft's CRC there covers
+// state.bin only: a node whose meta.json said index 1849 for a state taken
+// at 1749 started, believed its state 100 entries ahead and skipped them.
+func TestDamagedSnapshotMetaRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) {
+		c.TrailingLogs = 5
+		c.SnapshotThreshold = 1 << 30 // only the snapshot taken below
+		c.SnapshotInterval = time.Hour
+	})
+	n := d.start()
+	for i := range 20 {
+		register(t, n, fmt.Sprintf("member-%04d", i))
+	}
+	if err := n.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	register(t, n, "member-after")
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	metas, err := filepath.Glob(filepath.Join(d.dir, "snapshots", "*", "meta.json"))
+	if err != nil || len(metas) != 1 {
+		t.Fatalf("want 1 snapshot, found %v (%v)", metas, err)
+	}
+	path := metas[0]
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each rewrite changes one digit (or letter) of one field's value.
+	bump := func(b []byte, field string) []byte {
+		i := bytes.Index(b, []byte(field))
+		if i < 0 {
+			t.Fatalf("meta.json has no %s: %s", field, b)
+		}
+		b = bytes.Clone(b)
+		b[i+len(field)] ^= 0x01
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"index":   bump(orig, `"Index":`),
+		"term":    bump(orig, `"Term":`),
+		"size":    bump(orig, `"Size":`),
+		"address": bump(orig, `"Address":"127.0.0.1:`),
+		"confidx": bump(orig, `"ConfigurationIndex":`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := d.open()
+			refused(t, err, "meta.json")
+		})
+	}
+	if err := os.WriteFile(path, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n = d.start()
+	if !hasMember(n, "member-after") {
+		t.Fatal("the restored dir lost its last entry")
+	}
+}
+
+// An etcd-engine data dir whose pebble log lost one of pebble's own files
+// (its manifest, its format marker) is refused with the usual message;
+// before, the node exited with pebble's bare error and no word of recovery.
+func TestMissingPebbleFileRefusesStart(t *testing.T) {
+	d := newDiskNode(t, func(c *Config) { c.Engine = EngineEtcd })
+	n := d.start()
+	register(t, n, "member-0001")
+	if err := n.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	for _, pattern := range []string{"MANIFEST-*", "marker.format-version.*"} {
+		files, err := filepath.Glob(filepath.Join(d.dir, etcdStoreDir, pattern))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no %s in the pebble log: %v", pattern, err)
+		}
+		orig, err := os.ReadFile(files[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(files[0]); err != nil {
+			t.Fatal(err)
+		}
+		_, err = d.open()
+		refused(t, err, etcdStoreDir)
+		if err := os.WriteFile(files[0], orig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n = d.start()
+	if !hasMember(n, "member-0001") {
+		t.Fatal("the restored dir lost its entry")
 	}
 }

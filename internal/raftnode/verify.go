@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 )
 
@@ -32,12 +35,108 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Unwrap() error { return e.Err }
 
+// refuseOnPanic turns a panic of a log store reading damaged files into a
+// refusal: bbolt asserts (panics) when a page is not what its parent says,
+// e.g. in a raft.db that was truncated, and such a node must say what is
+// wrong and how to recover, not crash with a stack trace.
+func refuseOnPanic(dir string, err *error) {
+	if r := recover(); r != nil {
+		*err = &RefusedError{Dir: dir, Err: fmt.Errorf("reading the raft log store failed (%v): its files are damaged", r)}
+	}
+}
+
+// newRaftRefusingPanics runs hashicorp/raft's start-up, which replays the
+// log after the snapshot and panics on an entry it cannot read: the entry
+// was damaged after verifyDataDir read it (e.g. by a bbolt write through a
+// damaged free list), and the node refuses its data dir instead of crashing.
+func newRaftRefusingPanics(dir string, start func() (*raft.Raft, error)) (r *raft.Raft, err error) {
+	defer refuseOnPanic(dir, &err)
+	return start()
+}
+
+// checkSnapshotMeta checks the newest snapshot's meta.json against what
+// its name says (term-index-time, as raft names it) and its state file's
+// size. The CRC in meta.json covers state.bin only: a flipped digit of
+// Index or Term would otherwise make the node believe its state is at
+// another index, skip entries or replay them twice.
+func checkSnapshotMeta(snapDir string, meta *raft.SnapshotMeta) error {
+	path := filepath.Join(snapDir, meta.ID, "meta.json")
+	var term, index uint64
+	var ts int64
+	if n, err := fmt.Sscanf(meta.ID, "%d-%d-%d", &term, &index, &ts); err != nil || n != 3 {
+		return fmt.Errorf("snapshot %s: its id is not term-index-time: %s is damaged", meta.ID, path)
+	}
+	if meta.Version < 1 || meta.Version > raft.SnapshotVersionMax {
+		return fmt.Errorf("snapshot %s: version %d: %s is damaged", meta.ID, meta.Version, path)
+	}
+	if term != meta.Term || index != meta.Index {
+		return fmt.Errorf("snapshot %s says term %d, index %d but its id says term %d, index %d: %s is damaged",
+			meta.ID, meta.Term, meta.Index, term, index, path)
+	}
+	fi, err := os.Stat(filepath.Join(snapDir, meta.ID, "state.bin"))
+	if err != nil {
+		return err
+	}
+	if fi.Size() != meta.Size {
+		return fmt.Errorf("snapshot %s: meta.json says %d bytes but state.bin holds %d: %s is damaged", meta.ID, meta.Size, fi.Size(), path)
+	}
+	if err := checkSnapshotConfiguration(meta); err != nil {
+		return fmt.Errorf("snapshot %s: %w: %s is damaged", meta.ID, err, path)
+	}
+	return nil
+}
+
+// checkSnapshotConfiguration checks the members in a snapshot's meta.json:
+// each well formed and unique, and the voters' addresses the same as in the
+// Peers field raft writes beside them (msgpack, for old raft versions).
+func checkSnapshotConfiguration(meta *raft.SnapshotMeta) error {
+	conf := meta.Configuration
+	if len(conf.Servers) == 0 {
+		return errors.New("it names no cluster members")
+	}
+	if meta.ConfigurationIndex < 1 || meta.ConfigurationIndex > meta.Index {
+		return fmt.Errorf("its configuration index %d is outside 1..%d", meta.ConfigurationIndex, meta.Index)
+	}
+	ids, addrs := map[raft.ServerID]bool{}, map[raft.ServerAddress]bool{}
+	var voters []string
+	for _, srv := range conf.Servers {
+		if _, _, err := net.SplitHostPort(string(srv.Address)); err != nil || srv.ID == "" || ids[srv.ID] || addrs[srv.Address] {
+			return fmt.Errorf("member %q at %q is malformed or repeated", srv.ID, srv.Address)
+		}
+		switch srv.Suffrage {
+		case raft.Voter:
+			voters = append(voters, string(srv.Address))
+		case raft.Nonvoter, raft.Staging:
+		default:
+			return fmt.Errorf("member %q has suffrage %d", srv.ID, srv.Suffrage)
+		}
+		ids[srv.ID], addrs[srv.Address] = true, true
+	}
+	if len(meta.Peers) > 0 {
+		var enc [][]byte
+		if err := codec.NewDecoderBytes(meta.Peers, &codec.MsgpackHandle{}).Decode(&enc); err != nil {
+			return fmt.Errorf("its Peers field does not decode: %v", err)
+		}
+		peers := make([]string, 0, len(enc))
+		for _, p := range enc {
+			peers = append(peers, string(p))
+		}
+		slices.Sort(voters)
+		slices.Sort(peers)
+		if !slices.Equal(voters, peers) {
+			return fmt.Errorf("its voters %v differ from its Peers %v", voters, peers)
+		}
+	}
+	return nil
+}
+
 // verifyDataDir checks the data dir as Raft would find it, then starts the
 // durable mark at the verified log's end. It reads every entry once; the
 // log holds at most about TrailingLogs + SnapshotThreshold of them. Entries
 // after the newest snapshot must be contiguous; below it a gap is allowed
 // (see the loop).
-func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, logger *slog.Logger) error {
+func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, logger *slog.Logger) (err error) {
+	defer refuseOnPanic(dir, &err)
 	refuse := func(format string, args ...any) error {
 		return &RefusedError{Dir: dir, Err: fmt.Errorf(format, args...)}
 	}
@@ -62,11 +161,14 @@ func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, 
 		if err := unreadableNewerSnapshot(snapDir, newest); err != nil {
 			return refuse("%w", err)
 		}
-		_, rc, err := snaps.Open(newest.ID)
+		meta, rc, err := snaps.Open(newest.ID)
 		if err != nil {
 			return refuse("the newest snapshot %s (entries up to %d) fails its check: %v", filepath.Join(snapDir, newest.ID, "state.bin"), newest.Index, err)
 		}
 		_ = rc.Close()
+		if err := checkSnapshotMeta(snapDir, meta); err != nil {
+			return refuse("%w", err)
+		}
 		// Raft replays the log from snapIdx+1: it must start there or
 		// earlier, unless nothing follows the snapshot.
 		if last > snapIdx && first > snapIdx+1 {
@@ -113,6 +215,20 @@ func verifyDataDir(cs *checkedStore, snaps *raft.FileSnapshotStore, dir string, 
 		"durable_mark", cs.markAtOpen, "checksums_from", cs.from)
 	if err := cs.mark.set(last); err != nil {
 		return fmt.Errorf("write the durable mark in %s: %w", dir, err)
+	}
+	if _, kept, err := stableUint64(cs.inner, markKeptKey); err != nil {
+		return refuse("read %s from the stable store: %w", markKeptKey, err)
+	} else if !kept {
+		// The mark file's directory entry must be durable before the key
+		// says the file exists.
+		if err := syncDir(dir); err != nil {
+			return fmt.Errorf("sync %s: %w", dir, err)
+		}
+		var one [8]byte
+		one[7] = 1
+		if err := cs.inner.Set(markKeptKey, one[:]); err != nil {
+			return fmt.Errorf("record %s in the stable store: %w", markKeptKey, err)
+		}
 	}
 	cs.mark.start(func(err error) { _ = cs.fail(err) })
 	return nil

@@ -275,3 +275,58 @@ func TestWatchFromFutureRevisionRefused(t *testing.T) {
 		wcancel()
 	}
 }
+
+// DNS rebinding: a page on a name its author controls, rebound to a node's
+// address after it loaded, calls the node as its own origin — Host and
+// Origin both name rebind.example — so the origin rule passes it. The node
+// refuses browser requests under names that are not an IP address,
+// localhost, a member's API address or one given in --browser-hosts; before,
+// such a page took a lock on a cluster without ACLs.
+func TestDNSRebindingRefused(t *testing.T) {
+	c := testcluster.NewWith(t, 1, testcluster.Options{BrowserHosts: []string{"proxy.example"}})
+	node := c.WaitLeader(10 * time.Second)
+	base := c.URL(node)
+	port := base[strings.LastIndex(base, ":")+1:]
+	do := func(method, path, host string, header map[string]string, body string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Host = host
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		res, err := c.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	rebound := "rebind.example:" + port
+	acquire := `{"client_id":"page","ttl_ms":30000}`
+	for _, tc := range []struct {
+		name, method, path, host string
+		header                   map[string]string
+		body                     string
+		want                     int
+	}{
+		{"rebound POST", "POST", "/api/v1/locks/rb/a/acquire", rebound, map[string]string{"Origin": "http://" + rebound, "Sec-Fetch-Site": "same-origin"}, acquire, 403},
+		{"rebound GET", "GET", "/api/v1/locks?prefix=rb", rebound, map[string]string{"Sec-Fetch-Site": "same-origin"}, "", 403},
+		{"rebound watch", "GET", "/api/v1/watch", rebound, map[string]string{"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}, "", 403},
+		{"rebound WebSocket", "GET", "/api/v1/ws", rebound, map[string]string{"Origin": "http://" + rebound, "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}, "", 403},
+		{"navigation to the console", "GET", "/ui/", rebound, map[string]string{"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate"}, "", 200},
+		{"not a browser", "POST", "/api/v1/locks/rb/b/acquire", rebound, nil, acquire, 200},
+		{"localhost", "POST", "/api/v1/locks/rb/c/acquire", "localhost:" + port, map[string]string{"Origin": "http://localhost:" + port}, acquire, 200},
+		{"--browser-hosts", "POST", "/api/v1/locks/rb/d/acquire", "proxy.example", map[string]string{"Origin": "https://proxy.example"}, acquire, 200},
+	} {
+		if got := do(tc.method, tc.path, tc.host, tc.header, tc.body); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	var v service.LockView
+	if st, err := c.Do(context.Background(), "GET", base+"/api/v1/locks/rb/a", nil, &v); err != nil || st != 200 || v.Held {
+		t.Fatalf("the rebound page's acquire took the lock (%d, %v, held %v)", st, err, v.Held)
+	}
+}

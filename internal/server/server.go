@@ -50,6 +50,10 @@ type Config struct {
 	EnablePprof bool
 	// DisableConsole turns off the web console at /ui/ (docs/console.md).
 	DisableConsole bool
+	// BrowserHosts are names, besides IP addresses, localhost and members'
+	// API addresses, under which browser pages may reach the API (a reverse
+	// proxy's name): see service.BrowserHost.
+	BrowserHosts []string
 	// TLS, when set, serves the HTTP and gRPC APIs over TLS (build it with
 	// tlsconfig.API); JoinTLS is the client side of Join requests to https
 	// URLs (tlsconfig.JoinClient; nil trusts the system roots). Peer mTLS
@@ -143,6 +147,7 @@ func Start(cfg Config) (*Server, error) {
 	svc.EnableACL(cfg.ACL)
 	svc.SetRecorder(mtr)
 	svc.SetLimits(cfg.Limits.Service)
+	svc.SetBrowserHosts(cfg.BrowserHosts)
 	mtr.Attach(metricsSource{node, hub})
 	s := &Server{Node: node, Service: svc, ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID),
 		cfg: cfg, joined: make(chan struct{})}
@@ -169,7 +174,7 @@ type frontend interface {
 // svc is the (first) service, for origins and the console.
 func (s *Server) serveAPI(front frontend, svc *service.Service, mtr *metrics.Metrics, ln, grpcLn net.Listener) {
 	api := httpapi.New(front, s.cfg.Logger.With("node", s.cfg.Raft.ID), httpapi.Options{MaxBodyBytes: s.cfg.MaxBodyBytes, Metrics: mtr.Handler(), Debug: pprofHandler(s.cfg.EnablePprof),
-		WriteTimeout: s.cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, Console: consoleHandler(s.cfg.DisableConsole, svc)})
+		WriteTimeout: s.cfg.Limits.WriteTimeout, AllowOrigin: svc.MemberOrigin, TrustHost: svc.BrowserHost, Console: consoleHandler(s.cfg.DisableConsole, svc)})
 	wsOpts := wsapi.Options{MaxMessageBytes: s.cfg.MaxBodyBytes, MaxWatches: s.cfg.Limits.wsWatches(), Limited: mtr.Limited,
 		AllowOrigin: svc.MemberOrigin, AuthTimeout: s.cfg.Limits.WSAuthTimeout, MaxUnauthenticatedPerIP: s.cfg.Limits.MaxUnauthenticatedPerIP}
 	if s.cfg.ACL {
@@ -181,6 +186,10 @@ func (s *Server) serveAPI(front frontend, svc *service.Service, mtr *metrics.Met
 		// httpapi keeps its own routing (no ServeMux path cleaning).
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.EscapedPath() == wsapi.Path {
+				if httpapi.CheckBrowserHost(r, svc.BrowserHost) != nil {
+					api.ServeHTTP(w, r) // refused there, before routing
+					return
+				}
 				s.ws.ServeHTTP(w, r)
 				return
 			}

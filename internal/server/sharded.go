@@ -93,6 +93,7 @@ func startSharded(cfg Config) (*Server, error) {
 		svc := service.New(node, hub, cfg.Logger.With("shard", strconv.Itoa(k)))
 		svc.SetRecorder(mtr)
 		svc.SetLimits(cfg.Limits.Service)
+		svc.SetBrowserHosts(cfg.BrowserHosts)
 		if k == 0 {
 			mtr.Attach(metricsSource{node, hub})
 		}

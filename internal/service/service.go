@@ -77,8 +77,10 @@ type Service struct {
 	logger  *slog.Logger
 	rec     Recorder
 	signer  atomic.Pointer[signer]
-	aclOn   bool
-	lim     *limiter // nil: no limits (SetLimits)
+	// browserHosts are the further names browsers may use (BrowserHost).
+	browserHosts atomic.Pointer[map[string]bool]
+	aclOn        bool
+	lim          *limiter // nil: no limits (SetLimits)
 
 	// life ends when the node shuts down: every queued acquire's wait ends
 	// then, so each withdraws its place while Raft still runs (a wait left

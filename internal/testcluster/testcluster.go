@@ -81,6 +81,8 @@ type Options struct {
 	// Shards, with more than one range, runs a sharded cluster (on the etcd
 	// engine, whatever DLOCK_TEST_RAFT_ENGINE says).
 	Shards *shard.Map
+	// BrowserHosts is each node's --browser-hosts.
+	BrowserHosts []string
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -185,7 +187,7 @@ func (c *Cluster) Start(id string) {
 	if c.Tune != nil {
 		c.Tune(&rc)
 	}
-	cfg := server.Config{Shards: c.opts.Shards, Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL}
+	cfg := server.Config{Shards: c.opts.Shards, Raft: rc, APIAddr: apiAddr, GRPCAddr: grpcAddr, Logger: c.logger, WatchHistory: c.opts.WatchHistory, WatchBuffer: c.opts.WatchBuffer, Join: join, ACL: c.opts.ACL, BrowserHosts: c.opts.BrowserHosts}
 	cfg.Limits = c.opts.Limits
 	if c.opts.TLS != nil {
 		cfg.TLS, cfg.JoinTLS = c.opts.TLS.API, c.opts.TLS.Join
