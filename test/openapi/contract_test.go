@@ -580,7 +580,18 @@ func TestContract(t *testing.T) {
 	sp := map[string]string{"session_id": sid}
 	k.do(call{op: "keepAliveSession", params: sp, want: 200})
 	k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"client_id": "s1", "request_id": "ka-1"}})
-	k.do(call{op: "acquireLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"client_id": "s1", "session_id": sid}})
+	sl := k.do(call{op: "acquireLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"client_id": "s1", "session_id": sid}})
+	// A revoke of the session's grant: the next keepalive lists it, one
+	// after its revision does not.
+	k.do(call{op: "revokeLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"fencing_token": sl.json["fencing_token"], "reason": "contract"}})
+	ka := k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"client_id": "s1", "lost_after": 0}})
+	if lost, _ := ka.json["lost"].([]any); len(lost) != 1 || lost[0].(map[string]any)["fencing_token"] != sl.json["fencing_token"] {
+		t.Errorf("keepalive after a revoke of the session's grant: %s, want it in lost", ka.body)
+	}
+	ka = k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"lost_after": ka.json["revision"]}})
+	if lost, _ := ka.json["lost"].([]any); len(lost) != 0 {
+		t.Errorf("keepalive after the revision that listed it: %s, want no lost grants", ka.body)
+	}
 	k.do(call{op: "deleteSession", params: sp, want: 200, body: map[string]any{"client_id": "s1"}})
 	k.do(call{op: "deleteSession", params: sp, want: 404})
 	k.do(call{op: "keepAliveSession", params: sp, want: 404})
