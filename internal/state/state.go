@@ -798,6 +798,7 @@ func (s *State) endLockDelay(b *command.EndLockDelay) command.Result {
 	lk.setDelay(0, 0, 0)
 	s.lockIn(lk)
 	s.changed = true
+	s.emit(Event{Type: EventDelayEnded, Name: lk.Name, Token: b.Token})
 	s.wake(lk.Name, false)
 	return command.Result{Status: command.StatusOK, Token: 1}
 }

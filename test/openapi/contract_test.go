@@ -505,7 +505,7 @@ func TestContract(t *testing.T) {
 	watchDone := make(chan struct{})
 	wantTypes := map[string]bool{"acquired": true, "released": true, "expired": true, "queued": true, "dequeued": true,
 		"elected": true, "resigned": true, "proclaimed": true, "session_created": true, "session_deleted": true,
-		"revoked": true, "value_changed": true}
+		"revoked": true, "value_changed": true, "delay_ended": true}
 	go func() {
 		defer close(watchDone)
 		got := map[string]bool{}
@@ -865,6 +865,14 @@ func (k *contract) operate(opsToken string) {
 	if errCode(d) != "lock_delayed" || num(e, "retry_after_ms") <= 0 || d.header.Get("Retry-After") == "" {
 		t.Errorf("acquire in a lock-delay: %s (Retry-After %q), want lock_delayed with retry_after_ms and Retry-After", d.body, d.header.Get("Retry-After"))
 	}
+
+	// A short lock-delay runs out: the watch sees delay_ended, then the
+	// waiter's hand-off.
+	sp := map[string]string{"name": "ops/short"}
+	sg := k.do(call{op: "acquireLock", params: sp, want: 200, body: map[string]any{"client_id": "op-3", "ttl_ms": 30000, "lock_delay_ms": 500}})
+	k.do(call{op: "revokeLock", params: sp, want: 200, body: map[string]any{"fencing_token": sg.json["fencing_token"], "reason": "short delay"}})
+	next := k.do(call{op: "acquireLock", params: sp, want: 200, body: map[string]any{"client_id": "op-4", "ttl_ms": 30000, "wait_timeout_ms": 20000}})
+	k.do(call{op: "releaseLock", params: sp, want: 200, body: map[string]any{"client_id": "op-4", "fencing_token": next.json["fencing_token"], "lease_id": next.json["lease_id"]}})
 
 	h := k.do(call{op: "getHistory", params: op, want: 200})
 	gs, _ := h.json["grants"].([]any)

@@ -3144,8 +3144,8 @@ type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// acquired, released, expired, revoked, queued, dequeued, elected,
-	// resigned, proclaimed, value_changed, session_created, session_expired,
-	// session_deleted.
+	// resigned, proclaimed, value_changed, delay_ended, session_created,
+	// session_expired, session_deleted.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// lock, election or session.
 	Kind         string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
