@@ -12,7 +12,9 @@
 # turns (through --held-gate) — empty, full, full, empty, empty, full, … — so
 # both see the same machine, and the medians of BENCH_ROUNDS windows of
 # BENCH_WINDOW each are compared. The machine may be shared: only the ratio
-# means much.
+# means much. The setup must take less than the held leases' 600 s (the
+# longest TTL) — about 1,700 acquires/s for a million — or the first locks
+# expire before they are renewed; the summary says so when it did not.
 #
 # Usage: scripts/bench-history-renewals.sh   (env: BENCH_KEYS 1000000,
 #        BENCH_FILL_KEYS 300000, BENCH_ROUNDS 5, BENCH_WINDOW 10s,
@@ -156,5 +158,10 @@ for name, r, m in (("empty", empty, me), ("full", full, mf)):
     print(f'{name:5}: setup {r["ops"]["acquire (setup)"]["per_sec"]:.0f} acquires/s; renewals/s per window '
           f'{[round(x) for x in r["rounds_per_sec"]]}, median {m:.0f}; RSS MiB while renewing: {rss(r)}')
 print(f'ratio full/empty (medians): {mf / me:.3f}')
+for name, r in (("empty", empty), ("full", full)):
+    secs = int(r["config"]["keys"]) / r["ops"]["acquire (setup)"]["per_sec"]
+    errs = r.get("errors") or {}
+    if secs > 600 or errs:
+        print(f'WARNING: {name}: setup took {secs:.0f} s (the held leases last 600 s) or errors {errs}: not a valid run')
 EOF
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
