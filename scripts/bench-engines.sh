@@ -11,18 +11,26 @@
 #
 #   scripts/bench-engines.sh
 #   BENCH_REPEAT=5 BENCH_DURATION=5s BENCH_ROWS="uncontended:1 contended:8 contended:64 uncontended:64" scripts/bench-engines.sh
+#   BENCH_ROWS="watch:64" BENCH_FAILOVER_REPEAT=50 scripts/bench-engines.sh
 #
 # Knobs: BENCH_REPEAT (3), BENCH_DURATION (4s), BENCH_WARMUP (1s), BENCH_ROWS
-# (workload:workers, default above), BENCH_KEEP=1 keeps the work dir (JSON
-# results, logs), BENCH_PPROF=1 serves /debug/pprof on every node and saves
-# a CPU profile of each leader during the contended:64 row.
+# (workload:workers; default: uncontended:1 contended:8 contended:64
+# uncontended:64 ttl-per-acquire:64; "ttl-per-acquire" is the uncontended
+# workload with a TTL on every acquire, "watch" reports the slowest node's
+# event delivery p99 — with 64 workers both cores are saturated),
+# BENCH_FAILOVER_REPEAT (0: off; else that many leader kills per engine on
+# `dlock bench --workload failover`'s own 3-node clusters), BENCH_KEEP=1
+# keeps the work dir (JSON results, logs), BENCH_PPROF=1 serves /debug/pprof
+# on every node and saves a CPU profile of each leader during the
+# contended:64 row.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REPEAT=${BENCH_REPEAT:-3}
 DUR=${BENCH_DURATION:-4s}
 WARM=${BENCH_WARMUP:-1s}
-ROWS=${BENCH_ROWS:-"uncontended:1 contended:8 contended:64 uncontended:64"}
+ROWS=${BENCH_ROWS:-"uncontended:1 contended:8 contended:64 uncontended:64 ttl-per-acquire:64"}
+FAILOVER_REPEAT=${BENCH_FAILOVER_REPEAT:-0}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-engines.XXXXXX")
 RES=$WORK/results
 mkdir -p "$RES"
@@ -123,14 +131,16 @@ run() { # engine workload workers rep
 			prof=$!
 		fi
 	fi
-	if ! "$BIN" bench -q -o json --endpoints "${EPS[$engine]}" --workload "$wl" --workers "$w" \
+	local bwl=$wl extra=()
+	case $wl in ttl-per-acquire) bwl=uncontended; extra=(--ttl-per-acquire) ;; esac
+	if ! "$BIN" bench -q -o json --endpoints "${EPS[$engine]}" --workload "$bwl" --workers "$w" "${extra[@]}" \
 		--duration "$DUR" --warmup "$WARM" --label "$engine" >"$out" 2>"$out.err"; then
 		log "FAILED: $engine $wl $w: $(tail -3 "$out.err")"
 		rm -f "$out"
 		return 0
 	fi
 	[ -n "$prof" ] && { wait "$prof" 2>/dev/null || true; }
-	log "$(printf '%-9s %-12s %3d workers run %d: ' "$engine" "$wl" "$w" "$rep")$(jq -r '"\(.throughput|floor) \(.throughput_unit)/s, acquire p50 \(.ops.acquire.p50_ms) ms p99 \(.ops.acquire.p99_ms) ms"' "$out")"
+	log "$(printf '%-9s %-15s %3d workers run %d: ' "$engine" "$wl" "$w" "$rep")$(jq -r '"\(.throughput|floor) \(.throughput_unit)/s, acquire p50 \(.ops.acquire.p50_ms) ms p99 \(.ops.acquire.p99_ms) ms\(if .ops["delivery (all nodes)"] then ", watch delivery p99 \(.ops["delivery (all nodes)"].p99_ms) ms" else "" end)"' "$out")"
 }
 
 for rep in $(seq "$REPEAT"); do
@@ -141,8 +151,36 @@ for rep in $(seq "$REPEAT"); do
 	done
 done
 
+failover() { # engine rep
+	local out="$RES/failover-$1-$2.json"
+	if ! "$BIN" bench -q -o json --workload failover --nodes 3 --repeat "$FAILOVER_REPEAT" \
+		--serve-flags "--raft-engine $1" --label "$1" >"$out" 2>"$out.err"; then
+		log "FAILED: failover $1: $(tail -3 "$out.err")"
+		rm -f "$out"
+		return 0
+	fi
+	log "$(printf 'failover %-9s run %d: ' "$1" "$2")$(jq -r '"p50 \(.ops.failover.p50_ms) ms p99 \(.ops.failover.p99_ms) ms max \(.ops.failover.max_ms) ms"' "$out")"
+}
+if [ "$FAILOVER_REPEAT" != 0 ]; then
+	# Its own clusters: stop the shared ones so they do not compete (KILL
+	# after 10 s: a hashicorp node's graceful shutdown has been seen to hang
+	# on a replication goroutine stuck in its pipeline).
+	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for _ in $(seq 50); do
+		alive=0
+		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+		[ "$alive" = 0 ] && break
+		sleep 0.2
+	done
+	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	PIDS=()
+	failover hashicorp 1; failover etcd 1
+fi
+
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) {print "nan"} else if (NR%2) {print a[(NR+1)/2]} else {print (a[NR/2]+a[NR/2+1])/2}}'; }
 printf '\n| row | hashicorp: ops/s, p50 ms | etcd: ops/s, p50 ms | etcd/hashicorp ops/s | etcd/hashicorp p50 |\n|---|---|---|---|---|\n'
+WATCH_ROWS=
 for row in $ROWS; do
 	wl=${row%%:*}; w=${row##*:}
 	declare -A T P
@@ -153,7 +191,20 @@ for row in $ROWS; do
 	printf '| %s, %s workers | %.0f, %.3f | %.0f, %.3f | %.2f | %.2f |\n' "$wl" "$w" \
 		"${T[hashicorp]}" "${P[hashicorp]}" "${T[etcd]}" "${P[etcd]}" \
 		"$(echo "${T[etcd]} / ${T[hashicorp]}" | bc -l)" "$(echo "${P[etcd]} / ${P[hashicorp]}" | bc -l)"
+	if [ "$wl" = watch ]; then WATCH_ROWS+=" $row"; fi
 done
+for row in $WATCH_ROWS; do
+	wl=${row%%:*}; w=${row##*:}
+	printf '| watch delivery p99 (slowest node), %s workers | hashicorp %s ms | etcd %s ms |\n' "$w" \
+		"$(cat "$RES/hashicorp-$wl-$w-"*.json 2>/dev/null | jq -r '.ops["delivery (all nodes)"].p99_ms' | median)" \
+		"$(cat "$RES/etcd-$wl-$w-"*.json 2>/dev/null | jq -r '.ops["delivery (all nodes)"].p99_ms' | median)"
+done
+if [ "$FAILOVER_REPEAT" != 0 ]; then
+	for engine in hashicorp etcd; do
+		printf '| failover, %s kills | %s | %s |\n' "$FAILOVER_REPEAT" "$engine" \
+			"$(jq -r '"p50 \(.ops.failover.p50_ms) ms, p99 \(.ops.failover.p99_ms) ms, max \(.ops.failover.max_ms) ms"' "$RES/failover-$engine-1.json" 2>/dev/null || echo failed)"
+	done
+fi
 machine=$(tr '\n' ' ' <"$WORK/machine.env")
 echo "medians of $REPEAT runs of $DUR each; $machine"
 if [ "${BENCH_PPROF:-0}" = 1 ]; then

@@ -22,8 +22,13 @@ import (
 
 // A real node's log replays from its first snapshot to exactly its second:
 // the tool proves an agreement it can also refute (a wrong reference).
+//
+// It reads the hashicorp engine's files (snapshot directories, the WAL), so
+// it runs on that engine whatever DLOCK_TEST_RAFT_ENGINE says; the etcd
+// engine keeps its one snapshot in its log store, and reading its log offline
+// is tested in raftnode (TestMoveToEtcdEngineAndRecover).
 func TestReplayMatchesTheNodesOwnSnapshots(t *testing.T) {
-	c := testcluster.New(t, 3)
+	c := testcluster.NewWith(t, 3, testcluster.Options{Engine: raftnode.EngineHashicorp})
 	leader := c.WaitLeader(10 * time.Second)
 	node := c.Server(leader).Node
 	acquire := func(i int) error {

@@ -136,10 +136,17 @@ type etcdEngineConfig struct {
 	Election       time.Duration
 	Threshold      uint64
 	Trailing       uint64
-	RaftLogLevel   string
-	Logger         *slog.Logger
-	FSM            *fsm.FSM
-	Store          *multiStore
+	// SnapshotBytes and TrailingBytes bound the in-memory log in bytes as
+	// Threshold and Trailing do in entries (an entry may be up to
+	// command.MaxEntryBytes): a snapshot is also taken once SnapshotBytes of
+	// entries were applied since the last, and compaction keeps at most
+	// TrailingBytes of entries behind it. Zero means 64 MiB each.
+	SnapshotBytes uint64
+	TrailingBytes uint64
+	RaftLogLevel  string
+	Logger        *slog.Logger
+	FSM           *fsm.FSM
+	Store         *multiStore
 	// MarkDir holds the group's durable high-water mark (checkstore.go's
 	// durableMark): a restart whose log ends below it lost acknowledged
 	// entries (a torn or corrupt tail pebble recovered from silently).
@@ -172,6 +179,14 @@ type etcdEngine struct {
 	applyDone chan struct{}
 	stopOnce  sync.Once
 	failed    atomic.Bool
+	// inflight counts writes queued with the append goroutine, which
+	// Shutdown waits out before it closes the durable mark.
+	inflight sync.WaitGroup
+
+	// The append and apply goroutines' deliveries to the Raft goroutine.
+	inMu  sync.Mutex
+	inbox []localDelivery
+	inSig chan struct{}
 
 	view        atomic.Pointer[etcdView]
 	lastContact atomic.Int64
@@ -195,6 +210,38 @@ type etcdEngine struct {
 	snapIndex uint64
 	applyConf raftpb.ConfState
 	applyBook map[uint64]etcdMember
+	// applyBytes counts the entry bytes applied; sizeMarks holds it after
+	// each applied batch since the last compaction, to find how far back
+	// TrailingBytes reaches.
+	applyBytes uint64
+	snapBytes  uint64 // applyBytes at the last snapshot
+	sizeMarks  []sizeMark
+}
+
+// sizeMark is applyBytes once entries up to index were applied.
+type sizeMark struct{ index, bytes uint64 }
+
+const defaultLogBytes = 64 << 20
+
+// compactTo is how far the memory log may be compacted behind a snapshot at
+// the applied index: keep Trailing entries for followers a little behind,
+// but no more than TrailingBytes of them.
+func (e *etcdEngine) compactTo() uint64 {
+	var c uint64
+	if e.applied > e.cfg.Trailing {
+		c = e.applied - e.cfg.Trailing
+	}
+	limit := e.cfg.TrailingBytes
+	if limit == 0 {
+		limit = defaultLogBytes
+	}
+	for _, m := range e.sizeMarks {
+		if m.index > c && e.applyBytes-m.bytes <= limit {
+			break
+		}
+		c = max(c, m.index)
+	}
+	return min(c, e.applied)
 }
 
 // applyBatch is one Ready's work for the apply goroutine.
@@ -202,6 +249,8 @@ type applyBatch struct {
 	snap  *raftpb.Snapshot
 	ents  []raftpb.Entry
 	confs map[uint64]confAt
+	// resps go back to the Raft goroutine once ents are applied.
+	resps []raftpb.Message
 }
 
 // confAt is the configuration after the change at an index was applied.
@@ -216,7 +265,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		mem: raft.NewMemoryStorage(), fsm: c.FSM,
 		recvc: make(chan raftpb.Message, 4096), propc: make(chan *efuture, 4096), reportc: make(chan func(*raft.RawNode), 1024),
 		applyc: make(chan *applyBatch, 256), snapc: make(chan *efuture), stopc: make(chan struct{}),
-		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1),
+		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1), inSig: make(chan struct{}, 1),
 		book: map[uint64]etcdMember{}, waiting: map[uint64]*efuture{}, reads: map[string]*efuture{},
 	}
 	gs, err := e.store.Load(e.group)
@@ -288,7 +337,10 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		// A leader removed from the configuration stops leading at once
 		// (hashicorp/raft's does too) instead of leading a group it is not in.
 		StepDownOnRemoval: true,
-		Logger:            newEtcdRaftLogger(e.log, c.RaftLogLevel),
+		// The leader sends its entries while it writes them, and counts
+		// its own copy once the write is durable (handleReady).
+		AsyncStorageWrites: true,
+		Logger:             newEtcdRaftLogger(e.log, c.RaftLogLevel),
 	}
 	rn, err := raft.NewRawNode(rc)
 	if err != nil {
@@ -403,6 +455,10 @@ func (e *etcdEngine) runRaft() {
 			e.propose(f)
 		case fn := <-e.reportc:
 			fn(e.rn)
+		case <-e.inSig:
+			if !e.takeDeliveries() {
+				return
+			}
 		}
 		// Take what else has queued, so one Ready (one log write) covers it.
 	drain:
@@ -412,6 +468,10 @@ func (e *etcdEngine) runRaft() {
 				e.step(m)
 			case f := <-e.propc:
 				e.propose(f)
+			case <-e.inSig:
+				if !e.takeDeliveries() {
+					return
+				}
 			default:
 				break drain
 			}
@@ -517,86 +577,20 @@ func (e *etcdEngine) expire(now time.Time) {
 	e.mu.Unlock()
 }
 
-// afterAppend says whether a message may only go out once this Ready's
-// writes are durable: acknowledgements of appended entries and votes (the
-// library keeps the same distinction in its asynchronous mode). Everything
-// else — the leader's appends among them — goes out before the write, so the
-// leader writes its log while its followers write theirs; it counts its own
-// copy only once its write is durable (Advance), so a commit is still on a
-// majority of disks.
-func afterAppend(t raftpb.MessageType) bool {
-	return t == raftpb.MsgAppResp || t == raftpb.MsgVoteResp || t == raftpb.MsgPreVoteResp
-}
-
+// handleReady hands one Ready on: messages to other nodes go out at once —
+// the leader's appends among them, so it writes its log while its followers
+// write theirs — the log write goes to the node's storage-append goroutine
+// and the committed entries to the apply goroutine. With AsyncStorageWrites
+// the library puts every message that may only leave after the write (a
+// follower's acknowledgement, a vote, and the leader's acknowledgement of its
+// own entries) in the write's responses, which the append goroutine delivers
+// only once the write is durable: the leader counts its own copy of an entry
+// only then, so a commit is still on a majority of disks.
 func (e *etcdEngine) handleReady(rd raft.Ready) bool {
 	if rd.SoftState != nil {
 		e.softState(*rd.SoftState)
 	}
-	var later []raftpb.Message
-	for _, m := range rd.Messages {
-		if afterAppend(m.Type) {
-			later = append(later, m)
-			continue
-		}
-		e.send(m)
-	}
 	e.match(rd.Entries)
-	if !raft.IsEmptySnap(rd.Snapshot) || len(rd.Entries) > 0 || !raft.IsEmptyHardState(rd.HardState) {
-		// A write that replaces the log's tail (new entries over old ones, or
-		// a received snapshot over the whole log) first lowers the durable
-		// mark, durably.
-		var err error
-		if !raft.IsEmptySnap(rd.Snapshot) {
-			err = e.mark.truncating(rd.Snapshot.Metadata.Index+1, math.MaxUint64)
-		}
-		if len(rd.Entries) > 0 && err == nil {
-			err = e.mark.truncating(rd.Entries[0].Index, math.MaxUint64)
-		}
-		if err == nil {
-			err = e.store.Save(e.group, rd.HardState, rd.Entries, rd.Snapshot, rd.MustSync)
-		}
-		if err != nil {
-			// Never retried: the page cache may have dropped what failed, so
-			// nothing later written can be trusted (the node stops).
-			e.failed.Store(true)
-			e.cfg.OnFail(fmt.Errorf("raft log write failed: %w", err))
-			return false
-		}
-		if n := len(rd.Entries); n > 0 {
-			e.mark.stored(rd.Entries[n-1].Index)
-		} else if !raft.IsEmptySnap(rd.Snapshot) {
-			e.mark.stored(rd.Snapshot.Metadata.Index)
-		}
-	}
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := e.mem.ApplySnapshot(rd.Snapshot); err != nil && !errors.Is(err, raft.ErrSnapOutOfDate) {
-			e.cfg.OnFail(fmt.Errorf("install snapshot: %w", err))
-			return false
-		}
-		book, _, err := decodeSnapData(rd.Snapshot.Data)
-		if err != nil {
-			e.cfg.OnFail(fmt.Errorf("install snapshot %d: %w", rd.Snapshot.Metadata.Index, err))
-			return false
-		}
-		e.book, e.conf = book, rd.Snapshot.Metadata.ConfState
-		e.scanTerm = max(e.scanTerm, rd.Snapshot.Metadata.Term)
-		snap := rd.Snapshot
-		if !e.toApply(&applyBatch{snap: &snap}) {
-			return false
-		}
-	}
-	if !raft.IsEmptyHardState(rd.HardState) {
-		_ = e.mem.SetHardState(rd.HardState)
-	}
-	if len(rd.Entries) > 0 {
-		if err := e.mem.Append(rd.Entries); err != nil {
-			e.cfg.OnFail(fmt.Errorf("raft log: %w", err))
-			return false
-		}
-	}
-	for _, m := range later {
-		e.send(m)
-	}
 	if len(rd.ReadStates) > 0 {
 		e.mu.Lock()
 		for _, rs := range rd.ReadStates {
@@ -608,22 +602,191 @@ func (e *etcdEngine) handleReady(rd raft.Ready) bool {
 		}
 		e.mu.Unlock()
 	}
-	if len(rd.CommittedEntries) > 0 {
-		b := &applyBatch{ents: rd.CommittedEntries}
-		for _, ent := range rd.CommittedEntries {
-			if ent.Type == raftpb.EntryNormal {
-				continue
+	for _, m := range rd.Messages {
+		switch m.To {
+		case raft.LocalAppendThread:
+			if !e.localAppend(m) {
+				return false
 			}
-			if b.confs == nil {
-				b.confs = map[uint64]confAt{}
+		case raft.LocalApplyThread:
+			if !e.localApply(m) {
+				return false
 			}
-			b.confs[ent.Index] = e.applyConfChange(ent)
-		}
-		if !e.toApply(b) {
-			return false
+		default:
+			e.send(m)
 		}
 	}
-	e.rn.Advance(rd)
+	return true
+}
+
+// localAppend queues a MsgStorageAppend with the node's append goroutine.
+// A snapshot received from the leader replaces the address book now: the
+// Raft state this goroutine sees already includes it.
+func (e *etcdEngine) localAppend(m raftpb.Message) bool {
+	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+		book, _, err := decodeSnapData(m.Snapshot.Data)
+		if err != nil {
+			e.fail(fmt.Errorf("install snapshot %d: %w", m.Snapshot.Metadata.Index, err))
+			return false
+		}
+		e.book, e.conf = book, m.Snapshot.Metadata.ConfState
+		e.scanTerm = max(e.scanTerm, m.Snapshot.Metadata.Term)
+	}
+	e.inflight.Add(1)
+	if !e.store.submitAppend(e.group, e, m, e.stopc) {
+		e.inflight.Done()
+		return false
+	}
+	return true
+}
+
+// localApply hands a MsgStorageApply's entries to the apply goroutine,
+// applying configuration changes to Raft first (Raft's own view of the
+// membership must follow the log on this goroutine).
+func (e *etcdEngine) localApply(m raftpb.Message) bool {
+	b := &applyBatch{ents: m.Entries, resps: m.Responses}
+	for _, ent := range m.Entries {
+		if ent.Type == raftpb.EntryNormal {
+			continue
+		}
+		if b.confs == nil {
+			b.confs = map[uint64]confAt{}
+		}
+		b.confs[ent.Index] = e.applyConfChange(ent)
+	}
+	return e.toApply(b)
+}
+
+// prepareAppend (append goroutine): a write that replaces the log's tail
+// (new entries over old ones, or a received snapshot over the whole log)
+// first lowers the durable mark, durably.
+func (e *etcdEngine) prepareAppend(m *raftpb.Message) error {
+	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+		if err := e.mark.truncating(m.Snapshot.Metadata.Index+1, math.MaxUint64); err != nil {
+			return err
+		}
+	}
+	if len(m.Entries) > 0 {
+		return e.mark.truncating(m.Entries[0].Index, math.MaxUint64)
+	}
+	return nil
+}
+
+// appended (append goroutine): the write is durable. Raft reads the entries
+// from the memory log once it hears so, so they go there first; then the
+// responses go to the Raft goroutine.
+func (e *etcdEngine) appended(m raftpb.Message) {
+	var snap *raftpb.Snapshot
+	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+		if err := e.mem.ApplySnapshot(*m.Snapshot); err != nil && !errors.Is(err, raft.ErrSnapOutOfDate) {
+			e.appendFailed(fmt.Errorf("install snapshot: %w", err))
+			return
+		}
+		snap = m.Snapshot
+		e.mark.stored(m.Snapshot.Metadata.Index)
+	}
+	if hs := (raftpb.HardState{Term: m.Term, Vote: m.Vote, Commit: m.Commit}); !raft.IsEmptyHardState(hs) {
+		_ = e.mem.SetHardState(hs)
+	}
+	if n := len(m.Entries); n > 0 {
+		if err := e.mem.Append(m.Entries); err != nil {
+			e.appendFailed(fmt.Errorf("raft log: %w", err))
+			return
+		}
+		e.mark.stored(m.Entries[n-1].Index)
+	}
+	// A follower's acknowledgement or a vote leaves from here, saving the
+	// hop through the Raft goroutine on every commit's path; what is for
+	// this node's Raft (the leader's own acknowledgement) goes there.
+	var local []raftpb.Message
+	for _, r := range m.Responses {
+		if r.To == e.nid {
+			local = append(local, r)
+		} else {
+			e.sendFromLocal(r)
+		}
+	}
+	e.deliver(localDelivery{snap: snap, msgs: local})
+	e.inflight.Done()
+}
+
+// sendFromLocal sends m from a goroutine other than the Raft goroutine,
+// with the address book it last published.
+func (e *etcdEngine) sendFromLocal(m raftpb.Message) {
+	addr := e.view.Load().book[m.To].Addr
+	if addr == "" {
+		addr, _ = e.trans.learnedAddr(m.To)
+	}
+	if addr == "" || !e.trans.send(e.group, addr, m) {
+		e.unreachable(m.To)
+	}
+}
+
+// appendFailed (append goroutine): the node stops; the write's responses are
+// dropped, so no acknowledgement of it (the leader's own included) is ever
+// counted.
+func (e *etcdEngine) appendFailed(err error) {
+	defer e.inflight.Done()
+	if errors.Is(err, errStoreClosed) {
+		e.failed.Store(true)
+		return
+	}
+	e.fail(fmt.Errorf("raft log write failed: %w", err))
+}
+
+// fail stops the node for a storage failure and the Raft goroutine with it.
+func (e *etcdEngine) fail(err error) {
+	e.failed.Store(true)
+	e.cfg.OnFail(err)
+	e.deliver(localDelivery{failed: true})
+}
+
+// localDelivery is what the append and apply goroutines hand back to the
+// Raft goroutine.
+type localDelivery struct {
+	// snap, installed by the append goroutine, goes on to the apply
+	// goroutine before msgs are stepped (they let Raft apply past it).
+	snap   *raftpb.Snapshot
+	msgs   []raftpb.Message
+	failed bool
+}
+
+// deliver queues d for the Raft goroutine; it never blocks, so the append
+// and apply goroutines never wait on the Raft goroutine, which may itself be
+// waiting to queue work with them. What queues is bounded by the writes and
+// applies in flight.
+func (e *etcdEngine) deliver(d localDelivery) {
+	e.inMu.Lock()
+	e.inbox = append(e.inbox, d)
+	e.inMu.Unlock()
+	select {
+	case e.inSig <- struct{}{}:
+	default:
+	}
+}
+
+// takeDeliveries (Raft goroutine) steps what the local goroutines handed
+// back; false if a storage failure stopped the node.
+func (e *etcdEngine) takeDeliveries() bool {
+	e.inMu.Lock()
+	ds := e.inbox
+	e.inbox = nil
+	e.inMu.Unlock()
+	for _, d := range ds {
+		if d.failed || e.failed.Load() {
+			return false
+		}
+		if d.snap != nil && !e.toApply(&applyBatch{snap: d.snap}) {
+			return false
+		}
+		for _, m := range d.msgs {
+			if m.To == e.nid {
+				_ = e.rn.Step(m)
+			} else {
+				e.send(m)
+			}
+		}
+	}
 	return true
 }
 
@@ -829,7 +992,7 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 			err = e.fsm.Restore(io.NopCloser(bytes.NewReader(data)))
 		}
 		if err != nil {
-			e.cfg.OnFail(fmt.Errorf("install snapshot %d: %w", b.snap.Metadata.Index, err))
+			e.fail(fmt.Errorf("install snapshot %d: %w", b.snap.Metadata.Index, err))
 			return false
 		}
 		e.applied, e.snapIndex = b.snap.Metadata.Index, b.snap.Metadata.Index
@@ -857,10 +1020,15 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 		logs = append(logs, l)
 	}
 	if len(logs) == 0 {
+		e.deliverApplied(b)
 		return true
 	}
 	resps := e.fsm.ApplyBatch(logs)
 	e.applied = logs[len(logs)-1].Index
+	for _, l := range logs {
+		e.applyBytes += uint64(len(l.Data))
+	}
+	e.sizeMarks = append(e.sizeMarks, sizeMark{index: e.applied, bytes: e.applyBytes})
 	e.mu.Lock()
 	for i, l := range logs {
 		f := e.waiting[l.Index]
@@ -875,14 +1043,26 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 		f.finish(resps[i], nil)
 	}
 	e.mu.Unlock()
+	e.deliverApplied(b)
 	// A member added since the last snapshot would refuse it (Raft
 	// ignores a snapshot whose configuration does not name it), so a
 	// configuration change is snapshotted at once: a new member that is
 	// too far behind for the log gets a snapshot that names it.
-	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) {
+	snapBytes := e.cfg.SnapshotBytes
+	if snapBytes == 0 {
+		snapBytes = defaultLogBytes
+	}
+	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
 		e.takeSnapshot(nil)
 	}
 	return true
+}
+
+// deliverApplied tells Raft the batch is applied (MsgStorageApplyResp).
+func (e *etcdEngine) deliverApplied(b *applyBatch) {
+	if len(b.resps) > 0 {
+		e.deliver(localDelivery{msgs: b.resps})
+	}
 }
 
 // takeSnapshot snapshots the state machine at the applied index, stores it
@@ -933,11 +1113,16 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		finish(err)
 		return
 	}
-	e.snapIndex = e.applied
-	if e.applied > e.cfg.Trailing {
-		if err := e.mem.Compact(e.applied - e.cfg.Trailing); err != nil && !errors.Is(err, raft.ErrCompacted) {
+	e.snapIndex, e.snapBytes = e.applied, e.applyBytes
+	if c := e.compactTo(); c > 0 {
+		if err := e.mem.Compact(c); err != nil && !errors.Is(err, raft.ErrCompacted) {
 			e.log.Warn("compacting the in-memory raft log failed", "err", err)
 		}
+		i := 0
+		for i < len(e.sizeMarks) && e.sizeMarks[i].index <= c {
+			i++
+		}
+		e.sizeMarks = append(e.sizeMarks[:0], e.sizeMarks[i:]...)
 	}
 	if f != nil {
 		f.meta = &hraft.SnapshotMeta{Index: snap.Metadata.Index, Term: snap.Metadata.Term}
@@ -1172,6 +1357,9 @@ func (e *etcdEngine) Shutdown() hraft.Future {
 		close(e.stopc)
 		<-e.raftDone
 		<-e.applyDone
+		// The append goroutine answers every write queued (it never
+		// waits on this engine), so this ends.
+		e.inflight.Wait()
 		e.trans.unregister(e.group)
 		e.failAll(hraft.ErrRaftShutdown)
 		if err := e.mark.close(e.failed.Load()); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	hraft "github.com/hashicorp/raft"
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/dlock/dlock/internal/command"
@@ -498,4 +500,132 @@ func dumpForTest(dir string, w io.Writer) error {
 	defer closeFn()
 	_, err = st.LastIndex()
 	return err
+}
+
+// raftStatus reads an etcd engine's Raft status on its Raft goroutine.
+func raftStatus(t *testing.T, n *Node) raft.Status {
+	t.Helper()
+	e := n.raft.(*etcdEngine)
+	ch := make(chan raft.Status, 1)
+	select {
+	case e.reportc <- func(rn *raft.RawNode) { ch <- rn.Status() }:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: raft goroutine not answering", n.ID())
+	}
+	select {
+	case st := <-ch:
+		return st
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: raft goroutine not answering", n.ID())
+	}
+	return raft.Status{}
+}
+
+// TestEtcdEngineLeaderCountsItselfOnlyWhenDurable: the leader sends its
+// entries while it writes them, but its own copy counts toward a majority
+// only once its write is durable. With one of three members down and the
+// leader's disk stuck, the remaining follower's acknowledgement alone must
+// not commit anything; once the leader's write completes, it commits.
+func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
+	var stuck sync.Map // node id → chan struct{} its writes wait on
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
+		id := c.ID
+		c.etcdWriteHook = func(uint64) error {
+			if ch, ok := stuck.Load(id); ok {
+				<-ch.(chan struct{})
+			}
+			return nil
+		}
+	})
+	leader := waitLeader(t, nodes)
+	acquire(t, nodes[leader], "warm-up")
+	var follower, down string
+	for id := range nodes {
+		if id == leader {
+			continue
+		}
+		if follower == "" {
+			follower = id
+		} else {
+			down = id
+		}
+	}
+	_ = nodes[down].Shutdown()
+	ln := nodes[leader]
+	before := raftStatus(t, ln)
+	release := make(chan struct{})
+	stuck.Store(leader, release)
+	var once sync.Once
+	unstick := func() { once.Do(func() { stuck.Delete(leader); close(release) }) }
+	t.Cleanup(unstick)
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, err := ln.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: "stuck", Body: &command.Acquire{Name: "stuck", TTLms: 60000}})
+		done <- err
+	}()
+	fid := raftID(follower)
+	// The follower stores the entry and the leader hears so.
+	testutil.Eventually(t, 20*time.Second, "the follower never acknowledged the new entry", func() bool {
+		return raftStatus(t, ln).Progress[fid].Match > before.Commit
+	})
+	st := raftStatus(t, ln)
+	if st.Commit != before.Commit {
+		t.Fatalf("commit moved from %d to %d on one follower's acknowledgement while the leader's own write was not durable",
+			before.Commit, st.Commit)
+	}
+	if self := st.Progress[raftID(leader)].Match; self > before.Commit {
+		t.Fatalf("the leader counted its own copy up to %d before its write was durable (commit %d)", self, before.Commit)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the write was answered (%v) before it was on a majority of disks", err)
+	default:
+	}
+	unstick()
+	if err := <-done; err != nil {
+		t.Fatalf("the write failed once the leader's disk recovered: %v", err)
+	}
+	if st := raftStatus(t, ln); st.Commit <= before.Commit {
+		t.Fatalf("commit %d did not move past %d", st.Commit, before.Commit)
+	}
+}
+
+// TestEtcdEngineMemoryLogBoundedInBytes: the in-memory log is compacted by
+// bytes as well as by entries, so large entries cannot pile up in memory
+// before the entry-count snapshot threshold is reached.
+func TestEtcdEngineMemoryLogBoundedInBytes(t *testing.T) {
+	const limit = 8 << 10
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) { c.etcdLogBytes = limit })
+	n := nodes["a"]
+	long := string(bytes.Repeat([]byte("x"), 200))
+	for i := range 300 {
+		acquire(t, n, fmt.Sprintf("%s-%d", long, i))
+	}
+	e := n.raft.(*etcdEngine)
+	// The apply goroutine compacts after it answers; wait for it to settle.
+	testutil.Eventually(t, 10*time.Second, "the memory log was never compacted", func() bool {
+		first, _ := e.mem.FirstIndex()
+		return first > 100
+	})
+	first, _ := e.mem.FirstIndex()
+	last, _ := e.mem.LastIndex()
+	ents, err := e.mem.Entries(first, last+1, math.MaxUint64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held int
+	for _, ent := range ents {
+		held += len(ent.Data)
+	}
+	// TrailingBytes behind the snapshot, SnapshotBytes since it, and one
+	// batch of slack on each.
+	if held > 3*limit {
+		t.Fatalf("the memory log holds %d bytes in %d entries (%d..%d), want at most %d", held, len(ents), first, last, 3*limit)
+	}
+	if threshold := uint64(16384); last >= threshold {
+		t.Fatalf("the log reached the entry threshold (%d entries): the byte bound was not what compacted it", last)
+	}
 }

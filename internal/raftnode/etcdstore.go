@@ -77,6 +77,9 @@ type multiStore struct {
 	// writeHook, set only by tests, sees every log write before pebble does
 	// and may fail it.
 	writeHook func(group uint64) error
+	// The storage-append goroutine every group's writes go through
+	// (etcdappend.go).
+	writerState
 }
 
 // openMultiStore opens (creating if needed) the store at dir.
@@ -93,7 +96,12 @@ func openMultiStore(dir string) (*multiStore, error) {
 	return &multiStore{db: db}, nil
 }
 
-func (s *multiStore) Close() error { return s.db.Close() }
+// Close stops the append goroutine and closes the database; every group
+// using the store has stopped before.
+func (s *multiStore) Close() error {
+	s.stopWriter()
+	return s.db.Close()
+}
 
 // quietPebbleLogger keeps pebble's informational chatter out of the node's
 // log; its errors reach us as returned errors.

@@ -98,6 +98,9 @@ type Config struct {
 	// etcdWriteHook, set only by tests, sees every etcd-engine log write
 	// before it reaches the store and may fail it.
 	etcdWriteHook func(group uint64) error
+	// etcdLogBytes, set only by tests, replaces the etcd engine's 64 MiB
+	// byte bounds of its in-memory log.
+	etcdLogBytes uint64
 }
 
 // Defaults fills unset fields with the documented defaults.
@@ -346,6 +349,7 @@ func (n *Node) openEtcd() error {
 		ID: cfg.ID, Group: defaultGroup, InitialCluster: cfg.InitialCluster,
 		Election:  max(cfg.HeartbeatTimeout, cfg.ElectionTimeout),
 		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
+		SnapshotBytes: cfg.etcdLogBytes, TrailingBytes: cfg.etcdLogBytes,
 		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: store, Transport: n.etcdTrans,
 		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", "1"),
 		OnFail:     n.fail,

@@ -74,6 +74,9 @@ type Options struct {
 	TLS *TLS
 	// ACL runs every node with --acl (tokens required; docs/security.md).
 	ACL bool
+	// Engine, when set, is the replication engine instead of Engine()'s:
+	// for a test about one engine's files on disk.
+	Engine raftnode.EngineKind
 }
 
 // New starts n nodes and waits for a leader. They stop at test cleanup.
@@ -152,6 +155,9 @@ func (c *Cluster) Start(id string) {
 	c.mu.Lock()
 	rc := raftnode.Config{ID: id, DataDir: filepath.Join(c.dir, id), RaftAddr: c.raft[id], InitialCluster: c.initial(),
 		RaftLogLevel: raftLevel(), Logger: c.logger, Engine: Engine()}
+	if c.opts.Engine != "" {
+		rc.Engine = c.opts.Engine
+	}
 	var join []string
 	if c.joiners[id] {
 		rc.InitialCluster = nil

@@ -50,7 +50,7 @@ func TestConsoleHundredThousandLocks(t *testing.T) {
 	actx := browser(t)
 	snap := seedSnapshot(t)
 	c := testcluster.NewWith(t, 1, testcluster.Options{Prepare: func(id, dir string, peers map[string]string) {
-		if _, err := raftnode.RestoreSnapshot(dir, "", snap, peers); err != nil {
+		if _, err := raftnode.RestoreSnapshotOn(testcluster.Engine(), dir, "", snap, peers); err != nil {
 			t.Fatalf("restore into %s: %v", id, err)
 		}
 	}})
