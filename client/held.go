@@ -34,7 +34,11 @@ func (c *Client) keep(what, name string, g *Grant, sent time.Time, ttl time.Dura
 		return nil, err
 	}
 	if s != nil {
-		go h.k.follow(s.k)
+		s.adopt(h)
+		go func() {
+			h.k.follow(s.k)
+			s.forget(h)
+		}()
 		return h, nil
 	}
 	h.k.arm()

@@ -111,3 +111,52 @@ func TestWaitAgain(t *testing.T) {
 		}
 	}
 }
+
+// A keepalive answer that lists a grant as lost ends that grant's lease
+// only, also one the session adopts after the news (its Lock was answered
+// after the keepalive that told of its loss), and moves lost_after on.
+func TestSessionHearsLostGrants(t *testing.T) {
+	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, ClientID: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := &Session{c: c, k: newKeeper(c, "session", time.Minute, time.Now()), held: map[uint64]*held{}, lost: map[uint64]error{}}
+	hold := func(name string, token uint64) *held {
+		h, err := c.keep("lock "+name, name, &Grant{FencingToken: token}, time.Time{}, 0, s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	a, b := hold("a", 7), hold("b", 8)
+	s.heard(&keepAliveResponse{Revision: 20, Lost: []lostGrant{
+		{Kind: "lock", Name: "b", FencingToken: 8, Cause: "revoked", Reason: "stuck", Revision: 15},
+		{Kind: "lock", Name: "c", FencingToken: 9, Cause: "taken_over", Revision: 18},
+		{Kind: "lock", Name: "x", FencingToken: 7, Cause: "revoked", Revision: 19}, // a's token, another name: not a's
+	}})
+	select {
+	case <-b.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("b's Done did not close")
+	}
+	var ae *APIError
+	if err := b.Err(); !errors.Is(err, ErrLeaseLost) || !errors.Is(err, ErrLockLost) || !errors.As(err, &ae) || ae.FencingToken != 8 {
+		t.Fatalf("b.Err() = %v", err)
+	}
+	if a.Err() != nil {
+		t.Fatalf("a ended: %v", a.Err())
+	}
+	if late := hold("c", 9); !errors.Is(late.Err(), ErrNotHolder) {
+		t.Fatalf("a grant adopted after the news of its loss: Err() = %v", late.Err())
+	}
+	if s.lostAfter != 20 {
+		t.Fatalf("lostAfter = %d, want 20", s.lostAfter)
+	}
+	s.heard(&keepAliveResponse{Revision: 25})
+	if s.lostAfter != 25 || a.Err() != nil {
+		t.Fatalf("lostAfter = %d, a.Err() = %v", s.lostAfter, a.Err())
+	}
+	s.k.end(ErrReleased)
+	<-a.Done()
+}

@@ -161,10 +161,11 @@ func (k *keeper) follow(parent *keeper) {
 // Lease is one holding of a lock. It renews itself (or, for a lock held under
 // a Session, lives as long as the session) until Unlock or until it is lost.
 // A grant an operator revokes (Client.Revoke) is lost at its next renewal,
-// at most a third of the TTL later: Done closes and Err wraps ErrLeaseLost
-// and ErrLockLost. (A lock held under a Session is renewed by the session's
-// keepalive, which does not learn of a revoke: Unlock then fails with
-// ErrNotHolder. Fencing tokens protect the resource either way.)
+// at most a third of the TTL later — under a Session, at the session's next
+// keepalive, whose answer lists the grants the session lost: Done closes and
+// Err wraps ErrLeaseLost and ErrLockLost. A grant taken over by another
+// lease of this client id (WithTakeover) ends the same way, with
+// ErrNotHolder.
 type Lease struct {
 	*held
 }

@@ -60,7 +60,8 @@ func (c *Client) History(ctx context.Context, name string, opts HistoryOptions) 
 // (0: whoever holds it) without its holder's consent, and returns the tokens
 // it revoked. The next waiter gets the lock at once with a higher token (or
 // after the grant's lock-delay), the reason goes into the history and the
-// watch event, and the holder's next renewal fails with ErrLockLost. When
+// watch event, and the holder's Lease ends with ErrLockLost at its next
+// renewal (under a Session, at the session's next keepalive). When
 // no such grant holds the lock it fails with an *APIError of code
 // "not_found". With ACLs it needs a token with the revoke permission on the
 // name (or admin). It is retried safely: it carries a request id.
@@ -69,8 +70,25 @@ func (c *Client) Revoke(ctx context.Context, name string, token uint64, reason s
 	if err != nil {
 		return nil, err
 	}
+	return c.revoke(ctx, p, "lock", token, reason)
+}
+
+// RevokeElection is Revoke for the election called name: it ends the seat
+// of the leader whose fencing token is token (0: whoever leads) without its
+// consent; the next campaigner is elected at once with a higher token. The
+// revoked leader's Leadership ends (Done, ErrLockLost) at its next renewal
+// or, under a Session, its session's next keepalive.
+func (c *Client) RevokeElection(ctx context.Context, name string, token uint64, reason string) ([]uint64, error) {
+	p, err := electionPath(name, "revoke")
+	if err != nil {
+		return nil, err
+	}
+	return c.revoke(ctx, p, "election", token, reason)
+}
+
+func (c *Client) revoke(ctx context.Context, p, kind string, token uint64, reason string) ([]uint64, error) {
 	if strings.TrimSpace(reason) == "" || len(reason) > maxReasonLen {
-		return nil, invalidf("a revoke needs a reason of 1 to %d bytes (it is kept in the lock's history)", maxReasonLen)
+		return nil, invalidf("a revoke needs a reason of 1 to %d bytes (it is kept in the %s's history)", maxReasonLen, kind)
 	}
 	id := newRequestID()
 	var out revokeResponse

@@ -212,6 +212,29 @@ type sessionResponse struct {
 	ExpiresAt time.Time `json:"expires_at"`
 }
 
+type keepAliveRequest struct {
+	ClientID  string `json:"client_id"`
+	RequestID string `json:"request_id,omitempty"`
+	LostAfter uint64 `json:"lost_after,omitempty"`
+}
+
+// keepAliveResponse is a keepalive's answer; a server that predates lost
+// grants sends no lost.
+type keepAliveResponse struct {
+	Revision uint64      `json:"revision"`
+	Lost     []lostGrant `json:"lost"`
+}
+
+// lostGrant is a grant the session lost while it lived (docs/api.md).
+type lostGrant struct {
+	Kind         string `json:"kind"`
+	Name         string `json:"name"`
+	FencingToken uint64 `json:"fencing_token"`
+	Cause        string `json:"cause"`
+	Reason       string `json:"reason"`
+	Revision     uint64 `json:"revision"`
+}
+
 // errorResponse covers both error shapes: the plain {"error":…} and an
 // acquire conflict, which adds the holder.
 type errorResponse struct {

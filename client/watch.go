@@ -49,8 +49,10 @@ func (e *CompactedError) Is(target error) bool { return target == ErrCompacted }
 // WatchEvent is one state change (docs/api.md, Watch).
 type WatchEvent struct {
 	Revision uint64 `json:"revision"`
-	// Type is acquired, released, expired, queued or dequeued for locks;
-	// elected, resigned, expired, proclaimed, queued or dequeued for
+	// Type is acquired, released, expired, revoked, value_changed,
+	// delay_ended (a lock-delay ran out; the hand-off it lets in follows
+	// at the same revision), queued or dequeued for locks; elected,
+	// resigned, expired, revoked, proclaimed, queued or dequeued for
 	// elections; session_created, session_expired or session_deleted.
 	Type string `json:"type"`
 	// Kind is lock, election or session.

@@ -76,6 +76,8 @@ func newBenchCmd() *cobra.Command {
 	fs.IntVar(&cfg.Keys, "keys", 10000, "held: number of locks held at once")
 	fs.DurationVar(&cfg.HeldTTL, "held-ttl", 60*time.Second, "held: TTL of each held lock")
 	fs.BoolVar(&cfg.HeldRelease, "held-release", true, "held: release every lock at the end (timed)")
+	fs.IntVar(&cfg.HeldRounds, "held-rounds", 1, "held: renewal windows of --duration each, each one's rate reported (rounds_per_sec)")
+	fs.StringVar(&cfg.HeldGate, "held-gate", "", "held: a `DIR` through which a script takes turns between runs: ready once the locks are taken, then wait for round-N before window N, round-N.done after it")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "cap on total acquires per second (0: as fast as the workers go)")
 	fs.IntVar(&cfg.Nodes, "nodes", 3, "failover: number of dlock serve processes to start (3 or 5)")
 	fs.IntVar(&cfg.Repeat, "repeat", 20, "failover: how many leader kills")

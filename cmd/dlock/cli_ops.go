@@ -76,15 +76,18 @@ after the grant's lock-delay), the reason goes into the lock's history and
 watch event, and the old holder's next renewal answers lock_lost (dlock lock
 then signals its command). A fenced resource refuses the old holder's late
 writes by their lower token. Without --token, whoever holds the lock is
-revoked. With ACLs it needs a token with the revoke permission on the name,
-or admin. Exits 1 with not_found if no such grant holds the lock.`
+revoked. With --election NAME is an election: its leader's seat is revoked
+and the next campaigner elected (dlock elect then signals its command). With
+ACLs it needs a token with the revoke permission on the name, or admin.
+Exits 1 with not_found if no such grant holds the lock.`
 
 func newRevokeCmd() *cobra.Command {
 	var g globalFlags
 	var token uint64
 	var reason string
+	var election bool
 	cmd := &cobra.Command{
-		Use:               "revoke NAME [--token T] --reason TEXT",
+		Use:               "revoke NAME [--token T] [--election] --reason TEXT",
 		Short:             "end a stuck holder's grant by force (operators)",
 		Long:              revokeLong,
 		Example:           "  dlock history billing/batch-job\n  dlock revoke billing/batch-job --token 42 --reason \"holder paused since 02:13\"",
@@ -99,7 +102,11 @@ func newRevokeCmd() *cobra.Command {
 				return err
 			}
 			defer done()
-			tokens, err := c.Revoke(ctx, args[0], token, reason)
+			revoke := c.Revoke
+			if election {
+				revoke = c.RevokeElection
+			}
+			tokens, err := revoke(ctx, args[0], token, reason)
 			if err != nil {
 				return err
 			}
@@ -115,6 +122,7 @@ func newRevokeCmd() *cobra.Command {
 	}
 	cmd.Flags().Uint64Var(&token, "token", 0, "fencing token `T` of the grant to revoke (default: whoever holds it)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, in at most 256 bytes (required; kept in the history)")
+	cmd.Flags().BoolVar(&election, "election", false, "NAME is an election: revoke its leader's seat")
 	return clientCmd(cmd, &g)
 }
 

@@ -592,6 +592,43 @@ func testOperatorRevokes(t *testing.T, e *cliEnv) {
 	if _, errOut, code := e.run(t, "revoke", "ops/batch", "--token", tok, "--reason", "again"); code == 0 || !strings.Contains(errOut, "not_found") {
 		t.Fatalf("revoke of an ended grant: exit %d, %s", code, errOut)
 	}
+
+	// An election: dlock revoke --election ends the leader's seat, and
+	// dlock elect signals its command and exits 4.
+	leader := e.command(ctx, "elect", "ops/leader", "--ttl", "3s", "--grace", "5s", "--",
+		"sh", "-c", `trap 'echo got TERM; exit 9' TERM; echo leading; while :; do sleep 0.1; done`)
+	lout, _ := leader.StdoutPipe()
+	var leaderErr bytes.Buffer
+	leader.Stderr = &leaderErr
+	leader.WaitDelay = 10 * time.Second
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { leader.Process.Kill(); leader.Wait() }()
+	lrd := bufio.NewReader(lout)
+	if line, err := lrd.ReadString('\n'); err != nil || line != "leading\n" {
+		t.Fatalf("leader: %q %v", line, err)
+	}
+	if _, errOut, code := e.run(t, "revoke", "ops/leader", "--reason", "drill"); code == 0 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("revoke of the lock ops/leader (nobody holds it; the election is apart): exit %d, %s", code, errOut)
+	}
+	out, errOut, code = e.run(t, "revoke", "ops/leader", "--election", "--reason", "drill", "-o", "json")
+	var rv struct {
+		Revoked bool     `json:"revoked"`
+		Tokens  []uint64 `json:"fencing_tokens"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rv) != nil || !rv.Revoked || len(rv.Tokens) != 1 {
+		t.Fatalf("revoke --election: exit %d, %q %s", code, out, errOut)
+	}
+	rest, _ = lrd.ReadString(0)
+	leader.Wait()
+	if code := leader.ProcessState.ExitCode(); code != 4 || rest != "got TERM\n" {
+		t.Fatalf("the revoked dlock elect: exit %d, command output %q, stderr %q; want SIGTERM to the command and exit 4", code, rest, leaderErr.String())
+	}
+	out, _, code = e.run(t, "history", "ops/leader", "--election")
+	if code != 0 || !strings.Contains(out, "revoked") || !strings.Contains(out, "drill") || !strings.Contains(out, strconv.FormatUint(rv.Tokens[0], 10)) {
+		t.Fatalf("election history after the revoke: exit %d\n%s", code, out)
+	}
 }
 
 // testLockModelCommands: --limit, --shared and --subtree on dlock acquire and

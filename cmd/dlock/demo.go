@@ -73,5 +73,6 @@ func newDemoWriterCmd() *cobra.Command {
 	fs.StringVar(&cfg.Data, "data", "", "what to write")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Minute, "bound on the wait for the lock and then for the go-ahead on stdin")
 	fs.BoolVar(&cfg.ReportLease, "report-lease", false, "after the write, report how the lease ended (waits at most the TTL)")
+	fs.BoolVar(&cfg.Session, "session", false, "hold the lock under a session of --ttl")
 	return cmd
 }

@@ -106,6 +106,14 @@ type Config struct {
 	HeldTTL time.Duration
 	// HeldRelease releases the held locks at the end (timed as "release").
 	HeldRelease bool
+	// HeldRounds splits the renewal phase into that many windows of
+	// Duration each (0 or 1: one), each window's rate in Result.Rounds.
+	HeldRounds int
+	// HeldGate, if set, is a directory through which a script takes turns
+	// between runs (two clusters measured alternately on one machine): the
+	// run creates ready there once its locks are taken, waits for round-N
+	// before window N and creates round-N.done after it.
+	HeldGate string
 	// Rate caps the total acquire rate (per second); 0 is unlimited.
 	Rate float64
 

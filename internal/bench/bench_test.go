@@ -10,6 +10,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -279,6 +281,19 @@ func TestWorkloadsInProcess(t *testing.T) {
 			if wl == "watch" {
 				cfg.Rate = 100
 			}
+			if wl == "held" {
+				// Two rounds, through a gate this test opens as a script
+				// taking turns would.
+				cfg.HeldRounds, cfg.HeldGate = 2, t.TempDir()
+				go func() {
+					for _, step := range [][2]string{{"ready", "round-1"}, {"round-1.done", "round-2"}} {
+						if awaitGate(context.Background(), cfg.HeldGate, step[0]) != nil {
+							return
+						}
+						os.WriteFile(filepath.Join(cfg.HeldGate, step[1]), nil, 0o644)
+					}
+				}()
+			}
 			res := runClean(t, cfg, &logs)
 			for op, o := range res.Ops {
 				if o.Count == 0 || o.P50 <= 0 && !strings.HasPrefix(op, "delivery") || o.Max < o.P99 || o.P99 < o.P50 {
@@ -314,6 +329,12 @@ func TestWorkloadsInProcess(t *testing.T) {
 					t.Errorf("cpu processes %v, want %v", names, want)
 				}
 			case "held":
+				if len(res.Rounds) != 2 || res.Rounds[0] <= 0 || res.Rounds[1] <= 0 {
+					t.Errorf("rounds %v, want two rates", res.Rounds)
+				}
+				if _, err := os.Stat(filepath.Join(cfg.HeldGate, "round-2.done")); err != nil {
+					t.Errorf("gate: %v", err)
+				}
 				if len(res.Memory) != 9 {
 					t.Errorf("memory readings: %d, want 3 phases x 3 nodes", len(res.Memory))
 				}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -330,36 +332,58 @@ func dlockHeld(ctx context.Context, cfg *Config, res *Result, c lockAPI, ci *clu
 	res.Memory = append(res.Memory, memoryOf(ctx, hc, "acquired", metrics)...)
 	logf(cfg, "held: %d locks taken in %.1f s; renewing for %s", cfg.Keys, acqSecs, cfg.Duration)
 
-	// Phase 2: renew round-robin for the duration; memory is read at 90 % of
-	// the window, with renewals flowing.
-	rec := window(cfg)
-	memDone := make(chan []NodeMemory, 1)
-	go func() {
-		at := rec.start.Add(cfg.Duration * 9 / 10)
-		time.Sleep(time.Until(at))
-		memDone <- memoryOf(ctx, hc, "renewing", metrics)
-	}()
-	runWorkers(ctx, cfg.Workers, rec, func(ctx, stop context.Context, w int) {
-		for j := w; stop.Err() == nil; j += cfg.Workers {
-			if j >= cfg.Keys {
-				j = w
-				if j >= cfg.Keys {
-					return
-				}
-			}
-			hl := &locks[j]
-			t0 := time.Now()
-			err := c.renew(ctx, hl.name, holderReq{ClientID: hl.cid, FencingToken: hl.token, LeaseID: hl.lease})
-			if err != nil {
-				if !afterFailure(ctx, stop, c, rec, "renew", err) {
-					return
-				}
-				continue
-			}
-			rec.observe("renew", t0)
+	// Phase 2: renew round-robin for the duration (each of the rounds);
+	// memory is read at 90 % of the last window, with renewals flowing.
+	if err := gate(ctx, cfg.HeldGate, "ready"); err != nil {
+		return err
+	}
+	rounds := max(cfg.HeldRounds, 1)
+	var rec *recorder
+	for r := 1; r <= rounds; r++ {
+		if err := awaitGate(ctx, cfg.HeldGate, fmt.Sprintf("round-%d", r)); err != nil {
+			return err
 		}
-	})
-	res.Memory = append(res.Memory, <-memDone...)
+		rec = window(cfg)
+		memDone := make(chan []NodeMemory, 1)
+		go func() {
+			if r < rounds {
+				memDone <- nil
+				return
+			}
+			at := rec.start.Add(cfg.Duration * 9 / 10)
+			time.Sleep(time.Until(at))
+			memDone <- memoryOf(ctx, hc, "renewing", metrics)
+		}()
+		runWorkers(ctx, cfg.Workers, rec, func(ctx, stop context.Context, w int) {
+			for j := w; stop.Err() == nil; j += cfg.Workers {
+				if j >= cfg.Keys {
+					j = w
+					if j >= cfg.Keys {
+						return
+					}
+				}
+				hl := &locks[j]
+				t0 := time.Now()
+				err := c.renew(ctx, hl.name, holderReq{ClientID: hl.cid, FencingToken: hl.token, LeaseID: hl.lease})
+				if err != nil {
+					if !afterFailure(ctx, stop, c, rec, "renew", err) {
+						return
+					}
+					continue
+				}
+				rec.observe("renew", t0)
+			}
+		})
+		res.Memory = append(res.Memory, <-memDone...)
+		if rounds > 1 {
+			n := rec.hist("renew").Count()
+			res.Rounds = append(res.Rounds, round3(float64(n)/cfg.Duration.Seconds()))
+			logf(cfg, "held: round %d of %d: %.0f renewals/s", r, rounds, res.Rounds[len(res.Rounds)-1])
+		}
+		if err := gate(ctx, cfg.HeldGate, fmt.Sprintf("round-%d.done", r)); err != nil {
+			return err
+		}
+	}
 	rec.fill(res, cfg.CDF)
 	res.Throughput, res.ThroughputUnit = res.Ops["renew"].PerSec, "renewals"
 	s := acq.hist("acquire").Summarize(cfg.CDF)
@@ -602,4 +626,30 @@ func lockCycle(ctx, stop context.Context, c lockAPI, rec *recorder, name, cid st
 	t2 := rec.observe("release", t1)
 	rec.record("cycle", t2, t2.Sub(t0))
 	return true
+}
+
+// gate creates the file name in dir (nothing without a dir): a script
+// taking turns between runs waits for it (Config.HeldGate).
+func gate(_ context.Context, dir, name string) error {
+	if dir == "" {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(dir, name), nil, 0o644)
+}
+
+// awaitGate waits until the file name exists in dir, or ctx ends.
+func awaitGate(ctx context.Context, dir, name string) error {
+	if dir == "" {
+		return nil
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s in %s: %w", name, dir, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

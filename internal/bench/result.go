@@ -44,6 +44,9 @@ type Result struct {
 	CPU []ProcessCPU `json:"cpu,omitempty"`
 	// Samples are raw measurements (failover times in ms).
 	Samples []float64 `json:"samples_ms,omitempty"`
+	// Rounds are the held workload's renewals per second in each of its
+	// --held-rounds windows.
+	Rounds []float64 `json:"rounds_per_sec,omitempty"`
 	// Notes say how to read the numbers (what was timed, proxies used).
 	Notes []string `json:"notes,omitempty"`
 	// Config echoes the settings that shape the numbers.

@@ -28,6 +28,9 @@ type WriterConfig struct {
 	// ReportLease: after the write, wait (at most TTL) for the client to
 	// learn its lease's fate and report it ("lease": error is why it ended).
 	ReportLease bool
+	// Session: hold the lock under a session (of TTL) instead of a lease of
+	// its own, so the session's keepalive is what learns of its loss.
+	Session bool
 }
 
 // writerEvent is one line the writer prints on stdout, for the demo to read.
@@ -57,7 +60,20 @@ func RunWriter(ctx context.Context, cfg WriterConfig, in io.Reader, out io.Write
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, cfg.MaxWait)
 	defer cancel()
-	m := c.NewMutex(cfg.Lock, client.WithTTL(cfg.TTL))
+	opts := []client.MutexOption{client.WithTTL(cfg.TTL)}
+	if cfg.Session {
+		s, err := c.NewSession(ctx, cfg.TTL)
+		if err != nil {
+			return fmt.Errorf("demo-writer: %w", err)
+		}
+		defer func() {
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer ccancel()
+			s.Close(cctx)
+		}()
+		opts = append(opts, client.WithSession(s))
+	}
+	m := c.NewMutex(cfg.Lock, opts...)
 	l, err := m.Lock(ctx)
 	if err != nil {
 		return fmt.Errorf("demo-writer: %w", err)

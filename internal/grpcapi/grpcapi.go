@@ -40,7 +40,7 @@ type Service interface {
 	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
 	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
-	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
+	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
 	Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error)
 	GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error)

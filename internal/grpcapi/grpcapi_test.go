@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +28,7 @@ type fake struct {
 	Service
 	acquire   func(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error)
 	getLock   func(ctx context.Context, name string, stale bool) (*service.LockView, error)
-	keepAlive func(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
+	keepAlive func(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error)
 }
 
 func (f *fake) Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error) {
@@ -38,7 +39,7 @@ func (f *fake) GetLock(ctx context.Context, name string, stale bool) (*service.L
 	return f.getLock(ctx, name, stale)
 }
 
-func (f *fake) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
+func (f *fake) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	return f.keepAlive(ctx, req)
 }
 
@@ -170,7 +171,7 @@ func TestKeepAliveStream(t *testing.T) {
 		mu    sync.Mutex
 		at    []time.Time // when each KeepAlive reached the service
 	)
-	f := &fake{keepAlive: func(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
+	f := &fake{keepAlive: func(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 		mu.Lock()
 		at = append(at, time.Now())
 		mu.Unlock()
@@ -180,7 +181,7 @@ func TestKeepAliveStream(t *testing.T) {
 		case n >= 6:
 			return nil, apierror.New(apierror.SessionNotFound, "session not found")
 		}
-		return &service.SessionResponse{TTLms: ttl.Milliseconds(), ExpiresAt: time.Now().Add(ttl)}, nil
+		return &service.KeepAliveResponse{TTLms: ttl.Milliseconds(), ExpiresAt: time.Now().Add(ttl)}, nil
 	}}
 	client := dlockv1.NewSessionServiceClient(serve(t, f))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -222,5 +223,67 @@ func TestKeepAliveStream(t *testing.T) {
 		if gap < ttl/3-ttl/15 || gap >= ttl/2 {
 			t.Errorf("renewal %d came %v after renewal %d; want about TTL/3 = %v", i+1, gap, i, ttl/3)
 		}
+	}
+}
+
+// KeepAliveStream lists each lost grant once: every renewal asks for those
+// after the revision the previous one reached, starting from the request's
+// lost_after.
+func TestKeepAliveStreamSendsEachLostGrantOnce(t *testing.T) {
+	all := []service.LostGrant{
+		{Kind: "lock", Name: "old", FencingToken: 3, Cause: "revoked", Revision: 5},
+		{Kind: "lock", Name: "a", FencingToken: 7, Cause: "revoked", Reason: "stuck", Revision: 12},
+		{Kind: "election", Name: "db", FencingToken: 9, Cause: "taken_over", Revision: 30},
+	}
+	var (
+		calls atomic.Int32
+		mu    sync.Mutex
+		asked []uint64
+	)
+	f := &fake{keepAlive: func(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
+		mu.Lock()
+		asked = append(asked, req.LostAfter)
+		mu.Unlock()
+		n := calls.Add(1)
+		if n > 3 {
+			return nil, apierror.New(apierror.SessionNotFound, "session not found")
+		}
+		// Renewal n happens at revision 10·n; the state read may be newer
+		// (revision 30's grant is in the first answer already).
+		out := &service.KeepAliveResponse{TTLms: 3000, ExpiresAt: time.Now().Add(3 * time.Second), Revision: 10 * uint64(n), Lost: []service.LostGrant{}}
+		for _, g := range all {
+			if g.Revision > req.LostAfter && (g.Revision <= 10*uint64(n) || n == 1) {
+				out.Lost = append(out.Lost, g)
+			}
+		}
+		return out, nil
+	}}
+	client := dlockv1.NewSessionServiceClient(serve(t, f))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := client.KeepAliveStream(ctx, &dlockv1.KeepAliveStreamRequest{SessionId: "s", LostAfter: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tokens []uint64
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		for _, g := range r.Lost {
+			tokens = append(tokens, g.FencingToken)
+			if g.Kind == "election" && (g.Name != "db" || g.Cause != "taken_over") {
+				t.Errorf("lost grant %+v", g)
+			}
+		}
+	}
+	if !slices.Equal(tokens, []uint64{7, 9}) {
+		t.Fatalf("lost tokens sent %v, want [7 9] once each", tokens)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(asked[:3], []uint64{5, 30, 30}) {
+		t.Fatalf("lost_after asked %v, want [5 30 30 …]", asked)
 	}
 }

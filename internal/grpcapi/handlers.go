@@ -114,10 +114,18 @@ func (s *sessionServer) CreateSession(ctx context.Context, req *dlockv1.CreateSe
 }
 
 func (s *sessionServer) KeepAlive(ctx context.Context, req *dlockv1.KeepAliveRequest) (*dlockv1.KeepAliveResponse, error) {
-	resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId, RequestID: req.RequestId})
-	return reply(s.api, ctx, resp, err, func(r *service.SessionResponse) *dlockv1.KeepAliveResponse {
-		return &dlockv1.KeepAliveResponse{SessionId: r.SessionID, TtlMs: r.TTLms, ExpiresAt: ts(r.ExpiresAt), Revision: r.Revision}
+	resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId, RequestID: req.RequestId, LostAfter: req.LostAfter})
+	return reply(s.api, ctx, resp, err, func(r *service.KeepAliveResponse) *dlockv1.KeepAliveResponse {
+		return &dlockv1.KeepAliveResponse{SessionId: r.SessionID, TtlMs: r.TTLms, ExpiresAt: ts(r.ExpiresAt), Revision: r.Revision, Lost: lostPB(r.Lost)}
 	})
+}
+
+func lostPB(lost []service.LostGrant) []*dlockv1.LostGrant {
+	out := make([]*dlockv1.LostGrant, 0, len(lost))
+	for _, g := range lost {
+		out = append(out, &dlockv1.LostGrant{Kind: g.Kind, Name: g.Name, FencingToken: g.FencingToken, Cause: g.Cause, Reason: g.Reason, Revision: g.Revision})
+	}
+	return out
 }
 
 // KeepAliveStream renews a session every TTL/3 while the call is open. A
@@ -129,6 +137,9 @@ func (s *sessionServer) KeepAliveStream(req *dlockv1.KeepAliveStreamRequest, str
 	ctx := stream.Context()
 	var lastOK time.Time
 	var ttl time.Duration
+	// Each lost grant is sent once: every renewal lists those after the
+	// previous one's revision (Service.KeepAlive).
+	lostAfter := req.LostAfter
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -139,11 +150,16 @@ func (s *sessionServer) KeepAliveStream(req *dlockv1.KeepAliveStreamRequest, str
 			return s.status(ctx, apierror.New(apierror.Unavailable, "this node is shutting down; open the keepalive stream on another node"), nil)
 		case <-timer.C:
 		}
-		resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId})
+		resp, err := s.svc.KeepAlive(ctx, service.KeepAliveRequest{SessionID: req.SessionId, ClientID: req.ClientId, LostAfter: lostAfter})
 		switch {
 		case err == nil:
 			lastOK, ttl = time.Now(), time.Duration(resp.TTLms)*time.Millisecond
-			if err := stream.Send(&dlockv1.KeepAliveStreamResponse{TtlMs: resp.TTLms, ExpiresAt: ts(resp.ExpiresAt), Revision: resp.Revision}); err != nil {
+			// The list is in revision order and complete up to its last.
+			lostAfter = max(lostAfter, resp.Revision)
+			if n := len(resp.Lost); n > 0 {
+				lostAfter = max(lostAfter, resp.Lost[n-1].Revision)
+			}
+			if err := stream.Send(&dlockv1.KeepAliveStreamResponse{TtlMs: resp.TTLms, ExpiresAt: ts(resp.ExpiresAt), Revision: resp.Revision, Lost: lostPB(resp.Lost)}); err != nil {
 				return err
 			}
 			timer.Reset(ttl / 3)

@@ -30,7 +30,7 @@ type Service interface {
 	History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error)
 	Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error)
 	CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error)
-	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error)
+	KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error)
 	DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error)
 	Cluster(ctx context.Context) (*service.ClusterInfo, error)
 	ClusterHealth(ctx context.Context) (*service.ClusterInfo, error)

@@ -137,8 +137,9 @@ func (f *fakeService) CreateSession(ctx context.Context, req service.CreateSessi
 	return answer(ctx, f, "CreateSession", req, &service.SessionResponse{SessionID: "S-secret", TTLms: 10000, ExpiresAt: t1, Revision: 14})
 }
 
-func (f *fakeService) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
-	return answer(ctx, f, "KeepAlive", req, &service.SessionResponse{TTLms: 10000, ExpiresAt: t1, Revision: 15})
+func (f *fakeService) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
+	return answer(ctx, f, "KeepAlive", req, &service.KeepAliveResponse{TTLms: 10000, ExpiresAt: t1, Revision: 15,
+		Lost: []service.LostGrant{{Kind: "lock", Name: "jobs/a", FencingToken: 7, Cause: "revoked", Reason: "stuck", Revision: 12}}})
 }
 
 func (f *fakeService) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
@@ -365,7 +366,7 @@ func TestRoutes(t *testing.T) {
 	const acquireOK = `{"acquired":true,"fencing_token":7,"expires_at":"2030-01-02T03:04:35Z","lease_id":"L-secret","revision":9}`
 	const lockView = `{"name":%q,"held":true,"holder":{"client_id":"c1","fencing_token":7,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z","mode":"exclusive"},"waiters":2,"limit":1,"mode":"exclusive","holders":[{"client_id":"c1","fencing_token":7,"granted_at":"2030-01-02T03:04:05Z","expires_at":"2030-01-02T03:04:35Z","mode":"exclusive"}],"revision":12}`
 	const listOK = `{"locks":[{"name":"billing/job","held":false,"waiters":0,"limit":1,"holders":[],"revision":13}],"more":true,"revision":13}`
-	const keepAliveOK = `{"ttl_ms":10000,"expires_at":"2030-01-02T03:04:35Z","revision":15}`
+	const keepAliveOK = `{"ttl_ms":10000,"expires_at":"2030-01-02T03:04:35Z","revision":15,"lost":[{"kind":"lock","name":"jobs/a","fencing_token":7,"cause":"revoked","reason":"stuck","revision":12}]}`
 	const deleteOK = `{"deleted":true,"revision":16}`
 	jsonCT := map[string]string{"Content-Type": "application/json"}
 
@@ -568,9 +569,9 @@ func TestRoutes(t *testing.T) {
 		},
 		{
 			name:       "keepalive with body",
-			req:        request{method: "POST", target: "/api/v1/sessions/S%2B1/keepalive", header: jsonCT, body: `{"client_id":"c1","request_id":"r4"}`},
+			req:        request{method: "POST", target: "/api/v1/sessions/S%2B1/keepalive", header: jsonCT, body: `{"client_id":"c1","request_id":"r4","lost_after":11}`},
 			wantStatus: 200, wantMethod: "KeepAlive",
-			wantReq:  service.KeepAliveRequest{SessionID: "S+1", ClientID: "c1", RequestID: "r4"},
+			wantReq:  service.KeepAliveRequest{SessionID: "S+1", ClientID: "c1", RequestID: "r4", LostAfter: 11},
 			wantBody: keepAliveOK,
 		},
 		{

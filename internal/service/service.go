@@ -532,18 +532,40 @@ func (s *Service) admitSessionCall(ctx context.Context, clientID, sessionID, req
 	return id, nil
 }
 
-// KeepAlive renews a session.
-func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *SessionResponse, err error) {
+// KeepAlive renews a session and lists the grants it lost after
+// req.LostAfter. They are read from this node's state once it has applied
+// the renewal: every grant lost at or before the renewal's revision is then
+// here, so a client that sends the revision of each answer it read as the
+// next LostAfter misses none (it may hear of a later one twice).
+func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *KeepAliveResponse, err error) {
 	defer s.observe("session_keepalive", time.Now(), &err)
 	id, err := s.admitSessionCall(ctx, req.ClientID, req.SessionID, req.RequestID)
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.applyOK(ctx, envelope(req.ClientID, req.RequestID, &command.KeepAlive{LeaseID: id}), "keepalive")
+	resp, err := s.node.Apply(ctx, envelope(req.ClientID, req.RequestID, &command.KeepAlive{LeaseID: id}))
 	if err != nil {
 		return nil, err
 	}
-	return &SessionResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision}, nil
+	r := resp.Result
+	if r.Status != command.StatusOK {
+		return nil, statusErr(r, "keepalive")
+	}
+	if err := s.catchUp(ctx, resp.Index); err != nil {
+		return nil, err
+	}
+	out := &KeepAliveResponse{SessionID: r.LeaseID.String(), TTLms: r.TTLms, ExpiresAt: ms(r.ExpiresAt), Revision: r.Revision, Lost: []LostGrant{}}
+	s.fsm.Read(func(st *state.State) {
+		for _, g := range st.SessionLost(id, req.LostAfter) {
+			name, election := command.SplitKey(g.Key)
+			kind := "lock"
+			if election {
+				kind = "election"
+			}
+			out.Lost = append(out.Lost, LostGrant{Kind: kind, Name: name, FencingToken: g.Token, Cause: g.Cause.String(), Reason: g.Reason, Revision: g.Revision})
+		}
+	})
+	return out, nil
 }
 
 // DeleteSession ends a session, releasing its locks and dropping its waits.

@@ -229,6 +229,31 @@ type KeepAliveRequest struct {
 	SessionID string `json:"-"`
 	ClientID  string `json:"client_id,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
+	// LostAfter: list only the grants lost after this revision (the
+	// revision of the last answer the client read; 0 lists all kept).
+	LostAfter uint64 `json:"lost_after,omitempty"`
+}
+
+// KeepAliveResponse is a session's renewal, with the grants it lost.
+type KeepAliveResponse struct {
+	SessionID string    `json:"session_id,omitempty"`
+	TTLms     int64     `json:"ttl_ms"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Revision  uint64    `json:"revision"`
+	// Lost are the session's grants that ended while it lived without its
+	// asking — revoked, or taken over by another lease of its client —
+	// after LostAfter, oldest first; never nil.
+	Lost []LostGrant `json:"lost"`
+}
+
+// LostGrant is a grant a session lost while it lived.
+type LostGrant struct {
+	Kind         string `json:"kind"` // lock or election
+	Name         string `json:"name"`
+	FencingToken uint64 `json:"fencing_token"`
+	Cause        string `json:"cause"` // revoked or taken_over
+	Reason       string `json:"reason,omitempty"`
+	Revision     uint64 `json:"revision"`
 }
 
 // DeleteSessionRequest ends a session, releasing its locks and dropping its waits.

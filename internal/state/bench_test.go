@@ -325,3 +325,49 @@ func BenchmarkDedupFill(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*DedupCapacity), "ns/entry")
 }
+
+// BenchmarkRenewMillionHeld is the apply cost of a renewal with a million
+// held locks, the history empty (each lock taken once) or at its default
+// budget (each taken, released and taken again: the byte budget drops the
+// oldest records). A renewal never ends a grant, so it does no history work;
+// what a full history can cost it is memory: a larger live heap for Go's
+// collector to scan. Run the two alternately (-count) and compare medians:
+//
+//	GOMEMLIMIT=900MiB go test -run '^$' -bench RenewMillionHeld -benchtime 3000000x -count 5 ./internal/state/
+func BenchmarkRenewMillionHeld(b *testing.B) {
+	const n = 1_000_000
+	for _, history := range []string{"empty", "full"} {
+		b.Run("history="+history, func(b *testing.B) {
+			st := newBenchState()
+			leaseOf := func(i int) command.LeaseID { return benchLease(i) }
+			if history == "full" {
+				heldTwice(b, st, n)
+				leaseOf = func(i int) command.LeaseID { return benchLease(n + i) }
+			} else {
+				for i := range n {
+					st.must(b, st.apply(b, fmt.Sprintf("worker-%08d", i), fmt.Sprintf("req-%08d", i),
+						&command.Acquire{Name: fmt.Sprintf("bench/held/%08d", i), LeaseID: benchLease(i), TTLms: 600_000}), command.StatusOK)
+				}
+			}
+			records, bytes := st.s.HistoryStats()
+			renews := make([]command.Renew, n)
+			clients := make([]string, n)
+			for i := range n {
+				name := fmt.Sprintf("bench/held/%08d", i)
+				renews[i] = command.Renew{Name: name, LeaseID: leaseOf(i), Token: st.s.GetLock(name).Holder.Token}
+				clients[i] = fmt.Sprintf("worker-%08d", i)
+			}
+			runtime.GC()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				st.must(b, st.apply(b, clients[i], "", &renews[i]), command.StatusOK)
+				if i++; i == n {
+					i = 0
+				}
+			}
+			b.ReportMetric(float64(records), "history-records")
+			b.ReportMetric(float64(bytes)/(1<<20), "history-counted-MiB")
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
+	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/wire"
 )
 
@@ -33,6 +34,7 @@ const (
 	recTokenKey
 	recCounters
 	recGrant
+	recLost
 )
 
 // hasher is a small word-at-a-time hash (deterministic across processes and
@@ -147,6 +149,14 @@ func (r *recordHasher) grant(name string, g *GrantRecord) uint64 {
 	return r.sum()
 }
 
+// lostGrant hashes one grant a session lost (its Revision places it).
+func (r *recordHasher) lostGrant(id command.LeaseID, g *LostGrant) uint64 {
+	w := r.begin(recLost)
+	w.Fixed(id[:])
+	writeLostGrant(w, g)
+	return r.sum()
+}
+
 func (r *recordHasher) tokenKey(k *TokenKey) uint64 {
 	writeTokenKey(r.begin(recTokenKey), k)
 	return r.sum()
@@ -171,6 +181,7 @@ func (s *State) addLease(l *Lease) {
 
 // deleteLease takes a lease out of the table.
 func (s *State) deleteLease(l *Lease) {
+	s.forgetLost(l.ID)
 	s.leaseOut(l)
 	delete(s.leases, l.ID)
 }
@@ -298,6 +309,11 @@ func (s *State) recordsSum() uint64 {
 		}
 		return true
 	})
+	for id, list := range s.lost {
+		for i := range list {
+			sum += rh.lostGrant(id, &list[i])
+		}
+	}
 	var prev *dedupEntry
 	s.dedupRing.each(func(e *dedupEntry) {
 		sum += rh.dedup(prev, e)

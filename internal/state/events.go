@@ -43,6 +43,9 @@ const (
 	// Internal: the oldest history record is due to age out in RemainingMs
 	// (lease clock); the leader then commits a TrimHistory.
 	EventHistoryTimer
+	// Public: a lock-delay ended (Token: the grant whose end began it); the
+	// hand-off it lets in, if anyone waits, follows at the same revision.
+	EventDelayEnded
 )
 
 // Causes carried by events.
@@ -77,6 +80,7 @@ var eventNames = map[EventType]string{
 	EventValueChanged:   "value_changed",
 	EventDelayTimer:     "delay_timer",
 	EventHistoryTimer:   "history_timer",
+	EventDelayEnded:     "delay_ended",
 }
 
 func (t EventType) String() string { return eventNames[t] }
@@ -84,7 +88,7 @@ func (t EventType) String() string { return eventNames[t] }
 // Public reports whether watchers may see this event type.
 func (t EventType) Public() bool {
 	return t >= EventAcquired && t <= EventSessionDeleted || t == EventProclaimed ||
-		t == EventRevoked || t == EventValueChanged
+		t == EventRevoked || t == EventValueChanged || t == EventDelayEnded
 }
 
 // Event is one effect of a command. LeaseID is internal: the lease id is a

@@ -305,7 +305,12 @@ func TestLockDelay(t *testing.T) {
 	if !li.Held || li.Holder.ClientID != "c2" || li.DelayedUntil != 0 || li.Waiters != 1 {
 		t.Fatalf("after the delay: %+v; want c2, then c4 waiting", li)
 	}
-	if a := ofType(h.ev, EventAcquired); len(a) != 1 || a[0].Cause != CauseHandoff {
+	// Watchers see the delay end, then (at the same revision) the hand-off.
+	wantTypes(t, h.ev, EventDelayEnded, EventAcquired, EventWaitGone, EventLeaseTimer)
+	if e := h.ev[0]; e.Token != r.Token || e.Name != "a" || !e.Type.Public() {
+		t.Fatalf("delay_ended event %+v, want token %d", e, r.Token)
+	}
+	if a := ofType(h.ev, EventAcquired); len(a) != 1 || a[0].Cause != CauseHandoff || a[0].Revision != h.ev[0].Revision {
 		t.Fatalf("acquired events %+v", a)
 	}
 
@@ -317,6 +322,9 @@ func TestLockDelay(t *testing.T) {
 		t.Fatal("revoke started no delay")
 	}
 	mustStatus(t, h2.do("", &command.EndLockDelay{Name: "b", Token: r2.Token}), command.StatusOK)
+	if e := ofType(h2.ev, EventDelayEnded); len(e) != 1 || e[0].Token != r2.Token || len(ofType(h2.ev, EventAcquired)) != 0 {
+		t.Fatalf("end of a delay nobody waited for: events %+v", h2.ev)
+	}
 	if h2.s.locks.Len() != 0 {
 		t.Fatal("a free lock nobody waits for stayed in the table")
 	}

@@ -22,8 +22,9 @@ var snapshotMagic = []byte("DLSNAP")
 // waiter's mode and place in line, and the refusals' new result fields in
 // the dedup table), version 9 the grant history, lock-delays (each lock's
 // and waiter's LockDelayMs, a delay in force) and holders' values on plain
-// locks; older snapshots are still read.
-const snapshotVersion = 9
+// locks, version 10 the grants each session lost (lost.go); older
+// snapshots are still read.
+const snapshotVersion = 10
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
@@ -71,6 +72,7 @@ func (s *State) Snapshot() []byte {
 	s.writeTokenKeys(w)
 	s.writeACL(w)
 	s.writeHistory(w)
+	s.writeLost(w) // version 10
 	return w.Buf
 }
 
@@ -182,6 +184,7 @@ func Restore(b []byte) (*State, error) {
 		},
 		s.readACLSection,
 		s.readHistory,
+		s.readLost,
 	}
 	for _, read := range sections {
 		if err := read(r, v); err != nil {

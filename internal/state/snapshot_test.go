@@ -29,6 +29,13 @@ type rawSnap struct {
 	keys      []TokenKey
 	acl       []ACLToken
 	hist      rawHistory
+	lost      []rawLost // version 10
+}
+
+// rawLost is one session's lost grants (version 10).
+type rawLost struct {
+	id     command.LeaseID
+	grants []LostGrant
 }
 
 // rawHistory is the history section (version 9).
@@ -249,12 +256,26 @@ func (r *rawSnap) encode() []byte {
 			}
 		}
 	}
+	if r.version >= 10 {
+		w.Uvarint(uint64(len(r.lost)))
+		for _, l := range r.lost {
+			w.Fixed(l.id[:])
+			w.Uvarint(uint64(len(l.grants)))
+			for _, g := range l.grants {
+				w.String(g.Key)
+				w.Uvarint(g.Token)
+				w.Byte(byte(g.Cause))
+				w.String(g.Reason)
+				w.Uvarint(g.Revision)
+			}
+		}
+	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 9, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 10, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -285,12 +306,25 @@ func toRaw(s *State) *rawSnap {
 		r.hist.recs = append(r.hist.recs, append([]GrantRecord(nil), h.recs...))
 		return true
 	})
+	ids := make([]command.LeaseID, 0, len(s.lost))
+	for id := range s.lost {
+		ids = append(ids, id)
+	}
+	sortLeaseIDs(ids)
+	for _, id := range ids {
+		r.lost = append(r.lost, rawLost{id, append([]LostGrant(nil), s.lost[id]...)})
+	}
 	return r
 }
+
+// beforeVersion10 is what a state restored from an older snapshot holds of
+// r: no session remembers a lost grant.
+func (r *rawSnap) beforeVersion10() { r.lost = nil }
 
 // beforeVersion9 is what a state restored from an older snapshot holds of
 // r: no history (default retention), no lock-delays.
 func (r *rawSnap) beforeVersion9() {
+	r.beforeVersion10()
 	r.hist = rawHistory{retention: DefaultHistoryRetention()}
 	for i := range r.locks {
 		lk := &r.locks[i]
@@ -310,6 +344,8 @@ func sampleState(t testing.TB) *State {
 	h.session("s1", lid(1), 20_000)
 	h.sacquire("s1", "jobs/a", lid(1), 0)
 	h.sacquire("s1", "jobs/b", lid(1), 0)
+	h.sacquire("s1", "jobs/c", lid(1), 0)
+	h.do("ops", &command.Revoke{Name: "jobs/c", Reason: "stuck"}) // s1 remembers it lost jobs/c
 	h.acquire("c2", "jobs/a", lid(2), 15_000, 60_000)
 	h.req("c3", "r-1", &command.Acquire{Name: "jobs/a", LeaseID: lid(3), TTLms: 15_000, WaitMs: 60_000})
 	h.req("c4", "r-1", &command.Acquire{Name: "solo", LeaseID: lid(4), TTLms: 15_000})
@@ -417,7 +453,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
 		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 10":      raw(func(r *rawSnap) { r.version = 10 }),
+		"version 11":      raw(func(r *rawSnap) { r.version = 11 }),
 		"v8 body as v7": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 7
@@ -611,6 +647,15 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 		{"zero lease id", func(r *rawSnap) {
 			r.leases = append([]rawLease{{client: "z", ttl: 5000, session: true, active: true, gen: 1}}, r.leases...)
 		}},
+		// s1 lost jobs/c to a revoke.
+		{"lost grant of an unknown lease", func(r *rawSnap) { r.lost[0].id = lid(99) }},
+		{"lost grant of an implicit lease", func(r *rawSnap) { r.lost[0].id = lid(4) }},
+		{"lost grant with a cause other than revoke or takeover", func(r *rawSnap) { r.lost[0].grants[0].Cause = EndReleased }},
+		{"lost grant after the revision", func(r *rawSnap) { r.lost[0].grants[0].Revision = r.revision + 1 }},
+		{"lost grant token above last token", func(r *rawSnap) { r.lost[0].grants[0].Token = r.lastToken + 1 }},
+		{"lost grants out of order", func(r *rawSnap) { r.lost[0].grants = append(r.lost[0].grants, r.lost[0].grants[0]) }},
+		{"session with no lost grants", func(r *rawSnap) { r.lost[0].grants = nil }},
+		{"session listed twice", func(r *rawSnap) { r.lost = append(r.lost, r.lost[0]) }},
 	}
 	var accepted []string
 	for _, tc := range cases {

@@ -207,6 +207,8 @@ type State struct {
 	dedupRing dedupRing
 
 	hist history
+	// lost holds, per session, the grants it lost while it lived (lost.go).
+	lost map[command.LeaseID][]LostGrant
 
 	// sum is the sum of every record's hash, kept up to date by each
 	// mutation (digest.go) with rh, whose buffer only apply uses.
@@ -694,6 +696,9 @@ func (s *State) unhold(lk *Lock, i int, cause, reason string) Grant {
 	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: g.Token, Cause: cause, Reason: reason, LeaseID: holder.ID,
 		Shared: lk.Shared(), Subtree: g.Subtree, Value: lk.Value()})
 	s.recordEnd(lk, g, holder, endCauseOf(cause, election), reason)
+	if holder.Session && (cause == CauseRevoked || cause == CauseTakeover) {
+		s.recordLost(holder, lk, g.Token, endCauseOf(cause, election), reason)
+	}
 	holder.Locks().Delete(lk.Name)
 	delay := lk.lockDelayMs()
 	s.removeGrant(lk, i)
@@ -793,6 +798,7 @@ func (s *State) endLockDelay(b *command.EndLockDelay) command.Result {
 	lk.setDelay(0, 0, 0)
 	s.lockIn(lk)
 	s.changed = true
+	s.emit(Event{Type: EventDelayEnded, Name: lk.Name, Token: b.Token})
 	s.wake(lk.Name, false)
 	return command.Result{Status: command.StatusOK, Token: 1}
 }

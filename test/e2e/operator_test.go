@@ -52,7 +52,8 @@ type historyAnswer struct {
 
 // TestOperatorRevokesAStuckHolder is the issue's operator story, as an
 // operator would live it, with real processes: a client takes
-// billing/batch-job and its process is paused (SIGSTOP); `dlock history`
+// billing/batch-job (and another, billing/session-job under a session) and
+// its process is paused (SIGSTOP); `dlock history`
 // shows its grant; `dlock revoke --reason stuck` hands the lock to the
 // waiter at once with a higher token; the resumed client's write is refused
 // by the fenced data store and its client learns lock_lost at its next
@@ -77,11 +78,75 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 		return err == nil && r.Status == 200
 	})
 
+	// The story twice: a holder with a lease of its own (whose renew
+	// answers lock_lost), and one holding its lock under a session (whose
+	// keepalive lists the grant as lost).
+	const name = "billing/batch-job"
+	checks := []func(id string) (bool, string){
+		revokeStuckHolder(t, c, storeURL, name, "batch-1", "batch-2", false),
+		revokeStuckHolder(t, c, storeURL, "billing/session-job", "batch-s", "batch-3", true),
+	}
+	for _, id := range c.ids() {
+		c.kill(id)
+	}
+	for _, id := range c.ids() {
+		c.start(id, false)
+	}
+	c.waitReady(20*time.Second*slow, c.ids()...)
+	for _, id := range c.ids() {
+		for _, revokedOn := range checks {
+			testutil.Eventually(t, 20*time.Second*slow, "after a full restart, the history on "+id+" says revoked", func() (bool, string) { return revokedOn(id) })
+		}
+	}
+
+	// Lock-delay: a holder with lock_delay_ms 5000 dies (SIGKILL); the
+	// next waiter gets the lock only after the lease's TTL and 5 s more.
+	const ttl, delay = 3 * time.Second, 5 * time.Second
+	holder := launch(t, "delayed-holder", filepath.Join(dir, "holder.log"), nil, c.bin, "lock", "jobs/delayed", "--endpoints", eps,
+		"--ttl", ttl.String(), "--lock-delay", delay.String(), "--", "sleep", "120")
+	testutil.Eventually(t, 30*time.Second*slow, "the delayed holder holds jobs/delayed", func() bool {
+		v, err := tryGetLock(c.url(c.ids()[0]), "jobs/delayed")
+		return err == nil && v.Held
+	})
+	next2 := startCall(http.MethodPost, c.url(c.ids()[1])+"/api/v1/locks/jobs/delayed/acquire",
+		map[string]any{"client_id": "next", "ttl_ms": 30000, "wait_timeout_ms": 60000}, 90*time.Second)
+	testutil.Eventually(t, 10*time.Second*slow, "the next waiter is in line", func() bool {
+		v, err := tryGetLock(c.url(c.ids()[0]), "jobs/delayed")
+		return err == nil && v.Waiters == 1
+	})
+	holder.kill(t)
+	killedAt := time.Now()
+	r2 := next2.result(t, "the waiter after the holder's SIGKILL", 60*time.Second)
+	took := time.Since(killedAt)
+	if r2.err != nil || r2.r.Status != 200 {
+		t.Fatalf("the waiter: %v %v", r2.err, r2.r)
+	}
+	// The holder renewed every TTL/3, so its lease had at least 2/3 of the
+	// TTL left when it died; the delay adds 5 s after that.
+	if took < delay+ttl*2/3 {
+		t.Fatalf("the waiter got the lock %s after the SIGKILL, before the lease's TTL and the 5 s lock-delay had passed", took)
+	}
+	t.Logf("the waiter got jobs/delayed %s after the holder's SIGKILL (TTL %s, lock-delay %s)", took.Round(time.Millisecond), ttl, delay)
+}
+
+// revokeStuckHolder is the operator story for one lock: holderID (a
+// dlock demo-writer process, holding name under a session or a lease of its
+// own) is frozen; dlock history shows it, dlock revoke hands the lock to
+// waiterID at once with a higher token, the resumed holder's write is
+// refused by the fenced store and its client learns lock_lost. It returns
+// a check that the history on a node says revoked, which it has seen on
+// every node.
+func revokeStuckHolder(t *testing.T, c *procCluster, storeURL, name, holderID, waiterID string, session bool) (revokedOn func(id string) (bool, string)) {
+	t.Helper()
+	eps := c.endpointsFlag(c.ids()...)
 	// The holder: its own process, which takes the lock, reports the grant
 	// and writes when told to.
-	const name = "billing/batch-job"
-	writer := exec.Command(c.bin, "demo-writer", "--endpoints", eps, "--client-id", "batch-1", "--lock", name,
-		"--ttl", "20s", "--datastore", storeURL, "--data", "late write from the paused batch-1", "--report-lease", "--max-wait", "2m")
+	args := []string{"demo-writer", "--endpoints", eps, "--client-id", holderID, "--lock", name,
+		"--ttl", "20s", "--datastore", storeURL, "--data", "late write from the paused " + holderID, "--report-lease", "--max-wait", "2m"}
+	if session {
+		args = append(args, "--session")
+	}
+	writer := exec.Command(c.bin, args...)
 	stdin, _ := writer.StdinPipe()
 	stdout, _ := writer.StdoutPipe()
 	writer.WaitDelay = 10 * time.Second
@@ -121,32 +186,32 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 	if err := writer.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("batch-1 (pid %d) holds %s with token %d and is frozen (SIGSTOP)", writer.Process.Pid, name, g1.FencingToken)
+	t.Logf("%s (pid %d) holds %s with token %d (session %v) and is frozen (SIGSTOP)", holderID, writer.Process.Pid, name, g1.FencingToken, session)
 
 	// A waiter, through another node.
 	leader := c.waitLeader(10*time.Second*slow, c.ids()...)
 	waiter := startCall(http.MethodPost, c.url(c.others(leader)[0])+"/api/v1/locks/"+name+"/acquire",
-		map[string]any{"client_id": "batch-2", "ttl_ms": 30000, "wait_timeout_ms": 60000}, 90*time.Second)
+		map[string]any{"client_id": waiterID, "ttl_ms": 30000, "wait_timeout_ms": 60000}, 90*time.Second)
 
 	// The operator looks, then acts.
 	out := c.cli("history", name, "--endpoints", eps, "-o", "json")
 	var h historyAnswer
 	if err := json.Unmarshal([]byte(out), &h); err != nil || len(h.Grants) == 0 || h.Grants[0].FencingToken != g1.FencingToken ||
-		h.Grants[0].ClientID != "batch-1" || h.Grants[0].EndCause != "" {
+		h.Grants[0].ClientID != holderID || h.Grants[0].EndCause != "" {
 		t.Fatalf("dlock history before the revoke: %v\n%s", err, out)
 	}
-	waiter.notYet(t, "batch-2 while batch-1 holds the lock", 200*time.Millisecond)
+	waiter.notYet(t, waiterID+" while "+holderID+" holds the lock", 200*time.Millisecond)
 	revokedAt := time.Now()
 	out = c.cli("revoke", name, "--reason", "stuck", "--endpoints", eps)
 	if want := fmt.Sprintf("revoked %s fencing_token %d\n", name, g1.FencingToken); out != want {
 		t.Fatalf("dlock revoke printed %q, want %q", out, want)
 	}
-	res := waiter.result(t, "batch-2 after the revoke", 20*time.Second)
+	res := waiter.result(t, waiterID+" after the revoke", 20*time.Second)
 	var a2 acquireAnswer
 	if res.err != nil || res.r.Status != 200 || res.r.decode(&a2) != nil || a2.FencingToken <= g1.FencingToken {
-		t.Fatalf("batch-2 after the revoke: %v %v", res.err, res.r)
+		t.Fatalf("%s after the revoke: %v %v", waiterID, res.err, res.r)
 	}
-	t.Logf("batch-2 got the lock %s after the revoke, token %d", time.Since(revokedAt).Round(time.Millisecond), a2.FencingToken)
+	t.Logf("%s got the lock %s after the revoke, token %d", waiterID, time.Since(revokedAt).Round(time.Millisecond), a2.FencingToken)
 
 	// batch-2 writes with its token (the store learns it), then batch-1
 	// wakes up and writes with its old one: refused.
@@ -163,9 +228,9 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 		return full.TokenProof, full.LeaseRef
 	}
 	proof, ref := proofOf()
-	w2 := mustCall(t, http.MethodPost, storeURL+"/write", map[string]any{"client_id": "batch-2", "lock": name, "fencing_token": a2.FencingToken,
-		"token_proof": proof, "lease_ref": ref, "data": "batch-2's write"}, 200, nil)
-	t.Logf("batch-2's write: %s", w2)
+	w2 := mustCall(t, http.MethodPost, storeURL+"/write", map[string]any{"client_id": waiterID, "lock": name, "fencing_token": a2.FencingToken,
+		"token_proof": proof, "lease_ref": ref, "data": waiterID + "'s write"}, 200, nil)
+	t.Logf("%s's write: %s", waiterID, w2)
 	if err := writer.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -174,15 +239,17 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 	}
 	late := next("wrote").Answer
 	if late.Accepted || late.Status != 409 || late.Error == nil || late.Error.Code != "stale_token" || late.HighestToken != a2.FencingToken {
-		t.Fatalf("the resumed batch-1's write: %+v; want 409 stale_token with highest token %d", late, a2.FencingToken)
+		t.Fatalf("the resumed %s's write: %+v; want 409 stale_token with highest token %d", holderID, late, a2.FencingToken)
 	}
 	lease := next("lease")
+	// Its client learns it at its next renewal — under a session, at the
+	// session's next keepalive, which lists the grant as lost.
 	if !strings.Contains(lease.Error, "lock_lost") || !strings.Contains(lease.Error, "revoked") {
-		t.Fatalf("batch-1's lease ended with %q; want its renewal's lock_lost (revoked)", lease.Error)
+		t.Fatalf("%s's lease ended with %q; want lock_lost (revoked)", holderID, lease.Error)
 	}
-	t.Logf("batch-1's late write: 409 stale_token; its client: %s", lease.Error)
+	t.Logf("%s's late write: 409 stale_token; its client: %s", holderID, lease.Error)
 
-	revokedOn := func(id string) (bool, string) {
+	revokedOn = func(id string) (bool, string) {
 		r, err := call(http.MethodGet, c.url(id)+"/api/v1/history/"+name+"?stale=true", nil)
 		if err != nil {
 			return false, err.Error()
@@ -193,7 +260,7 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 		}
 		for _, g := range h.Grants {
 			if g.FencingToken == g1.FencingToken {
-				return g.EndCause == "revoked" && g.Reason == "stuck" && g.ClientID == "batch-1", r.String()
+				return g.EndCause == "revoked" && g.Reason == "stuck" && g.ClientID == holderID, r.String()
 			}
 		}
 		return false, r.String()
@@ -201,45 +268,7 @@ func TestOperatorRevokesAStuckHolder(t *testing.T) {
 	for _, id := range c.ids() {
 		testutil.Eventually(t, 20*time.Second*slow, "the history on "+id+" says revoked", func() (bool, string) { return revokedOn(id) })
 	}
-	for _, id := range c.ids() {
-		c.kill(id)
-	}
-	for _, id := range c.ids() {
-		c.start(id, false)
-	}
-	c.waitReady(20*time.Second*slow, c.ids()...)
-	for _, id := range c.ids() {
-		testutil.Eventually(t, 20*time.Second*slow, "after a full restart, the history on "+id+" says revoked", func() (bool, string) { return revokedOn(id) })
-	}
-
-	// Lock-delay: a holder with lock_delay_ms 5000 dies (SIGKILL); the
-	// next waiter gets the lock only after the lease's TTL and 5 s more.
-	const ttl, delay = 3 * time.Second, 5 * time.Second
-	holder := launch(t, "delayed-holder", filepath.Join(dir, "holder.log"), nil, c.bin, "lock", "jobs/delayed", "--endpoints", eps,
-		"--ttl", ttl.String(), "--lock-delay", delay.String(), "--", "sleep", "120")
-	testutil.Eventually(t, 30*time.Second*slow, "the delayed holder holds jobs/delayed", func() bool {
-		v, err := tryGetLock(c.url(c.ids()[0]), "jobs/delayed")
-		return err == nil && v.Held
-	})
-	next2 := startCall(http.MethodPost, c.url(c.ids()[1])+"/api/v1/locks/jobs/delayed/acquire",
-		map[string]any{"client_id": "next", "ttl_ms": 30000, "wait_timeout_ms": 60000}, 90*time.Second)
-	testutil.Eventually(t, 10*time.Second*slow, "the next waiter is in line", func() bool {
-		v, err := tryGetLock(c.url(c.ids()[0]), "jobs/delayed")
-		return err == nil && v.Waiters == 1
-	})
-	holder.kill(t)
-	killedAt := time.Now()
-	r2 := next2.result(t, "the waiter after the holder's SIGKILL", 60*time.Second)
-	took := time.Since(killedAt)
-	if r2.err != nil || r2.r.Status != 200 {
-		t.Fatalf("the waiter: %v %v", r2.err, r2.r)
-	}
-	// The holder renewed every TTL/3, so its lease had at least 2/3 of the
-	// TTL left when it died; the delay adds 5 s after that.
-	if took < delay+ttl*2/3 {
-		t.Fatalf("the waiter got the lock %s after the SIGKILL, before the lease's TTL and the 5 s lock-delay had passed", took)
-	}
-	t.Logf("the waiter got jobs/delayed %s after the holder's SIGKILL (TTL %s, lock-delay %s)", took.Round(time.Millisecond), ttl, delay)
+	return revokedOn
 }
 
 // tryGetLock reads a lock without failing the test (for polling).

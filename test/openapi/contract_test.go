@@ -506,7 +506,7 @@ func TestContract(t *testing.T) {
 	watchDone := make(chan struct{})
 	wantTypes := map[string]bool{"acquired": true, "released": true, "expired": true, "queued": true, "dequeued": true,
 		"elected": true, "resigned": true, "proclaimed": true, "session_created": true, "session_deleted": true,
-		"revoked": true, "value_changed": true}
+		"revoked": true, "value_changed": true, "delay_ended": true}
 	go func() {
 		defer close(watchDone)
 		got := map[string]bool{}
@@ -581,7 +581,18 @@ func TestContract(t *testing.T) {
 	sp := map[string]string{"session_id": sid}
 	k.do(call{op: "keepAliveSession", params: sp, want: 200})
 	k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"client_id": "s1", "request_id": "ka-1"}})
-	k.do(call{op: "acquireLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"client_id": "s1", "session_id": sid}})
+	sl := k.do(call{op: "acquireLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"client_id": "s1", "session_id": sid}})
+	// A revoke of the session's grant: the next keepalive lists it, one
+	// after its revision does not.
+	k.do(call{op: "revokeLock", params: map[string]string{"name": "sess/lock"}, want: 200, body: map[string]any{"fencing_token": sl.json["fencing_token"], "reason": "contract"}})
+	ka := k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"client_id": "s1", "lost_after": 0}})
+	if lost, _ := ka.json["lost"].([]any); len(lost) != 1 || lost[0].(map[string]any)["fencing_token"] != sl.json["fencing_token"] {
+		t.Errorf("keepalive after a revoke of the session's grant: %s, want it in lost", ka.body)
+	}
+	ka = k.do(call{op: "keepAliveSession", params: sp, want: 200, body: map[string]any{"lost_after": ka.json["revision"]}})
+	if lost, _ := ka.json["lost"].([]any); len(lost) != 0 {
+		t.Errorf("keepalive after the revision that listed it: %s, want no lost grants", ka.body)
+	}
 	k.do(call{op: "deleteSession", params: sp, want: 200, body: map[string]any{"client_id": "s1"}})
 	k.do(call{op: "deleteSession", params: sp, want: 404})
 	k.do(call{op: "keepAliveSession", params: sp, want: 404})
@@ -885,6 +896,14 @@ func (k *contract) operate(opsToken string) {
 	if errCode(d) != "lock_delayed" || num(e, "retry_after_ms") <= 0 || d.header.Get("Retry-After") == "" {
 		t.Errorf("acquire in a lock-delay: %s (Retry-After %q), want lock_delayed with retry_after_ms and Retry-After", d.body, d.header.Get("Retry-After"))
 	}
+
+	// A short lock-delay runs out: the watch sees delay_ended, then the
+	// waiter's hand-off.
+	sp := map[string]string{"name": "ops/short"}
+	sg := k.do(call{op: "acquireLock", params: sp, want: 200, body: map[string]any{"client_id": "op-3", "ttl_ms": 30000, "lock_delay_ms": 500}})
+	k.do(call{op: "revokeLock", params: sp, want: 200, body: map[string]any{"fencing_token": sg.json["fencing_token"], "reason": "short delay"}})
+	next := k.do(call{op: "acquireLock", params: sp, want: 200, body: map[string]any{"client_id": "op-4", "ttl_ms": 30000, "wait_timeout_ms": 20000}})
+	k.do(call{op: "releaseLock", params: sp, want: 200, body: map[string]any{"client_id": "op-4", "fencing_token": next.json["fencing_token"], "lease_id": next.json["lease_id"]}})
 
 	h := k.do(call{op: "getHistory", params: op, want: 200})
 	gs, _ := h.json["grants"].([]any)

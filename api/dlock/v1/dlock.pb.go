@@ -1659,8 +1659,11 @@ type KeepAliveRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Optional: the session id is itself the capability.
-	ClientId      string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	ClientId  string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Only grants lost after this revision are listed in lost: send the
+	// revision of the last answer you read (0: every one the session keeps).
+	LostAfter     uint64 `protobuf:"varint,4,opt,name=lost_after,json=lostAfter,proto3" json:"lost_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1716,12 +1719,23 @@ func (x *KeepAliveRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *KeepAliveRequest) GetLostAfter() uint64 {
+	if x != nil {
+		return x.LostAfter
+	}
+	return 0
+}
+
 type KeepAliveResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	TtlMs         int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	Revision      uint64                 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	TtlMs     int64                  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Revision  uint64                 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The session's grants that ended while it lived without its asking
+	// (revoked by an operator, taken over by another lease of its client),
+	// after lost_after, oldest first. Stop using those resources.
+	Lost          []*LostGrant `protobuf:"bytes,5,rep,name=lost,proto3" json:"lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1784,17 +1798,116 @@ func (x *KeepAliveResponse) GetRevision() uint64 {
 	return 0
 }
 
+func (x *KeepAliveResponse) GetLost() []*LostGrant {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
+// LostGrant is a grant a session lost while it lived.
+type LostGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "lock" or "election".
+	Kind         string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name         string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	FencingToken uint64 `protobuf:"varint,3,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// "revoked" or "taken_over".
+	Cause string `protobuf:"bytes,4,opt,name=cause,proto3" json:"cause,omitempty"`
+	// A revoke's reason.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The revision of the change that ended the grant.
+	Revision      uint64 `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LostGrant) Reset() {
+	*x = LostGrant{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LostGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LostGrant) ProtoMessage() {}
+
+func (x *LostGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LostGrant.ProtoReflect.Descriptor instead.
+func (*LostGrant) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *LostGrant) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *LostGrant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LostGrant) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *LostGrant) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *LostGrant) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LostGrant) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type KeepAliveStreamRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	ClientId      string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	ClientId  string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// As KeepAliveRequest.lost_after, for the first renewal; the stream then
+	// lists each lost grant once.
+	LostAfter     uint64 `protobuf:"varint,3,opt,name=lost_after,json=lostAfter,proto3" json:"lost_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeepAliveStreamRequest) Reset() {
 	*x = KeepAliveStreamRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1919,7 @@ func (x *KeepAliveStreamRequest) String() string {
 func (*KeepAliveStreamRequest) ProtoMessage() {}
 
 func (x *KeepAliveStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1932,7 @@ func (x *KeepAliveStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveStreamRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveStreamRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{22}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KeepAliveStreamRequest) GetSessionId() string {
@@ -1836,18 +1949,27 @@ func (x *KeepAliveStreamRequest) GetClientId() string {
 	return ""
 }
 
+func (x *KeepAliveStreamRequest) GetLostAfter() uint64 {
+	if x != nil {
+		return x.LostAfter
+	}
+	return 0
+}
+
 type KeepAliveStreamResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TtlMs         int64                  `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	Revision      uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	TtlMs     int64                  `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	Revision  uint64                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// As KeepAliveResponse.lost: the grants lost since the previous response.
+	Lost          []*LostGrant `protobuf:"bytes,4,rep,name=lost,proto3" json:"lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeepAliveStreamResponse) Reset() {
 	*x = KeepAliveStreamResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +1981,7 @@ func (x *KeepAliveStreamResponse) String() string {
 func (*KeepAliveStreamResponse) ProtoMessage() {}
 
 func (x *KeepAliveStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +1994,7 @@ func (x *KeepAliveStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveStreamResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveStreamResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *KeepAliveStreamResponse) GetTtlMs() int64 {
@@ -1896,6 +2018,13 @@ func (x *KeepAliveStreamResponse) GetRevision() uint64 {
 	return 0
 }
 
+func (x *KeepAliveStreamResponse) GetLost() []*LostGrant {
+	if x != nil {
+		return x.Lost
+	}
+	return nil
+}
+
 type DeleteSessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1907,7 +2036,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1919,7 +2048,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1932,7 +2061,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{24}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -1966,7 +2095,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2107,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2120,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{25}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteSessionResponse) GetDeleted() bool {
@@ -2021,7 +2150,7 @@ type ElectionLeader struct {
 
 func (x *ElectionLeader) Reset() {
 	*x = ElectionLeader{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2162,7 @@ func (x *ElectionLeader) String() string {
 func (*ElectionLeader) ProtoMessage() {}
 
 func (x *ElectionLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2175,7 @@ func (x *ElectionLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ElectionLeader.ProtoReflect.Descriptor instead.
 func (*ElectionLeader) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{26}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ElectionLeader) GetCandidateId() string {
@@ -2098,7 +2227,7 @@ type Election struct {
 
 func (x *Election) Reset() {
 	*x = Election{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2239,7 @@ func (x *Election) String() string {
 func (*Election) ProtoMessage() {}
 
 func (x *Election) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2252,7 @@ func (x *Election) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Election.ProtoReflect.Descriptor instead.
 func (*Election) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{27}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Election) GetName() string {
@@ -2171,7 +2300,7 @@ type CampaignRequest struct {
 
 func (x *CampaignRequest) Reset() {
 	*x = CampaignRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2312,7 @@ func (x *CampaignRequest) String() string {
 func (*CampaignRequest) ProtoMessage() {}
 
 func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2325,7 @@ func (x *CampaignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignRequest.ProtoReflect.Descriptor instead.
 func (*CampaignRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{28}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CampaignRequest) GetName() string {
@@ -2272,7 +2401,7 @@ type CampaignResponse struct {
 
 func (x *CampaignResponse) Reset() {
 	*x = CampaignResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2413,7 @@ func (x *CampaignResponse) String() string {
 func (*CampaignResponse) ProtoMessage() {}
 
 func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2426,7 @@ func (x *CampaignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CampaignResponse.ProtoReflect.Descriptor instead.
 func (*CampaignResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{29}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CampaignResponse) GetLeader() bool {
@@ -2359,7 +2488,7 @@ type GetElectionRequest struct {
 
 func (x *GetElectionRequest) Reset() {
 	*x = GetElectionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2500,7 @@ func (x *GetElectionRequest) String() string {
 func (*GetElectionRequest) ProtoMessage() {}
 
 func (x *GetElectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2513,7 @@ func (x *GetElectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetElectionRequest.ProtoReflect.Descriptor instead.
 func (*GetElectionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{30}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetElectionRequest) GetName() string {
@@ -2410,7 +2539,7 @@ type GetElectionResponse struct {
 
 func (x *GetElectionResponse) Reset() {
 	*x = GetElectionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2422,7 +2551,7 @@ func (x *GetElectionResponse) String() string {
 func (*GetElectionResponse) ProtoMessage() {}
 
 func (x *GetElectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2435,7 +2564,7 @@ func (x *GetElectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetElectionResponse.ProtoReflect.Descriptor instead.
 func (*GetElectionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{31}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetElectionResponse) GetElection() *Election {
@@ -2459,7 +2588,7 @@ type ProclaimRequest struct {
 
 func (x *ProclaimRequest) Reset() {
 	*x = ProclaimRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2471,7 +2600,7 @@ func (x *ProclaimRequest) String() string {
 func (*ProclaimRequest) ProtoMessage() {}
 
 func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2484,7 +2613,7 @@ func (x *ProclaimRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimRequest.ProtoReflect.Descriptor instead.
 func (*ProclaimRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{32}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProclaimRequest) GetName() string {
@@ -2539,7 +2668,7 @@ type ProclaimResponse struct {
 
 func (x *ProclaimResponse) Reset() {
 	*x = ProclaimResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2680,7 @@ func (x *ProclaimResponse) String() string {
 func (*ProclaimResponse) ProtoMessage() {}
 
 func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[33]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2693,7 @@ func (x *ProclaimResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProclaimResponse.ProtoReflect.Descriptor instead.
 func (*ProclaimResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{33}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ProclaimResponse) GetProclaimed() bool {
@@ -2594,7 +2723,7 @@ type ResignRequest struct {
 
 func (x *ResignRequest) Reset() {
 	*x = ResignRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2735,7 @@ func (x *ResignRequest) String() string {
 func (*ResignRequest) ProtoMessage() {}
 
 func (x *ResignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[34]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2748,7 @@ func (x *ResignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignRequest.ProtoReflect.Descriptor instead.
 func (*ResignRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{34}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResignRequest) GetName() string {
@@ -2667,7 +2796,7 @@ type ResignResponse struct {
 
 func (x *ResignResponse) Reset() {
 	*x = ResignResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2808,7 @@ func (x *ResignResponse) String() string {
 func (*ResignResponse) ProtoMessage() {}
 
 func (x *ResignResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[35]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2821,7 @@ func (x *ResignResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResignResponse.ProtoReflect.Descriptor instead.
 func (*ResignResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{35}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResignResponse) GetResigned() bool {
@@ -2723,7 +2852,7 @@ type RenewElectionRequest struct {
 
 func (x *RenewElectionRequest) Reset() {
 	*x = RenewElectionRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2864,7 @@ func (x *RenewElectionRequest) String() string {
 func (*RenewElectionRequest) ProtoMessage() {}
 
 func (x *RenewElectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[36]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2877,7 @@ func (x *RenewElectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewElectionRequest.ProtoReflect.Descriptor instead.
 func (*RenewElectionRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{36}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RenewElectionRequest) GetName() string {
@@ -2805,7 +2934,7 @@ type RenewElectionResponse struct {
 
 func (x *RenewElectionResponse) Reset() {
 	*x = RenewElectionResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +2946,7 @@ func (x *RenewElectionResponse) String() string {
 func (*RenewElectionResponse) ProtoMessage() {}
 
 func (x *RenewElectionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[37]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +2959,7 @@ func (x *RenewElectionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewElectionResponse.ProtoReflect.Descriptor instead.
 func (*RenewElectionResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{37}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RenewElectionResponse) GetRenewed() bool {
@@ -2871,7 +3000,7 @@ type ObserveRequest struct {
 
 func (x *ObserveRequest) Reset() {
 	*x = ObserveRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2883,7 +3012,7 @@ func (x *ObserveRequest) String() string {
 func (*ObserveRequest) ProtoMessage() {}
 
 func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[38]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2896,7 +3025,7 @@ func (x *ObserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveRequest.ProtoReflect.Descriptor instead.
 func (*ObserveRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{38}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ObserveRequest) GetName() string {
@@ -2922,7 +3051,7 @@ type ObserveResponse struct {
 
 func (x *ObserveResponse) Reset() {
 	*x = ObserveResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2934,7 +3063,7 @@ func (x *ObserveResponse) String() string {
 func (*ObserveResponse) ProtoMessage() {}
 
 func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[39]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2947,7 +3076,7 @@ func (x *ObserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObserveResponse.ProtoReflect.Descriptor instead.
 func (*ObserveResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{39}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ObserveResponse) GetElection() *Election {
@@ -2967,7 +3096,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3108,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[40]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3121,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{40}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -3015,8 +3144,8 @@ type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// acquired, released, expired, revoked, queued, dequeued, elected,
-	// resigned, proclaimed, value_changed, session_created, session_expired,
-	// session_deleted.
+	// resigned, proclaimed, value_changed, delay_ended, session_created,
+	// session_expired, session_deleted.
 	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	// lock, election or session.
 	Kind         string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
@@ -3039,7 +3168,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3051,7 +3180,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[41]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3064,7 +3193,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{41}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Event) GetRevision() uint64 {
@@ -3160,7 +3289,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3301,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[42]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3314,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{42}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -3216,7 +3345,7 @@ type TokenKey struct {
 
 func (x *TokenKey) Reset() {
 	*x = TokenKey{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3357,7 @@ func (x *TokenKey) String() string {
 func (*TokenKey) ProtoMessage() {}
 
 func (x *TokenKey) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[43]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3370,7 @@ func (x *TokenKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenKey.ProtoReflect.Descriptor instead.
 func (*TokenKey) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{43}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TokenKey) GetId() string {
@@ -3287,7 +3416,7 @@ type GetTokenKeysRequest struct {
 
 func (x *GetTokenKeysRequest) Reset() {
 	*x = GetTokenKeysRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3299,7 +3428,7 @@ func (x *GetTokenKeysRequest) String() string {
 func (*GetTokenKeysRequest) ProtoMessage() {}
 
 func (x *GetTokenKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[44]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3312,7 +3441,7 @@ func (x *GetTokenKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenKeysRequest.ProtoReflect.Descriptor instead.
 func (*GetTokenKeysRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{44}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
 }
 
 type GetTokenKeysResponse struct {
@@ -3324,7 +3453,7 @@ type GetTokenKeysResponse struct {
 
 func (x *GetTokenKeysResponse) Reset() {
 	*x = GetTokenKeysResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3465,7 @@ func (x *GetTokenKeysResponse) String() string {
 func (*GetTokenKeysResponse) ProtoMessage() {}
 
 func (x *GetTokenKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[45]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3478,7 @@ func (x *GetTokenKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenKeysResponse.ProtoReflect.Descriptor instead.
 func (*GetTokenKeysResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{45}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetTokenKeysResponse) GetKeys() []*TokenKey {
@@ -3372,7 +3501,7 @@ type RotateTokenKeyRequest struct {
 
 func (x *RotateTokenKeyRequest) Reset() {
 	*x = RotateTokenKeyRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3513,7 @@ func (x *RotateTokenKeyRequest) String() string {
 func (*RotateTokenKeyRequest) ProtoMessage() {}
 
 func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[46]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +3526,7 @@ func (x *RotateTokenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateTokenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{46}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RotateTokenKeyRequest) GetRevokeRetired() bool {
@@ -3416,7 +3545,7 @@ type RotateTokenKeyResponse struct {
 
 func (x *RotateTokenKeyResponse) Reset() {
 	*x = RotateTokenKeyResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +3557,7 @@ func (x *RotateTokenKeyResponse) String() string {
 func (*RotateTokenKeyResponse) ProtoMessage() {}
 
 func (x *RotateTokenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[47]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +3570,7 @@ func (x *RotateTokenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenKeyResponse.ProtoReflect.Descriptor instead.
 func (*RotateTokenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{47}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RotateTokenKeyResponse) GetKeys() []*TokenKey {
@@ -3465,7 +3594,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3477,7 +3606,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[48]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3490,7 +3619,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{48}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Member) GetId() string {
@@ -3546,7 +3675,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3558,7 +3687,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[49]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3571,7 +3700,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{49}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Cluster) GetNodeId() string {
@@ -3645,7 +3774,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +3786,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[50]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +3799,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{50}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{51}
 }
 
 type GetClusterResponse struct {
@@ -3682,7 +3811,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3823,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[51]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3836,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{51}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetClusterResponse) GetCluster() *Cluster {
@@ -3728,7 +3857,7 @@ type AddMemberRequest struct {
 
 func (x *AddMemberRequest) Reset() {
 	*x = AddMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +3869,7 @@ func (x *AddMemberRequest) String() string {
 func (*AddMemberRequest) ProtoMessage() {}
 
 func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[52]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +3882,7 @@ func (x *AddMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{52}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AddMemberRequest) GetId() string {
@@ -3779,7 +3908,7 @@ type AddMemberResponse struct {
 
 func (x *AddMemberResponse) Reset() {
 	*x = AddMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +3920,7 @@ func (x *AddMemberResponse) String() string {
 func (*AddMemberResponse) ProtoMessage() {}
 
 func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[53]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +3933,7 @@ func (x *AddMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{53}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AddMemberResponse) GetCluster() *Cluster {
@@ -3823,7 +3952,7 @@ type RemoveMemberRequest struct {
 
 func (x *RemoveMemberRequest) Reset() {
 	*x = RemoveMemberRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3835,7 +3964,7 @@ func (x *RemoveMemberRequest) String() string {
 func (*RemoveMemberRequest) ProtoMessage() {}
 
 func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[54]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3848,7 +3977,7 @@ func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{54}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveMemberRequest) GetId() string {
@@ -3867,7 +3996,7 @@ type RemoveMemberResponse struct {
 
 func (x *RemoveMemberResponse) Reset() {
 	*x = RemoveMemberResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3879,7 +4008,7 @@ func (x *RemoveMemberResponse) String() string {
 func (*RemoveMemberResponse) ProtoMessage() {}
 
 func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[55]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3892,7 +4021,7 @@ func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{55}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveMemberResponse) GetCluster() *Cluster {
@@ -3911,7 +4040,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3923,7 +4052,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[56]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3936,7 +4065,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{56}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferLeadershipRequest) GetId() string {
@@ -3955,7 +4084,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3967,7 +4096,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[57]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3980,7 +4109,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{57}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TransferLeadershipResponse) GetCluster() *Cluster {
@@ -4134,29 +4263,42 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"m\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\x8c\x01\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xa0\x01\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"lost_after\x18\x04 \x01(\x04R\tlostAfter\"\xc9\x01\n" +
 	"\x11KeepAliveResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"T\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\x12'\n" +
+	"\x04lost\x18\x05 \x03(\v2\x13.dlock.v1.LostGrantR\x04lost\"\xa2\x01\n" +
+	"\tLostGrant\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12#\n" +
+	"\rfencing_token\x18\x03 \x01(\x04R\ffencingToken\x12\x14\n" +
+	"\x05cause\x18\x04 \x01(\tR\x05cause\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1a\n" +
+	"\brevision\x18\x06 \x01(\x04R\brevision\"s\n" +
 	"\x16KeepAliveStreamRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
-	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\x87\x01\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1d\n" +
+	"\n" +
+	"lost_after\x18\x03 \x01(\x04R\tlostAfter\"\xb0\x01\n" +
 	"\x17KeepAliveStreamResponse\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x03R\x05ttlMs\x129\n" +
 	"\n" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"q\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12'\n" +
+	"\x04lost\x18\x04 \x03(\v2\x13.dlock.v1.LostGrantR\x04lost\"q\n" +
 	"\x14DeleteSessionRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
@@ -4357,7 +4499,7 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 	return file_dlock_v1_dlock_proto_rawDescData
 }
 
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*ErrorDetail)(nil),                // 0: dlock.v1.ErrorDetail
 	(*Holder)(nil),                     // 1: dlock.v1.Holder
@@ -4381,131 +4523,134 @@ var file_dlock_v1_dlock_proto_goTypes = []any{
 	(*CreateSessionResponse)(nil),      // 19: dlock.v1.CreateSessionResponse
 	(*KeepAliveRequest)(nil),           // 20: dlock.v1.KeepAliveRequest
 	(*KeepAliveResponse)(nil),          // 21: dlock.v1.KeepAliveResponse
-	(*KeepAliveStreamRequest)(nil),     // 22: dlock.v1.KeepAliveStreamRequest
-	(*KeepAliveStreamResponse)(nil),    // 23: dlock.v1.KeepAliveStreamResponse
-	(*DeleteSessionRequest)(nil),       // 24: dlock.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),      // 25: dlock.v1.DeleteSessionResponse
-	(*ElectionLeader)(nil),             // 26: dlock.v1.ElectionLeader
-	(*Election)(nil),                   // 27: dlock.v1.Election
-	(*CampaignRequest)(nil),            // 28: dlock.v1.CampaignRequest
-	(*CampaignResponse)(nil),           // 29: dlock.v1.CampaignResponse
-	(*GetElectionRequest)(nil),         // 30: dlock.v1.GetElectionRequest
-	(*GetElectionResponse)(nil),        // 31: dlock.v1.GetElectionResponse
-	(*ProclaimRequest)(nil),            // 32: dlock.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),           // 33: dlock.v1.ProclaimResponse
-	(*ResignRequest)(nil),              // 34: dlock.v1.ResignRequest
-	(*ResignResponse)(nil),             // 35: dlock.v1.ResignResponse
-	(*RenewElectionRequest)(nil),       // 36: dlock.v1.RenewElectionRequest
-	(*RenewElectionResponse)(nil),      // 37: dlock.v1.RenewElectionResponse
-	(*ObserveRequest)(nil),             // 38: dlock.v1.ObserveRequest
-	(*ObserveResponse)(nil),            // 39: dlock.v1.ObserveResponse
-	(*WatchRequest)(nil),               // 40: dlock.v1.WatchRequest
-	(*Event)(nil),                      // 41: dlock.v1.Event
-	(*WatchResponse)(nil),              // 42: dlock.v1.WatchResponse
-	(*TokenKey)(nil),                   // 43: dlock.v1.TokenKey
-	(*GetTokenKeysRequest)(nil),        // 44: dlock.v1.GetTokenKeysRequest
-	(*GetTokenKeysResponse)(nil),       // 45: dlock.v1.GetTokenKeysResponse
-	(*RotateTokenKeyRequest)(nil),      // 46: dlock.v1.RotateTokenKeyRequest
-	(*RotateTokenKeyResponse)(nil),     // 47: dlock.v1.RotateTokenKeyResponse
-	(*Member)(nil),                     // 48: dlock.v1.Member
-	(*Cluster)(nil),                    // 49: dlock.v1.Cluster
-	(*GetClusterRequest)(nil),          // 50: dlock.v1.GetClusterRequest
-	(*GetClusterResponse)(nil),         // 51: dlock.v1.GetClusterResponse
-	(*AddMemberRequest)(nil),           // 52: dlock.v1.AddMemberRequest
-	(*AddMemberResponse)(nil),          // 53: dlock.v1.AddMemberResponse
-	(*RemoveMemberRequest)(nil),        // 54: dlock.v1.RemoveMemberRequest
-	(*RemoveMemberResponse)(nil),       // 55: dlock.v1.RemoveMemberResponse
-	(*TransferLeadershipRequest)(nil),  // 56: dlock.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 57: dlock.v1.TransferLeadershipResponse
-	(*timestamppb.Timestamp)(nil),      // 58: google.protobuf.Timestamp
+	(*LostGrant)(nil),                  // 22: dlock.v1.LostGrant
+	(*KeepAliveStreamRequest)(nil),     // 23: dlock.v1.KeepAliveStreamRequest
+	(*KeepAliveStreamResponse)(nil),    // 24: dlock.v1.KeepAliveStreamResponse
+	(*DeleteSessionRequest)(nil),       // 25: dlock.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),      // 26: dlock.v1.DeleteSessionResponse
+	(*ElectionLeader)(nil),             // 27: dlock.v1.ElectionLeader
+	(*Election)(nil),                   // 28: dlock.v1.Election
+	(*CampaignRequest)(nil),            // 29: dlock.v1.CampaignRequest
+	(*CampaignResponse)(nil),           // 30: dlock.v1.CampaignResponse
+	(*GetElectionRequest)(nil),         // 31: dlock.v1.GetElectionRequest
+	(*GetElectionResponse)(nil),        // 32: dlock.v1.GetElectionResponse
+	(*ProclaimRequest)(nil),            // 33: dlock.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),           // 34: dlock.v1.ProclaimResponse
+	(*ResignRequest)(nil),              // 35: dlock.v1.ResignRequest
+	(*ResignResponse)(nil),             // 36: dlock.v1.ResignResponse
+	(*RenewElectionRequest)(nil),       // 37: dlock.v1.RenewElectionRequest
+	(*RenewElectionResponse)(nil),      // 38: dlock.v1.RenewElectionResponse
+	(*ObserveRequest)(nil),             // 39: dlock.v1.ObserveRequest
+	(*ObserveResponse)(nil),            // 40: dlock.v1.ObserveResponse
+	(*WatchRequest)(nil),               // 41: dlock.v1.WatchRequest
+	(*Event)(nil),                      // 42: dlock.v1.Event
+	(*WatchResponse)(nil),              // 43: dlock.v1.WatchResponse
+	(*TokenKey)(nil),                   // 44: dlock.v1.TokenKey
+	(*GetTokenKeysRequest)(nil),        // 45: dlock.v1.GetTokenKeysRequest
+	(*GetTokenKeysResponse)(nil),       // 46: dlock.v1.GetTokenKeysResponse
+	(*RotateTokenKeyRequest)(nil),      // 47: dlock.v1.RotateTokenKeyRequest
+	(*RotateTokenKeyResponse)(nil),     // 48: dlock.v1.RotateTokenKeyResponse
+	(*Member)(nil),                     // 49: dlock.v1.Member
+	(*Cluster)(nil),                    // 50: dlock.v1.Cluster
+	(*GetClusterRequest)(nil),          // 51: dlock.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),         // 52: dlock.v1.GetClusterResponse
+	(*AddMemberRequest)(nil),           // 53: dlock.v1.AddMemberRequest
+	(*AddMemberResponse)(nil),          // 54: dlock.v1.AddMemberResponse
+	(*RemoveMemberRequest)(nil),        // 55: dlock.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),       // 56: dlock.v1.RemoveMemberResponse
+	(*TransferLeadershipRequest)(nil),  // 57: dlock.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 58: dlock.v1.TransferLeadershipResponse
+	(*timestamppb.Timestamp)(nil),      // 59: google.protobuf.Timestamp
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	1,  // 0: dlock.v1.ErrorDetail.holder:type_name -> dlock.v1.Holder
-	26, // 1: dlock.v1.ErrorDetail.current:type_name -> dlock.v1.ElectionLeader
-	58, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
-	58, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 1: dlock.v1.ErrorDetail.current:type_name -> dlock.v1.ElectionLeader
+	59, // 2: dlock.v1.Holder.granted_at:type_name -> google.protobuf.Timestamp
+	59, // 3: dlock.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 4: dlock.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 5: dlock.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 6: dlock.v1.Lock.holder:type_name -> dlock.v1.Holder
 	1,  // 7: dlock.v1.Lock.holders:type_name -> dlock.v1.Holder
-	58, // 8: dlock.v1.Lock.delayed_until:type_name -> google.protobuf.Timestamp
+	59, // 8: dlock.v1.Lock.delayed_until:type_name -> google.protobuf.Timestamp
 	9,  // 9: dlock.v1.GetLockResponse.lock:type_name -> dlock.v1.Lock
 	9,  // 10: dlock.v1.ListLocksResponse.locks:type_name -> dlock.v1.Lock
-	58, // 11: dlock.v1.Grant.granted_at:type_name -> google.protobuf.Timestamp
-	58, // 12: dlock.v1.Grant.ended_at:type_name -> google.protobuf.Timestamp
+	59, // 11: dlock.v1.Grant.granted_at:type_name -> google.protobuf.Timestamp
+	59, // 12: dlock.v1.Grant.ended_at:type_name -> google.protobuf.Timestamp
 	14, // 13: dlock.v1.GetHistoryResponse.grants:type_name -> dlock.v1.Grant
-	58, // 14: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 15: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 16: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
-	58, // 17: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
-	58, // 18: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 19: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
-	58, // 20: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 21: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
-	58, // 22: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 23: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
-	58, // 24: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
-	41, // 25: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
-	43, // 26: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
-	43, // 27: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
-	48, // 28: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
-	49, // 29: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 30: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 31: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
-	49, // 32: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
-	2,  // 33: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 34: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
-	6,  // 35: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
-	8,  // 36: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
-	11, // 37: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
-	13, // 38: dlock.v1.LockService.GetHistory:input_type -> dlock.v1.GetHistoryRequest
-	16, // 39: dlock.v1.LockService.Revoke:input_type -> dlock.v1.RevokeRequest
-	18, // 40: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
-	20, // 41: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
-	22, // 42: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
-	24, // 43: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
-	28, // 44: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
-	30, // 45: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
-	32, // 46: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
-	34, // 47: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
-	36, // 48: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
-	38, // 49: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
-	40, // 50: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
-	50, // 51: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
-	52, // 52: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
-	54, // 53: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
-	56, // 54: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
-	44, // 55: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
-	46, // 56: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
-	3,  // 57: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
-	5,  // 58: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
-	7,  // 59: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 60: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
-	12, // 61: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
-	15, // 62: dlock.v1.LockService.GetHistory:output_type -> dlock.v1.GetHistoryResponse
-	17, // 63: dlock.v1.LockService.Revoke:output_type -> dlock.v1.RevokeResponse
-	19, // 64: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
-	21, // 65: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
-	23, // 66: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
-	25, // 67: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
-	29, // 68: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
-	31, // 69: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
-	33, // 70: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
-	35, // 71: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
-	37, // 72: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
-	39, // 73: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
-	42, // 74: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
-	51, // 75: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
-	53, // 76: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
-	55, // 77: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
-	57, // 78: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
-	45, // 79: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
-	47, // 80: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
-	57, // [57:81] is the sub-list for method output_type
-	33, // [33:57] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	59, // 14: dlock.v1.CreateSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	59, // 15: dlock.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 16: dlock.v1.KeepAliveResponse.lost:type_name -> dlock.v1.LostGrant
+	59, // 17: dlock.v1.KeepAliveStreamResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 18: dlock.v1.KeepAliveStreamResponse.lost:type_name -> dlock.v1.LostGrant
+	59, // 19: dlock.v1.ElectionLeader.since:type_name -> google.protobuf.Timestamp
+	59, // 20: dlock.v1.ElectionLeader.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 21: dlock.v1.Election.leader:type_name -> dlock.v1.ElectionLeader
+	59, // 22: dlock.v1.CampaignResponse.expires_at:type_name -> google.protobuf.Timestamp
+	28, // 23: dlock.v1.GetElectionResponse.election:type_name -> dlock.v1.Election
+	59, // 24: dlock.v1.RenewElectionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	28, // 25: dlock.v1.ObserveResponse.election:type_name -> dlock.v1.Election
+	59, // 26: dlock.v1.Event.at:type_name -> google.protobuf.Timestamp
+	42, // 27: dlock.v1.WatchResponse.event:type_name -> dlock.v1.Event
+	44, // 28: dlock.v1.GetTokenKeysResponse.keys:type_name -> dlock.v1.TokenKey
+	44, // 29: dlock.v1.RotateTokenKeyResponse.keys:type_name -> dlock.v1.TokenKey
+	49, // 30: dlock.v1.Cluster.members:type_name -> dlock.v1.Member
+	50, // 31: dlock.v1.GetClusterResponse.cluster:type_name -> dlock.v1.Cluster
+	50, // 32: dlock.v1.AddMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	50, // 33: dlock.v1.RemoveMemberResponse.cluster:type_name -> dlock.v1.Cluster
+	50, // 34: dlock.v1.TransferLeadershipResponse.cluster:type_name -> dlock.v1.Cluster
+	2,  // 35: dlock.v1.LockService.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 36: dlock.v1.LockService.Release:input_type -> dlock.v1.ReleaseRequest
+	6,  // 37: dlock.v1.LockService.Renew:input_type -> dlock.v1.RenewRequest
+	8,  // 38: dlock.v1.LockService.GetLock:input_type -> dlock.v1.GetLockRequest
+	11, // 39: dlock.v1.LockService.ListLocks:input_type -> dlock.v1.ListLocksRequest
+	13, // 40: dlock.v1.LockService.GetHistory:input_type -> dlock.v1.GetHistoryRequest
+	16, // 41: dlock.v1.LockService.Revoke:input_type -> dlock.v1.RevokeRequest
+	18, // 42: dlock.v1.SessionService.CreateSession:input_type -> dlock.v1.CreateSessionRequest
+	20, // 43: dlock.v1.SessionService.KeepAlive:input_type -> dlock.v1.KeepAliveRequest
+	23, // 44: dlock.v1.SessionService.KeepAliveStream:input_type -> dlock.v1.KeepAliveStreamRequest
+	25, // 45: dlock.v1.SessionService.DeleteSession:input_type -> dlock.v1.DeleteSessionRequest
+	29, // 46: dlock.v1.ElectionService.Campaign:input_type -> dlock.v1.CampaignRequest
+	31, // 47: dlock.v1.ElectionService.GetElection:input_type -> dlock.v1.GetElectionRequest
+	33, // 48: dlock.v1.ElectionService.Proclaim:input_type -> dlock.v1.ProclaimRequest
+	35, // 49: dlock.v1.ElectionService.Resign:input_type -> dlock.v1.ResignRequest
+	37, // 50: dlock.v1.ElectionService.RenewElection:input_type -> dlock.v1.RenewElectionRequest
+	39, // 51: dlock.v1.ElectionService.Observe:input_type -> dlock.v1.ObserveRequest
+	41, // 52: dlock.v1.WatchService.Watch:input_type -> dlock.v1.WatchRequest
+	51, // 53: dlock.v1.ClusterService.GetCluster:input_type -> dlock.v1.GetClusterRequest
+	53, // 54: dlock.v1.ClusterService.AddMember:input_type -> dlock.v1.AddMemberRequest
+	55, // 55: dlock.v1.ClusterService.RemoveMember:input_type -> dlock.v1.RemoveMemberRequest
+	57, // 56: dlock.v1.ClusterService.TransferLeadership:input_type -> dlock.v1.TransferLeadershipRequest
+	45, // 57: dlock.v1.ClusterService.GetTokenKeys:input_type -> dlock.v1.GetTokenKeysRequest
+	47, // 58: dlock.v1.ClusterService.RotateTokenKey:input_type -> dlock.v1.RotateTokenKeyRequest
+	3,  // 59: dlock.v1.LockService.Acquire:output_type -> dlock.v1.AcquireResponse
+	5,  // 60: dlock.v1.LockService.Release:output_type -> dlock.v1.ReleaseResponse
+	7,  // 61: dlock.v1.LockService.Renew:output_type -> dlock.v1.RenewResponse
+	10, // 62: dlock.v1.LockService.GetLock:output_type -> dlock.v1.GetLockResponse
+	12, // 63: dlock.v1.LockService.ListLocks:output_type -> dlock.v1.ListLocksResponse
+	15, // 64: dlock.v1.LockService.GetHistory:output_type -> dlock.v1.GetHistoryResponse
+	17, // 65: dlock.v1.LockService.Revoke:output_type -> dlock.v1.RevokeResponse
+	19, // 66: dlock.v1.SessionService.CreateSession:output_type -> dlock.v1.CreateSessionResponse
+	21, // 67: dlock.v1.SessionService.KeepAlive:output_type -> dlock.v1.KeepAliveResponse
+	24, // 68: dlock.v1.SessionService.KeepAliveStream:output_type -> dlock.v1.KeepAliveStreamResponse
+	26, // 69: dlock.v1.SessionService.DeleteSession:output_type -> dlock.v1.DeleteSessionResponse
+	30, // 70: dlock.v1.ElectionService.Campaign:output_type -> dlock.v1.CampaignResponse
+	32, // 71: dlock.v1.ElectionService.GetElection:output_type -> dlock.v1.GetElectionResponse
+	34, // 72: dlock.v1.ElectionService.Proclaim:output_type -> dlock.v1.ProclaimResponse
+	36, // 73: dlock.v1.ElectionService.Resign:output_type -> dlock.v1.ResignResponse
+	38, // 74: dlock.v1.ElectionService.RenewElection:output_type -> dlock.v1.RenewElectionResponse
+	40, // 75: dlock.v1.ElectionService.Observe:output_type -> dlock.v1.ObserveResponse
+	43, // 76: dlock.v1.WatchService.Watch:output_type -> dlock.v1.WatchResponse
+	52, // 77: dlock.v1.ClusterService.GetCluster:output_type -> dlock.v1.GetClusterResponse
+	54, // 78: dlock.v1.ClusterService.AddMember:output_type -> dlock.v1.AddMemberResponse
+	56, // 79: dlock.v1.ClusterService.RemoveMember:output_type -> dlock.v1.RemoveMemberResponse
+	58, // 80: dlock.v1.ClusterService.TransferLeadership:output_type -> dlock.v1.TransferLeadershipResponse
+	46, // 81: dlock.v1.ClusterService.GetTokenKeys:output_type -> dlock.v1.GetTokenKeysResponse
+	48, // 82: dlock.v1.ClusterService.RotateTokenKey:output_type -> dlock.v1.RotateTokenKeyResponse
+	59, // [59:83] is the sub-list for method output_type
+	35, // [35:59] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -4514,14 +4659,14 @@ func file_dlock_v1_dlock_proto_init() {
 		return
 	}
 	file_dlock_v1_dlock_proto_msgTypes[6].OneofWrappers = []any{}
-	file_dlock_v1_dlock_proto_msgTypes[43].OneofWrappers = []any{}
+	file_dlock_v1_dlock_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   58,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

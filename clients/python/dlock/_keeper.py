@@ -6,11 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Optional
 
 from . import errors
 
 log = logging.getLogger("dlock")
+
+
+#: How many lost grants a session's keeper remembers for late children.
+MAX_LOST_REMEMBERED = 1024
 
 
 class Keeper:
@@ -41,6 +46,11 @@ class Keeper:
         self._cond = threading.Condition()
         self._threads: list = []
         self._children: set = set()
+        #: The fencing token of the grant a keeper under a parent keeps.
+        self.token: Optional[int] = None
+        # The grants a session's keepalive listed as lost, by token, for a
+        # child adopted after the news (bounded).
+        self._lost: "OrderedDict[int, BaseException]" = OrderedDict()
 
     def start(self) -> None:
         if self._parent is not None:
@@ -82,11 +92,29 @@ class Keeper:
 
     def _adopt(self, child: "Keeper") -> None:
         with self._cond:
-            if self.error is None:
+            lost = self._lost.get(child.token) if child.token is not None else None
+            if self.error is None and lost is None:
                 self._children.add(child)
                 return
             err = self.error
+        if lost is not None:
+            if child.end(lost):
+                log.warning("dlock: %s lost: %s", child.what, lost)
+            return
         child._parent_ended(err)
+
+    def lost_grant(self, token: int, err: BaseException) -> None:
+        """Ends the child keeping the grant with this fencing token (a
+        session's keepalive listed it as lost), now or when it is adopted."""
+        with self._cond:
+            if token not in self._lost:
+                self._lost[token] = err
+                while len(self._lost) > MAX_LOST_REMEMBERED:
+                    self._lost.popitem(last=False)
+            children = [c for c in self._children if c.token == token]
+        for c in children:
+            if c.end(err):
+                log.warning("dlock: %s lost: %s", c.what, err)
 
     def _disown(self, child: "Keeper") -> None:
         with self._cond:

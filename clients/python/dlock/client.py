@@ -166,9 +166,10 @@ class _Held:
         client may hold it. An operator's revoke (:meth:`Client.revoke`) is
         the one exception: the server hands the lock on at once, and this
         client learns of it at its next renewal (at most ttl/3 later; the
-        renewal is answered ``lock_lost``, and ``error`` says so). A lock
-        held under a session is renewed by the session's keepalive, which
-        does not learn of a revoke. Fencing tokens cover that gap."""
+        renewal is answered ``lock_lost``, and ``error`` says so); under a
+        session, at the session's next keepalive, whose answer lists the
+        grants the session lost (a takeover by another lease of this client
+        id too: ``error`` is then a NotHolder). Fencing tokens cover the gap."""
         return self._keeper.lost
 
     @property
@@ -279,11 +280,19 @@ class Session:
         self._id = session_id
         self.ttl = ttl
 
+        # The revision up to which the keepalives have listed the grants the
+        # session lost (docs/api.md, "Lost grants"); the keeper's thread's.
+        self._lost_after = 0
+
         def renew(bound: float) -> float:
             rid = new_request_id()
-            sent, _ = client._t.call("POST", self._path() + "/keepalive", {"client_id": client.client_id, "request_id": rid},
-                                     request_id=rid, attempt_timeout=self._keeper.attempt_timeout(), deadline=bound,
-                                     what="POST /sessions/{id}/keepalive")
+            body: Dict[str, Any] = {"client_id": client.client_id, "request_id": rid}
+            if self._lost_after:
+                body["lost_after"] = self._lost_after
+            sent, ans = client._t.call("POST", self._path() + "/keepalive", body,
+                                       request_id=rid, attempt_timeout=self._keeper.attempt_timeout(), deadline=bound,
+                                       what="POST /sessions/{id}/keepalive")
+            self._heard(ans or {})
             return sent if sent is not None else time.monotonic()
 
         self._keeper = Keeper("session", ttl, sent, renew=renew, attempt_timeout=client.request_timeout)
@@ -292,6 +301,24 @@ class Session:
 
     def _path(self) -> str:
         return "/sessions/" + quote(self._id, safe="")
+
+    def _heard(self, ans: Dict[str, Any]) -> None:
+        """Ends the grants a keepalive answer lists as lost: revoked by an
+        operator (LockLost, code lock_lost) or taken over by another lease of
+        this client id (NotHolder)."""
+        for g in ans.get("lost") or []:
+            token, name, kind = int(g["fencing_token"]), str(g.get("name", "")), str(g.get("kind", "lock"))
+            if g.get("cause") == "revoked":
+                reason = f" (reason: {g['reason']!r})" if g.get("reason") else ""
+                err: BaseException = errors.LockLost(
+                    f"{kind} {name!r}: the grant with fencing token {token} was revoked by an operator{reason}; "
+                    "stop using the resource and acquire again", status=409, body={"fencing_token": token})
+            else:
+                err = errors.NotHolder(f"{kind} {name!r}: the grant with fencing token {token} ended under this session "
+                                       f"({g.get('cause')}); stop using the resource", status=409)
+            self._keeper.lost_grant(token, err)
+            self._lost_after = max(self._lost_after, int(g.get("revision", 0)))
+        self._lost_after = max(self._lost_after, int(ans.get("revision", 0)))
 
     @property
     def id(self) -> str:
@@ -598,7 +625,8 @@ class Client:
         g, sent = _wait_in_line(self, "lock", name, ttl if session is None else 0.0, wait, session, send, withdraw, give_back, renew)
         keeper = self._lease_keeper(f"lock {name}", ttl, sent, session,
                                     lambda bound: self._renew(name, g.fencing_token, g.lease_id, deadline=bound,
-                                                              attempt_timeout=keeper.attempt_timeout())[0])
+                                                              attempt_timeout=keeper.attempt_timeout())[0],
+                                    g.fencing_token)
         try:
             self._track(keeper)
         except errors.ClientClosed:
@@ -607,9 +635,12 @@ class Client:
         keeper.start()
         return Lease(self, g, keeper)
 
-    def _lease_keeper(self, what: str, ttl: float, sent: float, session: Optional[Session], renew: Any) -> Keeper:
+    def _lease_keeper(self, what: str, ttl: float, sent: float, session: Optional[Session], renew: Any,
+                      token: int) -> Keeper:
         if session is not None:
-            return Keeper(what, session.ttl, sent, parent=session._keeper)
+            k = Keeper(what, session.ttl, sent, parent=session._keeper)
+            k.token = token  # a keepalive that lists it as lost ends it
+            return k
         return Keeper(what, ttl, sent, renew=renew, attempt_timeout=self.request_timeout)
 
     def _release(self, name: str, token: int, lease_id: str, deadline: Optional[float] = None) -> None:
@@ -679,7 +710,8 @@ class Client:
         lock at once with a higher token (after the grant's lock-delay, if
         it set one); ``reason`` (1 to 256 bytes, required) goes into the
         history and the watch event; the holder's next renewal is answered
-        ``lock_lost`` and its ``lease.lost`` is set. The old holder may still
+        ``lock_lost`` (under a session, the session's next keepalive lists
+        it as lost) and its ``lease.lost`` is set. The old holder may still
         be running: only fencing protects the resource. NotFound if no such
         grant holds it. With ACLs it needs the revoke permission on the name
         (or admin). ``election`` revokes an election's leader instead."""

@@ -79,7 +79,8 @@ class Election:
         g, sent = _wait_in_line(c, "campaign", self.name, self.ttl if s is None else 0.0, wait, s, send, withdraw, give_back, renew)
         keeper = c._lease_keeper(f"leadership of {self.name}", self.ttl, sent, s,
                                  lambda bound: self._holder_call("renew", g.fencing_token, g.lease_id, deadline=bound,
-                                                                 attempt_timeout=keeper.attempt_timeout()))
+                                                                 attempt_timeout=keeper.attempt_timeout()),
+                                 g.fencing_token)
         try:
             c._track(keeper)
         except errors.ClientClosed:

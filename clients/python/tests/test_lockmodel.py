@@ -179,3 +179,39 @@ def test_an_acquire_during_a_lock_delay_raises_lock_delayed_and_a_wait_gets_it_a
     assert next(g for g in grants if g["fencing_token"] == lease.token)["lock_delay_ms"] == 4000
     for c in (holder, other, op):
         c.close()
+
+
+def test_a_revoke_under_a_session_sets_that_leases_lost_at_the_next_keepalive(cluster):
+    holder, op = _clients(cluster, "sess-holder", "sess-operator")
+    # A session TTL far longer than the waits below would allow, were lost
+    # set only when the session is lost: the keepalive (every ttl/3) must
+    # report the revoke.
+    s = holder.session(ttl=9)
+    job = holder.acquire("model/sess/job", session=s)
+    other = holder.acquire("model/sess/other", session=s)
+    lead = holder.election("model/sess/leader", session=s).campaign("me")
+
+    assert op.revoke("model/sess/job", job.token, reason="stuck") == [job.token]
+    assert job.lost.wait(20), "the revoked session-held lease's lost was not set"
+    assert isinstance(job.error, dlock.LockLost) and job.error.code == "lock_lost"
+    assert job.error.fencing_token == job.token and "stuck" in str(job.error)
+    # Only that grant ended: the session and its other lock live on.
+    assert not s.lost.is_set() and not other.lost.is_set()
+    assert op.get_lock("model/sess/other")["holder"]["fencing_token"] == other.token
+
+    assert op.revoke("model/sess/leader", reason="drill", election=True) == [lead.token]
+    assert lead.lost.wait(20), "the revoked session-held leadership's lost was not set"
+    assert lead.error.code == "lock_lost"
+
+    # The same client id takes model/sess/other over under a lease of its
+    # own: the session's grant ends with NotHolder.
+    again = dlock.Client(cluster.endpoints, client_id="sess-holder")
+    taken = again.acquire("model/sess/other", ttl=6, takeover=True)
+    assert taken.token > other.token
+    assert other.lost.wait(20), "the taken-over session-held lease's lost was not set"
+    assert isinstance(other.error, dlock.NotHolder)
+    assert not s.lost.is_set()
+    taken.release()
+    s.close()
+    for c in (holder, op, again):
+        c.close()

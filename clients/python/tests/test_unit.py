@@ -128,6 +128,27 @@ def test_a_session_keeper_ends_its_locks():
     parent.join()
 
 
+def test_a_lost_grant_ends_only_that_lock_even_one_adopted_after_the_news():
+    parent = Keeper("session", 30, time.monotonic(), renew=lambda b: time.monotonic())
+    parent.start()
+    kept, lost = Keeper("lock a", 30, time.monotonic(), parent=parent), Keeper("lock b", 30, time.monotonic(), parent=parent)
+    kept.token, lost.token = 7, 8
+    kept.start()
+    lost.start()
+    parent.lost_grant(8, dlock.LockLost("revoked"))
+    assert lost.lost.is_set() and str(lost.error) == "dlock: lock_lost: revoked"
+    assert not kept.lost.is_set() and not parent.lost.is_set()
+    # The keepalive's news came before the Lock that got token 9 returned.
+    parent.lost_grant(9, dlock.NotHolder("taken over"))
+    late = Keeper("lock c", 30, time.monotonic(), parent=parent)
+    late.token = 9
+    late.start()
+    assert late.lost.is_set() and isinstance(late.error, dlock.NotHolder)
+    parent.end(dlock.LockLost("session gone"))
+    assert kept.lost.wait(5)
+    parent.join()
+
+
 def test_a_failing_renewal_is_retried_until_the_bound():
     failures = threading.Event()
 
