@@ -54,7 +54,7 @@ func leaders(c *testcluster.Cluster, m shard.Map) []string {
 // the running ones.
 func waitSpread(t *testing.T, c *testcluster.Cluster, m shard.Map) {
 	t.Helper()
-	eventually(t, 60*time.Second, "shard leaders spread", func() error {
+	testutil.Eventually(t, 60*time.Second, "shard leaders spread", func() error {
 		got := leaders(c, m)
 		for k := range got {
 			if want := shard.Preferred(k, c.Running()); got[k] != want {
@@ -62,16 +62,6 @@ func waitSpread(t *testing.T, c *testcluster.Cluster, m shard.Map) {
 			}
 		}
 		return nil
-	})
-}
-
-func eventually(t *testing.T, within time.Duration, what string, fn func() error) {
-	t.Helper()
-	testutil.Eventually(t, within, what, func() (bool, string) {
-		if err := fn(); err != nil {
-			return false, err.Error()
-		}
-		return true, ""
 	})
 }
 
@@ -191,7 +181,7 @@ func TestShardedClusterRoutesListsAndWatches(t *testing.T) {
 	// Each name lives in its own shard's state, and only there.
 	for _, id := range ids {
 		for k, n := range c.Server(id).Shards() {
-			eventually(t, 20*time.Second, "every shard holds its names", func() error {
+			testutil.Eventually(t, 20*time.Second, "every shard holds its names", func() error {
 				var held []string
 				n.FSM().Read(func(st *state.State) {
 					infos, _ := st.ListLocks("", "", 100)
@@ -351,7 +341,7 @@ func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
 		_, _ = c.Do(ctx, "POST", via+"/api/v1/locks/alpha/job/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 20000, "wait_timeout_ms": 50000}, &a)
 		waited <- a
 	}()
-	eventually(t, 20*time.Second, "the waiter is queued", func() error {
+	testutil.Eventually(t, 20*time.Second, "the waiter is queued", func() error {
 		var v service.LockView
 		do(t, c, "GET", via+"/api/v1/locks/alpha/job", nil, &v)
 		if len(v.Queue) != 1 {
@@ -361,7 +351,7 @@ func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
 	})
 
 	c.Kill(victim)
-	eventually(t, 30*time.Second, "every shard the victim led has a new leader", func() error {
+	testutil.Eventually(t, 30*time.Second, "every shard the victim led has a new leader", func() error {
 		got := leaders(c, m)
 		for k, l := range got {
 			if l == "" || l == victim {
@@ -372,7 +362,7 @@ func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
 	})
 	// Holders keep their grants and tokens, the waiter its place; the
 	// session's one keepalive renews it on every shard.
-	var ka service.SessionResponse
+	var ka service.KeepAliveResponse
 	if code := do(t, c, "POST", via+"/api/v1/sessions/"+sess.SessionID+"/keepalive", map[string]any{}, &ka); code != 200 {
 		t.Fatalf("keepalive after failover: %d", code)
 	}
@@ -383,6 +373,20 @@ func TestShardedFailoverKeepsHoldersAndWaiters(t *testing.T) {
 			t.Fatalf("after failover %s = %+v, want held with token %d", name, v, tokens[name])
 		}
 	}
+	// An operator revokes the session's grant on the last shard: the
+	// session's one keepalive, through any node, names it as lost.
+	var rv map[string]any
+	if code := do(t, c, "POST", via+"/api/v1/locks/zebra/b/revoke", map[string]any{"reason": "stuck"}, &rv); code != 200 {
+		t.Fatalf("revoke zebra/b: %d %v", code, rv)
+	}
+	var lost service.KeepAliveResponse
+	if code := do(t, c, "POST", via+"/api/v1/sessions/"+sess.SessionID+"/keepalive", map[string]any{"lost_after": 1 << 40}, &lost); code != 200 {
+		t.Fatalf("keepalive after revoke: %d", code)
+	}
+	if len(lost.Lost) != 1 || lost.Lost[0].Name != "zebra/b" || lost.Lost[0].FencingToken != tokens["zebra/b"] || lost.Lost[0].Cause != "revoked" || lost.Revision != 0 {
+		t.Fatalf("keepalive after revoking zebra/b: %+v, want zebra/b token %d revoked, revision 0", lost, tokens["zebra/b"])
+	}
+	delete(tokens, "zebra/b")
 	// Ending the session releases every shard's locks; the waiter is
 	// granted with a higher token than the holder's.
 	var del service.DeleteSessionResponse

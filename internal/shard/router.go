@@ -266,9 +266,15 @@ func randHex(n int) string {
 }
 
 // KeepAlive renews the session's lease on every shard at once; the answer's
-// expires_at is the earliest.
-func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.SessionResponse, error) {
-	resps := make([]*service.SessionResponse, len(r.shards))
+// expires_at is the earliest. A lost grant's revision is its shard's, so no
+// one lost_after cursor can serve every shard: each shard lists every lost
+// grant it remembers for the session (at most state.MaxLostPerSession), the
+// answer's revision is 0 so the client's cursor stays there, and a client
+// hears of a lost grant again on each keepalive (ending a lease twice is
+// harmless).
+func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
+	req.LostAfter = 0
+	resps := make([]*service.KeepAliveResponse, len(r.shards))
 	err := r.each(ctx, r.all(), func(ctx context.Context, i, k int) (err error) {
 		resps[i], err = r.shards[k].KeepAlive(ctx, req)
 		return err
@@ -277,8 +283,11 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 		return nil, err
 	}
 	out := *resps[0]
+	out.Revision = 0
+	out.Lost = append([]service.LostGrant{}, resps[0].Lost...)
 	for _, s := range resps[1:] {
 		out.ExpiresAt = earliest(out.ExpiresAt, s.ExpiresAt)
+		out.Lost = append(out.Lost, s.Lost...)
 	}
 	return &out, nil
 }

@@ -8,9 +8,10 @@ import (
 )
 
 // Cond is a condition Eventually polls: a plain check, or one that also says
-// why it does not hold yet (shown if it never does).
+// why it does not hold yet (shown if it never does), as a string or as an
+// error (nil: it holds).
 type Cond interface {
-	~func() bool | ~func() (bool, string)
+	~func() bool | ~func() (bool, string) | ~func() error
 }
 
 // pollEvery is how often Eventually checks.
@@ -27,6 +28,11 @@ func Eventually[C Cond](t testing.TB, within time.Duration, what string, cond C)
 			return c(), ""
 		case func() (bool, string):
 			return c()
+		case func() error:
+			if err := c(); err != nil {
+				return false, err.Error()
+			}
+			return true, ""
 		}
 		panic("testutil.Eventually: unsupported condition type")
 	}
