@@ -31,33 +31,10 @@ DUR=${BENCH_DURATION:-4s}
 WARM=${BENCH_WARMUP:-1s}
 ROWS=${BENCH_ROWS:-"uncontended:1 contended:8 contended:64 uncontended:64 ttl-per-acquire:64"}
 FAILOVER_REPEAT=${BENCH_FAILOVER_REPEAT:-0}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-engines.XXXXXX")
+. "$ROOT/scripts/lib/bench-common.sh"
+bench_setup bench-engines
 RES=$WORK/results
 mkdir -p "$RES"
-
-PIDS=()
-cleanup() {
-	local rc=$?
-	set +e
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-	for _ in $(seq 50); do
-		local alive=0
-		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-		[ "$alive" = 0 ] && break
-		sleep 0.2
-	done
-	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-	wait 2>/dev/null
-	if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
-		echo "bench-engines: work dir kept: $WORK" >&2
-	else
-		rm -rf "$WORK"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 command -v jq >/dev/null || { echo "bench-engines: needs jq" >&2; exit 2; }
 
 (cd "$ROOT" && go build -o "$WORK/bin/dlock" ./cmd/dlock)

@@ -27,33 +27,8 @@ FILL_KEYS=${BENCH_FILL_KEYS:-300000}
 ROUNDS=${BENCH_ROUNDS:-5}
 WINDOW=${BENCH_WINDOW:-10s}
 MEMLIMIT=${BENCH_GOMEMLIMIT-900MiB}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-history-renewals.XXXXXX")
-T_START=$(date +%s)
-
-PIDS=()
-cleanup() {
-	local rc=$?
-	set +e
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-	for _ in $(seq 50); do
-		local alive=0
-		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-		[ "$alive" = 0 ] && break
-		sleep 0.2
-	done
-	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-	wait 2>/dev/null
-	if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
-		echo "bench-history-renewals: work dir kept: $WORK" >&2
-	else
-		rm -rf "$WORK"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { printf '%s [%4ds] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - T_START))" "$*" >&2; }
+. "$ROOT/scripts/lib/bench-common.sh"
+bench_setup bench-history-renewals
 
 log "building dlock"
 (cd "$ROOT" && go build -o "$WORK/dlock" ./cmd/dlock)

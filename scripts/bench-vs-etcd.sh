@@ -42,35 +42,10 @@ ONE_NODE=${BENCH_ONE_NODE:-1}
 case $PROTOCOL in http | grpc) ;; *) echo "BENCH_DLOCK_PROTOCOL: use http or grpc, not $PROTOCOL" >&2; exit 2 ;; esac
 DOC=${BENCH_DOC:-$ROOT/docs/benchmarks.md}
 PNG_DIR=${BENCH_PNG_DIR:-$ROOT/docs/bench}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/dlock-vs-etcd.XXXXXX")
+. "$ROOT/scripts/lib/bench-common.sh"
+bench_setup bench-vs-etcd
 RES=$WORK/results
 mkdir -p "$RES"
-T_START=$(date +%s)
-
-PIDS=()
-cleanup() {
-	local rc=$?
-	set +e
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-	for _ in $(seq 50); do
-		local alive=0
-		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-		[ "$alive" = 0 ] && break
-		sleep 0.2
-	done
-	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-	wait 2>/dev/null
-	if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
-		echo "bench-vs-etcd: work dir kept: $WORK" >&2
-	else
-		rm -rf "$WORK"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { printf '%s [%4ds] %s\n' "$(date +%H:%M:%S)" "$(($(date +%s) - T_START))" "$*" >&2; }
 
 # --- tools ---------------------------------------------------------------
 apt_install() { # package: install from Debian if its candidate is known

@@ -100,6 +100,30 @@ type Server struct {
 	balanced chan struct{}
 }
 
+// listenAPI opens the API's listeners (TLS if configured) and completes the
+// Raft config with the API address and logger.
+func listenAPI(cfg Config) (ln, grpcLn net.Listener, rc raftnode.Config, err error) {
+	ln, err = net.Listen("tcp", cfg.APIAddr)
+	if err != nil {
+		return nil, nil, rc, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
+	}
+	if cfg.GRPCAddr != "" {
+		if grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			ln.Close()
+			return nil, nil, rc, fmt.Errorf("listen for gRPC on %s: %w (is the port in use?)", cfg.GRPCAddr, err)
+		}
+	}
+	ln, grpcLn = apiTLS(ln, grpcLn, cfg.TLS)
+	rc = cfg.Raft
+	if rc.APIAddr == "" {
+		rc.APIAddr = ln.Addr().String()
+	}
+	if rc.Logger == nil {
+		rc.Logger = cfg.Logger
+	}
+	return ln, grpcLn, rc, nil
+}
+
 // Start opens the node and begins serving the API.
 func Start(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
@@ -113,24 +137,9 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	warnACLWithoutPeerTLS(cfg)
-	ln, err := net.Listen("tcp", cfg.APIAddr)
+	ln, grpcLn, rc, err := listenAPI(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
-	}
-	var grpcLn net.Listener
-	if cfg.GRPCAddr != "" {
-		if grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("listen for gRPC on %s: %w (is the port in use?)", cfg.GRPCAddr, err)
-		}
-	}
-	ln, grpcLn = apiTLS(ln, grpcLn, cfg.TLS)
-	rc := cfg.Raft
-	if rc.APIAddr == "" {
-		rc.APIAddr = ln.Addr().String()
-	}
-	if rc.Logger == nil {
-		rc.Logger = cfg.Logger
+		return nil, err
 	}
 	hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
 	mtr := metrics.New()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 
 	"github.com/dlock/dlock/internal/metrics"
@@ -30,24 +29,9 @@ func startSharded(cfg Config) (*Server, error) {
 	if err := shard.CheckDataDir(cfg.Raft.DataDir, m); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.APIAddr)
+	ln, grpcLn, rc, err := listenAPI(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("listen for the API on %s: %w (is the port in use?)", cfg.APIAddr, err)
-	}
-	var grpcLn net.Listener
-	if cfg.GRPCAddr != "" {
-		if grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("listen for gRPC on %s: %w (is the port in use?)", cfg.GRPCAddr, err)
-		}
-	}
-	ln, grpcLn = apiTLS(ln, grpcLn, cfg.TLS)
-	rc := cfg.Raft
-	if rc.APIAddr == "" {
-		rc.APIAddr = ln.Addr().String()
-	}
-	if rc.Logger == nil {
-		rc.Logger = cfg.Logger
+		return nil, err
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
 	ok := false
