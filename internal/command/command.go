@@ -49,8 +49,10 @@ const (
 // Acquire.Takeover and RegisterMember.Version (earlier acquires decode with Takeover true: they
 // always took over); version 6 Acquire.Limit, Acquire.Shared and Acquire.Subtree (earlier
 // acquires are exclusive, limit 1, one name); version 7 Acquire.LockDelayMs,
-// Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version).
-const Version = 7
+// Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version);
+// version 8 changes no encoding: from it on a session remembers the grants it
+// loses to a revoke or a takeover (Envelope.RemembersLostGrants).
+const Version = 8
 
 // Limits shared by validation and the state machine.
 const (
@@ -137,6 +139,12 @@ type Envelope struct {
 // from version 7 on. An earlier acquire with a value on a lock was refused,
 // and a replay must refuse it again.
 func (e *Envelope) ValueOnLocks() bool { return e.Version == 0 || e.Version >= 7 }
+
+// RemembersLostGrants reports whether a session that loses a grant by this
+// entry remembers it for its keepalive: from version 8 on. An older node
+// applying an earlier entry did not, and a replay (or a node that restored a
+// snapshot taken before) must agree with it.
+func (e *Envelope) RemembersLostGrants() bool { return e.Version == 0 || e.Version >= 8 }
 
 // Body is the typed payload of a command.
 type Body interface {

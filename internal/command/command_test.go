@@ -142,7 +142,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 7 {
+	if Version != 8 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -905,4 +905,28 @@ func withZeroClock(b []byte) []byte {
 	r.Varint()
 	at := len(b) - r.Len()
 	return append(append(append([]byte(nil), b[:at]...), 0), b[at:]...)
+}
+
+func TestDecodeVersion7(t *testing.T) {
+	// Version 8 changed no encoding: a version 7 entry is the same bytes
+	// but for its version byte, and decodes to the same command, with a
+	// session's lost grants not remembered.
+	for _, tc := range roundTripCases() {
+		b := Encode(tc.env)
+		b[1] = 7
+		e, err := Decode(b)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if e.Version != 7 || e.RemembersLostGrants() || !e.ValueOnLocks() {
+			t.Fatalf("%s: version %d, remembers lost grants %v, values on locks %v", tc.name, e.Version, e.RemembersLostGrants(), e.ValueOnLocks())
+		}
+		e.Version = 0
+		if !reflect.DeepEqual(e, tc.env) {
+			t.Fatalf("%s: decoded %+v, want %+v", tc.name, e, tc.env)
+		}
+	}
+	if !(&Envelope{}).RemembersLostGrants() || !(&Envelope{Version: 8}).RemembersLostGrants() {
+		t.Fatal("a current entry must remember lost grants")
+	}
 }

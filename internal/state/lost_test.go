@@ -96,3 +96,30 @@ func TestSessionLostGrantsBounded(t *testing.T) {
 		t.Fatal("the digest missed dropping the oldest lost grant")
 	}
 }
+
+// Sessions remember lost grants only from command version 8 on: a version 7
+// entry applied by an older node remembered none, and a replay of it (or a
+// node restored from a snapshot of that time) must agree with that node.
+func TestLostGrantsOnlyFromVersion8(t *testing.T) {
+	h := newHarness(t)
+	h.session("s", lid(1), ttl)
+	b := h.sacquire("s", "b", lid(1), 0)
+	h.idx++
+	h.ts += h.step
+	raw := command.Encode(&command.Envelope{TS: h.ts, Clock: h.ts - startTS, ClientID: "op", Body: &command.Revoke{Name: "b", Token: b.Token, Reason: "stuck"}})
+	raw[1] = 7 // version 8 changed no encoding
+	old, err := command.Decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustStatus(t, h.s.Apply(h.idx, old), command.StatusOK)
+	h.s.TakeEvents()
+	if got := h.s.SessionLost(lid(1), 0); len(got) != 0 {
+		t.Fatalf("a version 7 revoke is remembered: %+v", got)
+	}
+	c := h.sacquire("s", "c", lid(1), 0)
+	mustStatus(t, h.do("op", &command.Revoke{Name: "c", Token: c.Token}), command.StatusOK)
+	if got := h.s.SessionLost(lid(1), 0); len(got) != 1 || got[0].Key != "c" {
+		t.Fatalf("a current revoke: lost %+v, want c", got)
+	}
+}

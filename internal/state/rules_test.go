@@ -492,7 +492,7 @@ func TestVersion4AcquireStillTakesOver(t *testing.T) {
 		// Version 4 wrote the same layout without the trailing MaxWaiters
 		// and Takeover fields, nor version 6's Limit, Shared and Subtree,
 		// nor version 7's LockDelayMs (all zero here).
-		if raw[1] != 7 || !bytes.Equal(raw[len(raw)-6:], make([]byte, 6)) {
+		if raw[1] != command.Version || !bytes.Equal(raw[len(raw)-6:], make([]byte, 6)) {
 			t.Fatalf("unexpected current encoding %x", raw)
 		}
 		raw = raw[:len(raw)-6]

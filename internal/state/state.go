@@ -224,6 +224,9 @@ type State struct {
 	intent  map[string]intentCount
 	waitIdx *btree.BTreeG[waitItem]
 	place   uint64
+	// keepLost: the command being applied is of a version whose sessions
+	// remember the grants they lose (command.Envelope.RemembersLostGrants).
+	keepLost bool
 	// probe and cands are apply's scratch (lock, wake).
 	probe Lock
 	cands []*Lock
@@ -289,6 +292,7 @@ func (s *State) Apply(index uint64, e *command.Envelope) command.Result {
 func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 	s.SetIndex(index)
 	s.place = placeOf(index, seq)
+	s.keepLost = e.RemembersLostGrants()
 	// The leader never lets timestamps go backwards, but a log is input: keep the
 	// invariant here too so remaining-time arithmetic can rely on it.
 	if e.TS > s.ts {
@@ -696,7 +700,7 @@ func (s *State) unhold(lk *Lock, i int, cause, reason string) Grant {
 	s.emit(Event{Type: typ, Name: lk.Name, ClientID: holder.ClientID, Token: g.Token, Cause: cause, Reason: reason, LeaseID: holder.ID,
 		Shared: lk.Shared(), Subtree: g.Subtree, Value: lk.Value()})
 	s.recordEnd(lk, g, holder, endCauseOf(cause, election), reason)
-	if holder.Session && (cause == CauseRevoked || cause == CauseTakeover) {
+	if s.keepLost && holder.Session && (cause == CauseRevoked || cause == CauseTakeover) {
 		s.recordLost(holder, lk, g.Token, endCauseOf(cause, election), reason)
 	}
 	holder.Locks().Delete(lk.Name)
