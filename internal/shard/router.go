@@ -89,64 +89,75 @@ func (r *Router) overlap(prefix string) ([]int, error) {
 	return r.m.Overlap(p), nil
 }
 
-// ListLocks merges the pages of every shard the prefix overlaps by name:
-// each shard lists up to the limit after the cursor, so the first limit
-// names of the merge are the first limit names overall.
-func (r *Router) ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error) {
+// page is one shard's page of a list, or the merge of several.
+type page[V any] struct {
+	items     []V
+	more      bool
+	revision  uint64
+	revisions map[string]uint64
+	stale     *service.StaleRead
+}
+
+// mergePages lists every shard the prefix overlaps and merges the pages by
+// name: each shard lists up to the limit after the cursor, so the first limit
+// names of the merge are the first limit names overall. One shard's page is
+// returned as it is, with its own revision.
+func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *service.Service) (page[V], error), name func(*V) string) (page[V], error) {
 	ks, err := r.overlap(req.Prefix)
 	if err != nil {
-		return nil, err
+		return page[V]{}, err
 	}
 	if len(ks) == 1 {
-		return r.shards[ks[0]].ListLocks(ctx, req)
+		return list(ctx, r.shards[ks[0]])
 	}
-	pages := make([]*service.ListResponse, len(ks))
+	pages := make([]page[V], len(ks))
 	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		pages[i], err = r.shards[k].ListLocks(ctx, req)
+		pages[i], err = list(ctx, r.shards[k])
 		return err
 	}); err != nil {
-		return nil, err
+		return page[V]{}, err
 	}
-	out := &service.ListResponse{Locks: []service.LockView{}, Revisions: map[string]uint64{}, Stale: pages[0].Stale}
+	out := page[V]{items: []V{}, revisions: map[string]uint64{}, stale: pages[0].stale}
 	for i, p := range pages {
-		out.Locks = append(out.Locks, p.Locks...)
-		out.More = out.More || p.More
-		out.Revisions[strconv.Itoa(ks[i])] = p.Revision
+		out.items = append(out.items, p.items...)
+		out.more = out.more || p.more
+		out.revisions[strconv.Itoa(ks[i])] = p.revision
 	}
-	sort.Slice(out.Locks, func(a, b int) bool { return out.Locks[a].Name < out.Locks[b].Name })
-	if limit := listLimit(req.Limit); len(out.Locks) > limit {
-		out.Locks, out.More = out.Locks[:limit], true
+	sort.Slice(out.items, func(a, b int) bool { return name(&out.items[a]) < name(&out.items[b]) })
+	if limit := listLimit(req.Limit); len(out.items) > limit {
+		out.items, out.more = out.items[:limit], true
 	}
 	return out, nil
 }
 
-// ListElections is ListLocks for elections.
-func (r *Router) ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error) {
-	ks, err := r.overlap(req.Prefix)
+// ListLocks merges the lock lists of every shard the prefix overlaps.
+func (r *Router) ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error) {
+	p, err := mergePages(ctx, r, req, func(ctx context.Context, s *service.Service) (page[service.LockView], error) {
+		l, err := s.ListLocks(ctx, req)
+		if err != nil {
+			return page[service.LockView]{}, err
+		}
+		return page[service.LockView]{items: l.Locks, more: l.More, revision: l.Revision, stale: l.Stale}, nil
+	}, func(v *service.LockView) string { return v.Name })
 	if err != nil {
 		return nil, err
 	}
-	if len(ks) == 1 {
-		return r.shards[ks[0]].ListElections(ctx, req)
-	}
-	pages := make([]*service.ElectionListResponse, len(ks))
-	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		pages[i], err = r.shards[k].ListElections(ctx, req)
-		return err
-	}); err != nil {
+	return &service.ListResponse{Locks: p.items, More: p.more, Revision: p.revision, Revisions: p.revisions, Stale: p.stale}, nil
+}
+
+// ListElections merges the election lists of every shard the prefix overlaps.
+func (r *Router) ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error) {
+	p, err := mergePages(ctx, r, req, func(ctx context.Context, s *service.Service) (page[service.ElectionView], error) {
+		l, err := s.ListElections(ctx, req)
+		if err != nil {
+			return page[service.ElectionView]{}, err
+		}
+		return page[service.ElectionView]{items: l.Elections, more: l.More, revision: l.Revision, stale: l.Stale}, nil
+	}, func(v *service.ElectionView) string { return v.Name })
+	if err != nil {
 		return nil, err
 	}
-	out := &service.ElectionListResponse{Elections: []service.ElectionView{}, Revisions: map[string]uint64{}, Stale: pages[0].Stale}
-	for i, p := range pages {
-		out.Elections = append(out.Elections, p.Elections...)
-		out.More = out.More || p.More
-		out.Revisions[strconv.Itoa(ks[i])] = p.Revision
-	}
-	sort.Slice(out.Elections, func(a, b int) bool { return out.Elections[a].Name < out.Elections[b].Name })
-	if limit := listLimit(req.Limit); len(out.Elections) > limit {
-		out.Elections, out.More = out.Elections[:limit], true
-	}
-	return out, nil
+	return &service.ElectionListResponse{Elections: p.items, More: p.more, Revision: p.revision, Revisions: p.revisions, Stale: p.stale}, nil
 }
 
 func listLimit(l int) int {
