@@ -1,6 +1,10 @@
 package raftnode
 
-import "github.com/hashicorp/raft"
+import (
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
 
 // serialTransport is raft's NetworkTransport without the heartbeat fast path.
 //
@@ -18,9 +22,20 @@ import "github.com/hashicorp/raft"
 // fast path every heartbeat goes through the main loop, serialised with
 // dispatch, and a term change always ends leadership before anything else
 // is appended.
+//
+// It also guards raft's append pipelines (pipeline.go) and closes them with
+// the transport.
 type serialTransport struct {
 	*raft.NetworkTransport
+
+	mu     sync.Mutex
+	closed bool
+	pipes  map[*guardedPipeline]struct{}
+}
+
+func newSerialTransport(t *raft.NetworkTransport) *serialTransport {
+	return &serialTransport{NetworkTransport: t, pipes: map[*guardedPipeline]struct{}{}}
 }
 
 // SetHeartbeatHandler keeps heartbeats on the main loop (see the type).
-func (serialTransport) SetHeartbeatHandler(func(raft.RPC)) {}
+func (*serialTransport) SetHeartbeatHandler(func(raft.RPC)) {}

@@ -13,7 +13,7 @@ import (
 // (pre-vote, close), and no heartbeat fast path: with one, a heartbeat from
 // a newer term can race a resumed leader's dispatch (heartbeat.go).
 func TestSerialTransportKeepsFeaturesDropsFastPath(t *testing.T) {
-	var tr raft.Transport = serialTransport{}
+	var tr raft.Transport = newSerialTransport(nil)
 	if _, ok := tr.(raft.WithPreVote); !ok {
 		t.Error("the wrapper hides pre-vote from raft")
 	}
@@ -32,7 +32,7 @@ func TestSerialTransportKeepsFeaturesDropsFastPath(t *testing.T) {
 		return nt
 	}
 	srv, cli := newTCP(), newTCP()
-	wrapped := serialTransport{srv}
+	wrapped := newSerialTransport(srv)
 	var called atomic.Bool
 	wrapped.SetHeartbeatHandler(func(rpc raft.RPC) {
 		called.Store(true)

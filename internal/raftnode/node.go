@@ -108,6 +108,9 @@ type Config struct {
 	// etcdLogBytes, set only by tests, replaces the etcd engine's 64 MiB
 	// byte bounds of its in-memory log.
 	etcdLogBytes uint64
+	// raftIOTimeout, set only by tests, replaces the hashicorp transport's
+	// I/O timeout (raftIOTimeout below).
+	raftIOTimeout time.Duration
 }
 
 // Defaults fills unset fields with the documented defaults.
@@ -184,7 +187,7 @@ type Node struct {
 	fsm       *fsm.FSM
 	reaper    *expiry.Reaper
 	mux       *Mux
-	trans     *raft.NetworkTransport
+	trans     *serialTransport
 	closeLogs func() error
 	disk      *diskGuard
 	// setFatal hands the log store the node's fail (hashicorp engine).
@@ -451,9 +454,13 @@ func (n *Node) openHashicorp() error {
 		return err
 	}
 	n.setFatal = cs.SetFatal
-	n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: n.mux.RaftLayer(), MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog,
-	})
+	ioTimeout := raftIOTimeout
+	if cfg.raftIOTimeout > 0 {
+		ioTimeout = cfg.raftIOTimeout
+	}
+	n.trans = newSerialTransport(raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: n.mux.RaftLayer(), MaxPool: 5, Timeout: ioTimeout, Logger: hlog,
+	}))
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
@@ -487,7 +494,7 @@ func (n *Node) openHashicorp() error {
 		return fmt.Errorf("raft log cache: %w", err)
 	}
 	r, err := newRaftRefusingPanics(cfg.DataDir, func() (*raft.Raft, error) {
-		return raft.NewRaft(rc, n.fsm, logs, store, snaps, serialTransport{n.trans})
+		return raft.NewRaft(rc, n.fsm, logs, store, snaps, n.trans)
 	})
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
@@ -858,28 +865,74 @@ func (n *Node) Shutdown() error {
 	return err
 }
 
-// shutdownRaft stops Raft and waits for it, except after a storage failure:
-// then Raft's main loop may be parked in the failed store for good
-// (checkedStore.stableFailed), so the wait is bounded and the rest of the
-// node is stopped regardless.
+// shutdownRaft stops Raft and waits for it, within a bound.
+//
+// hashicorp/raft's shutdown waits for every goroutine of its own, its
+// replication goroutines among them, and only then closes its transport;
+// a replication goroutine blocked on a peer that stopped reading or
+// answering would hold it for the transport's I/O timeout, each time it
+// tries. So the transport (and with it every Raft connection) is closed as
+// soon as Raft is told to stop: nothing Raft sends from then on matters.
+//
+// The wait is bounded all the same, on either engine: after a storage
+// failure hashicorp/raft's main loop may be parked in the failed store for
+// good (checkedStore.stableFailed), and a Raft that does not stop for any
+// other reason must not hold the process's exit. The rest of the node is
+// then stopped regardless; the goroutine waiting on Raft exits if Raft ever
+// stops.
 func (n *Node) shutdownRaft() error {
-	f := n.raft.Shutdown()
-	if n.Err() == nil {
-		return f.Error()
+	bound := raftStopWait
+	if n.Err() != nil {
+		bound = failedShutdownWait
 	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	// The etcd engine's Shutdown returns once it has stopped;
+	// hashicorp/raft's only signals its goroutines and returns at once.
+	told := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	go func() {
+		f := n.raft.Shutdown()
+		close(told)
+		done <- f.Error()
+	}()
+	if n.trans != nil {
+		select {
+		case <-told:
+			_ = n.trans.Close()
+		case <-t.C:
+			return n.raftStuck(bound)
+		}
+	}
 	select {
 	case err := <-done:
 		return err
-	case <-time.After(failedShutdownWait):
-		n.logger.Warn("raft did not stop within its bound after the storage failure; stopping the rest of the node", "bound", failedShutdownWait)
+	case <-t.C:
+		return n.raftStuck(bound)
+	}
+}
+
+// raftStuck reports a Raft that did not stop within bound.
+func (n *Node) raftStuck(bound time.Duration) error {
+	if n.Err() != nil {
+		n.logger.Warn("raft did not stop within its bound after the storage failure; stopping the rest of the node", "bound", bound)
 		return nil
 	}
+	n.logger.Error("raft did not stop within its bound; stopping the rest of the node without it (a bug: a goroutine dump, SIGQUIT, shows where it waits)", "bound", bound)
+	return fmt.Errorf("raft did not stop within %s", bound)
 }
 
 // failedShutdownWait bounds the wait for Raft to stop after a storage failure.
 const failedShutdownWait = 5 * time.Second
+
+// raftStopWait bounds the wait for Raft to stop otherwise. Stopping takes
+// milliseconds; what may take longer is a snapshot being written or
+// restored, which Raft finishes first.
+const raftStopWait = 30 * time.Second
+
+// raftIOTimeout is the hashicorp transport's deadline for each RPC's I/O (an
+// InstallSnapshot's grows with its size).
+const raftIOTimeout = 10 * time.Second
 
 func (n *Node) closeAll() {
 	if sh := n.cfg.Shared; sh != nil {

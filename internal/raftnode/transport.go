@@ -291,10 +291,12 @@ func (m *Mux) Close() error {
 }
 
 // RaftLayer returns the stream layer to build a raft.NetworkTransport on.
-// Closing it (which NetworkTransport.Close does) stops only Raft traffic;
-// forwarding keeps working until Mux.Close.
+// Closing it (which NetworkTransport.Close does) stops only Raft traffic —
+// its listener, its dials in flight and every connection it made or
+// accepted; forwarding keeps working until Mux.Close.
 func (m *Mux) RaftLayer() raft.StreamLayer {
-	return &raftLayer{subListener: m.raft, mux: m}
+	ctx, cancel := context.WithCancel(m.ctx)
+	return &raftLayer{subListener: m.raft, mux: m, ctx: ctx, cancel: cancel, conns: map[*layerConn]struct{}{}}
 }
 
 // ForwardListener returns the listener to serve forwarded requests on, e.g.
@@ -403,14 +405,82 @@ func (l *subListener) close() { l.closeOnce.Do(func() { close(l.done) }) }
 
 func (l *subListener) Addr() net.Addr { return l.addr }
 
+// raftLayer is the Raft stream layer. It keeps every connection it dialed
+// or accepted so that Close can cut them: hashicorp/raft's NetworkTransport
+// never closes a connection in use, and its reads and writes wait up to
+// its I/O timeout on a peer that stopped reading or answering (a paused
+// process, a frozen VM), which would hold the node's shutdown that long.
 type raftLayer struct {
 	*subListener
 	mux *Mux
+	// ctx ends dials in flight when the layer closes.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[*layerConn]struct{}
+}
+
+// Accept implements net.Listener.
+func (r *raftLayer) Accept() (net.Conn, error) {
+	conn, err := r.subListener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return r.track(conn)
 }
 
 // Dial implements raft.StreamLayer.
 func (r *raftLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(r.ctx, timeout)
 	defer cancel()
-	return dialTyped(ctx, orDefaultDialer(r.mux.Dialer), "tcp", string(address), ConnRaft)
+	conn, err := dialTyped(ctx, orDefaultDialer(r.mux.Dialer), "tcp", string(address), ConnRaft)
+	if err != nil {
+		return nil, err
+	}
+	return r.track(conn)
+}
+
+// Close implements net.Listener: no more connections in or out, and every
+// open one is closed.
+func (r *raftLayer) Close() error {
+	r.subListener.close()
+	r.cancel()
+	r.mu.Lock()
+	r.closed = true
+	conns := r.conns
+	r.conns = nil
+	r.mu.Unlock()
+	for c := range conns {
+		_ = c.Conn.Close()
+	}
+	return nil
+}
+
+// track hands out conn wrapped so that the layer can close it, or closes it
+// if the layer has closed meanwhile.
+func (r *raftLayer) track(conn net.Conn) (net.Conn, error) {
+	c := &layerConn{Conn: conn, layer: r}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		_ = conn.Close()
+		return nil, fmt.Errorf("raft stream layer: %w", net.ErrClosed)
+	}
+	r.conns[c] = struct{}{}
+	return c, nil
+}
+
+// layerConn is a Raft connection its layer knows of until it is closed.
+type layerConn struct {
+	net.Conn
+	layer *raftLayer
+}
+
+func (c *layerConn) Close() error {
+	c.layer.mu.Lock()
+	delete(c.layer.conns, c)
+	c.layer.mu.Unlock()
+	return c.Conn.Close()
 }

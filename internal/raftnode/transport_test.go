@@ -245,8 +245,13 @@ func TestMuxSubListenerCloseIsIndependent(t *testing.T) {
 		t.Fatalf("raft Accept after its Close = %v, want net.ErrClosed", err)
 	}
 
-	// Raft conns are now refused promptly, forward conns still flow.
-	rc, err := rl.Dial(raft.ServerAddress(rl.Addr().String()), time.Second)
+	// A closed layer dials no more.
+	if c, err := rl.Dial(raft.ServerAddress(rl.Addr().String()), time.Second); err == nil {
+		c.Close()
+		t.Fatal("a closed raft layer dialled")
+	}
+	// Raft conns from peers are now refused promptly, forward conns still flow.
+	rc, err := m.RaftLayer().Dial(raft.ServerAddress(rl.Addr().String()), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,4 +375,66 @@ func TestDialForwardHonoursContext(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("DialForward with a cancelled context: %v, want context.Canceled", err)
 	}
+}
+
+// Closing the Raft layer cuts the connections it dialled and accepted: a
+// read blocked on a silent peer returns at once (net.ErrClosed, a local
+// close), not after the transport's I/O timeout.
+func TestRaftLayerCloseCutsItsConnections(t *testing.T) {
+	pair := func() (dialer, acceptor raft.StreamLayer, out, in net.Conn) {
+		t.Helper()
+		dialer, acceptor = startMux(t).RaftLayer(), startMux(t).RaftLayer()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := acceptor.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		out, err := dialer.Dial(raft.ServerAddress(acceptor.Addr().String()), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { out.Close() })
+		select {
+		case in = <-accepted:
+			t.Cleanup(func() { in.Close() })
+		case <-time.After(10 * time.Second):
+			t.Fatal("the raft layer accepted nothing")
+		}
+		return dialer, acceptor, out, in
+	}
+	blockedRead := func(c net.Conn) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			var b [1]byte
+			_, err := c.Read(b[:])
+			errc <- err
+		}()
+		return errc
+	}
+	wantLocalClose := func(what string, errc <-chan error) {
+		t.Helper()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, net.ErrClosed) {
+				t.Errorf("%s: read ended with %v, want net.ErrClosed (closed by its own layer)", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s: still open after its layer closed", what)
+		}
+	}
+
+	dialer, _, out, _ := pair()
+	errc := blockedRead(out)
+	if err := dialer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantLocalClose("dialled connection", errc)
+
+	_, acceptor, _, in := pair()
+	errc = blockedRead(in)
+	if err := acceptor.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wantLocalClose("accepted connection", errc)
 }
