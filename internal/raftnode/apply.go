@@ -378,7 +378,7 @@ func (n *Node) forwardHandler() http.Handler {
 	mux.HandleFunc("POST /forward/remove", n.serveMember(func(r memberRequest) error { return n.removeLocal(context.Background(), r.ID) }))
 	mux.HandleFunc("POST /forward/transfer", n.serveMember(func(r memberRequest) error { return n.TransferLeadership(context.Background(), r.ID) }))
 	mux.HandleFunc("POST /forward/status", func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]any{"id": n.cfg.ID, "applied": n.fsm.AppliedIndex(), "state": n.raft.State().String()})
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": n.cfg.ID, "applied": n.fsm.AppliedIndex(), "state": n.raft.State().String(), "engine": n.cfg.Engine})
 	})
 	mux.HandleFunc("POST /forward/readindex", func(w http.ResponseWriter, r *http.Request) {
 		idx, err := n.readIndexLocal()

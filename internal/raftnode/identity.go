@@ -95,15 +95,28 @@ func (n *Node) checkNewMember(ctx context.Context, id, addr string, members []ra
 
 // verifyIdentity asks the node at addr, over the raft port (with the peers'
 // TLS), which node it is, and requires the answer id.
+//
+// It also requires the node's replication engine to be this cluster's: the
+// two speak different protocols on the raft port, so a member of the other
+// engine would never catch up (and a new data dir takes the default engine
+// unless told otherwise, which an older cluster may not run).
 func (n *Node) verifyIdentity(ctx context.Context, id, addr string) error {
-	got, err := n.remoteID(ctx, addr)
+	st, err := n.remoteStatus(ctx, addr)
+	if err == nil && st.ID == "" {
+		err = errors.New("its answer names no node id")
+	}
 	if err != nil {
 		return apierror.Wrap(apierror.InvalidArgument, err,
 			"could not reach %s to verify that it is %s (%v): start the new node first (dlock serve --id %s --join ...), and check the address and the peer TLS settings", addr, id, err, id)
 	}
-	if got != id {
+	if st.ID != id {
 		return apierror.New(apierror.InvalidArgument,
-			"the node at %s answered as %s, not %s: raft_addr must be the new node's own --raft-advertise address", addr, got, id)
+			"the node at %s answered as %s, not %s: raft_addr must be the new node's own --raft-advertise address", addr, st.ID, id)
+	}
+	if st.Engine != "" && st.Engine != n.cfg.Engine {
+		return apierror.New(apierror.InvalidArgument,
+			"the node %s at %s runs the %s replication engine and this cluster the %s engine: every member runs the cluster's engine; stop %s, and start it again with a new, empty data dir and --raft-engine %s",
+			id, addr, st.Engine, n.cfg.Engine, id, n.cfg.Engine)
 	}
 	return nil
 }
@@ -112,6 +125,9 @@ func (n *Node) verifyIdentity(ctx context.Context, id, addr string) error {
 type nodeStatus struct {
 	ID      string `json:"id"`
 	Applied uint64 `json:"applied"`
+	// Engine is the node's replication engine ("" from a build before
+	// engines were reported).
+	Engine EngineKind `json:"engine"`
 }
 
 func (n *Node) remoteStatus(ctx context.Context, addr string) (nodeStatus, error) {
@@ -124,14 +140,6 @@ func (n *Node) remoteStatus(ctx context.Context, addr string) (nodeStatus, error
 		err = json.Unmarshal(body, &st)
 	}
 	return st, err
-}
-
-func (n *Node) remoteID(ctx context.Context, addr string) (string, error) {
-	st, err := n.remoteStatus(ctx, addr)
-	if err == nil && st.ID == "" {
-		err = errors.New("its answer names no node id")
-	}
-	return st.ID, err
 }
 
 func (n *Node) remoteApplied(ctx context.Context, addr string) (uint64, error) {

@@ -18,9 +18,15 @@ import (
 
 // openLoneNode starts a node with an empty data dir and no initial cluster:
 // one waiting to be added, as `dlock serve --join` runs.
+// It runs the engine of the package's clusters.
 func openLoneNode(t *testing.T, id string) *Node {
 	t.Helper()
-	n, err := Open(Config{ID: id, DataDir: t.TempDir(), RaftAddr: freeRaftAddr(t),
+	return openLoneNodeOn(t, id, testEngine())
+}
+
+func openLoneNodeOn(t *testing.T, id string, engine EngineKind) *Node {
+	t.Helper()
+	n, err := Open(Config{ID: id, DataDir: t.TempDir(), RaftAddr: freeRaftAddr(t), Engine: engine,
 		RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +104,31 @@ func TestJoinVerifiesTheNewMembersIdentity(t *testing.T) {
 			t.Fatalf("n4 was never promoted: %+v", servers(t, nodes[leader]))
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// A node of the other replication engine is refused as a new member, with a
+// message that says how to start it: it could never catch up (the engines
+// speak different protocols on the raft port), and a new data dir takes the
+// default engine, which an older cluster may not run.
+func TestJoinRefusesANodeOfTheOtherEngine(t *testing.T) {
+	nodes, leader := openTestCluster(t, []string{"n1", "n2", "n3"}, 0, nil)
+	other := EngineEtcd
+	if testEngine() == EngineEtcd {
+		other = EngineHashicorp
+	}
+	n4 := openLoneNodeOn(t, "n4", other)
+	before := servers(t, nodes[leader])
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // hang guard only
+	defer cancel()
+	err := nodes[leader].Join(ctx, "n4", n4.cfg.RaftAddr)
+	want := fmt.Sprintf("runs the %s replication engine and this cluster the %s engine", other, testEngine())
+	if ae := apierror.From(err); err == nil || ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, want) ||
+		!strings.Contains(ae.Message, "--raft-engine "+string(testEngine())) {
+		t.Fatalf("join of a node of the other engine: %v; want invalid_argument saying %q and the flag to give", err, want)
+	}
+	if got := servers(t, nodes[leader]); len(got) != len(before) {
+		t.Fatalf("the configuration changed: %+v", got)
 	}
 }
 
