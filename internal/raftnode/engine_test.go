@@ -66,7 +66,7 @@ func TestDamagedEngineFileRefusesStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Later starts name no engine, as dlock serve does without --raft-engine.
-	d.set = nil
+	d.set = func(c *Config) { c.Engine = "" }
 	path := filepath.Join(d.dir, engineFile)
 	orig, err := os.ReadFile(path)
 	if err != nil {

@@ -41,10 +41,12 @@ func newDiskNode(t *testing.T, set func(*Config)) *diskNode {
 	return &diskNode{t: t, dir: t.TempDir(), addr: freeRaftAddr(t), set: set}
 }
 
-// open starts the node on its dir; it does not wait for leadership.
+// open starts the node on its dir; it does not wait for leadership. It runs
+// the hashicorp engine, whose files most of these tests damage, unless set
+// names another.
 func (d *diskNode) open() (*Node, error) {
 	cfg := Config{ID: "n1", DataDir: d.dir, RaftAddr: d.addr, InitialCluster: map[string]string{"n1": d.addr},
-		RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Engine: EngineHashicorp, RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if d.set != nil {
 		d.set(&cfg)
 	}
@@ -427,7 +429,7 @@ func restartAfterSnapshotInstall(t *testing.T, kind LogStoreKind) {
 	open := func(id string) (*Node, error) {
 		n, err := Open(Config{ID: id, DataDir: dirs[id], RaftAddr: addrs[id], InitialCluster: addrs,
 			TrailingLogs: 5, SnapshotThreshold: 1 << 30, SnapshotInterval: time.Hour,
-			LogStore: kind, RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			Engine: EngineHashicorp, LogStore: kind, RaftLogLevel: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err == nil {
 			t.Cleanup(func() { _ = n.Shutdown() })
 		}
