@@ -493,14 +493,14 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		return r.encode()
 	}
 	cases := map[string][]byte{
-		"nil":             nil,
-		"empty":           {},
-		"short magic":     []byte("DLSNA"),
-		"magic only":      []byte("DLSNAP"),
-		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
-		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
-		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 12":      raw(func(r *rawSnap) { r.version = 12 }),
+		"nil":                              nil,
+		"empty":                            {},
+		"short magic":                      []byte("DLSNA"),
+		"magic only":                       []byte("DLSNAP"),
+		"bad magic":                        append([]byte("XLSNAP"), good[6:]...),
+		"lowercase magic":                  append([]byte("dlsnap"), good[6:]...),
+		"version 0":                        raw(func(r *rawSnap) { r.version = 0 }),
+		"version 12":                       raw(func(r *rawSnap) { r.version = 12 }),
 		"a lock outside the shard's range": raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "k"} }),
 		"a range without ranged":           raw(func(r *rawSnap) { r.shard = rawShard{to: "m"} }),
 		"a range ending before it starts":  raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "m", to: "c"} }),
