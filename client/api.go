@@ -282,6 +282,25 @@ func (c *Client) RemoveMember(ctx context.Context, id string) (*ClusterInfo, err
 	return &out, nil
 }
 
+// SplitShard splits a sharded cluster's range at the top-level name
+// segment at, online: the names whose top-level segment is at or above it
+// (up to the end of its range) move to a new shard, with their holders,
+// queues and counters. It returns the cluster once the answering node
+// routes by the new map. Repeated, it finds the split done and does
+// nothing, so it is retried like any request.
+func (c *Client) SplitShard(ctx context.Context, at string) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/shards/split", out: &out,
+		requestID: newRequestID(), body: splitRequest{At: at}, what: "shard split"}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+type splitRequest struct {
+	At string `json:"at"`
+}
+
 // TransferLeadership hands the cluster's Raft leadership to the voter id, or
 // to the most caught-up other voter when id is empty (before taking the
 // leader down for maintenance, say). It returns the cluster as the

@@ -91,6 +91,10 @@ const (
 	CodeDiskFull = "disk_full"
 	// CodeLockDelayed: see ErrLockDelayed.
 	CodeLockDelayed = "lock_delayed"
+	// CodeWrongShard: on a sharded cluster, the name's range was just split
+	// and the node had not learned the new map in time; the client retries
+	// it with the same request_id (it matches ErrUnavailable).
+	CodeWrongShard = "wrong_shard"
 )
 
 // codeNotFound answers a request for a thing the cluster does not have.
@@ -139,7 +143,7 @@ func (e *APIError) Is(target error) bool {
 		return target == ErrSessionExpired
 	case CodeNoLeader:
 		return target == ErrNoLeader || target == ErrUnavailable
-	case CodeUnavailable, CodeDiskFull:
+	case CodeUnavailable, CodeDiskFull, CodeWrongShard:
 		return target == ErrUnavailable
 	case CodeInvalidArgument, CodeTooLarge:
 		return target == ErrInvalidArgument

@@ -100,6 +100,9 @@ type ClusterInfo struct {
 	// term and indexes as the answering node sees them (the fields above
 	// are then shard 0's).
 	Shards []ShardInfo `json:"shards,omitempty"`
+	// ShardGeneration is a sharded cluster's map generation (1 as created,
+	// one more per split) as the answering node routes by it.
+	ShardGeneration uint64 `json:"shard_generation,omitempty"`
 }
 
 // ShardInfo is one shard of a sharded cluster: the names whose first

@@ -286,7 +286,7 @@ func newMembersCmd() *cobra.Command {
 			if err := tw.Flush(); err != nil || len(ci.Shards) == 0 {
 				return err
 			}
-			fmt.Println()
+			fmt.Printf("\nshard map generation %d\n", ci.ShardGeneration)
 			fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN")
 			for _, sh := range ci.Shards {
 				end := strconv.Quote(sh.End)

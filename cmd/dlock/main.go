@@ -82,7 +82,7 @@ func newRootCmd() *cobra.Command {
 	}
 	add("node", newServeCmd(), newDevCmd(os.Stdout, waitForSignal), newHealthCmd())
 	add("client", newLockCmd(), newElectCmd(), newAcquireCmd(), newRenewCmd(), newReleaseCmd(),
-		newStatusCmd(), newListCmd(), newHistoryCmd(), newRevokeCmd(), newWatchCmd(), newMembersCmd(), newACLCmd())
+		newStatusCmd(), newListCmd(), newHistoryCmd(), newRevokeCmd(), newWatchCmd(), newMembersCmd(), newShardsCmd(), newACLCmd())
 	add("ops", newBenchCmd(), newSnapshotCmd(), newRecoverCmd(), newDebugCmd(), newDatastoreCmd(), newDemoCmd())
 	root.AddCommand(newVersionCmd(), newDemoWriterCmd())
 	return root

@@ -47,6 +47,12 @@ const (
 	// LockDelayed: the lock is in a lock-delay after its last grant ended by
 	// expiry or revoke; nobody gets it until RetryAfter has passed.
 	LockDelayed Code = "lock_delayed"
+	// WrongShard: the shard that got the request no longer owns its name
+	// (its range was split); the message gives the map generation the
+	// node routed by. Retry with the same request_id: the cluster's router
+	// does so itself, so clients see it only when the new map was slow to
+	// arrive.
+	WrongShard Code = "wrong_shard"
 )
 
 type mapping struct {
@@ -76,6 +82,7 @@ var table = map[Code]mapping{
 	UnsupportedMediaType: {http.StatusUnsupportedMediaType, codes.InvalidArgument},
 	DiskFull:             {http.StatusServiceUnavailable, codes.Unavailable},
 	LockDelayed:          {http.StatusConflict, codes.FailedPrecondition},
+	WrongShard:           {http.StatusServiceUnavailable, codes.Unavailable},
 }
 
 // HTTPStatus is the HTTP status for a code.

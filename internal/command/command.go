@@ -39,6 +39,9 @@ const (
 	TypeSetHistoryRetention Type = 18
 	TypeTrimHistory         Type = 19
 	TypeEndLockDelay        Type = 20
+	// Version 9: ranges that change online (shards).
+	TypeSplit       Type = 21
+	TypeSetShardMap Type = 22
 )
 
 // Version is the encoding version written for new entries. Decoders accept every
@@ -51,8 +54,9 @@ const (
 // acquires are exclusive, limit 1, one name); version 7 Acquire.LockDelayMs,
 // Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version);
 // version 8 changes no encoding: from it on a session remembers the grants it
-// loses to a revoke or a takeover (Envelope.RemembersLostGrants).
-const Version = 8
+// loses to a revoke or a takeover (Envelope.RemembersLostGrants); version 9
+// adds Split and SetShardMap (a shard's range and the meta group's map).
+const Version = 9
 
 // Limits shared by validation and the state machine.
 const (
@@ -272,6 +276,38 @@ type EndLockDelay struct {
 	Token uint64
 }
 
+// Split (version 9) ends a shard's ownership of the names whose top-level
+// segment (TopSegment) is At or above: they, with everything that belongs
+// to them, are carved into a new state for the new shard's Raft group
+// (Group, drawn from the source group and At so every proposer agrees).
+// At must lie strictly inside the shard's range; a split already done
+// (same Group) is a no-op.
+type Split struct {
+	At    string
+	Group uint64
+	// From and To are the shard's range in the map ("" To: open), which a
+	// shard that was never split does not know itself.
+	From, To string
+}
+
+// ShardRange is one range of the shard map: the names whose top-level
+// segment is Start or above, up to the next range's Start, live in Raft
+// group Group, shown as shard ID.
+type ShardRange struct {
+	Start string
+	ID    uint64
+	Group uint64
+}
+
+// SetShardMap (version 9) is the meta group's: it installs Generation of
+// the shard map, Ranges in Start order (the first Start ""). Only the next
+// generation applies (a stale or repeated one is a no-op), so every node
+// that proposes the same change commits it once.
+type SetShardMap struct {
+	Generation uint64
+	Ranges     []ShardRange
+}
+
 // Proclaim replaces the value of an election's current leader.
 type Proclaim struct {
 	Name    string
@@ -399,6 +435,8 @@ func (*SetHistoryRetention) Type() Type {
 }
 func (*TrimHistory) Type() Type  { return TypeTrimHistory }
 func (*EndLockDelay) Type() Type { return TypeEndLockDelay }
+func (*Split) Type() Type        { return TypeSplit }
+func (*SetShardMap) Type() Type  { return TypeSetShardMap }
 
 // Encode serialises the envelope: type, version, envelope fields, body.
 func Encode(e *Envelope) []byte {
@@ -474,6 +512,10 @@ func newBody(t Type) Body {
 		return &TrimHistory{}
 	case TypeEndLockDelay:
 		return &EndLockDelay{}
+	case TypeSplit:
+		return &Split{}
+	case TypeSetShardMap:
+		return &SetShardMap{}
 	}
 	return nil
 }
@@ -494,7 +536,7 @@ func Decode(b []byte) (*Envelope, error) {
 	if v == 0 || v > Version {
 		return nil, fmt.Errorf("decode command: type %d version %d not supported by this build (upgrade this node)", t, v)
 	}
-	if t >= TypeRevoke && v < 7 {
+	if (t >= TypeRevoke && v < 7) || (t >= TypeSplit && v < 9) {
 		return nil, fmt.Errorf("decode command: type %d did not exist in version %d", t, v)
 	}
 	e := &Envelope{Body: body, Version: v}
@@ -650,6 +692,34 @@ func (b *SetHistoryRetention) decode(r *wire.Reader, _ byte) {
 	b.PerName, b.MaxEntries, b.MaxBytes, b.MaxAgeMs = r.Varint(), r.Varint(), r.Varint(), r.Varint()
 }
 
+func (b *Split) encode(w *wire.Writer) {
+	w.String(b.At)
+	w.Uvarint(b.Group)
+	w.String(b.From)
+	w.String(b.To)
+}
+func (b *Split) decode(r *wire.Reader, _ byte) {
+	b.At, b.Group, b.From, b.To = r.String(), r.Uvarint(), r.String(), r.String()
+}
+
+func (b *SetShardMap) encode(w *wire.Writer) {
+	w.Uvarint(b.Generation)
+	w.Uvarint(uint64(len(b.Ranges)))
+	for _, x := range b.Ranges {
+		w.String(x.Start)
+		w.Uvarint(x.ID)
+		w.Uvarint(x.Group)
+	}
+}
+func (b *SetShardMap) decode(r *wire.Reader, _ byte) {
+	b.Generation = r.Uvarint()
+	n := r.Count(3)
+	b.Ranges = make([]ShardRange, n)
+	for i := range b.Ranges {
+		b.Ranges[i] = ShardRange{Start: r.String(), ID: r.Uvarint(), Group: r.Uvarint()}
+	}
+}
+
 func (*TrimHistory) encode(*wire.Writer)       {}
 func (*TrimHistory) decode(*wire.Reader, byte) {}
 
@@ -732,7 +802,7 @@ func (e *Envelope) Stamped(ts int64) *Envelope {
 func (e *Envelope) Idempotent() bool {
 	switch e.Body.(type) {
 	case *RegisterMember, *ExpireLeases, *ExpireWaits, *CancelWait, *KeepAlive, *Tick,
-		*SetHistoryRetention, *TrimHistory, *EndLockDelay:
+		*SetHistoryRetention, *TrimHistory, *EndLockDelay, *Split, *SetShardMap:
 		return true
 	}
 	return false

@@ -93,6 +93,9 @@ func roundTripCases() []struct {
 		{"set-history-retention", &Envelope{TS: 12, Body: &SetHistoryRetention{PerName: 16, MaxEntries: 1_000_000, MaxBytes: math.MaxInt64, MaxAgeMs: -1}}},
 		{"trim-history", &Envelope{TS: 13, Clock: 86_400_001, Body: &TrimHistory{}}},
 		{"end-lock-delay", &Envelope{TS: 14, Body: &EndLockDelay{Name: "a/b", Token: 77}}},
+		{"split", &Envelope{TS: 15, Body: &Split{At: "m", Group: math.MaxUint64 >> 1, From: "g", To: "n"}}},
+		{"split/open", &Envelope{TS: 15, Body: &Split{At: "zz", Group: 2}}},
+		{"set-shard-map", &Envelope{TS: 16, Body: &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9}, {Start: "m", ID: 4, Group: 12}}}}},
 	}
 }
 
@@ -128,6 +131,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 		5: &Acquire{}, 6: &Release{}, 7: &Renew{}, 8: &ExpireLeases{}, 9: &ExpireWaits{}, 10: &CancelWait{},
 		11: &Proclaim{}, 12: &SetTokenKey{}, 13: &SetACLToken{}, 14: &DeleteACLToken{}, 15: &Tick{},
 		17: &Revoke{}, 18: &SetHistoryRetention{}, 19: &TrimHistory{}, 20: &EndLockDelay{},
+		21: &Split{}, 22: &SetShardMap{},
 	}
 	for n, b := range want {
 		if b.Type() != n {
@@ -142,7 +146,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 8 {
+	if Version != 9 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -417,7 +421,7 @@ func TestEncodeCheckedOutputIsAlwaysDecodable(t *testing.T) {
 }
 
 func TestDecodeRejectsUnknownType(t *testing.T) {
-	for _, typ := range []int{0, 16, 21, 100, 254, 255} {
+	for _, typ := range []int{0, 16, 23, 100, 254, 255} {
 		for _, body := range [][]byte{nil, {0, 0, 0}, Encode(&Envelope{Body: &KeepAlive{}})[2:]} {
 			b := append([]byte{byte(typ), Version}, body...)
 			e, err := Decode(b)
@@ -912,6 +916,9 @@ func TestDecodeVersion7(t *testing.T) {
 	// but for its version byte, and decodes to the same command, with a
 	// session's lost grants not remembered.
 	for _, tc := range roundTripCases() {
+		if tc.env.Body.Type() >= TypeSplit {
+			continue // version 9 (TestVersion9)
+		}
 		b := Encode(tc.env)
 		b[1] = 7
 		e, err := Decode(b)
@@ -928,5 +935,31 @@ func TestDecodeVersion7(t *testing.T) {
 	}
 	if !(&Envelope{}).RemembersLostGrants() || !(&Envelope{Version: 8}).RemembersLostGrants() {
 		t.Fatal("a current entry must remember lost grants")
+	}
+}
+
+// TestVersion9 keeps the entries of versions 7 and 8 (same layouts as 9 for
+// every type they had) decoding, and refuses the version 9 types labelled
+// with an older version.
+func TestVersion9(t *testing.T) {
+	for _, tc := range roundTripCases() {
+		cur := Encode(tc.env)
+		for _, old := range []byte{7, 8} {
+			b := append([]byte(nil), cur...)
+			b[1] = old
+			got, err := Decode(b)
+			if tc.env.Body.Type() >= TypeSplit {
+				if err == nil {
+					t.Errorf("%s: accepted with version %d", tc.name, old)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: version %d refused: %v", tc.name, old, err)
+			}
+			if !sameEnvelope(got, tc.env) {
+				t.Fatalf("%s: version %d decodes to %#v", tc.name, old, got.Body)
+			}
+		}
 	}
 }

@@ -78,3 +78,15 @@ func ValidKey(key string) bool {
 	n, err := NormalizeName(name)
 	return err == nil && n == name
 }
+
+// TopSegment is the top-level segment of a lock-table key or a name: the
+// part of the name (an election's own name) before its first "/". Shard
+// ranges are over it, so a name and everything below it share a shard.
+func TopSegment(key string) string {
+	name, _ := SplitKey(key)
+	name = strings.TrimPrefix(name, "/")
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}

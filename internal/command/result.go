@@ -31,6 +31,9 @@ const (
 	// StatusLockLost answers a renew of a grant that has ended (revoked) but
 	// that the history still records: Result.Token is its token.
 	StatusLockLost Status = 11
+	// StatusWrongShard refuses a command on a name this shard no longer
+	// owns (it was split off; command.Split): the router re-routes it.
+	StatusWrongShard Status = 12
 )
 
 func (s Status) String() string {
@@ -57,6 +60,8 @@ func (s Status) String() string {
 		return "lock_delayed"
 	case StatusLockLost:
 		return "lock_lost"
+	case StatusWrongShard:
+		return "wrong_shard"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }

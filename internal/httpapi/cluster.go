@@ -13,8 +13,8 @@ import (
 const clusterPrefix = apiPrefix + "/cluster"
 
 // clusterRoutes serves /api/v1/cluster, /cluster/members[/{id}],
-// /cluster/snapshot, /cluster/token-key[/rotate] and
-// /cluster/leadership-transfer.
+// /cluster/snapshot, /cluster/token-key[/rotate],
+// /cluster/leadership-transfer and /cluster/shards/split.
 func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string) {
 	switch {
 	case rest == "":
@@ -52,6 +52,11 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 			return
 		}
 		decodeAndCall(a, w, r, http.StatusOK, false, nil, a.svc.RotateTokenKey)
+	case rest == "/shards/split":
+		if !a.plainPost(w, r) {
+			return
+		}
+		decodeAndCall(a, w, r, http.StatusOK, true, nil, a.svc.SplitShard)
 	case rest == "/leadership-transfer":
 		if !a.plainPost(w, r) {
 			return

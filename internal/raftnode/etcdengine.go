@@ -154,6 +154,11 @@ type etcdEngineConfig struct {
 	Transport  *etcdTransport
 	OnFail     func(error)
 	PeerHealth func(id string, failing bool)
+	// InitialState, on a group with nothing stored yet, starts it from this
+	// FSM snapshot at InitialIndex with InitialCluster as its voters
+	// (Config.InitialState) instead of bootstrapping it empty.
+	InitialState []byte
+	InitialIndex uint64
 }
 
 type etcdEngine struct {
@@ -267,6 +272,11 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		applyc: make(chan *applyBatch, 256), snapc: make(chan *efuture), stopc: make(chan struct{}),
 		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1), inSig: make(chan struct{}, 1),
 		book: map[uint64]etcdMember{}, waiting: map[uint64]*efuture{}, reads: map[string]*efuture{},
+	}
+	if len(c.InitialState) > 0 {
+		if err := e.seed(c); err != nil {
+			return nil, err
+		}
 	}
 	gs, err := e.store.Load(e.group)
 	if err != nil {
@@ -401,6 +411,38 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 	go e.runRaft()
 	go e.runApply()
 	return e, nil
+}
+
+// seed stores a new group's initial snapshot (Config.InitialState) when the
+// group has nothing stored yet: every replica seeds the same bytes at the
+// same index, so their logs agree from the index after it, as bootstrapped
+// groups' do from the first.
+func (e *etcdEngine) seed(c etcdEngineConfig) error {
+	gs, err := e.store.Load(e.group)
+	if err != nil {
+		return err
+	}
+	if !raft.IsEmptyHardState(gs.HardState) || !raft.IsEmptySnap(gs.Snapshot) || len(gs.Entries) > 0 {
+		return nil
+	}
+	if c.InitialIndex == 0 || len(c.InitialCluster) == 0 {
+		return errors.New("a seeded group needs its index and voters")
+	}
+	book := map[uint64]etcdMember{}
+	var voters []uint64
+	for id, addr := range c.InitialCluster {
+		nid := raftID(id)
+		book[nid] = etcdMember{ID: id, Addr: addr}
+		voters = append(voters, nid)
+	}
+	sort.Slice(voters, func(i, j int) bool { return voters[i] < voters[j] })
+	snap := raftpb.Snapshot{Data: encodeSnapData(book, c.InitialState), Metadata: raftpb.SnapshotMetadata{
+		Index: c.InitialIndex, Term: 1, ConfState: raftpb.ConfState{Voters: voters}}}
+	if err := e.store.Save(e.group, raftpb.HardState{Term: 1, Commit: c.InitialIndex}, nil, snap, true); err != nil {
+		return fmt.Errorf("store the group's initial state: %w", err)
+	}
+	e.log.Info("seeded a new group from a carved state", "index", c.InitialIndex, "voters", len(voters))
+	return nil
 }
 
 func lastIndexOf(gs groupState) uint64 {

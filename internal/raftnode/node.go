@@ -94,6 +94,12 @@ type Config struct {
 	// transport (etcd engine only). The node neither opens nor closes them.
 	Shared *Shared
 	Group  uint64
+	// InitialState, when set on a group this node has never stored, starts
+	// the group from that state snapshot at InitialIndex, with
+	// InitialCluster as its voters, instead of empty: a split-off shard
+	// (etcd engine only). A group already stored ignores it.
+	InitialState []byte
+	InitialIndex uint64
 
 	// HistoryRetention, when set, is what this node commits as the grant
 	// history's bounds while it leads (nil leaves the state's bounds).
@@ -401,9 +407,10 @@ func (n *Node) startEtcd() error {
 		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
 		SnapshotBytes: cfg.etcdLogBytes, TrailingBytes: cfg.etcdLogBytes,
 		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: n.etcdStore, Transport: n.etcdTrans,
-		MarkDir:    filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", strconv.FormatUint(n.group(), 10)),
-		OnFail:     n.fail,
-		PeerHealth: n.peers.set,
+		MarkDir:      filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", strconv.FormatUint(n.group(), 10)),
+		OnFail:       n.fail,
+		PeerHealth:   n.peers.set,
+		InitialState: cfg.InitialState, InitialIndex: cfg.InitialIndex,
 	})
 	if err != nil {
 		var ce *CorruptError

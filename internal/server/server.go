@@ -92,8 +92,7 @@ type Server struct {
 
 	// A sharded node's groups (Node and Service are shard 0's), their
 	// shared store and raft port, and its router.
-	nodes  []*raftnode.Node
-	svcs   []*service.Service
+	shards *shardSet
 	shared *raftnode.Shared
 	router *shard.Router
 	// balanced is closed when the shard balancer has stopped (nil unsharded).

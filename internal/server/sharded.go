@@ -4,20 +4,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sort"
 	"strconv"
+	"sync"
+	"time"
 
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/metrics"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
+	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/watch"
 )
 
-// startSharded opens a node of a sharded cluster: one Raft group per shard
-// on one shared store and raft port, a service per group, and the router
-// in front of them (docs/architecture.md, Shards).
+// startSharded opens a node of a sharded cluster: the meta group, which
+// holds the shard map, and one Raft group per range, all on one shared
+// store and raft port, a service per data group, and the router in front
+// of them (docs/architecture.md, Shards).
 func startSharded(cfg Config) (*Server, error) {
-	m := *cfg.Shards
+	m, err := shard.NewMap(cfg.Shards.Bounds) // generation 1, with its ids and groups
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
@@ -34,85 +45,459 @@ func startSharded(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
+	ss := &shardSet{logger: s.logger, cfg: cfg, rc: rc, initial: m, groups: map[uint64]*groupRun{},
+		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New()}
+	s.shards = ss
 	ok := false
 	defer func() {
 		if ok {
 			return
 		}
-		for _, n := range s.nodes {
-			_ = n.Shutdown()
-		}
-		for _, svc := range s.svcs {
-			svc.Close()
-		}
-		if s.shared != nil {
-			_ = s.shared.Close()
+		ss.shutdown()
+		if ss.shared != nil {
+			_ = ss.shared.Close()
 		}
 		ln.Close()
 		if grpcLn != nil {
 			grpcLn.Close()
 		}
 	}()
-	s.shared, err = raftnode.OpenShared(raftnode.SharedConfig{DataDir: rc.DataDir, RaftAddr: rc.RaftAddr,
+	ss.shared, err = raftnode.OpenShared(raftnode.SharedConfig{DataDir: rc.DataDir, RaftAddr: rc.RaftAddr,
 		RaftAdvertise: rc.RaftAdvertise, PeerTLS: rc.PeerTLS, Logger: rc.Logger})
 	if err != nil {
 		return nil, err
 	}
-	mtr := metrics.New()
+	s.shared = ss.shared
+	mc := rc
+	mc.Shared, mc.Group = ss.shared, m.MetaGroup()
+	mc.Logger = rc.Logger.With("shard", "meta")
+	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer())
+	if ss.meta, err = raftnode.Open(mc); err != nil {
+		return nil, fmt.Errorf("meta group: %w", err)
+	}
+	// The initial ranges' groups, then whatever the meta group and the
+	// groups' own states (splits) say this node must run.
+	svcs := make([]*service.Service, m.N())
 	for k := 0; k < m.N(); k++ {
-		hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
-		gc := rc
-		gc.Shared, gc.Group = s.shared, m.Group(k)
-		gc.Logger = rc.Logger.With("shard", k)
-		gc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], hub)
-		if k == 0 {
-			// The state gauges of /metrics are shard 0's; every shard's
-			// requests count in the request metrics.
-			gc.Observers = append(gc.Observers, mtr)
-		}
-		node, err := raftnode.Open(gc)
+		g, err := ss.open(m.Group(k), strconv.Itoa(m.IDs[k]), nil, true)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", k, err)
 		}
-		svc := service.New(node, hub, cfg.Logger.With("shard", strconv.Itoa(k)))
-		svc.SetRecorder(mtr)
-		svc.SetLimits(cfg.Limits.Service)
-		svc.SetBrowserHosts(cfg.BrowserHosts)
-		if k == 0 {
-			mtr.Attach(metricsSource{node, hub})
-		}
-		s.nodes, s.svcs = append(s.nodes, node), append(s.svcs, svc)
+		svcs[k] = g.svc
 	}
-	s.Node, s.Service = s.nodes[0], s.svcs[0]
-	s.router = shard.NewRouter(m, s.svcs)
-	s.serveAPI(s.router, s.svcs[0], mtr, ln, grpcLn)
+	s.Node, s.Service = ss.groups[m.Group(0)].node, svcs[0]
+	ss.router = shard.NewRouter(m, svcs)
+	ss.router.SetSplitter(ss)
+	ss.reconcile(context.Background())
+	s.router = ss.router
+	s.serveAPI(ss.router, svcs[0], ss.mtr, ln, grpcLn)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	close(s.joined)
-	groups := make([]shard.Group, len(s.nodes))
-	for k, n := range s.nodes {
-		groups[k] = n
-	}
 	s.balanced = make(chan struct{})
-	go func() { defer close(s.balanced); shard.Balance(ctx, groups, s.logger) }()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); shard.Balance(ctx, ss.balanced, s.logger) }()
+	go func() { defer wg.Done(); ss.run(ctx) }()
+	go func() { wg.Wait(); close(s.balanced) }()
 	ok = true
 	return s, nil
 }
 
-// Shards is a sharded node's groups, shard k at k (one entry on a
-// one-group node).
-func (s *Server) Shards() []*raftnode.Node { return s.allNodes() }
+// shardSet is a sharded node's Raft groups: the meta group, which holds
+// the shard map, and a data group per range — more as ranges split — with
+// their services, and the router in front of them. Its loop (run) follows
+// the meta group and the groups' states: it starts the groups of new
+// ranges, commits splits to the map, and hands the router each new map.
+type shardSet struct {
+	logger  *slog.Logger
+	cfg     Config
+	rc      raftnode.Config
+	shared  *raftnode.Shared
+	mtr     *metrics.Metrics
+	initial shard.Map
+	router  *shard.Router
+	meta    *raftnode.Node
+
+	mu      sync.Mutex
+	groups  map[uint64]*groupRun
+	order   []uint64
+	pending map[uint64]carved
+	stopped bool
+	kick    chan struct{}
+}
+
+// groupRun is one data group running on this node.
+type groupRun struct {
+	id   uint64
+	name string
+	node *raftnode.Node
+	svc  *service.Service
+}
+
+// carved is a split-off group's first state, as this node's copy of its
+// source applied the split.
+type carved struct {
+	state []byte
+	index uint64
+}
+
+// splitObserver hands a split's carved state to the set (it runs on the
+// source group's apply goroutine: record and signal, never block).
+type splitObserver struct{ ss *shardSet }
+
+func (ss *shardSet) observer() splitObserver { return splitObserver{ss} }
+
+func (o splitObserver) Applied(index uint64, events []state.Event) {
+	for _, e := range events {
+		if e.Type != state.EventSplit {
+			continue
+		}
+		o.ss.mu.Lock()
+		o.ss.pending[e.Token] = carved{state: e.Carved, index: index}
+		o.ss.mu.Unlock()
+		o.ss.poke()
+	}
+}
+
+func (o splitObserver) Restored(*state.State) { o.ss.poke() }
+
+func (ss *shardSet) poke() {
+	select {
+	case ss.kick <- struct{}{}:
+	default:
+	}
+}
+
+// open starts data group g on this node: bootstrapped with the initial
+// cluster (an initial range), seeded from a carved state (a range split off
+// here), or empty, to be sent a snapshot by its leader (a range split off
+// while this node was away). A group already stored recovers from disk.
+func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*groupRun, error) {
+	hub := watch.NewHub(ss.cfg.WatchHistory, ss.cfg.WatchBuffer)
+	gc := ss.rc
+	gc.Shared, gc.Group = ss.shared, g
+	gc.Logger = ss.rc.Logger.With("shard", name)
+	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer())
+	first := len(ss.groups) == 0
+	if first {
+		// The state gauges of /metrics are the first shard's; every
+		// shard's requests count in the request metrics.
+		gc.Observers = append(gc.Observers, ss.mtr)
+	}
+	switch {
+	case seed != nil:
+		gc.InitialState, gc.InitialIndex = seed.state, seed.index
+	case !bootstrap:
+		gc.InitialCluster = nil
+	}
+	node, err := raftnode.Open(gc)
+	if err != nil {
+		return nil, err
+	}
+	svc := service.New(node, hub, ss.cfg.Logger.With("shard", name))
+	svc.SetRecorder(ss.mtr)
+	svc.SetLimits(ss.cfg.Limits.Service)
+	svc.SetBrowserHosts(ss.cfg.BrowserHosts)
+	if first {
+		ss.mtr.Attach(metricsSource{node, hub})
+	}
+	run := &groupRun{id: g, name: name, node: node, svc: svc}
+	ss.mu.Lock()
+	ss.groups[g] = run
+	ss.order = append(ss.order, g)
+	ss.mu.Unlock()
+	return run, nil
+}
+
+// run follows the map until ctx ends: on every split applied here, every
+// restore, and a few times a second.
+func (ss *shardSet) run(ctx context.Context) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-ss.kick:
+		}
+		ss.reconcile(ctx)
+	}
+}
+
+// metaMap is the map the meta group holds (ok false: none committed yet).
+func (ss *shardSet) metaMap() (shard.Map, bool) {
+	var gen uint64
+	var rs []command.ShardRange
+	ss.meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap() })
+	if gen == 0 {
+		return shard.Map{}, false
+	}
+	return shard.FromRanges(gen, rs), true
+}
+
+// reconcile does one round of run: commit the initial map to a new meta
+// group, start the groups this node should run, commit a split that the
+// map lacks, and route by the newest map.
+func (ss *shardSet) reconcile(ctx context.Context) {
+	m, ok := ss.metaMap()
+	if !ok {
+		m = ss.initial
+		if ss.meta.IsLeader() {
+			ss.commitMap(ctx, m)
+		}
+	}
+	// The splits recorded in the states of the groups running here.
+	type split struct {
+		src uint64
+		rec state.SplitRecord
+	}
+	var splits []split
+	ss.mu.Lock()
+	runs := make([]*groupRun, 0, len(ss.order))
+	for _, g := range ss.order {
+		runs = append(runs, ss.groups[g])
+	}
+	ss.mu.Unlock()
+	for _, run := range runs {
+		run.node.FSM().Read(func(st *state.State) {
+			for _, r := range st.Splits() {
+				splits = append(splits, split{run.id, r})
+			}
+		})
+	}
+	// Groups to start: those split off here (carved), those the map names,
+	// and those a split recorded in a running group's state names.
+	type want struct {
+		g    uint64
+		name string
+		seed *carved
+	}
+	var wants []want
+	ss.mu.Lock()
+	seen := map[uint64]bool{}
+	add := func(g uint64, seed *carved) {
+		if ss.groups[g] == nil && !seen[g] {
+			seen[g] = true
+			wants = append(wants, want{g, groupName(m, g), seed})
+		}
+	}
+	pend := make([]uint64, 0, len(ss.pending))
+	for g := range ss.pending {
+		pend = append(pend, g)
+	}
+	sort.Slice(pend, func(i, j int) bool { return pend[i] < pend[j] })
+	for _, g := range pend {
+		c := ss.pending[g]
+		add(g, &c)
+	}
+	for _, g := range m.Groups {
+		add(g, nil)
+	}
+	for _, sp := range splits {
+		add(sp.rec.Group, nil)
+	}
+	ss.mu.Unlock()
+	for _, w := range wants {
+		ss.mu.Lock()
+		stopped := ss.stopped
+		ss.mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
+		}
+		if _, err := ss.open(w.g, w.name, w.seed, false); err != nil {
+			ss.logger.Error("could not start a shard's group; will retry", "group", w.g, "err", err)
+			continue
+		}
+		ss.logger.Info("started a split-off shard's group", "group", w.g, "seeded", w.seed != nil)
+		ss.mu.Lock()
+		delete(ss.pending, w.g)
+		ss.mu.Unlock()
+	}
+	// A split the map lacks: commit the next generation (any node may;
+	// the meta group takes only the next generation, once).
+	for _, sp := range splits {
+		if m.IndexOfGroup(sp.rec.Group) >= 0 {
+			continue
+		}
+		next, err := m.Split(sp.src, sp.rec.At, sp.rec.Group)
+		if err != nil {
+			continue // the map is not there yet (an earlier split first)
+		}
+		ss.commitMap(ctx, next)
+		break
+	}
+	ss.route(m)
+}
+
+func groupName(m shard.Map, g uint64) string {
+	if k := m.IndexOfGroup(g); k >= 0 {
+		return strconv.Itoa(m.IDs[k])
+	}
+	return "g" + strconv.FormatUint(g, 16)
+}
+
+// commitMap proposes m to the meta group (a no-op there unless it is the
+// next generation).
+func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges()}}
+	if _, err := ss.meta.Apply(ctx, env); err != nil {
+		ss.logger.Info("could not commit the shard map; will retry", "generation", m.Generation, "err", err)
+	}
+}
+
+// route hands the router m with the services of its groups.
+func (ss *shardSet) route(m shard.Map) {
+	svcs := make([]*service.Service, len(m.Groups))
+	ss.mu.Lock()
+	for k, g := range m.Groups {
+		if run := ss.groups[g]; run != nil {
+			svcs[k] = run.svc
+		}
+	}
+	ss.mu.Unlock()
+	if ss.router != nil {
+		ss.router.Update(m, svcs)
+	}
+}
+
+// splitWait bounds how long a split waits for the new map to reach this
+// node's router once the source shard applied it.
+const splitWait = 20 * time.Second
+
+// Split splits the range holding at (shard.Splitter): it commits the split
+// on the source shard, then waits until this node routes by the map with
+// the new range.
+func (ss *shardSet) Split(ctx context.Context, at string) error {
+	m := ss.router.Map()
+	if k := m.Lookup(at); k > 0 && m.Bounds[k] == at && m.Groups[k] == shard.ChildGroup(m.Groups[k-1], at) {
+		return nil // done already (a retry)
+	}
+	k, err := m.CheckSplitPoint(at)
+	if err != nil {
+		return apierror.New(apierror.InvalidArgument, "%v; nothing was changed", err)
+	}
+	src := m.Groups[k]
+	start, end := m.Range(k)
+	child := shard.ChildGroup(src, at)
+	ss.mu.Lock()
+	run := ss.groups[src]
+	ss.mu.Unlock()
+	if run == nil {
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the range's group is not running on this node yet; retry"}
+	}
+	if err := run.svc.ProposeSplit(ctx, &command.Split{At: at, Group: child, From: start, To: end}); err != nil {
+		return err
+	}
+	ss.poke()
+	ctx, cancel := context.WithTimeout(ctx, splitWait)
+	defer cancel()
+	for {
+		if nm := ss.router.Map(); nm.IndexOfGroup(child) >= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+				"shard %d applied the split at %q, but the new map has not reached this node within %s; it will (GET /cluster shows shard_generation)", m.IDs[k], at, splitWait)}
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// balanced lists the data groups of the current map for the balancer.
+func (ss *shardSet) balanced() []shard.Balanced {
+	m := ss.router.Map()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var out []shard.Balanced
+	for k, g := range m.Groups {
+		if run := ss.groups[g]; run != nil {
+			out = append(out, shard.Balanced{ID: m.IDs[k], G: run.node})
+		}
+	}
+	return out
+}
+
+// nodes is every group on this node, the meta group last; services every
+// data group's.
+func (ss *shardSet) nodes() []*raftnode.Node {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var out []*raftnode.Node
+	for _, g := range ss.order {
+		out = append(out, ss.groups[g].node)
+	}
+	if ss.meta != nil {
+		out = append(out, ss.meta)
+	}
+	return out
+}
+
+func (ss *shardSet) services() []*service.Service {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var out []*service.Service
+	for _, g := range ss.order {
+		out = append(out, ss.groups[g].svc)
+	}
+	return out
+}
+
+// shutdown stops opening groups and shuts every group down (start-up
+// failure; Server.Shutdown does it in its own order).
+func (ss *shardSet) shutdown() {
+	ss.mu.Lock()
+	ss.stopped = true
+	ss.mu.Unlock()
+	for _, n := range ss.nodes() {
+		_ = n.Shutdown()
+	}
+	for _, svc := range ss.services() {
+		svc.Close()
+	}
+}
+
+// Shards is a sharded node's data groups in the order of its current map,
+// range k at k (a group not started here yet is missing); a one-group
+// node's one group.
+func (s *Server) Shards() []*raftnode.Node {
+	if s.shards == nil {
+		return []*raftnode.Node{s.Node}
+	}
+	m := s.shards.router.Map()
+	s.shards.mu.Lock()
+	defer s.shards.mu.Unlock()
+	var out []*raftnode.Node
+	for _, g := range m.Groups {
+		if run := s.shards.groups[g]; run != nil {
+			out = append(out, run.node)
+		}
+	}
+	return out
+}
+
+// ShardMap is the map a sharded node routes by.
+func (s *Server) ShardMap() shard.Map {
+	if s.shards == nil {
+		return shard.Map{}
+	}
+	return s.shards.router.Map()
+}
 
 func (s *Server) allNodes() []*raftnode.Node {
-	if s.nodes != nil {
-		return s.nodes
+	if s.shards != nil {
+		return s.shards.nodes()
 	}
 	return []*raftnode.Node{s.Node}
 }
 
 func (s *Server) allServices() []*service.Service {
-	if s.svcs != nil {
-		return s.svcs
+	if s.shards != nil {
+		return s.shards.services()
 	}
 	return []*service.Service{s.Service}
 }

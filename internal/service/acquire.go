@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/dlock/dlock/fence"
@@ -249,6 +250,12 @@ func (s *Service) checkWait(name string, w command.WaitRef, clientID, requestID 
 	out, leaseAlive := waitGone, false
 	var res *grantAnswer
 	s.fsm.Read(func(st *state.State) {
+		if !st.Owns(name) {
+			// Split off to another shard, wait and all: the router asks
+			// there again with the same request_id.
+			out = movedAway
+			return
+		}
 		_, leaseAlive = st.Lease(w.LeaseID)
 		if res = liveGrant(st, name, w.LeaseID, w.Seq, 0); res != nil {
 			out = wasGranted
@@ -323,6 +330,8 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 				return nil, apierror.New(apierror.SessionNotFound, "the session ended while waiting for %s %q; create a new session", a.what, displayName(name))
 			}
 			return s.timedOut(a)
+		case movedAway:
+			return nil, wrongShardErr("the wait for " + a.what + " " + strconv.Quote(displayName(name)))
 		}
 		select {
 		case <-sig:
@@ -349,6 +358,8 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 				return res, nil
 			case grantEnded:
 				return s.grantLost(a, res.token)
+			case movedAway:
+				return nil, wrongShardErr("the wait for " + a.what + " " + strconv.Quote(displayName(name)))
 			}
 			return s.timedOut(a)
 		case <-ctx.Done():

@@ -78,3 +78,45 @@ func (s *Service) Snapshot(ctx context.Context) ([]byte, uint64, error) {
 	s.fsm.Read(func(st *state.State) { b, rev = st.Snapshot(), st.Revision() })
 	return b, rev, nil
 }
+
+// SplitShard is for sharded clusters (the router splits); one group has
+// no ranges to split.
+func (s *Service) SplitShard(ctx context.Context, _ SplitRequest) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
+	return nil, invalid("this cluster is not sharded (--shards 1): there is no range to split; nothing was changed")
+}
+
+// ProposeSplit commits a split of this shard (command.Split): the node's
+// shard router calls it on the source shard's service, after checking the
+// split point against the map.
+func (s *Service) ProposeSplit(ctx context.Context, b *command.Split) error {
+	if err := s.admit(ctx, ""); err != nil {
+		return err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return err
+	}
+	_, err := s.applyOK(ctx, envelope("", "", b), "split")
+	return err
+}
+
+// SplitChildren lists the Raft groups split off this shard, as of a
+// linearizable read: the router checks that a session it just created
+// reached every one of them.
+func (s *Service) SplitChildren(ctx context.Context) ([]uint64, error) {
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		return nil, err
+	}
+	var out []uint64
+	s.fsm.Read(func(st *state.State) {
+		for _, r := range st.Splits() {
+			out = append(out, r.Group)
+		}
+	})
+	return out, nil
+}

@@ -69,7 +69,9 @@ func (s *Service) GetElection(ctx context.Context, name string, stale bool) (_ *
 		return nil, err
 	}
 	var v ElectionView
-	s.fsm.Read(func(st *state.State) { v = electionView(st.GetElection(n), st.Revision()) })
+	if err := s.readOwned(n, func(st *state.State) { v = electionView(st.GetElection(n), st.Revision()) }); err != nil {
+		return nil, err
+	}
 	v.Stale = s.staleRead(stale)
 	return &v, nil
 }

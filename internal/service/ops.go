@@ -80,12 +80,14 @@ func (s *Service) History(ctx context.Context, req HistoryRequest) (_ *HistoryRe
 		key = command.ElectionKey(name)
 	}
 	out := &HistoryResponse{Name: name, Grants: []GrantView{}, Stale: s.staleRead(req.Stale)}
-	s.fsm.Read(func(st *state.State) {
+	if err := s.readOwned(key, func(st *state.State) {
 		for _, g := range st.History(key, limit) {
 			out.Grants = append(out.Grants, grantView(g))
 		}
 		out.Revision = st.Revision()
-	})
+	}); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 

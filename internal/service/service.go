@@ -248,8 +248,34 @@ func statusErr(r command.Result, what string) error {
 	case command.StatusLockLost:
 		return &apierror.Error{Code: apierror.LockLost, FencingToken: r.Token, Message: fmt.Sprintf(
 			"%s refused: the grant with fencing token %d was revoked by an operator (see its history); stop using the resource and acquire again", what, r.Token)}
+	case command.StatusWrongShard:
+		return wrongShardErr(what)
 	}
 	return apierror.New(apierror.Internal, "%s: unexpected result %s", what, r.Status)
+}
+
+// wrongShardErr refuses a request for a name this shard no longer owns:
+// its range was split and the name went to the new shard. The router
+// re-routes it there (the service alone cannot).
+func wrongShardErr(what string) error {
+	return &apierror.Error{Code: apierror.WrongShard, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"%s refused: this shard no longer owns the name (its range was split); retry with the same request_id and it is routed to the new shard", what)}
+}
+
+// readOwned runs fn on the state if this shard owns name, under one read
+// lock (a split between a check and the read would answer for a name that
+// left).
+func (s *Service) readOwned(name string, fn func(*state.State)) error {
+	owns := true
+	s.fsm.Read(func(st *state.State) {
+		if owns = st.Owns(name); owns {
+			fn(st)
+		}
+	})
+	if !owns {
+		return wrongShardErr("read")
+	}
+	return nil
 }
 
 func holderView(h command.Holder) *Holder {
@@ -309,6 +335,8 @@ const (
 	wasGranted
 	grantEnded
 	waitGone
+	// movedAway: the lock's name left this shard (a split) with its wait.
+	movedAway
 )
 
 // Release gives a lock back and hands it to the next waiter.
@@ -412,12 +440,14 @@ func (s *Service) GetLock(ctx context.Context, name string, stale bool) (_ *Lock
 		return nil, err
 	}
 	var v LockView
-	s.fsm.Read(func(st *state.State) {
+	if err := s.readOwned(n, func(st *state.State) {
 		v = lockView(st.GetLock(n), st.Revision())
 		for _, w := range st.LockQueue(n) {
 			v.Queue = append(v.Queue, Waiter{ClientID: w.ClientID, EnqueuedAt: ms(w.EnqueuedAt), WaitDeadline: ms(w.Deadline)})
 		}
-	})
+	}); err != nil {
+		return nil, err
+	}
 	v.Stale = s.staleRead(stale)
 	return &v, nil
 }

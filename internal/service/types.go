@@ -305,6 +305,16 @@ type ClusterInfo struct {
 	// Shards is set on a sharded cluster: every shard as this node sees it
 	// (the fields above are then shard 0's).
 	Shards []ShardInfo `json:"shards,omitempty"`
+	// ShardGeneration is the shard map's generation this node routes by
+	// (sharded clusters only): 1 as created, one more per split.
+	ShardGeneration uint64 `json:"shard_generation,omitempty"`
+}
+
+// SplitRequest splits a sharded cluster's range at At (POST
+// /cluster/shards/split): the names whose top-level segment is At or above
+// move to a new shard.
+type SplitRequest struct {
+	At string `json:"at"`
 }
 
 // ShardInfo is one shard of a sharded cluster in GET /cluster: its key

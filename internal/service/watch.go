@@ -229,10 +229,18 @@ func (s *Service) Observe(ctx context.Context, name string, stale bool) (*Electi
 	var sub *watch.Subscription
 	// Read the view under the FSM lock so no event applies between the read
 	// and the subscription (the hub is fed from Apply under the same lock).
+	moved := false
 	s.fsm.Read(func(st *state.State) {
+		if moved = !st.Owns(n); moved {
+			return
+		}
 		view = electionView(st.GetElection(n), st.Revision())
 		sub, _, err = s.hub.Subscribe(watch.Filter{Kind: "election", Name: n}, 0)
 	})
+	if moved {
+		release()
+		return nil, nil, wrongShardErr("observe")
+	}
 	if err != nil {
 		release()
 		return nil, nil, watchErr(err)

@@ -36,13 +36,20 @@ func Preferred(k int, voters []string) string {
 	return v[k%len(v)]
 }
 
+// Balanced is one shard's group for the balancer: shard ID prefers voter
+// ID mod the number of voters.
+type Balanced struct {
+	ID int
+	G  Group
+}
+
 // Balance runs until ctx ends: every shard this node leads whose preferred
 // voter is another, reachable one is handed to it by leadership transfer.
 // So leaders spread over the nodes, stay on the survivors while a node is
 // down (a leader never hands on to a voter it cannot reach), and move back
-// once it returns.
-func Balance(ctx context.Context, groups []Group, logger *slog.Logger) {
-	last := make([]time.Time, len(groups))
+// once it returns. groups is asked afresh each round (ranges split).
+func Balance(ctx context.Context, groups func() []Balanced, logger *slog.Logger) {
+	last := map[int]time.Time{}
 	t := time.NewTicker(balanceEvery)
 	defer t.Stop()
 	for {
@@ -51,7 +58,8 @@ func Balance(ctx context.Context, groups []Group, logger *slog.Logger) {
 			return
 		case <-t.C:
 		}
-		for k, g := range groups {
+		for _, b := range groups() {
+			k, g := b.ID, b.G
 			if !g.IsLeader() || time.Since(last[k]) < balanceCooldown {
 				continue
 			}

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -20,73 +22,228 @@ import (
 // services: a call on one name goes to that name's shard (whose service
 // forwards to its leader as a one-group node does), a listing or watch
 // over a prefix to every shard it overlaps, a session to every shard.
+//
+// The map it routes by changes when a range is split (the node calls
+// Update as it follows the meta group). A shard that no longer owns a name
+// refuses it with wrong_shard; the router then waits, bounded, for a newer
+// map and sends the request again, with the same request_id, to the name's
+// new shard — where the dedup table and the queue came along with the name.
 type Router struct {
+	mu      sync.Mutex
+	v       *view
+	changed chan struct{} // closed and replaced by every Update
+	split   Splitter
+}
+
+// view is one generation of the map with the services of its ranges
+// (nil where this node does not run the group yet).
+type view struct {
 	m      Map
 	shards []*service.Service
 }
 
+// Splitter splits a range online (the server's; nil: not available).
+type Splitter interface {
+	Split(ctx context.Context, at string) error
+}
+
+// RouteWait bounds how long a request refused by a shard that no longer
+// owns its name waits for this node to learn the newer map (or to start
+// the new shard's group) before it is answered 503.
+const RouteWait = 10 * time.Second
+
 // NewRouter routes over shards; shards[k] serves range k of m.
 func NewRouter(m Map, shards []*service.Service) *Router {
-	return &Router{m: m, shards: shards}
+	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{})}
+}
+
+// SetSplitter lets the router split ranges (POST /cluster/shards/split).
+func (r *Router) SetSplitter(s Splitter) {
+	r.mu.Lock()
+	r.split = s
+	r.mu.Unlock()
+}
+
+// Update installs a newer map (or more of its groups' services); an older
+// generation is ignored.
+func (r *Router) Update(m Map, shards []*service.Service) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m.Generation < r.v.m.Generation || (m.Generation == r.v.m.Generation && slices.Equal(shards, r.v.shards)) {
+		return
+	}
+	r.v = &view{m: m, shards: shards}
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+func (r *Router) view() (*view, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.v, r.changed
 }
 
 // Map is the shard map the router routes by.
-func (r *Router) Map() Map { return r.m }
+func (r *Router) Map() Map {
+	v, _ := r.view()
+	return v.m
+}
 
-func (r *Router) of(name string) *service.Service { return r.shards[r.m.Lookup(name)] }
+// Services are the services of the map's ranges, in range order (nil where
+// the group is not running here yet).
+func (r *Router) Services() []*service.Service {
+	v, _ := r.view()
+	return v.shards
+}
 
 func notBuilt(what string) error {
 	return apierror.New(apierror.InvalidArgument, "%s is not available on a sharded cluster yet (docs/operations.md, Shards); nothing was changed", what)
 }
 
+func isWrongShard(err error) bool {
+	var ae *apierror.Error
+	return errors.As(err, &ae) && ae.Code == apierror.WrongShard
+}
+
+// wrongShard is the answer when no newer map came within RouteWait.
+func wrongShard(gen uint64, cause error) error {
+	return &apierror.Error{Code: apierror.WrongShard, RetryAfter: time.Second, Err: cause, Message: fmt.Sprintf(
+		"the name's shard changed (a range was split) and this node has not learned where it went yet (its shard map is at generation %d); retry with the same request_id", gen)}
+}
+
+// awaitChange waits, bounded by deadline and ctx, for the router's view to
+// change; false when it did not.
+func awaitChange(ctx context.Context, ch <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// route runs fn on the service of name's shard. A wrong_shard refusal (the
+// name moved) is retried on the shard the newer map names, once this node
+// knows it; so is a shard whose group this node has not started yet.
+func route[T any](ctx context.Context, r *Router, name string, fn func(*service.Service) (T, error)) (T, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		svc := v.shards[v.m.Lookup(name)]
+		if svc != nil {
+			out, err := fn(svc)
+			if !isWrongShard(err) {
+				return out, err
+			}
+			if !awaitChange(ctx, ch, deadline) {
+				var zero T
+				return zero, wrongShard(v.m.Generation, err)
+			}
+			continue
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			var zero T
+			return zero, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+				"the shard of %q was just split off and this node has not started its group yet; retry", name)}
+		}
+	}
+}
+
+// withRequestID gives a waiting request without a request_id one, so that
+// a wait that moves with its name to a new shard is found again there by
+// the retry (the router's own, with the same id).
+func withRequestID(id string, waitMs int64) string {
+	if id == "" && waitMs > 0 {
+		return "srv-" + randHex(12)
+	}
+	return id
+}
+
 // ---- one name ----
 
 func (r *Router) Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error) {
-	return r.of(req.Name).Acquire(ctx, req)
+	req.RequestID = withRequestID(req.RequestID, req.WaitTimeoutMs)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.AcquireResponse, error) { return s.Acquire(ctx, req) })
 }
 func (r *Router) Release(ctx context.Context, req service.ReleaseRequest) (*service.ReleaseResponse, error) {
-	return r.of(req.Name).Release(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.ReleaseResponse, error) { return s.Release(ctx, req) })
 }
 func (r *Router) Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error) {
-	return r.of(req.Name).Renew(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.RenewResponse, error) { return s.Renew(ctx, req) })
 }
 func (r *Router) GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error) {
-	return r.of(name).GetLock(ctx, name, stale)
+	return route(ctx, r, name, func(s *service.Service) (*service.LockView, error) { return s.GetLock(ctx, name, stale) })
 }
 func (r *Router) History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error) {
-	return r.of(req.Name).History(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.HistoryResponse, error) { return s.History(ctx, req) })
 }
 func (r *Router) Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error) {
-	return r.of(req.Name).Revoke(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.RevokeResponse, error) { return s.Revoke(ctx, req) })
 }
 func (r *Router) Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error) {
-	return r.of(req.Name).Campaign(ctx, req)
+	req.RequestID = withRequestID(req.RequestID, req.WaitTimeoutMs)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.CampaignResponse, error) { return s.Campaign(ctx, req) })
 }
 func (r *Router) GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error) {
-	return r.of(name).GetElection(ctx, name, stale)
+	return route(ctx, r, name, func(s *service.Service) (*service.ElectionView, error) { return s.GetElection(ctx, name, stale) })
 }
 func (r *Router) Proclaim(ctx context.Context, req service.ProclaimRequest) (*service.ProclaimResponse, error) {
-	return r.of(req.Name).Proclaim(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.ProclaimResponse, error) { return s.Proclaim(ctx, req) })
 }
 func (r *Router) Resign(ctx context.Context, req service.ResignRequest) (*service.ResignResponse, error) {
-	return r.of(req.Name).Resign(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.ResignResponse, error) { return s.Resign(ctx, req) })
 }
 func (r *Router) RenewElection(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error) {
-	return r.of(req.Name).RenewElection(ctx, req)
+	return route(ctx, r, req.Name, func(s *service.Service) (*service.RenewResponse, error) { return s.RenewElection(ctx, req) })
 }
 func (r *Router) Observe(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error) {
-	return r.of(name).Observe(ctx, name, stale)
+	type obs struct {
+		v *service.ElectionView
+		w *service.Watcher
+	}
+	o, err := route(ctx, r, name, func(s *service.Service) (obs, error) {
+		v, w, err := s.Observe(ctx, name, stale)
+		return obs{v, w}, err
+	})
+	return o.v, o.w, err
 }
 
 // ---- prefixes: merged ----
 
-// overlap checks a prefix the way the services do and lists its shards.
-func (r *Router) overlap(prefix string) ([]int, error) {
+// overlap checks a prefix the way the services do and lists its shards
+// (as range indexes of v's map).
+func (v *view) overlap(prefix string) ([]int, error) {
 	p, err := command.ValidatePrefix(prefix)
 	if err != nil {
 		return nil, apierror.New(apierror.InvalidArgument, "bad prefix: %v", err)
 	}
-	return r.m.Overlap(p), nil
+	ks := v.m.Overlap(p)
+	for _, k := range ks {
+		if v.shards[k] == nil {
+			return nil, notRunning(v.m.IDs[k])
+		}
+	}
+	return ks, nil
+}
+
+func notRunning(id int) error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"shard %d was just split off and this node has not started its group yet; retry", id)}
+}
+
+// all is every range of v, or an error if one is not running here yet.
+func (v *view) all() ([]int, error) {
+	ks := make([]int, len(v.shards))
+	for k := range ks {
+		if v.shards[k] == nil {
+			return nil, notRunning(v.m.IDs[k])
+		}
+		ks[k] = k
+	}
+	return ks, nil
 }
 
 // page is one shard's page of a list, or the merge of several.
@@ -103,16 +260,17 @@ type page[V any] struct {
 // names of the merge are the first limit names overall. One shard's page is
 // returned as it is, with its own revision.
 func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *service.Service) (page[V], error), name func(*V) string) (page[V], error) {
-	ks, err := r.overlap(req.Prefix)
+	v, _ := r.view()
+	ks, err := v.overlap(req.Prefix)
 	if err != nil {
 		return page[V]{}, err
 	}
 	if len(ks) == 1 {
-		return list(ctx, r.shards[ks[0]])
+		return list(ctx, v.shards[ks[0]])
 	}
 	pages := make([]page[V], len(ks))
 	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		pages[i], err = list(ctx, r.shards[k])
+		pages[i], err = list(ctx, v.shards[k])
 		return err
 	}); err != nil {
 		return page[V]{}, err
@@ -121,7 +279,7 @@ func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, 
 	for i, p := range pages {
 		out.items = append(out.items, p.items...)
 		out.more = out.more || p.more
-		out.revisions[strconv.Itoa(ks[i])] = p.revision
+		out.revisions[strconv.Itoa(v.m.IDs[ks[i]])] = p.revision
 	}
 	sort.Slice(out.items, func(a, b int) bool { return name(&out.items[a]) < name(&out.items[b]) })
 	if limit := listLimit(req.Limit); len(out.items) > limit {
@@ -188,26 +346,27 @@ func (r *Router) each(ctx context.Context, ks []int, fn func(ctx context.Context
 // stream starts at its entry of FromRevisions (else FromRevision with one
 // shard, else now), and the merged events carry the resume vector.
 func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
-	ks, err := r.overlap(req.Prefix)
+	v, _ := r.view()
+	ks, err := v.overlap(req.Prefix)
 	if err != nil {
 		return nil, err
 	}
 	if req.FromRevision != 0 && len(ks) > 1 {
 		return nil, apierror.New(apierror.InvalidArgument, "this prefix spans %d shards, each with its own revisions: resume with from_revisions=shard:revision,... (the id of the last event you received, each revision + 1), not from_revision", len(ks))
 	}
-	for k := range req.FromRevisions {
-		if k < 0 || k >= r.m.N() {
-			return nil, apierror.New(apierror.InvalidArgument, "from_revisions names shard %d; this cluster has shards 0 to %d", k, r.m.N()-1)
+	for id := range req.FromRevisions {
+		if v.m.IndexOf(id) < 0 {
+			return nil, apierror.New(apierror.InvalidArgument, "from_revisions names shard %d; this cluster's shards are %v", id, v.m.IDs)
 		}
 	}
 	parts := make([]*service.Watcher, 0, len(ks))
 	last := make([]uint64, 0, len(ks))
 	for _, k := range ks {
 		from := req.FromRevision
-		if v, ok := req.FromRevisions[k]; ok {
-			from = v
+		if x, ok := req.FromRevisions[v.m.IDs[k]]; ok {
+			from = x
 		}
-		w, err := r.shards[k].Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: from})
+		w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: from})
 		if err != nil {
 			for _, p := range parts {
 				p.Close()
@@ -221,20 +380,31 @@ func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.
 			last = append(last, w.Revision)
 		}
 	}
-	return service.MergeWatchers(parts, ks, last), nil
+	ids := make([]int, len(ks))
+	for i, k := range ks {
+		ids[i] = v.m.IDs[k]
+	}
+	return service.MergeWatchers(parts, ids, last), nil
 }
 
 // ---- sessions: one lease per shard, one id ----
 
-// CreateSession commits the session's lease on shard 0, which draws its id,
-// then a lease with that id on every other shard. A retry with the same
-// request_id is answered from each shard's dedup table, so it finds the
-// same id everywhere.
+// CreateSession commits the session's lease on the first shard, which
+// draws its id, then a lease with that id on every other shard. A retry
+// with the same request_id is answered from each shard's dedup table, so
+// it finds the same id everywhere. A range split off meanwhile got a copy
+// of the session if its source had it; if the map changed under the call,
+// the shards it did not reach are reached too.
 func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error) {
 	if req.RequestID == "" {
 		req.RequestID = "srv-" + randHex(12)
 	}
-	first, err := r.shards[0].CreateSession(ctx, req)
+	v, _ := r.view()
+	ks, err := v.all()
+	if err != nil {
+		return nil, err
+	}
+	first, err := v.shards[0].CreateSession(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -242,25 +412,89 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 	if err != nil {
 		return nil, apierror.Wrap(apierror.Internal, err, "shard 0 answered a bad session id")
 	}
-	rest := make([]int, 0, len(r.shards)-1)
-	for k := 1; k < len(r.shards); k++ {
-		rest = append(rest, k)
+	out := *first
+	done := map[*service.Service]bool{v.shards[0]: true}
+	for range 4 {
+		var rest []*service.Service
+		for _, k := range ks {
+			if s := v.shards[k]; !done[s] {
+				rest = append(rest, s)
+			}
+		}
+		resps := make([]*service.SessionResponse, len(rest))
+		idx := make([]int, len(rest))
+		for i := range idx {
+			idx[i] = i
+		}
+		err = r.each(ctx, idx, func(ctx context.Context, i, _ int) (err error) {
+			sreq := req
+			sreq.LeaseID = id
+			resps[i], err = rest[i].CreateSession(ctx, sreq)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for i, s := range resps {
+			out.ExpiresAt = earliest(out.ExpiresAt, s.ExpiresAt)
+			done[rest[i]] = true
+		}
+		// A shard that split after the view was taken (its split applied
+		// before this session's lease there) gave the new shard no copy:
+		// wait for the map with it, and create the lease there too.
+		missing, err := r.splitOff(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		nv, ch := r.view()
+		for len(missing) > 0 && !hasGroups(nv, missing) {
+			if !awaitChange(ctx, ch, time.Now().Add(RouteWait)) {
+				return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was just split and this node has not learned the new map yet; retry the session create with the same request_id"}
+			}
+			nv, ch = r.view()
+		}
+		if nv == v {
+			return &out, nil
+		}
+		v = nv
+		if ks, err = v.all(); err != nil {
+			return nil, err
+		}
 	}
-	resps := make([]*service.SessionResponse, len(rest))
-	err = r.each(ctx, rest, func(ctx context.Context, i, k int) (err error) {
-		sreq := req
-		sreq.LeaseID = id
-		resps[i], err = r.shards[k].CreateSession(ctx, sreq)
-		return err
-	})
+	return &out, nil
+}
+
+// splitOff lists the groups split off v's shards that v's map lacks.
+func (r *Router) splitOff(ctx context.Context, v *view) ([]uint64, error) {
+	ks, err := v.all()
 	if err != nil {
 		return nil, err
 	}
-	out := *first
-	for _, s := range resps {
-		out.ExpiresAt = earliest(out.ExpiresAt, s.ExpiresAt)
+	children := make([][]uint64, len(ks))
+	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
+		children[i], err = v.shards[k].SplitChildren(ctx)
+		return err
+	}); err != nil {
+		return nil, err
 	}
-	return &out, nil
+	var out []uint64
+	for _, cs := range children {
+		for _, g := range cs {
+			if v.m.IndexOfGroup(g) < 0 {
+				out = append(out, g)
+			}
+		}
+	}
+	return out, nil
+}
+
+func hasGroups(v *view, gs []uint64) bool {
+	for _, g := range gs {
+		if k := v.m.IndexOfGroup(g); k < 0 || v.shards[k] == nil {
+			return false
+		}
+	}
+	return true
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -285,9 +519,14 @@ func randHex(n int) string {
 // harmless).
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	req.LostAfter = 0
-	resps := make([]*service.KeepAliveResponse, len(r.shards))
-	err := r.each(ctx, r.all(), func(ctx context.Context, i, k int) (err error) {
-		resps[i], err = r.shards[k].KeepAlive(ctx, req)
+	v, _ := r.view()
+	ks, err := v.all()
+	if err != nil {
+		return nil, err
+	}
+	resps := make([]*service.KeepAliveResponse, len(ks))
+	err = r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
+		resps[i], err = v.shards[k].KeepAlive(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -307,12 +546,17 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 // longer has it (expired, or deleted by an earlier try) is no error once
 // another shard deleted it.
 func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
-	resps := make([]*service.DeleteSessionResponse, len(r.shards))
-	errs := make([]error, len(r.shards))
+	v, _ := r.view()
+	ks, err := v.all()
+	if err != nil {
+		return nil, err
+	}
+	resps := make([]*service.DeleteSessionResponse, len(ks))
+	errs := make([]error, len(ks))
 	var wg sync.WaitGroup
-	for k := range r.shards {
+	for k := range ks {
 		wg.Add(1)
-		go func() { defer wg.Done(); resps[k], errs[k] = r.shards[k].DeleteSession(ctx, req) }()
+		go func() { defer wg.Done(); resps[k], errs[k] = v.shards[k].DeleteSession(ctx, req) }()
 	}
 	wg.Wait()
 	var out *service.DeleteSessionResponse
@@ -336,43 +580,62 @@ func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionReq
 	return out, nil
 }
 
-func (r *Router) all() []int {
-	ks := make([]int, len(r.shards))
-	for k := range ks {
-		ks[k] = k
-	}
-	return ks
-}
-
 // ---- cluster ----
 
-// Cluster is shard 0's view plus every shard's leader, term and indexes.
+// Cluster is the first shard's view plus every shard's leader, term and
+// indexes, and the map's generation.
 func (r *Router) Cluster(ctx context.Context) (*service.ClusterInfo, error) {
-	return r.cluster(ctx, r.shards[0].Cluster)
+	return r.cluster(ctx, false)
 }
 
-// ClusterHealth is Cluster with shard 0's member probe.
+// ClusterHealth is Cluster with the first shard's member probe.
 func (r *Router) ClusterHealth(ctx context.Context) (*service.ClusterInfo, error) {
-	return r.cluster(ctx, r.shards[0].ClusterHealth)
+	return r.cluster(ctx, true)
 }
 
-func (r *Router) cluster(ctx context.Context, first func(context.Context) (*service.ClusterInfo, error)) (*service.ClusterInfo, error) {
+func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo, error) {
+	v, _ := r.view()
+	first := v.shards[0].Cluster
+	if health {
+		first = v.shards[0].ClusterHealth
+	}
 	ci, err := first(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for k, s := range r.shards {
-		c := ci
-		if k > 0 {
-			if c, err = s.Cluster(ctx); err != nil {
-				return nil, err
+	ci.ShardGeneration = v.m.Generation
+	for k, s := range v.shards {
+		start, end := v.m.Range(k)
+		info := service.ShardInfo{ID: v.m.IDs[k], Start: start, End: end}
+		if s != nil {
+			c := ci
+			if k > 0 {
+				if c, err = s.Cluster(ctx); err != nil {
+					return nil, err
+				}
 			}
+			info.LeaderID, info.LeaderAPI, info.Term = c.LeaderID, c.LeaderAPI, c.Term
+			info.CommitIndex, info.AppliedIndex, info.Revision, info.LastToken = c.CommitIndex, c.AppliedIndex, c.Revision, c.LastToken
 		}
-		start, end := r.m.Range(k)
-		ci.Shards = append(ci.Shards, service.ShardInfo{ID: k, Start: start, End: end, LeaderID: c.LeaderID, LeaderAPI: c.LeaderAPI,
-			Term: c.Term, CommitIndex: c.CommitIndex, AppliedIndex: c.AppliedIndex, Revision: c.Revision, LastToken: c.LastToken})
+		ci.Shards = append(ci.Shards, info)
 	}
 	return ci, nil
+}
+
+// SplitShard splits the range holding req.At at it, online: the names at
+// and above it move, with their holders, queues, leases and counters, to a
+// new shard. It answers once this node routes by the new map.
+func (r *Router) SplitShard(ctx context.Context, req service.SplitRequest) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	sp := r.split
+	r.mu.Unlock()
+	if sp == nil {
+		return nil, notBuilt("splitting a shard")
+	}
+	if err := sp.Split(ctx, req.At); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
 }
 
 func (r *Router) AddMember(context.Context, service.MemberRequest) (*service.ClusterInfo, error) {
@@ -389,18 +652,37 @@ func (r *Router) Snapshot(context.Context) ([]byte, uint64, error) {
 }
 
 // TokenKeys lists every shard's token keys: each shard signs its grants
-// with its own key, and one key set verifies any shard's proofs.
+// with its own key, and one key set verifies any shard's proofs. A shard
+// split off another starts with its source's keys, listed once.
 func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
-	docs := make([]*fence.KeySetDocument, len(r.shards))
-	if err := r.each(ctx, r.all(), func(ctx context.Context, i, k int) (err error) {
-		docs[i], err = r.shards[k].TokenKeys(ctx)
+	v, _ := r.view()
+	ks, err := v.all()
+	if err != nil {
+		return nil, err
+	}
+	docs := make([]*fence.KeySetDocument, len(ks))
+	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
+		docs[i], err = v.shards[k].TokenKeys(ctx)
 		return err
 	}); err != nil {
 		return nil, err
 	}
 	out := &fence.KeySetDocument{}
+	seen := map[string]int{}
 	for _, d := range docs {
-		out.Keys = append(out.Keys, d.Keys...)
+		for _, k := range d.Keys {
+			if i, dup := seen[k.ID]; dup {
+				// The same key on two shards: a bound on one (retired
+				// there) must not cap the other's, where it is current
+				// or bounds higher.
+				if o := out.Keys[i].MaxToken; o != nil && (k.MaxToken == nil || *k.MaxToken > *o) {
+					out.Keys[i].MaxToken = k.MaxToken
+				}
+				continue
+			}
+			seen[k.ID] = len(out.Keys)
+			out.Keys = append(out.Keys, k)
+		}
 	}
 	return out, nil
 }
@@ -421,7 +703,11 @@ func (r *Router) DeleteACLToken(context.Context, string) error { return notBuilt
 
 // Healthy is every shard's liveness.
 func (r *Router) Healthy() error {
-	for _, s := range r.shards {
+	v, _ := r.view()
+	for _, s := range v.shards {
+		if s == nil {
+			continue
+		}
 		if err := s.Healthy(); err != nil {
 			return err
 		}
@@ -431,7 +717,11 @@ func (r *Router) Healthy() error {
 
 // Ready is every shard's readiness.
 func (r *Router) Ready() error {
-	for _, s := range r.shards {
+	v, _ := r.view()
+	for k, s := range v.shards {
+		if s == nil {
+			return notRunning(v.m.IDs[k])
+		}
 		if err := s.Ready(); err != nil {
 			return err
 		}

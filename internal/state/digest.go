@@ -342,6 +342,7 @@ func (s *State) digestOf(records uint64) uint64 {
 	h.i64(rt.MaxAgeMs)
 	h.u64(s.hist.seq)
 	h.i64(s.hist.count)
+	s.shardDigest(&h)
 	var rh recordHasher // not s.rh: Digest may run under a read lock
 	for i := range s.tokenKeys {
 		h.u64(rh.tokenKey(&s.tokenKeys[i]))

@@ -46,6 +46,9 @@ const (
 	// Public: a lock-delay ended (Token: the grant whose end began it); the
 	// hand-off it lets in, if anyone waits, follows at the same revision.
 	EventDelayEnded
+	// Internal: a split carved the names at and above Name into a new
+	// state for Raft group Token; Carved is its snapshot, at this entry.
+	EventSplit
 )
 
 // Causes carried by events.
@@ -81,6 +84,7 @@ var eventNames = map[EventType]string{
 	EventDelayTimer:     "delay_timer",
 	EventHistoryTimer:   "history_timer",
 	EventDelayEnded:     "delay_ended",
+	EventSplit:          "split",
 }
 
 func (t EventType) String() string { return eventNames[t] }
@@ -116,6 +120,8 @@ type Event struct {
 	// Shared and Subtree are the grant's or the wait's mode (acquired,
 	// released, expired, queued, dequeued).
 	Shared, Subtree bool
+	// Carved is the split-off state's snapshot (EventSplit only).
+	Carved []byte
 }
 
 func (s *State) emit(e Event) {

@@ -334,6 +334,7 @@ func dump(s *State) string {
 		}
 		return true
 	})
+	b = fmt.Appendf(b, "\nshard %+v", s.shard)
 	return string(b)
 }
 

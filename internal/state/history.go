@@ -364,15 +364,28 @@ func readGrantRecord(r *wire.Reader) GrantRecord {
 }
 
 // writeHistory is the snapshot's history section (version 9).
-func (s *State) writeHistory(w *wire.Writer) {
+func (s *State) writeHistory(w *wire.Writer, keep func(string) bool) {
 	rt := s.hist.retention
 	w.Varint(rt.PerName)
 	w.Varint(rt.MaxEntries)
 	w.Varint(rt.MaxBytes)
 	w.Varint(rt.MaxAgeMs)
 	w.Uvarint(s.hist.seq)
-	w.Uvarint(uint64(s.hist.byName.Len()))
+	n := s.hist.byName.Len()
+	if keep != nil {
+		n = 0
+		s.hist.byName.Ascend(func(h *lockHistory) bool {
+			if keep(h.name) {
+				n++
+			}
+			return true
+		})
+	}
+	w.Uvarint(uint64(n))
 	s.hist.byName.Ascend(func(h *lockHistory) bool {
+		if keep != nil && !keep(h.name) {
+			return true
+		}
 		w.String(h.name)
 		w.Uvarint(uint64(len(h.recs)))
 		for i := range h.recs {

@@ -85,15 +85,29 @@ func writeLostGrant(w *wire.Writer, g *LostGrant) {
 
 // writeLost writes the section: the sessions in id order, each with its
 // lost grants oldest first.
-func (s *State) writeLost(w *wire.Writer) {
+func (s *State) writeLost(w *wire.Writer, keep func(string) bool) {
+	kept := func(id command.LeaseID) []LostGrant {
+		if keep == nil {
+			return s.lost[id]
+		}
+		var out []LostGrant
+		for _, g := range s.lost[id] {
+			if keep(g.Key) {
+				out = append(out, g)
+			}
+		}
+		return out
+	}
 	ids := make([]command.LeaseID, 0, len(s.lost))
 	for id := range s.lost {
-		ids = append(ids, id)
+		if len(kept(id)) > 0 {
+			ids = append(ids, id)
+		}
 	}
 	sortLeaseIDs(ids)
 	w.Uvarint(uint64(len(ids)))
 	for _, id := range ids {
-		list := s.lost[id]
+		list := kept(id)
 		w.Fixed(id[:])
 		w.Uvarint(uint64(len(list)))
 		for i := range list {

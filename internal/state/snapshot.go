@@ -22,15 +22,22 @@ var snapshotMagic = []byte("DLSNAP")
 // waiter's mode and place in line, and the refusals' new result fields in
 // the dedup table), version 9 the grant history, lock-delays (each lock's
 // and waiter's LockDelayMs, a delay in force) and holders' values on plain
-// locks, version 10 the grants each session lost (lost.go); older
-// snapshots are still read.
-const snapshotVersion = 10
+// locks, version 10 the grants each session lost (lost.go), version 11 the
+// shard section (shard.go: the range a shard owns, its splits, the meta
+// group's map); older snapshots are still read.
+const snapshotVersion = 11
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce
 // byte-identical snapshots. Lease lock/wait sets are not stored: they are
 // derived from the lock table on restore.
-func (s *State) Snapshot() []byte {
+func (s *State) Snapshot() []byte { return s.snapshot(nil, s.shard) }
+
+// snapshot encodes the state, or with keep only the names keep accepts
+// (and the leases, history and lost grants that belong to them; sessions,
+// members, keys, ACLs and the dedup table whole), with sh as its shard
+// section: a split carves both halves this way (shard.go).
+func (s *State) snapshot(keep func(key string) bool, sh shardState) []byte {
 	w := &wire.Writer{Buf: make([]byte, 0, 64+s.locks.Len()*64+len(s.leases)*64+s.dedupRing.count*48)}
 	w.Fixed(snapshotMagic)
 	w.Byte(snapshotVersion)
@@ -47,8 +54,10 @@ func (s *State) Snapshot() []byte {
 	}
 
 	ids := make([]command.LeaseID, 0, len(s.leases))
-	for id := range s.leases {
-		ids = append(ids, id)
+	for id, l := range s.leases {
+		if keep == nil || leaseKept(l, keep) {
+			ids = append(ids, id)
+		}
 	}
 	sortLeaseIDs(ids)
 	w.Uvarint(uint64(len(ids)))
@@ -56,8 +65,21 @@ func (s *State) Snapshot() []byte {
 		writeLease(w, s.leases[id])
 	}
 
-	w.Uvarint(uint64(s.locks.Len()))
+	nlocks := s.locks.Len()
+	if keep != nil {
+		nlocks = 0
+		s.locks.Ascend(func(lk *Lock) bool {
+			if keep(lk.Name) {
+				nlocks++
+			}
+			return true
+		})
+	}
+	w.Uvarint(uint64(nlocks))
 	s.locks.Ascend(func(lk *Lock) bool {
+		if keep != nil && !keep(lk.Name) {
+			return true
+		}
 		writeLockHead(w, lk)
 		q := lk.Queue()
 		w.Uvarint(uint64(len(q)))
@@ -71,8 +93,9 @@ func (s *State) Snapshot() []byte {
 	s.dedupRing.each(func(e *dedupEntry) { writeDedupEntry(w, e) })
 	s.writeTokenKeys(w)
 	s.writeACL(w)
-	s.writeHistory(w)
-	s.writeLost(w) // version 10
+	s.writeHistory(w, keep)
+	s.writeLost(w, keep) // version 10
+	writeShard(w, &sh)   // version 11
 	return w.Buf
 }
 
@@ -185,6 +208,7 @@ func Restore(b []byte) (*State, error) {
 		s.readACLSection,
 		s.readHistory,
 		s.readLost,
+		s.readShard,
 	}
 	for _, read := range sections {
 		if err := read(r, v); err != nil {

@@ -30,6 +30,16 @@ type rawSnap struct {
 	acl       []ACLToken
 	hist      rawHistory
 	lost      []rawLost // version 10
+	shard     rawShard  // version 11
+}
+
+// rawShard is the shard section (version 11).
+type rawShard struct {
+	ranged   bool
+	from, to string
+	splits   []SplitRecord
+	mapGen   uint64
+	ranges   []command.ShardRange
 }
 
 // rawLost is one session's lost grants (version 10).
@@ -270,12 +280,32 @@ func (r *rawSnap) encode() []byte {
 			}
 		}
 	}
+	if r.version >= 11 {
+		sh := r.shard
+		w.Bool(sh.ranged)
+		w.String(sh.from)
+		w.String(sh.to)
+		w.Uvarint(uint64(len(sh.splits)))
+		for _, x := range sh.splits {
+			w.String(x.At)
+			w.Uvarint(x.Group)
+			w.Uvarint(x.Index)
+			w.String(x.To)
+		}
+		w.Uvarint(sh.mapGen)
+		w.Uvarint(uint64(len(sh.ranges)))
+		for _, x := range sh.ranges {
+			w.String(x.Start)
+			w.Uvarint(x.ID)
+			w.Uvarint(x.Group)
+		}
+	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 10, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 11, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -314,6 +344,7 @@ func toRaw(s *State) *rawSnap {
 	for _, id := range ids {
 		r.lost = append(r.lost, rawLost{id, append([]LostGrant(nil), s.lost[id]...)})
 	}
+	r.shard = rawShard{s.shard.ranged, s.shard.from, s.shard.to, s.shard.splits, s.shard.mapGen, s.shard.ranges}
 	return r
 }
 
@@ -363,8 +394,24 @@ func sampleState(t testing.TB) *State {
 	return h.s
 }
 
+// splitState is the sample state split at "m", then given a shard map.
+func splitState(t *testing.T) *State {
+	s := sampleState(t)
+	r := s.Apply(s.Index()+1, &command.Envelope{TS: s.LastTS(), Body: &command.Split{At: "m", Group: 9}})
+	s.TakeEvents()
+	if r.Status != command.StatusOK {
+		t.Fatalf("split: %+v", r)
+	}
+	r = s.Apply(s.Index()+1, &command.Envelope{TS: s.LastTS(), Body: &command.SetShardMap{Generation: 1,
+		Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9}}}})
+	if r.Status != command.StatusOK {
+		t.Fatalf("set shard map: %+v", r)
+	}
+	return s
+}
+
 func TestSnapshotFormatIsPinned(t *testing.T) {
-	for _, s := range []*State{New(), sampleState(t)} {
+	for _, s := range []*State{New(), sampleState(t), splitState(t)} {
 		if got, want := s.Snapshot(), toRaw(s).encode(); !bytes.Equal(got, want) {
 			t.Fatalf("snapshot format changed (bump snapshotVersion and keep reading v1):\n got %x\nwant %x", got, want)
 		}
@@ -446,14 +493,26 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		return r.encode()
 	}
 	cases := map[string][]byte{
-		"nil":             nil,
-		"empty":           {},
-		"short magic":     []byte("DLSNA"),
-		"magic only":      []byte("DLSNAP"),
-		"bad magic":       append([]byte("XLSNAP"), good[6:]...),
-		"lowercase magic": append([]byte("dlsnap"), good[6:]...),
-		"version 0":       raw(func(r *rawSnap) { r.version = 0 }),
-		"version 11":      raw(func(r *rawSnap) { r.version = 11 }),
+		"nil":                              nil,
+		"empty":                            {},
+		"short magic":                      []byte("DLSNA"),
+		"magic only":                       []byte("DLSNAP"),
+		"bad magic":                        append([]byte("XLSNAP"), good[6:]...),
+		"lowercase magic":                  append([]byte("dlsnap"), good[6:]...),
+		"version 0":                        raw(func(r *rawSnap) { r.version = 0 }),
+		"version 12":                       raw(func(r *rawSnap) { r.version = 12 }),
+		"a lock outside the shard's range": raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "k"} }),
+		"a range without ranged":           raw(func(r *rawSnap) { r.shard = rawShard{to: "m"} }),
+		"a range ending before it starts":  raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "m", to: "c"} }),
+		"a map without ranges":             raw(func(r *rawSnap) { r.shard.mapGen = 1 }),
+		"a map not starting at \"\"": raw(func(r *rawSnap) {
+			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "a", ID: 0, Group: 5}}
+		}),
+		"v11 body as v10": func() []byte {
+			b := raw(func(r *rawSnap) { r.shard = rawShard{ranged: true} })
+			b[6] = 10
+			return b
+		}(),
 		"v8 body as v7": func() []byte {
 			b := raw(func(r *rawSnap) {})
 			b[6] = 7
@@ -1022,5 +1081,21 @@ func TestVersion5RestoreMatchesLogReplay(t *testing.T) {
 	if !bytes.Equal(a.Snapshot(), b.Snapshot()) {
 		t.Fatalf("replicas that applied the same log differ after a v5 restore: wait time left %d ms (log) vs %d ms (v5 snapshot)",
 			wa[0].RemainingMs, wb[0].RemainingMs)
+	}
+}
+
+// A version 10 snapshot (before shards could split) restores owning every
+// name and snapshots again at the current version with an empty shard
+// section.
+func TestRestoreVersion10Snapshot(t *testing.T) {
+	s := sampleState(t)
+	r := toRaw(s)
+	r.version = 10
+	got, err := Restore(r.encode())
+	if err != nil {
+		t.Fatalf("version 10 snapshot refused: %v", err)
+	}
+	if !bytes.Equal(got.Snapshot(), toRaw(s).encode()) || !got.Owns("anything") || got.Digest() != s.Digest() {
+		t.Fatal("version 10 snapshot does not restore to the same state")
 	}
 }

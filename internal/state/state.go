@@ -207,6 +207,8 @@ type State struct {
 	dedupRing dedupRing
 
 	hist history
+	// shard is the range this state owns, its splits and the meta map (shard.go).
+	shard shardState
 	// lost holds, per session, the grants it lost while it lived (lost.go).
 	lost map[command.LeaseID][]LostGrant
 
@@ -301,6 +303,9 @@ func (s *State) ApplyAt(index, seq uint64, e *command.Envelope) command.Result {
 	if e.Clock > s.clock {
 		s.clock = e.Clock
 	}
+	if s.wrongShard(e) {
+		return command.Result{Status: command.StatusWrongShard, Revision: s.revision}
+	}
 	var key dedupKey
 	if e.RequestID != "" {
 		key = dedupKey{e.ClientID, e.RequestID}
@@ -390,6 +395,10 @@ func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 		return s.trimHistory()
 	case *command.EndLockDelay:
 		return s.endLockDelay(b)
+	case *command.Split:
+		return s.split(s.index, b, b.From, b.To)
+	case *command.SetShardMap:
+		return s.setShardMap(b)
 	}
 	return invalid("unknown command")
 }

@@ -498,6 +498,8 @@ func TestContract(t *testing.T) {
 		}
 	}
 	k.do(call{op: "transferLeadership", body: map[string]any{"id": target}, want: 200})
+	// One group has no ranges: a split is refused, and changes nothing.
+	k.do(call{op: "splitShard", body: map[string]any{"at": "m"}, want: 400})
 	c.WaitLeader(20 * time.Second)
 
 	// Watch everything from here on while the rest runs; it must see every

@@ -198,6 +198,7 @@ _BY_CODE = {
                 PermissionDenied, TooLarge, RateLimited)
 }
 _BY_CODE["disk_full"] = Unavailable
+_BY_CODE["wrong_shard"] = Unavailable
 
 
 def from_answer(status: int, body: Any, fallback: str = "") -> DlockError:

@@ -1,0 +1,289 @@
+package shard_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/shard"
+	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
+)
+
+// post is a request that may be answered 503 (the split moved its name and
+// the new map had not arrived): it is retried, with the same request_id,
+// as a client would. Any other failure fails the test.
+func post(t *testing.T, c *testcluster.Cluster, u string, body map[string]any, out any) int {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		code, err := c.Do(ctx, "POST", u, body, out)
+		cancel()
+		if err != nil {
+			t.Errorf("POST %s: %v", u, err)
+			return 0
+		}
+		if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			return code
+		}
+		retried503.Add(1)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var retried503 atomic.Int64
+
+// groupOf is the node's group of the shard with id, or nil.
+func groupOf(s interface {
+	Shards() []*raftnode.Node
+	ShardMap() shard.Map
+}, id int) *raftnode.Node {
+	m := s.ShardMap()
+	k := m.IndexOf(id)
+	ns := s.Shards()
+	if k < 0 || k >= len(ns) || len(ns) != m.N() {
+		return nil
+	}
+	return ns[k]
+}
+
+// TestSplitUnderLoad splits a busy range of a 3-node, 4-shard cluster
+// while clients keep locking through every node: every request succeeds
+// (503s retried with the same request_id are the only failures), tokens
+// per name strictly rise, every grant acknowledged before the split is
+// still held after it with its token, a queued waiter keeps its place and
+// gets the lock, and a node restarted after the split recovers the new
+// shard from its own disk.
+func TestSplitUnderLoad(t *testing.T) {
+	c, m := sharded(t, 3)
+	ids := c.IDs()
+
+	// Held across the split: two names that move, one that stays.
+	held := map[string]service.AcquireResponse{}
+	for i, name := range []string{"quebec/held", "sierra/held", "oscar/held"} {
+		var a service.AcquireResponse
+		if code := post(t, c, c.URL(ids[i%3])+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": "holder-" + name, "ttl_ms": 120000, "request_id": "h-" + name}, &a); code != 200 || !a.Acquired {
+			t.Fatalf("acquire %s: %d %+v", name, code, a)
+		}
+		held[name] = a
+	}
+	// A waiter queued behind a moving lock before the split.
+	waited := make(chan service.AcquireResponse, 1)
+	go func() {
+		var a service.AcquireResponse
+		code := post(t, c, c.URL(ids[1])+"/api/v1/locks/sierra/held/acquire", map[string]any{"client_id": "waiter", "ttl_ms": 120000,
+			"wait_timeout_ms": 60000, "request_id": "w-sierra"}, &a)
+		if code != 200 {
+			t.Errorf("queued acquire of sierra/held: %d %+v", code, a)
+		}
+		waited <- a
+	}()
+	testutil.Eventually(t, 20*time.Second, "the waiter is queued", func() error {
+		var v service.LockView
+		do(t, c, "GET", c.URL(ids[0])+"/api/v1/locks/sierra/held", nil, &v)
+		if v.Waiters != 1 {
+			return fmt.Errorf("sierra/held has %d waiters", v.Waiters)
+		}
+		return nil
+	})
+
+	// Busy clients: each locks and releases its own names, in the range
+	// that moves and the one that stays, plus a contended lock, through
+	// every node in turn.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	seqs := map[string][]uint64{}
+	var rounds atomic.Int64
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mine := []string{fmt.Sprintf("papa/w%d", w), fmt.Sprintf("romeo/w%d", w), fmt.Sprintf("november/w%d", w), "romeo/hot"}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := mine[i%len(mine)]
+				via := c.URL(ids[(w+i)%3])
+				reqID := fmt.Sprintf("w%d-%d", w, i)
+				var a service.AcquireResponse
+				code := post(t, c, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w), "ttl_ms": 20000,
+					"wait_timeout_ms": 30000, "request_id": reqID}, &a)
+				if code != 200 || !a.Acquired {
+					t.Errorf("worker %d acquire %s: %d %+v", w, name, code, a)
+					return
+				}
+				mu.Lock()
+				seqs[name] = append(seqs[name], a.FencingToken)
+				mu.Unlock()
+				var rel service.ReleaseResponse
+				if code := post(t, c, c.URL(ids[(w+i+1)%3])+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": fmt.Sprintf("w%d", w),
+					"fencing_token": a.FencingToken, "lease_id": a.LeaseID}, &rel); code != 200 {
+					t.Errorf("worker %d release %s token %d: %d", w, name, a.FencingToken, code)
+					return
+				}
+				rounds.Add(1)
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	testutil.Eventually(t, 30*time.Second, "the clients are busy", func() error {
+		if n := rounds.Load(); n < 30 {
+			return fmt.Errorf("%d rounds", n)
+		}
+		return nil
+	})
+
+	// Split [n, t) at q while they run.
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL(ids[2])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("split: %d %+v", code, ci)
+	}
+	if ci.ShardGeneration != 2 || len(ci.Shards) != 5 {
+		t.Fatalf("after the split: generation %d, %d shards: %+v", ci.ShardGeneration, len(ci.Shards), ci.Shards)
+	}
+	newID := -1
+	for _, sh := range ci.Shards {
+		if sh.Start == "q" && sh.End == "t" {
+			newID = sh.ID
+		}
+	}
+	if newID != 4 {
+		t.Fatalf("no shard [q, t) with id 4 in %+v", ci.Shards)
+	}
+	// A repeated split finds it done; a hostile one is refused.
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("repeated split: %d", code)
+	}
+	for _, bad := range []map[string]any{{"at": ""}, {"at": "a/b"}, {"at": "n"}, {"at": "é"}, {"at": "q", "extra": 1}, {}} {
+		var e map[string]any
+		if code := post(t, c, c.URL(ids[1])+"/api/v1/cluster/shards/split", bad, &e); code != 400 {
+			t.Fatalf("split %v: %d %v, want 400", bad, code, e)
+		}
+	}
+	// Every node routes by the new map and runs the new group.
+	for _, id := range ids {
+		testutil.Eventually(t, 30*time.Second, "every node follows the new map", func() error {
+			s := c.Server(id)
+			if g := s.ShardMap().Generation; g != 2 {
+				return fmt.Errorf("node %s at generation %d", id, g)
+			}
+			if groupOf(s, newID) == nil {
+				return fmt.Errorf("node %s does not run shard %d", id, newID)
+			}
+			return nil
+		})
+	}
+	// Let the clients go on for a while on the new map.
+	after := rounds.Load()
+	testutil.Eventually(t, 60*time.Second, "the clients go on after the split", func() error {
+		if n := rounds.Load(); n < after+60 {
+			return fmt.Errorf("%d rounds since the split", n-after)
+		}
+		return nil
+	})
+
+	// Grants acknowledged before the split are still held, with their
+	// tokens, on the shard that owns them now, as every node sees it.
+	for name, a := range held {
+		for _, id := range ids {
+			var v service.LockView
+			if code := do(t, c, "GET", c.URL(id)+"/api/v1/locks/"+name, nil, &v); code != 200 || !v.Held || v.Holder.FencingToken != a.FencingToken {
+				t.Fatalf("%s via %s after the split: %d %+v, want held with token %d", name, id, code, v, a.FencingToken)
+			}
+		}
+	}
+	for _, id := range ids {
+		testutil.Eventually(t, 20*time.Second, "the new shard's state holds the moved grants", func() error {
+			g := groupOf(c.Server(id), newID)
+			if g == nil {
+				return fmt.Errorf("node %s: no shard %d", id, newID)
+			}
+			var tok uint64
+			g.FSM().Read(func(st *state.State) {
+				if li := st.GetLock("sierra/held"); li.Held {
+					tok = li.Holders[0].Token
+				}
+			})
+			if tok != held["sierra/held"].FencingToken {
+				return fmt.Errorf("node %s shard %d: sierra/held token %d", id, newID, tok)
+			}
+			return nil
+		})
+	}
+	// The waiter queued before the split gets the lock when its holder,
+	// who holds it on the new shard now, lets go.
+	sh := held["sierra/held"]
+	var rel service.ReleaseResponse
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/locks/sierra/held/release", map[string]any{"client_id": "holder-sierra/held",
+		"fencing_token": sh.FencingToken, "lease_id": sh.LeaseID}, &rel); code != 200 {
+		t.Fatalf("release sierra/held on the new shard: %d", code)
+	}
+	select {
+	case a := <-waited:
+		if !a.Acquired || a.FencingToken <= sh.FencingToken {
+			t.Fatalf("the waiter got %+v; the holder's token was %d", a, sh.FencingToken)
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatal("the waiter queued before the split never got the lock")
+	}
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{})
+
+	// Tokens per name strictly rise, across the split.
+	mu.Lock()
+	for name, s := range seqs {
+		for i := 1; i < len(s); i++ {
+			if s[i] <= s[i-1] {
+				t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
+			}
+		}
+	}
+	mu.Unlock()
+	t.Logf("%d rounds; %d 503s retried", rounds.Load(), retried503.Load())
+
+	// A node restarted after the split recovers the new shard from disk.
+	victim := ids[1]
+	c.Kill(victim)
+	c.Start(victim)
+	testutil.Eventually(t, 60*time.Second, "the restarted node runs the new shard with its state", func() error {
+		s := c.Server(victim)
+		if s.ShardMap().Generation != 2 {
+			return fmt.Errorf("generation %d", s.ShardMap().Generation)
+		}
+		g := groupOf(s, newID)
+		if g == nil {
+			return fmt.Errorf("no shard %d", newID)
+		}
+		var tok uint64
+		g.FSM().Read(func(st *state.State) {
+			if li := st.GetLock("quebec/held"); li.Held {
+				tok = li.Holders[0].Token
+			}
+		})
+		if tok != held["quebec/held"].FencingToken {
+			return fmt.Errorf("quebec/held token %d", tok)
+		}
+		return nil
+	})
+	var v service.LockView
+	if code := do(t, c, "GET", c.URL(victim)+"/api/v1/locks/quebec/held", nil, &v); code != 200 || !v.Held || v.Holder.FencingToken != held["quebec/held"].FencingToken {
+		t.Fatalf("quebec/held via the restarted node: %d %+v", code, v)
+	}
+	_ = m
+}
