@@ -142,16 +142,7 @@ if [ "$FAILOVER_REPEAT" != 0 ]; then
 	# Its own clusters: stop the shared ones so they do not compete (KILL
 	# after 10 s: a hashicorp node's graceful shutdown has been seen to hang
 	# on a replication goroutine stuck in its pipeline).
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-	for _ in $(seq 50); do
-		alive=0
-		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-		[ "$alive" = 0 ] && break
-		sleep 0.2
-	done
-	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	PIDS=()
+	bench_stop
 	failover hashicorp 1; failover etcd 1
 fi
 

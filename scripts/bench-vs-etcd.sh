@@ -11,8 +11,14 @@
 # 64) workers it also runs a one-node dlock (BENCH_ONE_NODE=0 skips it): no
 # replication at all, the bound for any change to replication. It writes the tables into docs/benchmarks.md (between the
 # "bench-vs-etcd" markers; the rest of the file is kept) and PNG plots into
-# docs/bench/. Everything it starts is stopped on exit. Budget: under 15
-# minutes on a 2-core machine (about 11 here).
+# docs/bench/. Everything it starts is stopped on exit. Budget: under 20
+# minutes on a 2-core machine (about 11 here with one engine).
+#
+# With BENCH_ENGINES="hashicorp etcd" (the default) it runs a 3-node dlock
+# cluster on each replication engine; the first is the one the main tables
+# call "dlock", every other one is the target "dlock-<engine>", and the
+# "Replication engines" section sets them side by side with etcd (issue 26's
+# targets). Each row rotates which of the systems goes first.
 #
 #   scripts/bench-vs-etcd.sh                  # the full run, rewrites the docs
 #   BENCH_DURATION=3s BENCH_WORKERS="8 64" BENCH_DOC=/tmp/b.md BENCH_PNG_DIR=/tmp/png scripts/bench-vs-etcd.sh
@@ -22,7 +28,8 @@
 # (1000000: the dlock-only held run on a fresh cluster; 0 skips it) and
 # BENCH_MILLION_GOMEMLIMIT (900MiB; empty for Go's defaults), BENCH_FAILOVER_REPEAT
 # (etcd's kills per cluster size, 20), BENCH_FAILOVER_REPEAT_DLOCK (dlock's, 100),
-# BENCH_FAILOVER=0 to skip failover, BENCH_ONE_NODE=0 to skip the one-node bound, BENCH_DLOCK_PROTOCOL (http; grpc
+# BENCH_FAILOVER=0 to skip failover, BENCH_ENGINES ("hashicorp etcd": the
+# dlock clusters' --raft-engine, one cluster each; the first is "dlock"), BENCH_ONE_NODE=0 to skip the one-node bound, BENCH_DLOCK_PROTOCOL (http; grpc
 # sends dlock's lock calls over its gRPC API, as etcd's client does), BENCH_DOC, BENCH_PNG_DIR,
 # BENCH_NOTE (free text printed next to the numbers), BENCH_KEEP=1 to keep the
 # work dir (raw JSON results and server logs).
@@ -39,6 +46,10 @@ MILLION_KEYS=${BENCH_MILLION_KEYS:-1000000}
 MILLION_MEMLIMIT=${BENCH_MILLION_GOMEMLIMIT-900MiB}
 PROTOCOL=${BENCH_DLOCK_PROTOCOL:-http}
 ONE_NODE=${BENCH_ONE_NODE:-1}
+read -r -a ENGINES <<<"${BENCH_ENGINES:-hashicorp etcd}"
+[ "${#ENGINES[@]}" -ge 1 ] && [ "${#ENGINES[@]}" -le 2 ] || { echo "BENCH_ENGINES: one or two of hashicorp, etcd" >&2; exit 2; }
+for e in "${ENGINES[@]}"; do case $e in hashicorp | etcd) ;; *) echo "BENCH_ENGINES: $e is not an engine (hashicorp, etcd)" >&2; exit 2 ;; esac; done
+ENGINE2=${ENGINES[1]:-}
 case $PROTOCOL in http | grpc) ;; *) echo "BENCH_DLOCK_PROTOCOL: use http or grpc, not $PROTOCOL" >&2; exit 2 ;; esac
 DOC=${BENCH_DOC:-$ROOT/docs/benchmarks.md}
 PNG_DIR=${BENCH_PNG_DIR:-$ROOT/docs/bench}
@@ -80,7 +91,7 @@ pick_base() {
 	for _ in $(seq 100); do
 		base=$((10000 + RANDOM % (PORT_HI - 10000)))
 		ok=1
-		for off in 0 1 10 11 20 21 30 31 32 40 41 42 50 51 52 60 61 62; do
+		for off in 0 1 10 11 20 21 30 31 32 40 41 42 50 51 52 60 61 62 70 71 72 80 81 82 90 91 92; do
 			p=$((base + off))
 			if port_used "$p"; then ok=0; break; fi
 		done
@@ -128,15 +139,37 @@ ONE_PROTO_FLAGS=()
 log "starting dlock: $DLOCK_EPS"
 for i in 0 1 2; do
 	ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
-	"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock/n$((i + 1))" \
+	"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock/n$((i + 1))" --raft-engine "${ENGINES[0]}" \
 		--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
 		--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
 		--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-n$((i + 1)).log" 2>&1 &
 	PIDS+=($!)
 done
+# The second engine's cluster, ports BASE+70..92: target "dlock-$ENGINE2".
+E2_CLUSTER=""
+E2_EPS=""
+E2_GRPC_EPS=""
+if [ -n "$ENGINE2" ]; then
+	for i in 0 1 2; do
+		E2_CLUSTER+="${E2_CLUSTER:+,}n$((i + 1))=127.0.0.1:$((BASE + 70 + 10 * i + 1))"
+		E2_EPS+="${E2_EPS:+,}http://127.0.0.1:$((BASE + 70 + 10 * i))"
+		E2_GRPC_EPS+="${E2_GRPC_EPS:+,}127.0.0.1:$((BASE + 70 + 10 * i + 2))"
+	done
+	log "starting dlock on the $ENGINE2 engine: $E2_EPS"
+	for i in 0 1 2; do
+		ap=$((BASE + 70 + 10 * i)); rp=$((BASE + 70 + 10 * i + 1))
+		"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock-$ENGINE2/n$((i + 1))" --raft-engine "$ENGINE2" \
+			--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
+			--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
+			--initial-cluster "$E2_CLUSTER" --log-level warn >"$WORK/dlock-$ENGINE2-n$((i + 1)).log" 2>&1 &
+		PIDS+=($!)
+	done
+fi
+E2_PROTO_FLAGS=()
+[ "$PROTOCOL" = grpc ] && E2_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$E2_GRPC_EPS")
 if [ "$ONE_NODE" != 0 ]; then
 	log "starting a one-node dlock: $ONE_EPS"
-	"$BIN" serve --id one --data-dir "$WORK/dlock-one" \
+	"$BIN" serve --id one --data-dir "$WORK/dlock-one" --raft-engine "${ENGINES[0]}" \
 		--api-addr "127.0.0.1:$((BASE + 60))" --raft-addr "127.0.0.1:$((BASE + 61))" \
 		--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((BASE + 62))")" \
 		--initial-cluster "one=127.0.0.1:$((BASE + 61))" --log-level warn >"$WORK/dlock-one.log" 2>&1 &
@@ -154,6 +187,7 @@ wait_ok() { # url what
 for i in 0 1 2; do
 	wait_ok "http://127.0.0.1:$((BASE + 10 * i))/health" "etcd e$i"
 	wait_ok "http://127.0.0.1:$((BASE + 30 + 10 * i))/readyz" "dlock n$((i + 1))"
+	[ -z "$ENGINE2" ] || wait_ok "http://127.0.0.1:$((BASE + 70 + 10 * i))/readyz" "dlock ($ENGINE2) n$((i + 1))"
 done
 [ "$ONE_NODE" != 0 ] && wait_ok "$ONE_EPS/readyz" "one-node dlock"
 log "both clusters ready"
@@ -161,12 +195,13 @@ log "both clusters ready"
 # Warm both clusters up once, unrecorded: the first run after start otherwise
 # pays for new processes (heap growth, connections, Raft's switch to pipelined
 # replication, the first WAL pages) and always lands on the 1-worker row.
-for target in dlock etcd one; do
+for target in dlock etcd one ${ENGINE2:+dlock-$ENGINE2}; do
 	[ "$target" = one ] && [ "$ONE_NODE" = 0 ] && continue
 	flags=(--target "$target" --endpoints "$DLOCK_EPS" "${DLOCK_PROTO_FLAGS[@]}")
 	case $target in
 	etcd) flags=(--target etcd --etcd-endpoints "$ETCD_EPS") ;;
 	one) flags=(--target dlock --endpoints "$ONE_EPS" "${ONE_PROTO_FLAGS[@]}") ;;
+	dlock-*) flags=(--target dlock --endpoints "$E2_EPS" "${E2_PROTO_FLAGS[@]}") ;;
 	esac
 	"$BIN" bench -q -o json "${flags[@]}" \
 		--workload uncontended --workers 8 --duration 2s --warmup 0s >/dev/null 2>&1 ||
@@ -188,6 +223,7 @@ log "both clusters warmed up"
 	echo "load_start=$(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "settings=duration $DUR after ${WARM} warm-up per run; workers $WORKERS"
 	echo "dlock_protocol=$PROTOCOL"
+	echo "dlock_engines=${ENGINES[*]} (the first is \"dlock\" in the main tables)"
 	echo "note=${BENCH_NOTE:-}"
 } >"$WORK/machine.env"
 
@@ -204,10 +240,15 @@ run() { # target row workers [extra flags...]; target "one" is the one-node dloc
 	esac
 	local tag="$row-$w-$target"
 	local out="$RES/$tag.json"
-	local proto=() eps=$DLOCK_EPS label=$row
+	local proto=() eps=$DLOCK_EPS label=$row as=""
 	case $row in held | watch | watch-light | via-follower) ;; *) [ "$target" = dlock ] && proto=("${DLOCK_PROTO_FLAGS[@]}") ;; esac
 	if [ "$target" = one ]; then
 		target=dlock eps=$ONE_EPS label="one-node-$row" proto=("${ONE_PROTO_FLAGS[@]}")
+	fi
+	if [ "$target" = "dlock-$ENGINE2" ]; then
+		# Run as dlock against the second cluster; the result is renamed.
+		as=$target target=dlock eps=$E2_EPS
+		case $row in held | watch | watch-light | via-follower) ;; *) proto=("${E2_PROTO_FLAGS[@]}") ;; esac
 	fi
 	if ! "$BIN" bench -q -o json --cdf --target "$target" --endpoints "$eps" --etcd-endpoints "$ETCD_EPS" "${proto[@]}" \
 		--workload "$wl" --workers "$w" --duration "$DUR" --warmup "$WARM" --label "$label" "${extra[@]}" "$@" \
@@ -217,17 +258,21 @@ run() { # target row workers [extra flags...]; target "one" is the one-node dloc
 		mv "$out.err" "$RES/$tag.failed"
 		return 0
 	fi
+	if [ -n "$as" ]; then
+		jq --arg t "$as" '.target = $t' "$out" >"$out.tmp" && mv "$out.tmp" "$out"
+		target=$as
+	fi
 	log "$(printf '%-5s %-16s %3d workers: %s' "$target" "$label" "$w" \
 		"$(jq -r '(.ops.acquire // .ops.renew) as $o | "\(.throughput|floor) \(.throughput_unit)/s, \(if .ops.acquire then "acquire" else "renew" end) p50 \($o.p50_ms) ms p99 \($o.p99_ms) ms\(if .cpu then ", CPU \([.cpu[].cpu_us_per_op] | add | floor) µs/op" else "" end)"' "$out")")"
 }
-pair() { # row workers index [extra...]: alternate who goes first
+pair() { # row workers index [extra...]: rotate who goes first
 	local row=$1 w=$2 idx=$3
 	shift 3
-	if [ $((idx % 2)) = 0 ]; then
-		run dlock "$row" "$w" "$@"; run etcd "$row" "$w" "$@"
-	else
-		run etcd "$row" "$w" "$@"; run dlock "$row" "$w" "$@"
-	fi
+	local order=(dlock etcd ${ENGINE2:+dlock-$ENGINE2})
+	local n=${#order[@]} k
+	for k in $(seq 0 $((n - 1))); do
+		run "${order[$(((idx + k) % n))]}" "$row" "$w" "$@"
+	done
 }
 idx=0
 for row in uncontended ttl-per-acquire session contended; do
@@ -251,26 +296,28 @@ pair watch 64 "$idx"; idx=$((idx + 1))
 echo "load_end_matrix=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.env"
 
 # --- failover: stop the shared clusters first, each run starts its own ----
-for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-wait 2>/dev/null || true
-PIDS=()
+bench_stop
 if [ "${BENCH_FAILOVER:-1}" != 0 ]; then
 	for n in 3 5; do
-		for target in dlock etcd; do
+		for target in dlock etcd ${ENGINE2:+dlock-$ENGINE2}; do
 			# A p99 needs about a hundred kills; dlock's take ~0.5 s each,
 			# etcd's ~2.7 s, so etcd keeps 20 to stay inside the time budget
 			# (its p99 is then its worst of 20).
-			repeat=$FAILOVER_REPEAT
-			[ "$target" = dlock ] && repeat=$FAILOVER_REPEAT_DLOCK
+			repeat=$FAILOVER_REPEAT bt=$target engine=${ENGINES[0]}
+			[ "$target" != etcd ] && repeat=$FAILOVER_REPEAT_DLOCK
+			[ "$target" = "dlock-$ENGINE2" ] && bt=dlock engine=$ENGINE2
 			log "failover: $target, $n nodes, $repeat kills"
 			out="$RES/failover-$n-$target.json"
-			if ! "$BIN" bench -q -o json --target "$target" --workload failover --nodes "$n" --repeat "$repeat" \
-				--label failover >"$out" 2>"$out.err"; then
+			sf=()
+			[ "$bt" = dlock ] && sf=(--serve-flags "--raft-engine $engine")
+			if ! "$BIN" bench -q -o json --target "$bt" --workload failover --nodes "$n" --repeat "$repeat" \
+				"${sf[@]}" --label failover >"$out" 2>"$out.err"; then
 				log "FAILED: failover $target $n: $(tail -3 "$out.err")"
 				rm -f "$out"
 				mv "$out.err" "$RES/failover-$n-$target.failed"
 				continue
 			fi
+			[ "$bt" != "$target" ] && jq --arg t "$target" '.target = $t' "$out" >"$out.tmp" && mv "$out.tmp" "$out"
 			log "$(jq -r '"failover \(.target) \(.config.nodes) nodes: p50 \(.ops.failover.p50_ms) ms p99 \(.ops.failover.p99_ms) ms max \(.ops.failover.max_ms) ms"' "$out")"
 		done
 	done
@@ -285,7 +332,7 @@ if [ "$MILLION_KEYS" != 0 ]; then
 		ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
 		# GOMEMLIMIT is the operator setting docs/operations.md gives for a
 		# million locks in 1 GiB; empty runs Go's defaults.
-		env ${MILLION_MEMLIMIT:+GOMEMLIMIT=$MILLION_MEMLIMIT} "$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock-million/n$((i + 1))" \
+		env ${MILLION_MEMLIMIT:+GOMEMLIMIT=$MILLION_MEMLIMIT} "$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock-million/n$((i + 1))" --raft-engine "${ENGINES[0]}" \
 			--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
 			--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-million-n$((i + 1)).log" 2>&1 &
 		PIDS+=($!)
@@ -303,9 +350,7 @@ if [ "$MILLION_KEYS" != 0 ]; then
 		rm -f "$out"
 		mv "$out.err" "$RES/held-million-256-dlock.failed"
 	fi
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	PIDS=()
+	bench_stop
 fi
 echo "load_end=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.env"
 echo "elapsed=$(($(date +%s) - T_START)) s" >>"$WORK/machine.env"

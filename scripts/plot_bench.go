@@ -364,6 +364,7 @@ func (d *data) markdown(pngRel string, plots map[string]string) string {
 		}
 	}
 	d.oneNode(&b)
+	d.engines(&b)
 	d.held(&b)
 	d.watch(&b, pngRel, plots)
 	d.failoverTable(&b, pngRel, plots)
@@ -504,7 +505,7 @@ func (d *data) held(b *strings.Builder) {
 	b.WriteString("| system | workers | locks | setup acquires/s | renewals/s | renew p50 / p99 ms | RSS per node MiB (before → held) | Go heap in use per node MiB |\n|---|---:|---:|---:|---:|---:|---|---|\n")
 	for _, hr := range rows {
 		for _, w := range d.workerCounts(hr) {
-			for _, t := range []string{"dlock", "etcd"} {
+			for _, t := range d.systems() {
 				if r := d.get(hr, w, t); r != nil {
 					d.heldRow(b, t, w, r)
 				}
@@ -564,7 +565,7 @@ func (d *data) watch(b *strings.Builder, pngRel string, plots map[string]string)
 	b.WriteString("| load | system | workers | grants/s | delivery, all nodes: p50 / p99 / max ms | p99 per node ms | grants with events missing |\n|---|---|---:|---:|---:|---|---:|\n")
 	for _, r := range rows {
 		for _, w := range d.workerCounts(r.row) {
-			for _, t := range []string{"dlock", "etcd"} {
+			for _, t := range d.systems() {
 				res := d.get(r.row, w, t)
 				if res == nil {
 					continue
@@ -608,7 +609,7 @@ func (d *data) failoverTable(b *strings.Builder, pngRel string, plots map[string
 		"`dlock bench --workload failover --nodes N --repeat K [--target etcd]`.\n\n")
 	b.WriteString("| nodes | system | kills | p50 ms | p99 ms | max ms | samples, ms (in order; of more than 20, the five largest) |\n|---:|---|---:|---:|---:|---:|---|\n")
 	for _, n := range []int{3, 5} {
-		for _, t := range []string{"dlock", "etcd"} {
+		for _, t := range d.systems() {
 			r := d.failover[key{"failover", n, t}]
 			if r == nil {
 				continue
@@ -689,22 +690,19 @@ func (d *data) plots(dir string) map[string]string {
 		// Latency CDF of acquire, every worker count, both systems.
 		var plots []string
 		for i, w := range ws {
-			for _, t := range []string{"dlock", "etcd"} {
+			for _, t := range d.systems() {
 				r := d.get(row.row, w, t)
 				if r == nil || len(acq(r).CDF) == 0 {
 					continue
 				}
 				f := write(fmt.Sprintf("cdf-%s-%d-%s.dat", row.row, w, t), cdfData(acq(r).CDF))
-				dash := 1
-				if t == "etcd" {
-					dash = 2
-				}
+				dash := dashOf(t)
 				plots = append(plots, fmt.Sprintf("'%s' using 2:1 with lines lw 2 lc %d dt %d title '%s %d workers'", f, i+1, dash, t, w))
 			}
 		}
 		if len(plots) > 0 {
 			name := "cdf-" + row.row
-			run(name, head(name, row.title+": acquire latency CDF (solid dlock, dashed etcd)")+
+			run(name, head(name, row.title+": acquire latency CDF (solid dlock, dashed etcd, dotted dlock's second engine)")+
 				"set logscale x 10\nset xlabel 'acquire latency (ms, log scale)'\nset ylabel 'percent of acquires at or below'\nset yrange [0:100]\nset key bottom right\n"+
 				"plot "+strings.Join(plots, ", \\\n  ")+"\n")
 		}
@@ -715,22 +713,19 @@ func (d *data) plots(dir string) map[string]string {
 	for _, row := range []string{"watch-light", "watch"} {
 		for _, w := range d.workerCounts(row) {
 			i++
-			for _, t := range []string{"dlock", "etcd"} {
+			for _, t := range d.systems() {
 				r := d.get(row, w, t)
 				if r == nil || len(r.Ops["delivery (all nodes)"].CDF) == 0 {
 					continue
 				}
 				f := write(fmt.Sprintf("wcdf-%s-%d-%s.dat", row, w, t), cdfData(r.Ops["delivery (all nodes)"].CDF))
-				dash := 1
-				if t == "etcd" {
-					dash = 2
-				}
+				dash := dashOf(t)
 				wplots = append(wplots, fmt.Sprintf("'%s' using 2:1 with lines lw 2 lc %d dt %d title '%s %s, %d workers'", f, i, dash, t, row, w))
 			}
 		}
 	}
 	if len(wplots) > 0 {
-		run("cdf-watch", head("cdf-watch", "Watch delivery to the slowest node: CDF (solid dlock, dashed etcd)")+
+		run("cdf-watch", head("cdf-watch", "Watch delivery to the slowest node: CDF (solid dlock, dashed etcd, dotted dlock's second engine)")+
 			"set logscale x 10\nset xlabel 'delivery after the acquire answer (ms, log scale; 0 plotted as 0.001)'\nset ylabel 'percent of grants'\nset yrange [0:100]\nset key bottom right\n"+
 			"plot "+strings.Join(wplots, ", \\\n  ")+"\n")
 	}
@@ -739,7 +734,7 @@ func (d *data) plots(dir string) map[string]string {
 	i = 0
 	for _, n := range []int{3, 5} {
 		i++
-		for _, t := range []string{"dlock", "etcd"} {
+		for _, t := range d.systems() {
 			r := d.failover[key{"failover", n, t}]
 			if r == nil || len(r.Samples) == 0 {
 				continue
@@ -752,10 +747,7 @@ func (d *data) plots(dir string) map[string]string {
 				fmt.Fprintf(&dat, "%g %g\n%g %g\n", 100*float64(j)/float64(len(s)), v, 100*float64(j+1)/float64(len(s)), v)
 			}
 			f := write(fmt.Sprintf("fo-%d-%s.dat", n, t), dat.String())
-			dash := 1
-			if t == "etcd" {
-				dash = 2
-			}
+			dash := dashOf(t)
 			fplots = append(fplots, fmt.Sprintf("'%s' using 2:1 with lines lw 2 lc %d dt %d title '%s, %d nodes'", f, i, dash, t, n))
 		}
 	}
@@ -792,4 +784,134 @@ func cdfData(cdf [][2]float64) string {
 		fmt.Fprintf(&b, "%g %g\n", p[0], v)
 	}
 	return b.String()
+}
+
+// engineTarget is the second dlock cluster's target ("dlock-etcd"), "" when
+// the run had one engine.
+func (d *data) engineTarget() string {
+	for k := range d.res {
+		if strings.HasPrefix(k.target, "dlock-") {
+			return k.target
+		}
+	}
+	for k := range d.failover {
+		if strings.HasPrefix(k.target, "dlock-") {
+			return k.target
+		}
+	}
+	return ""
+}
+
+// systems lists the targets of the run: dlock, its second engine, etcd.
+func (d *data) systems() []string {
+	if e := d.engineTarget(); e != "" {
+		return []string{"dlock", e, "etcd"}
+	}
+	return []string{"dlock", "etcd"}
+}
+
+// engines sets the two replication engines side by side with etcd and
+// judges issue 26's targets for the etcd engine against the hashicorp one.
+func (d *data) engines(b *strings.Builder) {
+	e2 := d.engineTarget()
+	if e2 == "" {
+		return
+	}
+	first, _, _ := strings.Cut(d.machine["dlock_engines"], " ")
+	if first == "" {
+		first = "hashicorp"
+	}
+	second := strings.TrimPrefix(e2, "dlock-")
+	fmt.Fprintf(b, "### Replication engines side by side\n\n"+
+		"The same rows through a second 3-node dlock cluster on the **%s** engine (`--raft-engine %s`), started beside the **%s** one (\"dlock\" above); "+
+		"every row rotates which system goes first.\n\n", second, second, first)
+	fmt.Fprintf(b, "| row | workers | dlock (%s engine) ops/s | dlock (%s engine) ops/s | etcd 3.4 ops/s | %s / %s engine | acquire p50 / p99 ms: %s engine · %s engine · etcd |\n|---|---:|---:|---:|---:|---:|---|\n",
+		first, second, second, first, first, second)
+	for _, row := range []string{"uncontended", "ttl-per-acquire", "session", "contended", "via-follower"} {
+		for _, w := range d.workerCounts(row) {
+			h, e, et := d.get(row, w, "dlock"), d.get(row, w, e2), d.get(row, w, "etcd")
+			if e == nil && h == nil {
+				continue
+			}
+			_, r := ratio(e, h)
+			fmt.Fprintf(b, "| %s | %d | %s | %s | %s | %s | %s · %s · %s |\n", row, w, tp(h), tp(e), tp(et), r, lat(h), lat(e), lat(et))
+		}
+	}
+	b.WriteString("\n")
+	if first != "hashicorp" || second != "etcd" {
+		return
+	}
+	b.WriteString("#### Issue 26 targets for the etcd engine in this run\n\n| target | measured | verdict |\n|---|---|---|\n")
+	row := func(target, measured, verdict string) {
+		fmt.Fprintf(b, "| %s | %s | %s |\n", target, measured, verdict)
+	}
+	if e, et := d.get("uncontended", 1, e2), d.get("uncontended", 1, "etcd"); e != nil && et != nil {
+		p, pe := acq(e).P50, acq(et).P50
+		row("p50 acquire, 1 client, < 1 ms and < 0.8× etcd's", fmt.Sprintf("%s ms; etcd %s ms (%.2f×); hashicorp engine %s ms", ms(p), ms(pe), p/pe, ms(acq(d.get("uncontended", 1, "dlock")).P50)),
+			yes(p < 1 && p < 0.8*pe))
+	} else {
+		row("p50 acquire, 1 client, < 1 ms and < 0.8× etcd's", "not measured", "not measured")
+	}
+	for _, spec := range []struct {
+		row, what string
+		min       float64
+		only      []int
+	}{
+		{"contended", "contended hand-offs ≥ 1.3× the hashicorp engine's", 1.3, []int{8, 64}},
+		{"uncontended", "uncontended cycles/s no worse than the hashicorp engine's (≥ 0.9×)", 0.9, nil},
+		{"ttl-per-acquire", "per-acquire-TTL cycles/s no worse than the hashicorp engine's (≥ 0.9×)", 0.9, nil},
+	} {
+		ws := spec.only
+		if ws == nil {
+			ws = d.workerCounts(spec.row)
+		}
+		var parts []string
+		all, any := true, false
+		for _, w := range ws {
+			e, h := d.get(spec.row, w, e2), d.get(spec.row, w, "dlock")
+			if e == nil || h == nil {
+				parts = append(parts, fmt.Sprintf("%d workers: not measured", w))
+				all = false
+				continue
+			}
+			any = true
+			r, rs := ratio(e, h)
+			parts = append(parts, fmt.Sprintf("%d: %s (%s vs %s)", w, rs, f0(e.Throughput), f0(h.Throughput)))
+			all = all && r >= spec.min
+		}
+		v := yes(all && any)
+		if !any {
+			v = "not measured"
+		}
+		row(spec.what, strings.Join(parts, "; "), v)
+	}
+	for _, w := range d.workerCounts("watch") {
+		if e := d.get("watch", w, e2); e != nil {
+			p := e.Ops["delivery (all nodes)"].P99
+			row(fmt.Sprintf("watch delivery p99 < 10 ms, both cores saturated (%d workers)", w),
+				fmt.Sprintf("%s ms to the slowest node (hashicorp engine %s ms)", ms(p), ms(opOf(d.get("watch", w, "dlock"), "delivery (all nodes)").P99)), yes(p > 0 && p < 10))
+		}
+	}
+	for _, n := range []int{3, 5} {
+		if f := d.failover[key{"failover", n, e2}]; f != nil {
+			o := f.Ops["failover"]
+			h := ""
+			if hf := d.failover[key{"failover", n, "dlock"}]; hf != nil {
+				h = fmt.Sprintf(" (hashicorp engine p99 %s ms)", f0(hf.Ops["failover"].P99))
+			}
+			row(fmt.Sprintf("failover p99 < 500 ms, %d nodes", n), fmt.Sprintf("p99 %s ms over %d kills%s", f0(o.P99), o.Count, h), yes(o.P99 < 500))
+		}
+	}
+	b.WriteString("\n")
+}
+
+// dashOf is a system's line style in the plots.
+func dashOf(target string) int {
+	switch {
+	case target == "etcd":
+		return 2
+	case strings.HasPrefix(target, "dlock-"):
+		return 3
+	}
+	return 1
 }

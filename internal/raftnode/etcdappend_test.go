@@ -280,3 +280,56 @@ func TestAppendWriterCloseAnswersQueuedWrites(t *testing.T) {
 		t.Fatal("a write after Close was not refused")
 	}
 }
+
+// An append deletes a replaced tail only when there is one, and then the
+// replaced entries are gone for good: a range tombstone on every append made
+// pebble's flushes sort ever more of them until they took both cores.
+func TestEtcdStoreDeletesOnlyReplacedTails(t *testing.T) {
+	s, err := openMultiStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const g = 7
+	if _, err := s.Load(g); err != nil {
+		t.Fatal(err)
+	}
+	save := func(ents ...raftpb.Entry) {
+		t.Helper()
+		if err := s.Save(g, raftpb.HardState{}, ents, raftpb.Snapshot{}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := uint64(1); i <= 200; i++ {
+		save(raftpb.Entry{Term: 1, Index: i, Data: []byte{byte(i)}})
+	}
+	if n := s.tailDeletes.Load(); n != 0 {
+		t.Fatalf("%d tail deletions for 200 plain appends, want 0", n)
+	}
+	// A new leader's entries replace the tail from 150 on.
+	save(raftpb.Entry{Term: 2, Index: 150}, raftpb.Entry{Term: 2, Index: 151})
+	if n := s.tailDeletes.Load(); n != 1 {
+		t.Fatalf("%d tail deletions after a conflicting append, want 1", n)
+	}
+	gs, err := s.Load(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gs.Entries) != 151 || gs.Entries[150].Term != 2 || gs.Entries[148].Term != 1 {
+		t.Fatalf("after the replace the log holds %d entries (want 151, term 2 from 150 on)", len(gs.Entries))
+	}
+
+	// A store whose group was never loaded here cannot know its tail and
+	// deletes it.
+	s2, err := openMultiStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.Save(g, raftpb.HardState{}, []raftpb.Entry{{Term: 1, Index: 1}}, raftpb.Snapshot{}, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := s2.tailDeletes.Load(); n != 1 {
+		t.Fatalf("an append to a group of unknown tail made %d deletions, want 1", n)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -80,6 +81,15 @@ type multiStore struct {
 	// writeHook, set only by tests, sees every log write before pebble does
 	// and may fail it.
 	writeHook func(group uint64) error
+	// lastMu guards last: each group's last stored entry index, known once
+	// the group's log was loaded or written. An append deletes a replaced
+	// tail only when there is one: a range tombstone on every append made
+	// pebble sort ever more overlapping tombstones in each flush, until
+	// that sorting took both cores.
+	lastMu sync.Mutex
+	last   map[uint64]uint64
+	// tailDeletes counts the range deletions of replaced tails (tests).
+	tailDeletes atomic.Int64
 	// The storage-append goroutine every group's writes go through
 	// (etcdappend.go).
 	writerState
@@ -96,7 +106,7 @@ func openMultiStore(dir string) (*multiStore, error) {
 		}
 		return nil, err
 	}
-	return &multiStore{db: db}, nil
+	return &multiStore{db: db, last: map[uint64]uint64{}}, nil
 }
 
 // Close stops the append goroutine and closes the database; every group
@@ -178,7 +188,25 @@ func (s *multiStore) Load(g uint64) (groupState, error) {
 	if err := it.Error(); err != nil {
 		return gs, &CorruptError{File: etcdStoreDir, Reason: err.Error()}
 	}
+	s.setLast(g, next-1)
 	return gs, nil
+}
+
+func (s *multiStore) setLast(g, idx uint64) {
+	s.lastMu.Lock()
+	s.last[g] = idx
+	s.lastMu.Unlock()
+}
+
+// replacesTail reports whether entries ending at end leave older entries
+// after them that must go: when the group's last index is unknown (never
+// loaded here), it assumes so.
+func (s *multiStore) replacesTail(g, end uint64) bool {
+	s.lastMu.Lock()
+	defer s.lastMu.Unlock()
+	last, known := s.last[g]
+	s.last[g] = end
+	return !known || last > end
 }
 
 // markKept reports whether group g has recorded that it keeps a durable
@@ -265,9 +293,10 @@ func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents 
 			return err
 		}
 	}
-	if n := len(ents); n > 0 {
+	if n := len(ents); n > 0 && s.replacesTail(g, ents[n-1].Index) {
 		// A new leader's entries replace a conflicting tail: drop whatever
 		// followed it, or a restart would read the old tail back.
+		s.tailDeletes.Add(1)
 		if err := b.DeleteRange(groupKey(g, keyEntry, ents[n-1].Index+1), groupKey(g, keyEntry, math.MaxUint64), nil); err != nil {
 			return err
 		}
@@ -290,6 +319,7 @@ func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapsh
 	end := groupKey(g, keyEntry, snap.Metadata.Index+1)
 	if received {
 		end = groupKey(g, keyEntry, math.MaxUint64)
+		s.setLast(g, snap.Metadata.Index)
 	}
 	return b.DeleteRange(groupKey(g, keyEntry, 0), end, nil)
 }

@@ -13,18 +13,27 @@ bench_setup() {
 	trap 'exit 130' INT TERM
 }
 
-bench_cleanup() {
-	local rc=$?
-	set +e
-	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+# bench_stop stops every process in $PIDS (TERM, then KILL after 10 s) and
+# empties it.
+bench_stop() {
+	local pid alive
+	for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 	for _ in $(seq 50); do
-		local alive=0
+		alive=0
 		for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
 		[ "$alive" = 0 ] && break
 		sleep 0.2
 	done
-	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-	wait 2>/dev/null
+	for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	PIDS=()
+	return 0
+}
+
+bench_cleanup() {
+	local rc=$?
+	set +e
+	bench_stop
 	if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
 		echo "$BENCH_NAME: work dir kept: $WORK" >&2
 	else
