@@ -3,7 +3,7 @@
 #
 #   scripts/chaos.sh [--duration 30m] [--seed S] [--nodes 3] [--clients 6]
 #                    [--log-store wal|bolt] [--raft-engine hashicorp|etcd] [--bin PATH] [--keep]
-#                    [--pace dense|normal] [--forensic]
+#                    [--pace dense|normal] [--forensic] [--shards N]
 #
 # Runs real `dlock serve` processes behind link proxies, injects faults from
 # the seed for the given duration, then heals, checks the history and prints
@@ -14,8 +14,11 @@
 # --pace dense (the default here) injects about 3,000 faults per 30 minutes,
 # normal (CI's pace) about 1,100. --forensic keeps every Raft log entry and
 # every snapshot on the nodes, so a failure can be replayed entry by entry
-# (docs/reliability.md, "Finding a divergence").
-# Environment variables DLOCK_CHAOS_DURATION / DLOCK_CHAOS_SEED work too.
+# (docs/reliability.md, "Finding a divergence"). --shards N runs every node
+# with --shards N on the etcd engine, names in every shard's range and the
+# checks per shard (docs/reliability.md, "Sharded clusters").
+# Environment variables DLOCK_CHAOS_DURATION / DLOCK_CHAOS_SEED /
+# DLOCK_CHAOS_SHARDS work too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,11 +42,20 @@ while [ $# -gt 0 ]; do
     --bin) export DLOCK_CHAOS_BIN=$2; shift 2 ;;
     --keep) export DLOCK_CHAOS_KEEP=1; shift ;;
     --pace) export DLOCK_CHAOS_PACE=$2; shift 2 ;;
+    --shards) export DLOCK_CHAOS_SHARDS=$2; shift 2 ;;
+    --shards=*) export DLOCK_CHAOS_SHARDS=${1#*=}; shift ;;
     --forensic) export DLOCK_CHAOS_SERVE_ARGS="${DLOCK_CHAOS_SERVE_ARGS:-} --trailing-logs 1000000000 --snapshot-retain 100000"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
+if [ "${DLOCK_CHAOS_SHARDS:-1}" -gt 1 ] 2>/dev/null; then
+  if [ -n "${DLOCK_TEST_RAFT_ENGINE:-}" ] && [ "$DLOCK_TEST_RAFT_ENGINE" != etcd ]; then
+    echo "chaos.sh: --shards needs the etcd engine (--raft-engine etcd), not $DLOCK_TEST_RAFT_ENGINE" >&2
+    exit 2
+  fi
+  export DLOCK_TEST_RAFT_ENGINE=etcd
+fi
 if [ -z "$seed" ]; then
   seed=$(( $(date +%s%N) % 1000000000 ))
 fi
@@ -64,6 +76,6 @@ while [ -n "$rest" ]; do
 done
 timeout=$(( secs + 900 ))s
 
-echo "chaos soak: seed=$seed duration=$duration pace=$DLOCK_CHAOS_PACE${DLOCK_CHAOS_SERVE_ARGS:+ serve-args:$DLOCK_CHAOS_SERVE_ARGS} (go test -timeout $timeout)"
+echo "chaos soak: seed=$seed duration=$duration pace=$DLOCK_CHAOS_PACE shards=${DLOCK_CHAOS_SHARDS:-1}${DLOCK_CHAOS_SERVE_ARGS:+ serve-args:$DLOCK_CHAOS_SERVE_ARGS} (go test -timeout $timeout)"
 export DLOCK_CHAOS=1 DLOCK_CHAOS_SOAK=1 DLOCK_CHAOS_SEED="$seed" DLOCK_CHAOS_DURATION="$duration"
 exec go test -race=false -count=1 -v -timeout "$timeout" -run '^TestChaosSoak$' ./test/chaos/

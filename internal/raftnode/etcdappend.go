@@ -218,7 +218,7 @@ func (w *appendWriter) write(batch []appendReq) error {
 		w.s.snapMu.Lock()
 		defer w.s.snapMu.Unlock()
 	}
-	if err := b.Commit(opt); err != nil {
+	if err := commitBatch(b, opt); err != nil {
 		return fmt.Errorf("write raft log: %w", err)
 	}
 	w.batches.Add(1)

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -97,7 +98,13 @@ type multiStore struct {
 
 // openMultiStore opens (creating if needed) the store at dir.
 func openMultiStore(dir string) (*multiStore, error) {
-	opts := &pebble.Options{Logger: quietPebbleLogger{}}
+	return openMultiStoreFS(dir, nil)
+}
+
+// openMultiStoreFS is openMultiStore on fs (nil: the OS's), for tests that
+// inject disk errors.
+func openMultiStoreFS(dir string, fs vfs.FS) (*multiStore, error) {
+	opts := &pebble.Options{Logger: quietPebbleLogger{}, FS: fs}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
 		err = fmt.Errorf("open raft log %s: %w", dir, err)
@@ -117,13 +124,39 @@ func (s *multiStore) Close() error {
 }
 
 // quietPebbleLogger keeps pebble's informational chatter out of the node's
-// log; its errors reach us as returned errors.
+// log; its errors reach us as returned errors. Pebble reports a failed
+// write-ahead-log write (a full disk, an I/O error) through Fatalf, after
+// which its commit pipeline takes no more writes: Fatalf panics with a
+// pebbleFatal, which commitBatch turns back into the write's error, so the
+// node stops as on any other storage failure ("stopped because its storage
+// failed") instead of crashing with a stack trace.
 type quietPebbleLogger struct{}
 
 func (quietPebbleLogger) Infof(string, ...any)  {}
 func (quietPebbleLogger) Errorf(string, ...any) {}
 func (quietPebbleLogger) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf("pebble: "+format, args...))
+	panic(pebbleFatal{msg: fmt.Sprintf("pebble: "+format, args...)})
+}
+
+// pebbleFatal is what pebble's Fatalf panics with.
+type pebbleFatal struct{ msg string }
+
+func (f pebbleFatal) Error() string { return f.msg }
+
+// commitBatch commits b; a pebble fatal error during the commit is returned
+// as an error (nothing may be written afterwards: the callers' failure paths
+// stop the node). Any other panic goes on.
+func commitBatch(b *pebble.Batch, opt *pebble.WriteOptions) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			f, ok := p.(pebbleFatal)
+			if !ok {
+				panic(p)
+			}
+			err = f
+		}
+	}()
+	return b.Commit(opt)
 }
 
 // groupState is what a group's log holds when it is opened.
@@ -260,7 +293,7 @@ func (s *multiStore) Save(g uint64, hs raftpb.HardState, ents []raftpb.Entry, sn
 	if sync {
 		opt = pebble.Sync
 	}
-	if err := b.Commit(opt); err != nil {
+	if err := commitBatch(b, opt); err != nil {
 		return fmt.Errorf("write raft log: %w", err)
 	}
 	return nil
@@ -349,7 +382,7 @@ func (s *multiStore) SaveSnapshot(g uint64, snap raftpb.Snapshot) error {
 			return err
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := commitBatch(b, pebble.Sync); err != nil {
 		return fmt.Errorf("write raft snapshot: %w", err)
 	}
 	return nil

@@ -65,6 +65,9 @@ type runConfig struct {
 	sessions int // session clients
 	keep     bool
 	dense    bool // shorter gaps and holds: about three times the faults
+	// shards is --shards of every node (1: one Raft group); more runs on
+	// the etcd engine (docs/reliability.md, "Sharded clusters").
+	shards int
 }
 
 func configFromEnv(seed uint64, d time.Duration) runConfig {
@@ -75,6 +78,7 @@ func configFromEnv(seed uint64, d time.Duration) runConfig {
 		sessions: envInt("DLOCK_CHAOS_SESSION_CLIENTS", 2),
 		keep:     os.Getenv("DLOCK_CHAOS_KEEP") == "1",
 		dense:    os.Getenv("DLOCK_CHAOS_PACE") == "dense",
+		shards:   envInt("DLOCK_CHAOS_SHARDS", 1),
 	}
 }
 
@@ -84,7 +88,11 @@ func replayCommand(cfg runConfig) string {
 	if cfg.dense {
 		pace = "dense"
 	}
-	return fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d --pace %s", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit, pace)
+	s := fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d --pace %s", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit, pace)
+	if cfg.shards > 1 {
+		s += fmt.Sprintf(" --shards %d --raft-engine etcd", cfg.shards)
+	}
+	return s
 }
 
 func skipUnlessEnabled(t *testing.T) {
@@ -276,6 +284,10 @@ type runReport struct {
 	pauses       int64
 	crashes      int64
 	finalHealthy bool
+
+	// multiLeaderFaults counts the cluster faults that took two or more
+	// shards' leaders at once (sharded runs).
+	multiLeaderFaults int
 }
 
 type runner struct {
@@ -286,6 +298,7 @@ type runner struct {
 	c   *cluster
 	h   *history
 	api *apiClient
+	sm  shardMap // where each name lives (one shard unless cfg.shards > 1)
 	mu  sync.Mutex
 	log []string
 }
@@ -314,9 +327,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		t.Fatal(err)
 	}
 	rep := &runReport{cfg: cfg, dir: dir}
-	r := &runner{t: t, cfg: cfg, rep: rep, clk: &clock{start: time.Now()}}
-	t.Logf("chaos run: seed=%d duration=%s nodes=%d clients=%d+%d sessions; artifacts in %s",
-		cfg.seed, cfg.duration, cfg.nodes, cfg.implicit, cfg.sessions, dir)
+	r := &runner{t: t, cfg: cfg, rep: rep, clk: &clock{start: time.Now()}, sm: oneShard}
+	t.Logf("chaos run: seed=%d duration=%s nodes=%d shards=%d clients=%d+%d sessions; artifacts in %s",
+		cfg.seed, cfg.duration, cfg.nodes, max(1, cfg.shards), cfg.implicit, cfg.sessions, dir)
 	t.Logf("replay: %s", replayCommand(cfg))
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 1))
@@ -325,6 +338,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		t.Fatal(err)
 	}
 	r.c = c
+	c.shards = cfg.shards
 	disks := c.mountDisks()
 	if disks != nil {
 		r.logf("disk faults off: %v", disks)
@@ -339,6 +353,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 	if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
 		t.Fatalf("the cluster did not come up: %v\n%s", err, c.logTails(40))
+	}
+	if r.sm, err = c.shardMapOf(cfg.shards); err != nil {
+		t.Fatalf("shards: %v", err)
 	}
 	r.h = newHistory(r.clk)
 	if err := r.h.useFence(filepath.Join(dir, "fenced-registers.db")); err != nil {
@@ -360,8 +377,16 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 
 	watchers := r.startWatchers()
-	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions)
+	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions, cfg.shards)
+	if cfg.shards > 1 {
+		if err := workloadCoverage(r.sm, w); err != nil {
+			t.Fatal(err)
+		}
+	}
 	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
+	if cfg.shards > 1 {
+		nem.faults = shardedFaults
+	}
 	nem.disks = disks == nil
 	if cfg.dense {
 		nem.dense()
@@ -413,9 +438,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	fw.halt()
 	watchersChecked := false
 	if rep.finalHealthy && len(watchers.ws) > 0 {
-		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, final, err := watchers.ws[0].cl.ListWithRevision(lctx, "")
-		cancel()
+		final, err := r.listRevisions(10 * time.Second)
 		if err != nil {
 			r.anomaly(anomaly{Kind: "harness", What: "final revision for the watchers: " + err.Error()})
 		} else {
@@ -424,9 +447,14 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		}
 	}
 	if !watchersChecked {
-		watchers.halt(0, 0)
+		watchers.halt(nil, 0)
 	}
 	rep.faults = nem.schedule()
+	for _, f := range rep.faults {
+		if f.LeadersHit >= 2 {
+			rep.multiLeaderFaults++
+		}
+	}
 	rep.storage = nem.storageOutcomes()
 	rep.pauses, rep.crashes = w.pauses.Load(), w.crashes.Load()
 	rep.retries = [4]int64{r.api.retries503.Load(), r.api.retries5xx.Load(), r.api.retriesNet.Load(), r.api.internal500.Load()}
@@ -443,7 +471,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	rep.ops, rep.writes, rep.holds = r.h.snapshot()
 	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkModelHolds(rep.ops, rep.holds)...)
-	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops)...)
+	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops, r.sm)...)
 	if keys != nil {
 		pa, n := checkProofs(rep.ops, keys)
 		rep.anomalies = append(rep.anomalies, pa...)
@@ -456,7 +484,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	rep.anomalies = append(rep.anomalies, checkConflictHolders(rep.ops)...)
 	rep.anomalies = append(rep.anomalies, checkAPI(rep.ops, healedAt, rep.retries[3])...)
 	if watchersChecked {
-		wa, ws := checkWatchers(watchers, rep.ops)
+		wa, ws := checkWatchers(watchers, rep.ops, r.sm)
 		rep.anomalies = append(rep.anomalies, wa...)
 		rep.watch = ws
 	}
@@ -965,13 +993,15 @@ func (r *runner) tokenKeys() *fence.KeySet {
 }
 
 func (r *runner) durability() {
-	var maxTok uint64
+	// Each shard counts its own tokens: the highest acknowledged per shard.
+	maxTok := make([]uint64, r.sm.n())
 	for _, o := range r.h.snapshotOps() {
 		if o.Kind == kAcquire && o.Out == oOK {
-			maxTok = max(maxTok, o.OutToken)
+			k := r.sm.of(o.Lock)
+			maxTok[k] = max(maxTok[k], o.OutToken)
+			r.rep.maxToken = max(r.rep.maxToken, o.OutToken)
 		}
 	}
-	r.rep.maxToken = maxTok
 	if d := r.c.checkpointDivergence(); d != "" {
 		r.anomaly(anomaly{Kind: "durability:replicas-diverge", What: "FSM checkpoints differ (first divergence): " + d})
 	}
@@ -986,7 +1016,7 @@ func (r *runner) durability() {
 				same = false
 				break
 			}
-			if len(views) > 0 && (v.AppliedIndex != views[0].AppliedIndex || v.LastToken != views[0].LastToken || v.Revision != views[0].Revision) {
+			if len(views) > 0 && !sameState(v, views[0]) {
 				same = false
 			}
 			views = append(views, v)
@@ -1000,8 +1030,15 @@ func (r *runner) durability() {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if views[0].LastToken < maxTok {
-		r.anomaly(anomaly{Kind: "durability:token-lost", What: fmt.Sprintf("the cluster's last fencing token is %d but token %d was acknowledged", views[0].LastToken, maxTok)})
+	groups := views[0].groupViews()
+	if len(groups) != r.sm.n() {
+		r.anomaly(anomaly{Kind: "harness", What: fmt.Sprintf("the cluster reports %d groups, the harness routes over %d shards", len(groups), r.sm.n())})
+		return
+	}
+	for k, g := range groups {
+		if g.LastToken < maxTok[k] {
+			r.anomaly(anomaly{Kind: "durability:token-lost", What: fmt.Sprintf("%sthe last fencing token is %d but token %d was acknowledged", shardPrefix(r.sm, k), g.LastToken, maxTok[k])})
+		}
 	}
 	// Every replica's own (stale) view of every lock equals the leader's
 	// linearizable one.
@@ -1036,15 +1073,81 @@ func (r *runner) durability() {
 			}
 		}
 	}
-	// A fresh grant is above everything acknowledged.
+	// A fresh grant is above everything acknowledged (on each shard, above
+	// everything that shard acknowledged).
 	rng := rand.New(rand.NewPCG(r.cfg.seed, 88))
-	op := &Op{Proc: 120, Client: "final", Kind: kAcquire, Lock: "final/token", TTL: int64(time.Second), ReqID: "final-1"}
-	r.api.acquire(op, rng, callOpts{attempt: 3 * time.Second, overall: 20 * time.Second})
-	if op.Out != oOK {
-		r.anomaly(anomaly{Kind: "liveness:final-acquire", What: "a fresh acquire after healing failed: " + op.String()})
-	} else if op.OutToken <= maxTok {
-		r.anomaly(anomaly{Kind: "safety:token-order", What: fmt.Sprintf("a fresh grant after healing got token %d, not above the highest acknowledged %d", op.OutToken, maxTok)})
+	for k := range r.sm.n() {
+		name, err := r.sm.nameIn(k, "final", "token")
+		if err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: err.Error()})
+			continue
+		}
+		op := &Op{Proc: 120, Client: "final", Kind: kAcquire, Lock: name, TTL: int64(time.Second), ReqID: fmt.Sprintf("final-%d", k+1)}
+		r.api.acquire(op, rng, callOpts{attempt: 3 * time.Second, overall: 20 * time.Second})
+		if op.Out != oOK {
+			r.anomaly(anomaly{Kind: "liveness:final-acquire", What: shardPrefix(r.sm, k) + "a fresh acquire after healing failed: " + op.String()})
+		} else if op.OutToken <= maxTok[k] {
+			r.anomaly(anomaly{Kind: "safety:token-order", What: fmt.Sprintf("%sa fresh grant after healing got token %d, not above the highest acknowledged %d", shardPrefix(r.sm, k), op.OutToken, maxTok[k])})
+		}
 	}
+}
+
+// shardPrefix starts a message about shard k of a sharded cluster.
+func shardPrefix(m shardMap, k int) string {
+	if m.n() <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("shard %d: ", k)
+}
+
+// listRevisions reads, through the nodes in turn, the revision of every
+// group from a linearizable list of everything: per shard on a sharded
+// cluster, the one revision otherwise.
+func (r *runner) listRevisions(within time.Duration) ([]uint64, error) {
+	deadline := time.Now().Add(within)
+	var lastErr error
+	for try := 0; ; try++ {
+		base := r.c.nodes[(r.c.leaderOrZero()+try)%len(r.c.nodes)].url()
+		revs, err := listRevisionsAt(base, r.sm.n(), time.Second)
+		if err == nil {
+			return revs, nil
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			return nil, lastErr
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// listRevisionsAt lists one lock through base and returns the revision of
+// each of n groups the answer was read at.
+func listRevisionsAt(base string, n int, d time.Duration) ([]uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var ans struct {
+		Revision  uint64            `json:"revision"`
+		Revisions map[string]uint64 `json:"revisions"`
+	}
+	code, err := getJSON(ctx, base+"/api/v1/locks?limit=1", &ans)
+	if err == nil && code != 200 {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list through %s: %w", base, err)
+	}
+	if n <= 1 {
+		return []uint64{ans.Revision}, nil
+	}
+	out := make([]uint64, n)
+	for k := range n {
+		v, ok := ans.Revisions[strconv.Itoa(k)]
+		if !ok {
+			return nil, fmt.Errorf("list through %s: no revision for shard %d in %v", base, k, ans.Revisions)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // readKey reads a lock or an election on one node and renders what matters
@@ -1099,8 +1202,12 @@ func (r *runner) summary() string {
 	if rep.cfg.dense {
 		pace = "dense"
 	}
-	fmt.Fprintf(&b, "=== dlock chaos report: seed %d, %s of faults (%s pace), %s in all, %d nodes, %d+%d clients\n",
-		rep.cfg.seed, rep.cfg.duration, pace, rep.elapsed.Round(time.Second), rep.cfg.nodes, rep.cfg.implicit, rep.cfg.sessions)
+	shards := ""
+	if rep.cfg.shards > 1 {
+		shards = fmt.Sprintf(", %d shards (etcd engine)", rep.cfg.shards)
+	}
+	fmt.Fprintf(&b, "=== dlock chaos report: seed %d, %s of faults (%s pace), %s in all, %d nodes%s, %d+%d clients\n",
+		rep.cfg.seed, rep.cfg.duration, pace, rep.elapsed.Round(time.Second), rep.cfg.nodes, shards, rep.cfg.implicit, rep.cfg.sessions)
 	// operations
 	type kk struct{ kind, out string }
 	counts := map[kk]int{}
@@ -1139,6 +1246,27 @@ func (r *runner) summary() string {
 	fmt.Fprintf(&b, "lock-model holds: %s\n", modelStats(rep.holds))
 	fmt.Fprintf(&b, "watches: %s\n", rep.watch)
 	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
+	if rep.cfg.shards > 1 {
+		// Per shard: grants and the names they were on.
+		grants := make([]int, r.sm.n())
+		names := make([]map[string]bool, r.sm.n())
+		for _, o := range rep.ops {
+			if o.Kind == kAcquire && o.Out == oOK {
+				k := r.sm.of(o.Lock)
+				grants[k]++
+				if names[k] == nil {
+					names[k] = map[string]bool{}
+				}
+				names[k][o.Lock] = true
+			}
+		}
+		var per []string
+		for k := range grants {
+			per = append(per, fmt.Sprintf("shard %d: %d grants on %d names", k, grants[k], len(names[k])))
+		}
+		fmt.Fprintf(&b, "per shard: %s\n", strings.Join(per, "; "))
+		fmt.Fprintf(&b, "cluster faults that took two or more shard leaders at once: %d of %d\n", rep.multiLeaderFaults, rep.clusterFaults())
+	}
 	// faults
 	var clusterFaultsN int
 	var recov []time.Duration
@@ -1245,6 +1373,22 @@ func (r *runner) summary() string {
 	}
 	fmt.Fprintf(&b, "linearizability (porcupine, per lock): %d locks, %d operations: ok %d, illegal %d, timed out %d %v\n",
 		len(rep.lin), linOps, lin[porcupine.Ok], lin[porcupine.Illegal], lin[porcupine.Unknown], slow)
+	if rep.cfg.shards > 1 {
+		okBy := make([]int, r.sm.n())
+		allBy := make([]int, r.sm.n())
+		for _, l := range rep.lin {
+			k := r.sm.of(l.lock)
+			allBy[k]++
+			if l.result == porcupine.Ok {
+				okBy[k]++
+			}
+		}
+		var per []string
+		for k := range okBy {
+			per = append(per, fmt.Sprintf("shard %d: %d of %d", k, okBy[k], allBy[k]))
+		}
+		fmt.Fprintf(&b, "  linearizable per shard: %s\n", strings.Join(per, ", "))
+	}
 	fmt.Fprintf(&b, "anomalies: %d\n", len(rep.anomalies))
 	for _, a := range rep.anomalies {
 		fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(a.String(), "\n", "\n  "))

@@ -114,7 +114,7 @@ func TestTokenMismatchChecker(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			wantKinds(t, checkTokens(c.ops), c.want...)
+			wantKinds(t, checkTokens(c.ops, oneShard), c.want...)
 		})
 	}
 }

@@ -58,10 +58,29 @@ func checkHolds(ops []Op, holds []hold) []anomaly {
 
 // checkTokens: fencing tokens are unique (one grant per token), strictly
 // increasing in real-time grant order (a grant answered before another was
-// asked for has a smaller token — across all locks, since the counter is
-// cluster-wide, and so across restarts), and every token a read or a
-// conflict names belongs to the grant it names.
-func checkTokens(ops []Op) []anomaly {
+// asked for has a smaller token — across all locks of a shard, since each
+// shard's counter is shard-wide, and so across restarts), and every token a
+// read or a conflict names belongs to the grant it names. Tokens of
+// different shards are not comparable (docs/architecture.md, "Tokens and
+// revisions"): each shard's operations are checked on their own.
+func checkTokens(ops []Op, m shardMap) []anomaly {
+	by := make([][]Op, m.n())
+	for _, o := range ops {
+		k := m.of(o.Lock)
+		by[k] = append(by[k], o)
+	}
+	var out []anomaly
+	for k, part := range by {
+		for _, a := range checkTokensIn(part) {
+			a.What = shardPrefix(m, k) + a.What
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// checkTokensIn is checkTokens over the operations of one counter.
+func checkTokensIn(ops []Op) []anomaly {
 	type grant struct {
 		op    Op
 		token uint64
@@ -136,11 +155,17 @@ type fenceStats struct {
 func checkFence(ops []Op, ws []write) ([]anomaly, fenceStats) {
 	var st fenceStats
 	var out []anomaly
-	owner := map[uint64]Op{}
+	// A register belongs to one lock, so its tokens are looked up per lock
+	// (tokens repeat across the shards of a sharded cluster).
+	type grantOf struct {
+		lock  string
+		token uint64
+	}
+	owner := map[grantOf]Op{}
 	var grants []Op
 	for _, o := range ops {
 		if o.Kind == kAcquire && o.Out == oOK {
-			owner[o.OutToken] = o
+			owner[grantOf{o.Lock, o.OutToken}] = o
 			grants = append(grants, o)
 		}
 	}
@@ -157,7 +182,7 @@ func checkFence(ops []Op, ws []write) ([]anomaly, fenceStats) {
 		} else {
 			st.rejected++
 		}
-		if g, ok := owner[w.Token]; !ok || g.Client != w.Client || g.Lock != w.Lock {
+		if g, ok := owner[grantOf{w.Lock, w.Token}]; !ok || g.Client != w.Client {
 			if w.Accepted {
 				st.acceptedUnknownToken++
 				out = append(out, anomaly{Kind: "safety:fence-unknown-token",

@@ -115,7 +115,7 @@ func TestModelAcceptsCorrectHistories(t *testing.T) {
 			if r := linResultOf(t, ops); r != porcupine.Ok {
 				t.Fatalf("a correct history was judged %s", r)
 			}
-			if a := checkTokens(ops); len(a) > 0 {
+			if a := checkTokens(ops, oneShard); len(a) > 0 {
 				t.Fatalf("checkTokens: %v", a)
 			}
 		})
@@ -222,7 +222,7 @@ func TestTokenChecker(t *testing.T) {
 		add(acq("b", "M", 2*s, 2*s/10, 3*s/10, oOK, 4, "lb")). // later, other lock, smaller token
 		add(acq("c", "N", 2*s, 4*s/10, 5*s/10, oOK, 5, "lc")). // token reused
 		ops
-	a := checkTokens(ops)
+	a := checkTokens(ops, oneShard)
 	var kinds []string
 	for _, x := range a {
 		kinds = append(kinds, x.Kind)

@@ -53,6 +53,9 @@ type cluster struct {
 	nodes []*cnode
 	net   *network
 	init  string
+	// shards is --shards (1: one group): every node runs that many Raft
+	// groups on the etcd engine.
+	shards int
 
 	mu sync.Mutex // serialises process operations
 }
@@ -152,6 +155,11 @@ func (c *cluster) startLocked(i int) error {
 	}
 	if binHasFlag(c.bin, "grpc-addr") {
 		args = append(args, "--grpc-addr", nd.grpcAddr)
+	}
+	if c.shards > 1 {
+		// Shards run only on the etcd engine (one log and one raft port for
+		// all groups of a node).
+		args = append(args, "--shards", strconv.Itoa(c.shards), "--raft-engine", "etcd")
 	}
 	if ls := os.Getenv("DLOCK_CHAOS_LOG_STORE"); ls != "" {
 		args = append(args, "--log-store", ls)
@@ -376,6 +384,8 @@ type clusterView struct {
 	AppliedIndex uint64 `json:"applied_index"`
 	Revision     uint64 `json:"revision"`
 	LastToken    uint64 `json:"last_fencing_token"`
+	// Shards is set by a sharded cluster (the fields above are shard 0's).
+	Shards []shardView `json:"shards"`
 }
 
 var statusClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
@@ -450,6 +460,7 @@ func (c *cluster) leader() int {
 // leader; the reason if not.
 func (c *cluster) healthy() (bool, string) {
 	leader := ""
+	var shardLeaders []string
 	for i, nd := range c.nodes {
 		if !c.running(i) {
 			return false, nd.id + " is not running"
@@ -468,6 +479,22 @@ func (c *cluster) healthy() (bool, string) {
 			return false, fmt.Sprintf("%s names leader %q, others %q", nd.id, v.LeaderID, leader)
 		}
 		leader = v.LeaderID
+		// A sharded cluster is healthy when every shard has a leader that
+		// every node names.
+		if c.shards > 1 {
+			if len(v.Shards) != c.shards {
+				return false, fmt.Sprintf("%s lists %d shards, want %d", nd.id, len(v.Shards), c.shards)
+			}
+			if shardLeaders == nil {
+				shardLeaders = make([]string, c.shards)
+			}
+			for k, s := range v.Shards {
+				if s.LeaderID == "" || (shardLeaders[k] != "" && s.LeaderID != shardLeaders[k]) {
+					return false, fmt.Sprintf("%s names %q as shard %d's leader, others %q", nd.id, s.LeaderID, k, shardLeaders[k])
+				}
+				shardLeaders[k] = s.LeaderID
+			}
+		}
 	}
 	// A replaced node must be back as a voter, not left a non-voter.
 	for i, nd := range c.nodes {
@@ -536,8 +563,12 @@ func (c *cluster) logProblems() []string {
 // before the final state comparison would notice it.
 func (c *cluster) checkpointDivergence() string {
 	type seen struct{ node, val string }
-	first := map[uint64]seen{}
-	var worst uint64
+	type at struct {
+		shard string // the group's shard ("" on a one-group node)
+		index uint64
+	}
+	first := map[at]seen{}
+	var worst at
 	var what string
 	for _, nd := range c.nodes {
 		b, err := os.ReadFile(nd.logPath)
@@ -548,7 +579,7 @@ func (c *cluster) checkpointDivergence() string {
 			if !strings.Contains(line, `msg="fsm checkpoint"`) {
 				continue
 			}
-			var idx uint64
+			var idx at
 			var val []string
 			for _, f := range strings.Fields(line) {
 				k, v, ok := strings.Cut(f, "=")
@@ -557,12 +588,14 @@ func (c *cluster) checkpointDivergence() string {
 				}
 				switch k {
 				case "index":
-					idx, _ = strconv.ParseUint(v, 10, 64)
+					idx.index, _ = strconv.ParseUint(v, 10, 64)
+				case "shard":
+					idx.shard = v
 				case "revision", "last_token", "digest":
 					val = append(val, f)
 				}
 			}
-			if idx == 0 {
+			if idx.index == 0 {
 				continue
 			}
 			v := strings.Join(val, " ")
@@ -571,9 +604,13 @@ func (c *cluster) checkpointDivergence() string {
 				first[idx] = seen{nd.id, v}
 				continue
 			}
-			if prev.val != v && (worst == 0 || idx < worst) {
+			if prev.val != v && (worst.index == 0 || idx.index < worst.index) {
 				worst = idx
-				what = fmt.Sprintf("at log index %d %s had %s but %s had %s", idx, prev.node, prev.val, nd.id, v)
+				where := ""
+				if idx.shard != "" {
+					where = " of shard " + idx.shard
+				}
+				what = fmt.Sprintf("at log index %d%s %s had %s but %s had %s", idx.index, where, prev.node, prev.val, nd.id, v)
 			}
 		}
 	}

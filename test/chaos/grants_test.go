@@ -32,7 +32,7 @@ const perNameKept = 16
 func (r *runner) grantHistory() {
 	ops := r.h.snapshotOps()
 	granted := map[string]map[uint64]string{} // lock -> token -> client
-	released := map[uint64]bool{}
+	released := map[string]bool{}             // lock#token (tokens repeat across shards)
 	for _, o := range ops {
 		switch {
 		case o.Kind == kAcquire && o.Out == oOK && o.OutToken != 0:
@@ -41,7 +41,7 @@ func (r *runner) grantHistory() {
 			}
 			granted[o.Lock][o.OutToken] = o.Client
 		case o.Kind == kRelease && o.Out == oOK:
-			released[o.Token] = true
+			released[fmt.Sprintf("%s#%d", o.Lock, o.Token)] = true
 		}
 	}
 	names := make([]string, 0, len(granted))
@@ -81,7 +81,7 @@ func (r *runner) grantHistory() {
 				r.anomaly(anomaly{Kind: "history:grant-missing", What: fmt.Sprintf("%s: token %d (granted to %s) is not in the history %+v", key, tok, client, grants)})
 			case g.ClientID != client:
 				r.anomaly(anomaly{Kind: "history:wrong-holder", What: fmt.Sprintf("%s: token %d was granted to %s, the history says %s", key, tok, client, g.ClientID)})
-			case released[tok] && g.EndCause != "released" && g.EndCause != "resigned":
+			case released[fmt.Sprintf("%s#%d", key, tok)] && g.EndCause != "released" && g.EndCause != "resigned":
 				r.anomaly(anomaly{Kind: "history:wrong-cause", What: fmt.Sprintf("%s: token %d was released (acknowledged), the history says %q", key, tok, g.EndCause)})
 			default:
 				checked++
@@ -89,7 +89,15 @@ func (r *runner) grantHistory() {
 		}
 	}
 	r.logf("history: %d acknowledged grants of %d names found with their end causes", checked, len(names))
-	r.revokeFences(leader)
+	// On every shard: each has its own counter and revoke path.
+	for k := range r.sm.n() {
+		name, err := r.sm.nameIn(k, "final", "revoke")
+		if err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: err.Error()})
+			continue
+		}
+		r.revokeFences(leader, name)
+	}
 }
 
 // history reads a lock's (or an election's) whole history on one node.
@@ -116,10 +124,9 @@ func (r *runner) history(node int, key string) ([]historyGrant, error) {
 // revokeFences revokes a fresh grant and checks the revoked holder is
 // fenced. Its calls stay out of the recorded history: the linearizability
 // model has no revoke.
-func (r *runner) revokeFences(node int) {
+func (r *runner) revokeFences(node int, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	const name = "final/revoke"
 	type grant struct {
 		FencingToken uint64 `json:"fencing_token"`
 		LeaseID      string `json:"lease_id"`
@@ -156,5 +163,5 @@ func (r *runner) revokeFences(node int) {
 	if err != nil || status != 409 || !strings.Contains(string(body), "lock_lost") {
 		r.anomaly(anomaly{Kind: "safety:revoke-not-fenced", What: fmt.Sprintf("the revoked holder's renew: %d %v %s; want 409 lock_lost", status, err, body)})
 	}
-	r.logf("revoke: token %d revoked, the next grant has %d, the revoked holder's renew is lock_lost", first.FencingToken, next.FencingToken)
+	r.logf("revoke on %s: token %d revoked, the next grant has %d, the revoked holder's renew is lock_lost", name, first.FencingToken, next.FencingToken)
 }

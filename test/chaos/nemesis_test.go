@@ -19,6 +19,9 @@ type faultEvent struct {
 	Heal    int64  `json:"heal"`              // when it was undone (0 for client faults)
 	Healthy int64  `json:"healthy,omitempty"` // when the cluster was healthy again after the heal
 	Err     string `json:"err,omitempty"`
+	// LeadersHit counts the shards whose leader the fault took (killed,
+	// paused or cut off from the majority) on a sharded cluster.
+	LeadersHit int `json:"shard_leaders_hit,omitempty"`
 }
 
 func (f faultEvent) String() string {
@@ -61,10 +64,9 @@ const (
 	fClientCrash     = "client-crash"
 )
 
-var clusterFaults = []struct {
-	kind   string
-	weight int
-}{
+// clusterFaults is the nemesis of a one-group run (a sharded run draws from
+// shardedFaults).
+var clusterFaults = []faultWeight{
 	{fKillLeader, 4}, {fKillFollower, 3}, {fKillMajority, 1}, {fRestartAll, 2},
 	{fPauseLeader, 4}, {fPauseFollower, 2},
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
@@ -100,6 +102,9 @@ type nemesis struct {
 	// faults can run; outcomes counts how storage faults ended (note).
 	disks    bool
 	outcomes map[string]int
+	// faults is what runCluster draws from: clusterFaults, or
+	// shardedFaults on a sharded cluster.
+	faults []faultWeight
 }
 
 // dense is the soak's pace (scripts/chaos.sh --pace dense, its default):
@@ -119,6 +124,7 @@ func newNemesis(c *cluster, w *workload, clk *clock, seed uint64, logf func(stri
 		gapLo: 500 * time.Millisecond, gapHi: 2500 * time.Millisecond,
 		holdLo: 1 * time.Second, holdHi: 5 * time.Second,
 		clientGapLo: 1 * time.Second, clientGapHi: 4 * time.Second,
+		faults: clusterFaults,
 	}
 }
 
@@ -170,11 +176,11 @@ func (n *nemesis) halt() {
 
 func (n *nemesis) pickKind() string {
 	total := 0
-	for _, f := range clusterFaults {
+	for _, f := range n.faults {
 		total += f.weight
 	}
 	x := n.rng.IntN(total)
-	for _, f := range clusterFaults {
+	for _, f := range n.faults {
 		if x < f.weight {
 			if diskFault(f.kind) && !n.disks {
 				return fKillFollower // the same draw, so a seed's schedule stays comparable
@@ -183,7 +189,7 @@ func (n *nemesis) pickKind() string {
 		}
 		x -= f.weight
 	}
-	return clusterFaults[0].kind
+	return n.faults[0].kind
 }
 
 func ids(c *cluster, idx []int) string {
@@ -208,10 +214,21 @@ func (n *nemesis) runCluster() {
 		// replays the same decisions whatever the leader turns out to be.
 		pickA := n.rng.IntN(1 << 20)
 		pickB := n.rng.IntN(1 << 20)
-		leader := n.c.leader()
+		// On a sharded cluster "the leader" is the node leading the most
+		// shards: the fault takes every shard it leads.
+		sharded := n.c.shards > 1
+		var leaders []int // per shard, before the fault
+		var leader int
+		if sharded {
+			leaders = n.c.shardLeaders()
+			leader = topLeader(leaders)
+		} else {
+			leader = n.c.leader()
+		}
 		if leader < 0 {
 			leader = pickA % N
 		}
+		var hit []int // the nodes whose shard leaderships the fault takes
 		others := make([]int, 0, N-1)
 		for i := range N {
 			if i != leader {
@@ -229,11 +246,13 @@ func (n *nemesis) runCluster() {
 				t = follower
 			}
 			ev.Target = n.c.nodes[t].id
+			hit = []int{t}
 			err = n.c.kill(t)
 			heal = func() error { return n.c.start(t) }
 		case fKillMajority:
 			victims := n.permute(pickB, N)[:N/2+1]
 			ev.Target = ids(n.c, victims)
+			hit = victims
 			for _, v := range victims {
 				if e := n.c.kill(v); e != nil {
 					err = e
@@ -250,6 +269,7 @@ func (n *nemesis) runCluster() {
 			}
 		case fRestartAll:
 			ev.Target = "all"
+			hit = n.permute(0, N)
 			for i := range N {
 				if e := n.c.kill(i); e != nil {
 					err = e
@@ -271,8 +291,57 @@ func (n *nemesis) runCluster() {
 				t = follower
 			}
 			ev.Target = n.c.nodes[t].id
+			hit = []int{t}
 			err = n.c.pause(t)
 			heal = func() error { return n.c.resume(t) }
+		case fPauseMajority:
+			// A majority with the top leader in it: every shard stalls
+			// without a quorum, the node left running campaigns alone and
+			// raises the terms, and the paused leaders wake up to find out.
+			victims := []int{leader}
+			for _, v := range n.permute(pickB, N) {
+				if len(victims) < N/2+1 && v != leader {
+					victims = append(victims, v)
+				}
+			}
+			ev.Target = ids(n.c, victims)
+			hit = victims
+			for _, v := range victims {
+				if e := n.c.pause(v); e != nil {
+					err = e
+				}
+			}
+			heal = func() error {
+				var e error
+				for _, v := range victims {
+					if e2 := n.c.resume(v); e2 != nil {
+						e = e2
+					}
+				}
+				return e
+			}
+		case fIsolateShardLeaders:
+			// Every node that leads a shard loses every link: no shard keeps
+			// a leader that can reach a quorum.
+			var isolated []int
+			for i := range N {
+				if len(ledBy(leaders, i)) > 0 {
+					isolated = append(isolated, i)
+				}
+			}
+			if len(isolated) == 0 {
+				isolated = []int{leader}
+			}
+			ev.Target = ids(n.c, isolated)
+			hit = isolated
+			for _, a := range isolated {
+				for b := range N {
+					if b != a {
+						n.c.net.cutBoth(a, b, linkRefuse)
+					}
+				}
+			}
+			heal = func() error { n.c.net.healAll(); return nil }
 		case fIsolateLeader, fBlackholeLeader, fIsolateFollower:
 			t, mode := leader, linkRefuse
 			if kind == fIsolateFollower {
@@ -282,6 +351,7 @@ func (n *nemesis) runCluster() {
 				mode = linkBlackhole
 			}
 			ev.Target = n.c.nodes[t].id
+			hit = []int{t}
 			for i := range N {
 				if i != t {
 					n.c.net.cutBoth(t, i, mode)
@@ -293,6 +363,7 @@ func (n *nemesis) runCluster() {
 			k := 1 + pickA%max(1, (N-1)/2) // minority size
 			minority, majority := perm[:k], perm[k:]
 			ev.Target = ids(n.c, minority) + " | " + ids(n.c, majority)
+			hit = minority
 			for _, a := range minority {
 				for _, b := range majority {
 					n.c.net.cutBoth(a, b, linkRefuse)
@@ -349,12 +420,14 @@ func (n *nemesis) runCluster() {
 				t = leader // a leader's full disk refuses writes, or ends its term
 			}
 			ev.Target = n.c.nodes[t].id
+			hit = []int{t}
 			ev.Detail, heal, err = n.injectStorage(kind, t, pickB)
 			if heal == nil {
 				heal = func() error { return nil }
 			}
 		case fOneWayOut, fOneWayIn:
 			ev.Target = n.c.nodes[leader].id
+			hit = []int{leader}
 			for _, o := range others {
 				if kind == fOneWayOut {
 					n.c.net.cut(leader, o, linkRefuse)
@@ -366,6 +439,13 @@ func (n *nemesis) runCluster() {
 		}
 		if d := n.c.net.describe(); d != "none" {
 			ev.Detail = strings.TrimPrefix(ev.Detail+"; cuts: "+d, "; ")
+		}
+		if sharded {
+			// Which shards' leaders the fault takes, as the nodes saw them
+			// just before it.
+			ks := ledBy(leaders, hit...)
+			ev.LeadersHit = len(ks)
+			ev.Detail = strings.TrimPrefix(fmt.Sprintf("%s; shard leaders hit: %d [%s] (leaders before: %s)", ev.Detail, len(ks), fmtShards(ks), leaderList(n.c, leaders)), "; ")
 		}
 		if err != nil {
 			ev.Err = err.Error()

@@ -10,7 +10,8 @@ import (
 
 // TestRecheckHistory re-runs the history checkers on a saved history.jsonl
 // (DLOCK_CHAOS_RECHECK=path), e.g. after improving a checker, without
-// re-running the faults.
+// re-running the faults. A sharded run's history needs DLOCK_CHAOS_SHARDS
+// (its tokens are compared per shard).
 func TestRecheckHistory(t *testing.T) {
 	path := os.Getenv("DLOCK_CHAOS_RECHECK")
 	if path == "" {
@@ -46,7 +47,7 @@ func TestRecheckHistory(t *testing.T) {
 	}
 	var all []anomaly
 	all = append(all, checkHolds(ops, hs)...)
-	all = append(all, checkTokens(ops)...)
+	all = append(all, checkTokens(ops, defaultShardMap(envInt("DLOCK_CHAOS_SHARDS", 1)))...)
 	fa, _ := checkFence(ops, ws)
 	all = append(all, fa...)
 	all = append(all, checkSessions(ops)...)

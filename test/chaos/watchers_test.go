@@ -32,12 +32,25 @@ import (
 // A stream the server refuses as compacted (a restarted node keeps events
 // only since its snapshot) is re-listed and resumed from the listed
 // revision: a break, counted, not an anomaly.
+//
+// On a sharded cluster each watcher follows one merged stream over every
+// shard (GET /watch with from_revisions, watchmerged_test.go): revisions are
+// per shard, so everything above is per shard — an event is identified by
+// its shard and revision, a segment covers a range of revisions of each
+// shard, and the final revision is a vector.
 
-// watchSegment is one unbroken stretch of a stream: every event with a
-// revision in [from, to] was delivered.
+// watchSegment is one unbroken stretch of a stream: for each shard k, every
+// event with a revision in [from[k], to[k]] was delivered (one entry on a
+// one-group cluster).
 type watchSegment struct {
-	from, to   uint64
+	from, to   []uint64
 	start, end int64 // clock times (end 0: still open)
+}
+
+// revAt is one revision of one shard (shard 0 on a one-group cluster).
+type revAt struct {
+	shard int
+	rev   uint64
 }
 
 type streamWatcher struct {
@@ -45,9 +58,14 @@ type streamWatcher struct {
 	cl  *dlockclient.Client
 	clk *clock
 
+	// nodes and shards: a sharded cluster's watcher reads the merged
+	// stream itself (the Go client resumes one revision, not a vector).
+	nodes  []string
+	shards int
+
 	mu       sync.Mutex
-	caughtUp bool                // the open segment reached the final revision at halt
-	events   map[uint64][]string // revision -> events, in order
+	caughtUp bool               // the open segment reached the final revision at halt
+	events   map[revAt][]string // revision -> events, in order
 	segs     []watchSegment
 	grants   map[string]bool // "name#token" of acquired/elected events
 	breaks   int
@@ -75,17 +93,26 @@ func (r *runner) startWatchers() *watchFleet {
 		for j := range n {
 			eps = append(eps, r.c.nodes[(i+j)%n].url())
 		}
-		cl, err := dlockclient.New(dlockclient.Config{Endpoints: eps, ClientID: fmt.Sprintf("chaos-watch-%d", i)})
-		if err != nil {
-			r.anomaly(anomaly{Kind: "harness", What: "watch client: " + err.Error()})
-			continue
+		w := &streamWatcher{id: i, clk: r.clk, events: map[revAt][]string{}, grants: map[string]bool{}, shards: r.sm.n()}
+		if r.sm.n() > 1 {
+			w.nodes = eps
+		} else {
+			cl, err := dlockclient.New(dlockclient.Config{Endpoints: eps, ClientID: fmt.Sprintf("chaos-watch-%d", i)})
+			if err != nil {
+				r.anomaly(anomaly{Kind: "harness", What: "watch client: " + err.Error()})
+				continue
+			}
+			w.cl = cl
 		}
-		w := &streamWatcher{id: i, cl: cl, clk: r.clk, events: map[uint64][]string{}, grants: map[string]bool{}}
 		f.ws = append(f.ws, w)
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			w.run(ctx)
+			if w.cl == nil {
+				w.runMerged(ctx)
+			} else {
+				w.run(ctx)
+			}
 		}()
 	}
 	return f
@@ -101,7 +128,7 @@ func (w *streamWatcher) run(ctx context.Context) {
 			continue
 		}
 		w.mu.Lock()
-		w.segs = append(w.segs, watchSegment{from: rev + 1, to: rev, start: w.clk.now()})
+		w.segs = append(w.segs, watchSegment{from: []uint64{rev + 1}, to: []uint64{rev}, start: w.clk.now()})
 		w.mu.Unlock()
 		for ev, err := range w.cl.Watch(ctx, "", rev+1) {
 			if err != nil {
@@ -114,7 +141,7 @@ func (w *streamWatcher) run(ctx context.Context) {
 				w.mu.Unlock()
 				break
 			}
-			w.add(ev)
+			w.add(0, ev)
 		}
 		w.mu.Lock()
 		w.segs[len(w.segs)-1].end = w.clk.now()
@@ -122,38 +149,61 @@ func (w *streamWatcher) run(ctx context.Context) {
 	}
 }
 
-func (w *streamWatcher) add(ev dlockclient.WatchEvent) {
+// add records an event of shard k in the open segment.
+func (w *streamWatcher) add(k int, ev dlockclient.WatchEvent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	seg := &w.segs[len(w.segs)-1]
-	if ev.Revision < seg.to {
-		w.errs = append(w.errs, fmt.Sprintf("revision %d after %d: out of order", ev.Revision, seg.to))
+	if k < 0 || k >= len(seg.to) {
+		w.errs = append(w.errs, fmt.Sprintf("an event of shard %d, which the cluster does not have: %s", k, watchKey(ev)))
+		return
 	}
-	seg.to = ev.Revision
-	w.events[ev.Revision] = append(w.events[ev.Revision], watchKey(ev))
+	if ev.Revision < seg.to[k] {
+		w.errs = append(w.errs, fmt.Sprintf("shard %d: revision %d after %d: out of order", k, ev.Revision, seg.to[k]))
+	}
+	seg.to[k] = ev.Revision
+	at := revAt{k, ev.Revision}
+	w.events[at] = append(w.events[at], watchKey(ev))
 	if ev.Type == "acquired" || ev.Type == "elected" {
 		w.grants[fmt.Sprintf("%s#%d", ev.Name, ev.FencingToken)] = true
 	}
 }
 
-// reached reports whether the watcher's open segment reached rev.
-func (w *streamWatcher) reached(rev uint64) bool {
+// reachedLocked reports whether the watcher's open segment reached the
+// final revision of every shard.
+func (w *streamWatcher) reachedLocked(final []uint64) bool {
+	if len(w.segs) == 0 || w.segs[len(w.segs)-1].end != 0 {
+		return false
+	}
+	to := w.segs[len(w.segs)-1].to
+	if len(to) != len(final) {
+		return false
+	}
+	for k := range final {
+		if to[k] < final[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *streamWatcher) reached(final []uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.segs) > 0 && w.segs[len(w.segs)-1].end == 0 && w.segs[len(w.segs)-1].to >= rev
+	return w.reachedLocked(final)
 }
 
 // halt waits (up to timeout) for every watcher to reach the cluster's final
-// revision, then stops them. A watcher whose open segment got there covers
-// every revision of it up to final.
-func (f *watchFleet) halt(final uint64, timeout time.Duration) {
+// revision (one per shard), then stops them. A watcher whose open segment
+// got there covers every revision of it up to final. final nil: stop now.
+func (f *watchFleet) halt(final []uint64, timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for _, w := range f.ws {
-		for !w.reached(final) && time.Now().Before(deadline) {
+		for final != nil && !w.reached(final) && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		w.mu.Lock()
-		w.caughtUp = len(w.segs) > 0 && w.segs[len(w.segs)-1].end == 0 && w.segs[len(w.segs)-1].to >= final
+		w.caughtUp = final != nil && w.reachedLocked(final)
 		w.mu.Unlock()
 	}
 	f.cancel()
@@ -161,23 +211,28 @@ func (f *watchFleet) halt(final uint64, timeout time.Duration) {
 	for _, w := range f.ws {
 		w.mu.Lock()
 		if n := len(w.segs); n > 0 && w.caughtUp {
-			w.segs[n-1].to, w.segs[n-1].end = final, 0
+			w.segs[n-1].to, w.segs[n-1].end = append([]uint64(nil), final...), 0
 		}
 		w.mu.Unlock()
-		_ = w.cl.Close()
+		if w.cl != nil {
+			_ = w.cl.Close()
+		}
 	}
 }
 
-// covers reports whether every event of revision r reached the watcher in
-// one unbroken stretch. A stretch that broke may have delivered only part
-// of its last revision, so that one does not count.
-func (w *streamWatcher) covers(r uint64) bool {
+// covers reports whether every event of revision r of shard k reached the
+// watcher in one unbroken stretch. A stretch that broke may have delivered
+// only part of its last revision, so that one does not count.
+func (w *streamWatcher) covers(at revAt) bool {
 	for i, s := range w.segs {
-		last := s.to
+		if at.shard >= len(s.to) {
+			continue
+		}
+		last := s.to[at.shard]
 		if !(i == len(w.segs)-1 && w.caughtUp) {
 			last-- // broken: its last revision may be partial
 		}
-		if r >= s.from && r <= last {
+		if at.rev >= s.from[at.shard] && at.rev <= last {
 			return true
 		}
 	}
@@ -198,11 +253,11 @@ func (s watchStats) String() string {
 
 // checkWatchers compares the streams with each other and with the
 // acknowledged grants.
-func checkWatchers(f *watchFleet, ops []Op) ([]anomaly, watchStats) {
+func checkWatchers(f *watchFleet, ops []Op, m shardMap) ([]anomaly, watchStats) {
 	var out []anomaly
 	var st watchStats
 	st.watchers = len(f.ws)
-	all := map[uint64]bool{}
+	all := map[revAt]bool{}
 	for _, w := range f.ws {
 		st.breaks += w.breaks
 		for r, evs := range w.events {
@@ -217,11 +272,16 @@ func checkWatchers(f *watchFleet, ops []Op) ([]anomaly, watchStats) {
 		}
 	}
 	st.revisions = len(all)
-	revs := make([]uint64, 0, len(all))
+	revs := make([]revAt, 0, len(all))
 	for r := range all {
 		revs = append(revs, r)
 	}
-	sort.Slice(revs, func(i, j int) bool { return revs[i] < revs[j] })
+	sort.Slice(revs, func(i, j int) bool {
+		if revs[i].shard != revs[j].shard {
+			return revs[i].shard < revs[j].shard
+		}
+		return revs[i].rev < revs[j].rev
+	})
 	for _, r := range revs {
 		for i, a := range f.ws {
 			if !a.covers(r) {
@@ -240,7 +300,7 @@ func checkWatchers(f *watchFleet, ops []Op) ([]anomaly, watchStats) {
 					kind = "watch:event-missed"
 				}
 				out = append(out, anomaly{Kind: kind,
-					What: fmt.Sprintf("revision %d: watcher %d saw %q, watcher %d saw %q", r, a.id, ea, b.id, eb)})
+					What: fmt.Sprintf("%srevision %d: watcher %d saw %q, watcher %d saw %q", shardPrefix(m, r.shard), r.rev, a.id, ea, b.id, eb)})
 			}
 		}
 	}
@@ -259,7 +319,7 @@ func checkWatchers(f *watchFleet, ops []Op) ([]anomaly, watchStats) {
 			st.grantsChecked++
 			if !w.grants[key] {
 				out = append(out, anomaly{Kind: "watch:grant-missed",
-					What: fmt.Sprintf("watcher %d followed the whole of op #%d without a break but never saw its grant (%s token %d)", w.id, o.ID, realName(o.Lock), o.OutToken)})
+					What: fmt.Sprintf("watcher %d followed the whole of op #%d without a break but never saw its grant (%s%s token %d)", w.id, o.ID, shardPrefix(m, m.of(o.Lock)), realName(o.Lock), o.OutToken)})
 			}
 		}
 	}
@@ -273,10 +333,11 @@ func TestWatchChecker(t *testing.T) {
 		return dlockclient.WatchEvent{Revision: rev, Kind: "lock", Type: typ, Name: name, FencingToken: token}
 	}
 	mk := func(id int, segs []watchSegment, evs ...dlockclient.WatchEvent) *streamWatcher {
-		w := &streamWatcher{id: id, events: map[uint64][]string{}, grants: map[string]bool{}, caughtUp: true}
+		w := &streamWatcher{id: id, events: map[revAt][]string{}, grants: map[string]bool{}, caughtUp: true}
 		for _, e := range evs {
 			w.segs = segs
-			w.events[e.Revision] = append(w.events[e.Revision], watchKey(e))
+			at := revAt{0, e.Revision}
+			w.events[at] = append(w.events[at], watchKey(e))
 			if e.Type == "acquired" {
 				w.grants[fmt.Sprintf("%s#%d", e.Name, e.FencingToken)] = true
 			}
@@ -286,9 +347,9 @@ func TestWatchChecker(t *testing.T) {
 	}
 	grant := Op{ID: 1, Kind: kAcquire, Lock: "a", Out: oOK, OutToken: 7, Call: 50, Return: 60}
 	full := []dlockclient.WatchEvent{ev(1, "acquired", "a", 7), ev(2, "released", "a", 7), ev(2, "acquired", "a", 8), ev(3, "expired", "a", 8)}
-	one := []watchSegment{{from: 1, to: 3, start: 10}}
+	one := []watchSegment{{from: []uint64{1}, to: []uint64{3}, start: 10}}
 	// Watcher 1 broke in the middle of revision 2 and re-listed at 3.
-	broken := []watchSegment{{from: 1, to: 2, start: 10, end: 70}, {from: 3, to: 3, start: 80}}
+	broken := []watchSegment{{from: []uint64{1}, to: []uint64{2}, start: 10, end: 70}, {from: []uint64{3}, to: []uint64{3}, start: 80}}
 	cases := []struct {
 		name string
 		ws   []*streamWatcher
@@ -302,7 +363,7 @@ func TestWatchChecker(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, _ := checkWatchers(&watchFleet{ws: c.ws}, []Op{grant})
+			got, _ := checkWatchers(&watchFleet{ws: c.ws}, []Op{grant}, oneShard)
 			if c.want == "" && len(got) > 0 {
 				t.Fatalf("anomalies on agreeing streams: %v", got)
 			}

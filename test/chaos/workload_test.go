@@ -46,7 +46,12 @@ func isModelLock(name string) bool {
 
 const longTTL = 600 * time.Second
 
-func buildLocks() (hot, cold []lockSpec, sess []string) {
+// buildLocks lists the workload's locks. With shards, the names spread over
+// every shard's range of the default bounds (--shards 4: "", g, n, t by
+// top-level segment): cold locks under four top-level segments, one in
+// each range, hot locks in the last range (which the one-group names leave
+// to the lock-model locks), and elections and session locks in every range.
+func buildLocks(shards int) (hot, cold []lockSpec, sess []string) {
 	hot = []lockSpec{
 		{name: "hot/a", ttl: longTTL, long: true},
 		{name: "hot/b", ttl: 1500 * time.Millisecond},
@@ -56,6 +61,21 @@ func buildLocks() (hot, cold []lockSpec, sess []string) {
 		{name: electionPrefix + "elect/b", ttl: longTTL, long: true},
 	}
 	ttls := []time.Duration{1 * time.Second, 2 * time.Second, 4 * time.Second}
+	if shards > 1 {
+		hot = append(hot,
+			lockSpec{name: "warm/a", ttl: longTTL, long: true},
+			lockSpec{name: "warm/b", ttl: 2 * time.Second},
+			lockSpec{name: electionPrefix + "vote/a", ttl: 2 * time.Second},
+			// Elections in the two middle ranges too (elect/* is shard 0's).
+			lockSpec{name: electionPrefix + "lead/a", ttl: 2 * time.Second},
+			lockSpec{name: electionPrefix + "post/a", ttl: longTTL, long: true})
+		segs := []string{"cold", "ice", "snow", "wind"} // shards 0, 1, 2, 3 of the default 4
+		for i := range 40 {
+			cold = append(cold, lockSpec{name: fmt.Sprintf("%s/%02d", segs[i%len(segs)], i), ttl: ttls[i%len(ttls)]})
+		}
+		sess = []string{"cell/0", "lane/0", "sess/0", "sess/1", "unit/0"}
+		return hot, cold, sess
+	}
 	for i := range 40 {
 		cold = append(cold, lockSpec{name: fmt.Sprintf("cold/%02d", i), ttl: ttls[i%len(ttls)]})
 	}
@@ -116,9 +136,9 @@ type belief struct {
 	hd      *hold
 }
 
-func newWorkload(clk *clock, h *history, api *apiClient, seed uint64, nImplicit, nSession int) *workload {
+func newWorkload(clk *clock, h *history, api *apiClient, seed uint64, nImplicit, nSession, shards int) *workload {
 	w := &workload{clk: clk, h: h, api: api, stopping: make(chan struct{}), abort: make(chan struct{})}
-	w.hot, w.cold, w.sess = buildLocks()
+	w.hot, w.cold, w.sess = buildLocks(shards)
 	w.model = modelLocks()
 	for i := range nImplicit + nSession {
 		c := &client{

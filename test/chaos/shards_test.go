@@ -1,0 +1,500 @@
+package chaos
+
+// Sharded clusters (`dlock serve --shards N`, docs/architecture.md, Shards):
+// the same suite, with the harness knowing that every name lives in one
+// shard — a Raft group with its own leader, fencing-token counter and
+// revision. The checkers compare tokens and revisions only within a shard,
+// the cluster is healthy when every shard has a leader all nodes agree on,
+// and the nemesis aims at shard leaders, which the cluster spreads over the
+// nodes, so one kill, pause or partition costs several shards their leader
+// at once.
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dlockclient "github.com/dlock/dlock/client"
+	"github.com/dlock/dlock/internal/shard"
+)
+
+// shardMap routes a key (a lock name, or electionPrefix and an election's
+// name) to its shard as the cluster does: by the name's top-level segment
+// against the shards' start bounds. The one-shard map sends everything to
+// shard 0, so every checker works the same on a one-group cluster.
+type shardMap struct {
+	starts []string // starts[k] is shard k's first top-level segment; starts[0] is ""
+}
+
+var oneShard = shardMap{starts: []string{""}}
+
+// defaultShardMap is `--shards n` without --shard-bounds.
+func defaultShardMap(n int) shardMap {
+	if n <= 1 {
+		return oneShard
+	}
+	return shardMap{starts: shard.DefaultBounds(n)}
+}
+
+func (m shardMap) n() int { return len(m.starts) }
+
+// of is the shard of a key.
+func (m shardMap) of(key string) int {
+	name := strings.TrimPrefix(realName(key), "/")
+	seg, _, _ := strings.Cut(name, "/")
+	// The last start at or below seg.
+	return sort.Search(len(m.starts), func(i int) bool { return m.starts[i] > seg }) - 1
+}
+
+// nameIn is a name with the given last segment that lives in shard k: the
+// shard's start bound in front of a word, checked against the map.
+func (m shardMap) nameIn(k int, word, last string) (string, error) {
+	name := m.starts[k] + word + "/" + last
+	if m.of(name) != k {
+		return "", fmt.Errorf("no name for shard %d from %q: %s lands in shard %d", k, word, name, m.of(name))
+	}
+	return name, nil
+}
+
+// shardView is one shard in a node's GET /api/v1/cluster.
+type shardView struct {
+	ID           int    `json:"id"`
+	Start        string `json:"start"`
+	End          string `json:"end"`
+	LeaderID     string `json:"leader_id"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Revision     uint64 `json:"revision"`
+	LastToken    uint64 `json:"last_fencing_token"`
+}
+
+// groupViews is a node's view of each group: its shards, or the one group.
+func (v clusterView) groupViews() []shardView {
+	if len(v.Shards) > 0 {
+		return v.Shards
+	}
+	return []shardView{{LeaderID: v.LeaderID, Term: v.Term, CommitIndex: v.CommitIndex, AppliedIndex: v.AppliedIndex, Revision: v.Revision, LastToken: v.LastToken}}
+}
+
+// sameState reports whether two nodes' views agree on every group's applied
+// index, revision and last fencing token.
+func sameState(a, b clusterView) bool {
+	ga, gb := a.groupViews(), b.groupViews()
+	if len(ga) != len(gb) {
+		return false
+	}
+	for k := range ga {
+		if ga[k].AppliedIndex != gb[k].AppliedIndex || ga[k].Revision != gb[k].Revision || ga[k].LastToken != gb[k].LastToken {
+			return false
+		}
+	}
+	return true
+}
+
+// shardMapOf reads the shard map a running cluster reports and checks it
+// is the one the harness expects (`--shards n`, default bounds).
+func (c *cluster) shardMapOf(n int) (shardMap, error) {
+	want := defaultShardMap(n)
+	if n <= 1 {
+		return want, nil
+	}
+	var lastErr error
+	for try := 0; try < 50; try++ {
+		for i := range c.nodes {
+			v, err := c.view(i, time.Second)
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			if len(v.Shards) != n {
+				return shardMap{}, fmt.Errorf("%s reports %d shards, want %d: %+v", c.nodes[i].id, len(v.Shards), n, v.Shards)
+			}
+			got := shardMap{}
+			for k, s := range v.Shards {
+				if s.ID != k {
+					return shardMap{}, fmt.Errorf("%s lists shard %d at place %d", c.nodes[i].id, s.ID, k)
+				}
+				got.starts = append(got.starts, s.Start)
+			}
+			if strings.Join(got.starts, ",") != strings.Join(want.starts, ",") {
+				return shardMap{}, fmt.Errorf("%s's shards start at %q, the default for %d shards is %q", c.nodes[i].id, got.starts, n, want.starts)
+			}
+			return got, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return shardMap{}, fmt.Errorf("no node reported its shards: %v", lastErr)
+}
+
+// shardLeaders names, per shard, the node a majority of the answering nodes
+// name as its leader (-1: none agreed).
+func (c *cluster) shardLeaders() []int {
+	var mu sync.Mutex
+	votes := make([]map[string]int, max(1, c.shards))
+	for k := range votes {
+		votes[k] = map[string]int{}
+	}
+	var wg sync.WaitGroup
+	for i := range c.nodes {
+		if !c.running(i) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := c.view(i, 300*time.Millisecond)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for k, s := range v.groupViews() {
+				if k < len(votes) && s.LeaderID != "" {
+					votes[k][s.LeaderID]++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	out := make([]int, len(votes))
+	for k := range votes {
+		out[k] = -1
+		best, bestN := "", 0
+		for id, n := range votes[k] {
+			if n > bestN || (n == bestN && id < best) {
+				best, bestN = id, n
+			}
+		}
+		for i, nd := range c.nodes {
+			if nd.id == best {
+				out[k] = i
+			}
+		}
+	}
+	return out
+}
+
+// topLeader is the node that leads the most shards (ties: the one leading
+// the lowest shard), -1 if no shard has a leader. On a one-group cluster it
+// is the leader.
+func topLeader(leaders []int) int {
+	count := map[int]int{}
+	best := -1
+	for _, l := range leaders {
+		if l < 0 {
+			continue
+		}
+		count[l]++
+		if best < 0 || count[l] > count[best] {
+			best = l
+		}
+	}
+	return best
+}
+
+// ledBy lists the shards whose leader is one of nodes.
+func ledBy(leaders []int, nodes ...int) []int {
+	var out []int
+	for k, l := range leaders {
+		for _, n := range nodes {
+			if l == n && l >= 0 {
+				out = append(out, k)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func fmtShards(ks []int) string {
+	s := make([]string, len(ks))
+	for i, k := range ks {
+		s[i] = strconv.Itoa(k)
+	}
+	return strings.Join(s, ",")
+}
+
+// Fault kinds only a sharded run draws: they take several shards' leaders
+// (which the cluster spreads over the nodes) at once.
+const (
+	// fPauseMajority SIGSTOPs a majority, the node leading the most shards
+	// among it: every shard stalls, and the paused leaders wake up stale.
+	fPauseMajority = "pause-majority"
+	// fIsolateShardLeaders cuts every node that leads a shard off from
+	// every other node, both ways: every shard loses its leader at once
+	// (with 3 nodes and 4 shards spread, every node is cut off alone).
+	fIsolateShardLeaders = "isolate-shard-leaders"
+)
+
+// faultWeight is one kind of cluster fault and how often it is drawn.
+type faultWeight struct {
+	kind   string
+	weight int
+}
+
+// shardedFaults is the nemesis of a sharded run. What a sharded cluster
+// cannot do yet is left out: member removal and --join (replace-follower,
+// and the replacement of a node that refuses its damaged data dir, which
+// corrupt-log, truncate-log and corrupt-snapshot rely on) and leadership
+// transfer by hand (the cluster moves its shards' leaders itself, after
+// every heal). Online range changes, when they exist, are nemeses of this
+// list: a kind here (e.g. {"split-range", 1}) and a case in
+// nemesis.runCluster that asks a node to split a busy range (the heal does
+// nothing or merges it back); healthy() then waits for every shard of the
+// new map to have a leader, and the harness's shardMap must be re-read from
+// GET /api/v1/cluster after it, since the checkers group by it.
+var shardedFaults = []faultWeight{
+	{fKillLeader, 4}, {fKillFollower, 3}, {fKillMajority, 1}, {fRestartAll, 2},
+	{fPauseLeader, 4}, {fPauseFollower, 2}, {fPauseMajority, 1},
+	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
+	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
+	{fIsolateShardLeaders, 2},
+	{fDiskLow, 1}, {fDiskFull, 1},
+}
+
+// workloadCoverage checks that every shard holds locks of each kind the
+// checkers look at: one-holder locks (linearizability, two holders,
+// fencing), a lock held under sessions, and an election.
+func workloadCoverage(m shardMap, w *workload) error {
+	type cover struct{ lock, session, election bool }
+	got := make([]cover, m.n())
+	for _, l := range append(append([]lockSpec(nil), w.hot...), w.cold...) {
+		k := m.of(l.name)
+		if isElection(l.name) {
+			got[k].election = true
+		} else {
+			got[k].lock = true
+		}
+	}
+	for _, s := range w.sess {
+		got[m.of(s)].session = true
+	}
+	var miss []string
+	for k, c := range got {
+		if !c.lock || !c.session || !c.election {
+			miss = append(miss, fmt.Sprintf("shard %d (from %q): locks %v, session locks %v, elections %v", k, m.starts[k], c.lock, c.session, c.election))
+		}
+	}
+	if len(miss) > 0 {
+		return fmt.Errorf("the workload leaves shards without locks of a kind: %s", strings.Join(miss, "; "))
+	}
+	return nil
+}
+
+// TestChaosShardsCI is CI's short sharded run: 3 nodes, 4 shards on the etcd
+// engine, DLOCK_CHAOS_SHARD_SEEDS (default 4) for DLOCK_CHAOS_CI_DURATION
+// (default 30 s) of faults each.
+func TestChaosShardsCI(t *testing.T) {
+	skipUnlessEnabled(t)
+	// Shards run on the etcd engine only (the nodes also get --raft-engine
+	// etcd): whichever engine the rest of this run tests.
+	t.Setenv("DLOCK_TEST_RAFT_ENGINE", "etcd")
+	d := envDuration("DLOCK_CHAOS_CI_DURATION", 30*time.Second)
+	seeds := []uint64{4}
+	if v := os.Getenv("DLOCK_CHAOS_SHARD_SEEDS"); v != "" {
+		seeds = nil
+		for _, s := range strings.Split(v, ",") {
+			if n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64); err == nil {
+				seeds = append(seeds, n)
+			}
+		}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			cfg := configFromEnv(seed, d)
+			cfg.shards = envInt("DLOCK_CHAOS_SHARDS", 4)
+			if cfg.shards < 2 {
+				cfg.shards = 4
+			}
+			rep := runChaos(t, cfg)
+			// A run that never cost two shards their leaders at once did not
+			// test what it is for.
+			if rep.multiLeaderFaults == 0 && !t.Failed() {
+				t.Errorf("no fault hit two or more shard leaders at once (%d cluster faults)", rep.clusterFaults())
+			}
+		})
+	}
+}
+
+// clusterFaults counts the run's cluster faults.
+func (rep *runReport) clusterFaults() int {
+	n := 0
+	for _, f := range rep.faults {
+		if f.Kind != fClientPause && f.Kind != fClientCrash {
+			n++
+		}
+	}
+	return n
+}
+
+// The default 4-shard map routes as the cluster does, and the sharded
+// workload puts locks, session locks and elections in every shard.
+func TestShardedWorkloadCoversEveryShard(t *testing.T) {
+	m := defaultShardMap(4)
+	if got := strings.Join(m.starts, ","); got != ",g,n,t" {
+		t.Fatalf("default bounds for 4 shards: %q, want \",g,n,t\"", got)
+	}
+	for key, want := range map[string]int{
+		"cold/01": 0, electionPrefix + "elect/a": 0, "final/token": 0, "g": 1, "hot/a": 1, "live/fifo": 1,
+		"m/x": 1, "n": 2, "sess/0": 2, "sem/a": 2, "tree/b/c": 3, "t": 3, "zz/y": 3, "/hot/a": 1, "A/b": 0, "0": 0,
+	} {
+		if got := m.of(key); got != want {
+			t.Errorf("shard of %q: %d, want %d", key, got, want)
+		}
+	}
+	for _, key := range []string{"cold/01", "hot/a", "sess/0", "tree/b/c", "zz/y", "0"} {
+		if got := oneShard.of(key); got != 0 {
+			t.Errorf("one shard: %q in shard %d", key, got)
+		}
+	}
+	w := newWorkload(nil, nil, nil, 1, 6, 2, 4)
+	if err := workloadCoverage(m, w); err != nil {
+		t.Fatal(err)
+	}
+	// The one-group workload is the one the soak records were made with.
+	if err := workloadCoverage(m, newWorkload(nil, nil, nil, 1, 6, 2, 1)); err == nil {
+		t.Fatal("the one-group workload covers every shard of 4: the check cannot fail")
+	}
+	for k := range m.n() {
+		name, err := m.nameIn(k, "final", "token")
+		if err != nil || m.of(name) != k {
+			t.Fatalf("final name for shard %d: %q %v", k, name, err)
+		}
+	}
+}
+
+// On a sharded cluster tokens are compared within a shard only: the same
+// token on two shards, or a smaller token granted later on another shard,
+// is correct; the same faults within one shard are still caught, and a
+// fenced register still knows whose token it got.
+func TestShardedTokenChecker(t *testing.T) {
+	m := defaultShardMap(4)
+	// cold/* is shard 0, hot/* shard 1, wind/* shard 3.
+	acrossShards := (&hb{}).
+		add(acq("a", "cold/01", 2*s, 0, s/10, oOK, 5, "la")).
+		add(acq("b", "hot/a", 2*s, 2*s/10, 3*s/10, oOK, 4, "lb")).   // later, smaller: another shard
+		add(acq("c", "wind/01", 2*s, 4*s/10, 5*s/10, oOK, 5, "lc")). // the same token: another shard
+		ops
+	if a := checkTokens(acrossShards, m); len(a) != 0 {
+		t.Fatalf("tokens of different shards compared: %v", a)
+	}
+	if a := checkTokens(acrossShards, oneShard); len(a) == 0 {
+		t.Fatal("one group: a reused and a falling token went unnoticed")
+	}
+	withinShard := (&hb{}).
+		add(acq("a", "cold/01", 2*s, 0, s/10, oOK, 5, "la")).
+		add(acq("b", "elect-no/x", 2*s, 2*s/10, 3*s/10, oOK, 4, "lb")). // 'e': shard 0, later, smaller
+		add(acq("c", "cold/02", 2*s, 4*s/10, 5*s/10, oOK, 5, "lc")).    // shard 0, token reused
+		ops
+	var kinds []string
+	for _, x := range checkTokens(withinShard, m) {
+		kinds = append(kinds, x.Kind)
+		if !strings.HasPrefix(x.What, "shard 0: ") {
+			t.Errorf("anomaly without its shard: %s", x.What)
+		}
+	}
+	got := strings.Join(kinds, ",")
+	if !strings.Contains(got, "safety:token-order") || !strings.Contains(got, "safety:token-reused") {
+		t.Fatalf("checkTokens within a shard found %q", got)
+	}
+	// Registers: token 5 of cold/01 written by its holder is fine although
+	// wind/01 also has a token 5; wind/01's token 5 written by cold/01's
+	// holder is not a grant of that register.
+	ws := []write{
+		{Lock: "cold/01", Client: "a", Token: 5, Accepted: true, At: s / 5, Bound: 2 * s},
+		{Lock: "wind/01", Client: "c", Token: 5, Accepted: true, At: 6 * s / 10, Bound: 2 * s},
+	}
+	if a, _ := checkFence(acrossShards, ws); len(a) != 0 {
+		t.Fatalf("registers of different shards' locks: %v", a)
+	}
+	ws = append(ws, write{Lock: "wind/01", Client: "a", Token: 5, Accepted: true, At: 7 * s / 10, Bound: 2 * s})
+	if a, _ := checkFence(acrossShards, ws); len(a) != 1 || a[0].Kind != "safety:fence-unknown-token" {
+		t.Fatalf("a write with another lock's token: %v", a)
+	}
+}
+
+// leaderList renders each shard's leader ("0=n1 1=n2 …", "-" for none).
+func leaderList(c *cluster, leaders []int) string {
+	s := make([]string, len(leaders))
+	for k, l := range leaders {
+		id := "-"
+		if l >= 0 {
+			id = c.nodes[l].id
+		}
+		s[k] = fmt.Sprintf("%d=%s", k, id)
+	}
+	return strings.Join(s, " ")
+}
+
+// The watch checker on a merged stream: revisions are per shard, so shard 0's
+// revision 1 and shard 1's revision 1 are different revisions with
+// different events; a watcher that misses shard 1's is caught, and the
+// merged place resumes each shard exactly where it left off.
+func TestShardedWatchChecker(t *testing.T) {
+	m := shardMap{starts: []string{"", "n"}}
+	ev := func(rev uint64, typ, name string, token uint64) dlockclient.WatchEvent {
+		return dlockclient.WatchEvent{Revision: rev, Kind: "lock", Type: typ, Name: name, FencingToken: token}
+	}
+	type sev struct {
+		shard int
+		ev    dlockclient.WatchEvent
+	}
+	mk := func(id int, evs ...sev) *streamWatcher {
+		w := &streamWatcher{id: id, events: map[revAt][]string{}, grants: map[string]bool{}, caughtUp: true,
+			segs: []watchSegment{{from: []uint64{1, 1}, to: []uint64{2, 2}, start: 10}}}
+		for _, e := range evs {
+			at := revAt{e.shard, e.ev.Revision}
+			w.events[at] = append(w.events[at], watchKey(e.ev))
+			if e.ev.Type == "acquired" {
+				w.grants[fmt.Sprintf("%s#%d", e.ev.Name, e.ev.FencingToken)] = true
+			}
+		}
+		return w
+	}
+	all := []sev{
+		{0, ev(1, "acquired", "a", 1)}, {0, ev(2, "released", "a", 1)},
+		{1, ev(1, "acquired", "z", 1)}, {1, ev(2, "released", "z", 1)},
+	}
+	grants := []Op{
+		{ID: 1, Kind: kAcquire, Lock: "a", Out: oOK, OutToken: 1, Call: 20, Return: 30},
+		{ID: 2, Kind: kAcquire, Lock: "z", Out: oOK, OutToken: 1, Call: 20, Return: 30},
+	}
+	if got, _ := checkWatchers(&watchFleet{ws: []*streamWatcher{mk(0, all...), mk(1, all...)}}, grants, m); len(got) != 0 {
+		t.Fatalf("agreeing merged streams: %v", got)
+	}
+	got, _ := checkWatchers(&watchFleet{ws: []*streamWatcher{mk(0, all...), mk(1, all[0], all[1], all[3])}}, grants, m)
+	var kinds []string
+	for _, a := range got {
+		kinds = append(kinds, a.Kind)
+	}
+	if k := strings.Join(kinds, ","); !strings.Contains(k, "watch:event-missed") || !strings.Contains(k, "watch:grant-missed") {
+		t.Fatalf("a merged stream that missed shard 1's revision 1: %q", k)
+	}
+
+	// Resuming: shard 0 delivered one of revision 5's two events, shard 1
+	// nothing yet. The next connection asks shard 0 from 5 (skipping the
+	// event it has) and shard 1 from where the segment began.
+	p := newMergedPlace([]uint64{3, 7})
+	p.query()
+	if !p.deliver(0, 5) {
+		t.Fatal("a new event was not delivered")
+	}
+	if q := p.query(); q != "0:5,1:7" {
+		t.Fatalf("resume from %q, want 0:5,1:7", q)
+	}
+	if p.deliver(0, 5) {
+		t.Fatal("the event already delivered was delivered again after the resume")
+	}
+	if !p.deliver(0, 5) || !p.deliver(1, 7) || !p.deliver(0, 6) {
+		t.Fatal("new events after the resume were not delivered")
+	}
+	if q := p.query(); q != "0:6,1:7" {
+		t.Fatalf("resume from %q, want 0:6,1:7", q)
+	}
+}
