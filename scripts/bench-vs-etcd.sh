@@ -120,53 +120,45 @@ for i in 0 1 2; do
 	PIDS+=($!)
 done
 
-# --- dlock: 3 `dlock serve` processes -------------------------------------
-DLOCK_CLUSTER=""
-DLOCK_EPS=""
-DLOCK_GRPC_EPS=""
-for i in 0 1 2; do
-	DLOCK_CLUSTER+="${DLOCK_CLUSTER:+,}n$((i + 1))=127.0.0.1:$((BASE + 30 + 10 * i + 1))"
-	DLOCK_EPS+="${DLOCK_EPS:+,}http://127.0.0.1:$((BASE + 30 + 10 * i))"
-	DLOCK_GRPC_EPS+="${DLOCK_GRPC_EPS:+,}127.0.0.1:$((BASE + 30 + 10 * i + 2))"
-done
+# --- dlock: 3 `dlock serve` processes per engine ---------------------------
+# dlock_cluster OFF DIR ENGINE: a 3-node cluster on ports BASE+OFF.. (node i:
+# API +10i, raft +10i+1, gRPC +10i+2), with CL_ENV (VAR=value) in the
+# servers' environment; sets CL_EPS and CL_GRPC_EPS.
+dlock_cluster() {
+	local off=$1 dir=$2 engine=$3 cluster="" i ap rp
+	CL_EPS="" CL_GRPC_EPS=""
+	for i in 0 1 2; do
+		cluster+="${cluster:+,}n$((i + 1))=127.0.0.1:$((BASE + off + 10 * i + 1))"
+		CL_EPS+="${CL_EPS:+,}http://127.0.0.1:$((BASE + off + 10 * i))"
+		CL_GRPC_EPS+="${CL_GRPC_EPS:+,}127.0.0.1:$((BASE + off + 10 * i + 2))"
+	done
+	log "starting dlock on the $engine engine: $CL_EPS"
+	for i in 0 1 2; do
+		ap=$((BASE + off + 10 * i)); rp=$((ap + 1))
+		env ${CL_ENV:-} "$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/$dir/n$((i + 1))" --raft-engine "$engine" \
+			--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
+			--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
+			--initial-cluster "$cluster" --log-level warn >"$WORK/$dir-n$((i + 1)).log" 2>&1 &
+		PIDS+=($!)
+	done
+}
+dlock_cluster 30 dlock "${ENGINES[0]}"
+DLOCK_EPS=$CL_EPS DLOCK_GRPC_EPS=$CL_GRPC_EPS
 # How dlock bench calls dlock (failover always drives HTTP).
 DLOCK_PROTO_FLAGS=()
 [ "$PROTOCOL" = grpc ] && DLOCK_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$DLOCK_GRPC_EPS")
+# The second engine's cluster, ports BASE+70..92: target "dlock-$ENGINE2".
+E2_EPS="" E2_GRPC_EPS=""
+if [ -n "$ENGINE2" ]; then
+	dlock_cluster 70 "dlock-$ENGINE2" "$ENGINE2"
+	E2_EPS=$CL_EPS E2_GRPC_EPS=$CL_GRPC_EPS
+fi
+E2_PROTO_FLAGS=()
+[ "$PROTOCOL" = grpc ] && E2_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$E2_GRPC_EPS")
 # The one-node dlock: the same binary and log, no followers.
 ONE_EPS="http://127.0.0.1:$((BASE + 60))"
 ONE_PROTO_FLAGS=()
 [ "$PROTOCOL" = grpc ] && ONE_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "127.0.0.1:$((BASE + 62))")
-log "starting dlock: $DLOCK_EPS"
-for i in 0 1 2; do
-	ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
-	"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock/n$((i + 1))" --raft-engine "${ENGINES[0]}" \
-		--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
-		--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
-		--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-n$((i + 1)).log" 2>&1 &
-	PIDS+=($!)
-done
-# The second engine's cluster, ports BASE+70..92: target "dlock-$ENGINE2".
-E2_CLUSTER=""
-E2_EPS=""
-E2_GRPC_EPS=""
-if [ -n "$ENGINE2" ]; then
-	for i in 0 1 2; do
-		E2_CLUSTER+="${E2_CLUSTER:+,}n$((i + 1))=127.0.0.1:$((BASE + 70 + 10 * i + 1))"
-		E2_EPS+="${E2_EPS:+,}http://127.0.0.1:$((BASE + 70 + 10 * i))"
-		E2_GRPC_EPS+="${E2_GRPC_EPS:+,}127.0.0.1:$((BASE + 70 + 10 * i + 2))"
-	done
-	log "starting dlock on the $ENGINE2 engine: $E2_EPS"
-	for i in 0 1 2; do
-		ap=$((BASE + 70 + 10 * i)); rp=$((BASE + 70 + 10 * i + 1))
-		"$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock-$ENGINE2/n$((i + 1))" --raft-engine "$ENGINE2" \
-			--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
-			--grpc-addr "$([ "$PROTOCOL" = grpc ] && echo "127.0.0.1:$((rp + 1))")" \
-			--initial-cluster "$E2_CLUSTER" --log-level warn >"$WORK/dlock-$ENGINE2-n$((i + 1)).log" 2>&1 &
-		PIDS+=($!)
-	done
-fi
-E2_PROTO_FLAGS=()
-[ "$PROTOCOL" = grpc ] && E2_PROTO_FLAGS=(--protocol grpc --grpc-endpoints "$E2_GRPC_EPS")
 if [ "$ONE_NODE" != 0 ]; then
 	log "starting a one-node dlock: $ONE_EPS"
 	"$BIN" serve --id one --data-dir "$WORK/dlock-one" --raft-engine "${ENGINES[0]}" \
@@ -328,15 +320,9 @@ fi
 if [ "$MILLION_KEYS" != 0 ]; then
 	log "held: dlock, $MILLION_KEYS locks, fresh cluster, GOMEMLIMIT=${MILLION_MEMLIMIT:-unset}"
 	echo "million_gomemlimit=${MILLION_MEMLIMIT:-unset}" >>"$WORK/machine.env"
-	for i in 0 1 2; do
-		ap=$((BASE + 30 + 10 * i)); rp=$((BASE + 30 + 10 * i + 1))
-		# GOMEMLIMIT is the operator setting docs/operations.md gives for a
-		# million locks in 1 GiB; empty runs Go's defaults.
-		env ${MILLION_MEMLIMIT:+GOMEMLIMIT=$MILLION_MEMLIMIT} "$BIN" serve --id "n$((i + 1))" --data-dir "$WORK/dlock-million/n$((i + 1))" --raft-engine "${ENGINES[0]}" \
-			--api-addr "127.0.0.1:$ap" --raft-addr "127.0.0.1:$rp" \
-			--initial-cluster "$DLOCK_CLUSTER" --log-level warn >"$WORK/dlock-million-n$((i + 1)).log" 2>&1 &
-		PIDS+=($!)
-	done
+	# GOMEMLIMIT is the operator setting docs/operations.md gives for a
+	# million locks in 1 GiB; empty runs Go's defaults.
+	CL_ENV=${MILLION_MEMLIMIT:+GOMEMLIMIT=$MILLION_MEMLIMIT} dlock_cluster 30 dlock-million "${ENGINES[0]}"
 	for i in 0 1 2; do wait_ok "http://127.0.0.1:$((BASE + 30 + 10 * i))/readyz" "dlock n$((i + 1))"; done
 	# 256 workers: setting up the million locks is the long part, and goes
 	# faster with more requests in flight than the side-by-side row's 64.
