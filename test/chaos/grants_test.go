@@ -33,7 +33,13 @@ func (r *runner) grantHistory() {
 	ops := r.h.snapshotOps()
 	granted := map[string]map[uint64]string{} // lock -> token -> client
 	released := map[string]bool{}             // lock#token (tokens repeat across shards)
+	// Locks that had several holders at once (shared or counting): their
+	// grants end out of token order.
+	multi := map[string]bool{}
 	for _, o := range ops {
+		if o.Kind == kAcquire && (o.Shared || o.Limit > 1) {
+			multi[o.Lock] = true
+		}
 		switch {
 		case o.Kind == kAcquire && o.Out == oOK && o.OutToken != 0:
 			if granted[o.Lock] == nil {
@@ -59,7 +65,7 @@ func (r *runner) grantHistory() {
 			continue
 		}
 		byToken := map[uint64]historyGrant{}
-		ended, oldestKept := 0, uint64(0)
+		ended, oldestKept, newestKept := 0, uint64(0), uint64(0)
 		for _, g := range grants {
 			byToken[g.FencingToken] = g
 			if !valid[g.EndCause] {
@@ -70,13 +76,22 @@ func (r *runner) grantHistory() {
 				if oldestKept == 0 || g.FencingToken < oldestKept {
 					oldestKept = g.FencingToken
 				}
+				newestKept = max(newestKept, g.FencingToken)
 			}
+		}
+		// The per-name bound drops the records that ended first. One
+		// holder at a time ends in token order, so a dropped grant is older
+		// than every kept one; grants held side by side end in any order,
+		// so a dropped one is only known to be older than the newest kept.
+		bound := oldestKept
+		if multi[key] {
+			bound = newestKept
 		}
 		for tok, client := range granted[key] {
 			g, ok := byToken[tok]
 			switch {
-			case !ok && ended >= perNameKept && tok < oldestKept:
-				// Dropped by the per-name bound: older than what is kept.
+			case !ok && ended >= perNameKept && tok < bound:
+				// Dropped by the per-name bound.
 			case !ok:
 				r.anomaly(anomaly{Kind: "history:grant-missing", What: fmt.Sprintf("%s: token %d (granted to %s) is not in the history %+v", key, tok, client, grants)})
 			case g.ClientID != client:
