@@ -421,40 +421,9 @@ func (c *cluster) view(i int, d time.Duration) (clusterView, error) {
 }
 
 // leader returns the index of the node that a majority of the answering
-// nodes name as leader, or -1.
-func (c *cluster) leader() int {
-	votes := map[string]int{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range c.nodes {
-		if !c.running(i) {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			v, err := c.view(i, 300*time.Millisecond)
-			if err == nil && v.LeaderID != "" {
-				mu.Lock()
-				votes[v.LeaderID]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	best, bestN := "", 0
-	for id, n := range votes {
-		if n > bestN || (n == bestN && id < best) {
-			best, bestN = id, n
-		}
-	}
-	for i, nd := range c.nodes {
-		if nd.id == best {
-			return i
-		}
-	}
-	return -1
-}
+// nodes name as leader, or -1 (on a sharded cluster: shard 0's leader, which
+// GET /cluster's leader_id names).
+func (c *cluster) leader() int { return c.shardLeaders()[0] }
 
 // healthy reports whether every node runs, is ready and names the same
 // leader; the reason if not.
