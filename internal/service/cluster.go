@@ -105,6 +105,23 @@ func (s *Service) ProposeSplit(ctx context.Context, b *command.Split) error {
 	return err
 }
 
+// LocalSplits lists the Raft groups split off this shard as this node has
+// applied so far (no read through the leader): a merged watch on this node
+// follows this node's history.
+func (s *Service) LocalSplits() []uint64 {
+	var out []uint64
+	s.fsm.Read(func(st *state.State) {
+		for _, r := range st.Splits() {
+			out = append(out, r.Group)
+		}
+	})
+	return out
+}
+
+// SplitRevision is the revision of this shard's split that made group g,
+// if this node's watch history still holds it.
+func (s *Service) SplitRevision(g uint64) (uint64, bool) { return s.hub.SplitRevision(g) }
+
 // SplitChildren lists the Raft groups split off this shard, as of a
 // linearizable read: the router checks that a session it just created
 // reached every one of them.

@@ -420,6 +420,9 @@ type WatchRequest struct {
 	// first revision wanted (that shard's last delivered revision + 1).
 	// Only the shard router reads it.
 	FromRevisions map[int]uint64
+	// FollowSplits adds this shard's split events to the stream (the
+	// router's merged streams follow them; never set from a request).
+	FollowSplits bool
 }
 
 // WatchEvent is one state change as watchers see it.

@@ -158,7 +158,7 @@ func (s *Service) Watch(ctx context.Context, req WatchRequest) (*Watcher, error)
 	if err != nil {
 		return nil, err
 	}
-	sub, cur, err := s.hub.Subscribe(watch.Filter{Prefix: prefix}, req.FromRevision)
+	sub, cur, err := s.hub.Subscribe(watch.Filter{Prefix: prefix, Splits: req.FollowSplits}, req.FromRevision)
 	if err != nil {
 		release()
 		return nil, watchErr(err)

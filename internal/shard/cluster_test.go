@@ -84,7 +84,13 @@ type sse struct {
 // watch opens an SSE stream and delivers its records until the test ends.
 func watch(t *testing.T, c *testcluster.Cluster, u string) <-chan sse {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return watchCtx(t, context.Background(), u)
+}
+
+// watchCtx is watch, ended early by ctx.
+func watchCtx(t *testing.T, ctx context.Context, u string) <-chan sse {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	res, err := http.DefaultClient.Do(req)

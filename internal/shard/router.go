@@ -344,47 +344,203 @@ func (r *Router) each(ctx context.Context, ks []int, fn func(ctx context.Context
 
 // Watch merges the streams of every shard the prefix overlaps. Each shard's
 // stream starts at its entry of FromRevisions (else FromRevision with one
-// shard, else now), and the merged events carry the resume vector.
+// shard, else now), and the merged events carry the resume vector. The
+// stream follows splits: a shard split off one it streams joins it at the
+// split, from the revision its group began with (watchmerge.go), so the
+// moved names' events come from exactly one shard. A shard missing from
+// FromRevisions that was split off one named there joins that way too.
 func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
-	v, _ := r.view()
+	for try := 0; ; try++ {
+		w, raced, err := r.watch(ctx, req)
+		if !raced {
+			return w, err
+		}
+		if try == 3 {
+			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shards kept splitting while the watch opened; retry"}
+		}
+	}
+}
+
+// watch is one try of Watch; raced when a shard split while its stream was
+// opened, after the split's revision: the try is undone, and the next one
+// routes by the map with the new shard.
+func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, bool, error) {
+	v, err := r.awaitSplitsMapped(ctx)
+	if err != nil {
+		return nil, false, err
+	}
 	ks, err := v.overlap(req.Prefix)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if req.FromRevision != 0 && len(ks) > 1 {
-		return nil, apierror.New(apierror.InvalidArgument, "this prefix spans %d shards, each with its own revisions: resume with from_revisions=shard:revision,... (the id of the last event you received, each revision + 1), not from_revision", len(ks))
+		return nil, false, apierror.New(apierror.InvalidArgument, "this prefix spans %d shards, each with its own revisions: resume with from_revisions=shard:revision,... (the id of the last event you received, each revision + 1), not from_revision", len(ks))
 	}
 	for id := range req.FromRevisions {
 		if v.m.IndexOf(id) < 0 {
-			return nil, apierror.New(apierror.InvalidArgument, "from_revisions names shard %d; this cluster's shards are %v", id, v.m.IDs)
+			return nil, false, apierror.New(apierror.InvalidArgument, "from_revisions names shard %d; this cluster's shards are %v", id, v.m.IDs)
 		}
 	}
-	parts := make([]*service.Watcher, 0, len(ks))
-	last := make([]uint64, 0, len(ks))
+	// parent[g] is the group group g was split off, as this node knows.
+	parent := map[uint64]uint64{}
+	for k, s := range v.shards {
+		for _, c := range s.LocalSplits() {
+			parent[c] = v.m.Groups[k]
+		}
+	}
+	resumed := func(k int) bool { _, ok := req.FromRevisions[v.m.IDs[k]]; return ok }
+	var parts []*service.Watcher
+	var ids []int
+	var last []uint64
+	streamed := map[uint64]bool{} // groups with a stream or joining by one
+	fail := func(raced bool, err error) (*service.Watcher, bool, error) {
+		for _, p := range parts {
+			p.Close()
+		}
+		return nil, raced, err
+	}
 	for _, k := range ks {
+		streamed[v.m.Groups[k]] = true
+		if len(req.FromRevisions) > 0 && !resumed(k) {
+			// Split off (at some remove) a shard the vector names: its
+			// stream joins when that shard's reaches the split.
+			if src, ok := resumedAncestor(v, parent, v.m.Groups[k], req.FromRevisions); ok {
+				ki := v.m.IndexOfGroup(src)
+				from := req.FromRevisions[v.m.IDs[ki]]
+				child := v.m.Groups[k]
+				for parent[child] != src {
+					child = parent[child]
+				}
+				if err := splitStillAhead(v.shards[ki], child, from, v.m.IDs[ki], v.m.IDs[k]); err != nil {
+					return fail(false, err)
+				}
+				continue
+			}
+		}
 		from := req.FromRevision
 		if x, ok := req.FromRevisions[v.m.IDs[k]]; ok {
 			from = x
 		}
-		w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: from})
+		w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: from, FollowSplits: true})
 		if err != nil {
-			for _, p := range parts {
-				p.Close()
-			}
-			return nil, err
+			return fail(false, err)
 		}
 		parts = append(parts, w)
+		ids = append(ids, v.m.IDs[k])
 		if from > 0 {
 			last = append(last, from-1)
 		} else {
 			last = append(last, w.Revision)
 		}
 	}
-	ids := make([]int, len(ks))
-	for i, k := range ks {
-		ids[i] = v.m.IDs[k]
+	// A split applied here after the view was taken and before a stream
+	// opened, below the revision it opened at: its new shard would be
+	// neither in the view nor reached through the stream.
+	for i := range parts {
+		k := v.m.IndexOf(ids[i])
+		for _, g := range v.shards[k].LocalSplits() {
+			if streamed[g] || v.m.IndexOfGroup(g) >= 0 {
+				continue
+			}
+			if rev, ok := v.shards[k].SplitRevision(g); !ok || rev <= last[i] {
+				return fail(true, nil)
+			}
+		}
 	}
-	return service.MergeWatchers(parts, ids, last), nil
+	prefix := req.Prefix
+	follow := func(ctx context.Context, g, rev uint64) (int, *service.Watcher, bool, error) {
+		return r.followSplit(ctx, prefix, g, rev)
+	}
+	return service.MergeWatchers(parts, ids, last, follow), false, nil
+}
+
+// resumedAncestor finds the shard named in from whose group g descends
+// from by splits (ok false: none).
+func resumedAncestor(v *view, parent map[uint64]uint64, g uint64, from map[int]uint64) (uint64, bool) {
+	for range MaxRanges {
+		p, ok := parent[g]
+		if !ok {
+			return 0, false
+		}
+		if k := v.m.IndexOfGroup(p); k >= 0 {
+			if _, named := from[v.m.IDs[k]]; named {
+				return p, true
+			}
+		}
+		g = p
+	}
+	return 0, false
+}
+
+// splitStillAhead checks that the stream of src, resumed from revision from,
+// will pass the split that made group child: otherwise that shard's events
+// since the split would be missed.
+func splitStillAhead(src *service.Service, child, from uint64, srcID, childID int) error {
+	if rev, ok := src.SplitRevision(child); ok && rev >= from {
+		return nil
+	} else if ok || from > 1 {
+		return apierror.New(apierror.InvalidArgument,
+			"from_revisions lacks shard %d, which was split off shard %d before the revision you resume shard %d from: resume with the whole vector of the last event you received (it names shard %d), or list again and watch from the listed revisions", childID, srcID, srcID, childID)
+	}
+	return nil
+}
+
+// awaitSplitsMapped is the view once it has every group this node's shards
+// have split off (a split applied here reaches the router a moment later,
+// with the next map); bounded by RouteWait.
+func (r *Router) awaitSplitsMapped(ctx context.Context) (*view, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		if _, err := v.all(); err == nil {
+			var missing []uint64
+			for _, s := range v.shards {
+				for _, g := range s.LocalSplits() {
+					if v.m.IndexOfGroup(g) < 0 {
+						missing = append(missing, g)
+					}
+				}
+			}
+			if len(missing) == 0 {
+				return v, nil
+			}
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was just split and this node has not learned the new map (or started the new shard's group) yet; retry"}
+		}
+	}
+}
+
+// followSplit opens, for a merged stream over prefix, the stream of the
+// shard in group g, split off at revision rev: from rev+1, where its own
+// revisions begin. It waits (bounded) for this node to route by a map
+// with that group.
+func (r *Router) followSplit(ctx context.Context, prefix string, g, rev uint64) (int, *service.Watcher, bool, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		if k := v.m.IndexOfGroup(g); k >= 0 && v.shards[k] != nil {
+			ks, err := v.overlap(prefix)
+			if err != nil {
+				return 0, nil, false, err
+			}
+			if !slices.Contains(ks, k) {
+				return 0, nil, true, nil
+			}
+			w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: prefix, FromRevision: rev + 1, FollowSplits: true})
+			if err != nil {
+				return 0, nil, false, err
+			}
+			return v.m.IDs[k], w, false, nil
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return 0, nil, false, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+				"a shard split off this stream's shards has not reached this node's map within %s; resume the watch with from_revisions (the last event's id)", RouteWait)}
+		}
+	}
 }
 
 // ---- sessions: one lease per shard, one id ----

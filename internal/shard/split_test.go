@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -286,4 +289,152 @@ func TestSplitUnderLoad(t *testing.T) {
 		t.Fatalf("quebec/held via the restarted node: %d %+v", code, v)
 	}
 	_ = m
+}
+
+// A merged watch over every shard follows a split made while it is open:
+// every acknowledged grant is seen exactly once, a moved name's events come
+// from its old shard up to the split and from the new one after it, and the
+// resume vector gains the new shard. A stream cut before the split and
+// resumed after it with its old vector (which lacks the new shard) also
+// sees every grant once: the new shard joins it at the split.
+func TestMergedWatchFollowsSplit(t *testing.T) {
+	c, _ := sharded(t, 3)
+	ids := c.IDs()
+	live := watch(t, c, c.URL(ids[0])+"/api/v1/watch")
+	// The stream cut before the split: its vector is resumed afterwards.
+	cutCtx, cut := context.WithCancel(context.Background())
+	defer cut()
+	early := watchCtx(t, cutCtx, c.URL(ids[1])+"/api/v1/watch")
+
+	var mu sync.Mutex
+	var acked []string // name#token
+	grant := func(name string, i int) {
+		var a service.AcquireResponse
+		if code := post(t, c, c.URL(ids[i%3])+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": "w", "ttl_ms": 20000,
+			"wait_timeout_ms": 30000, "request_id": fmt.Sprintf("fw-%s-%d", name, i)}, &a); code != 200 || !a.Acquired {
+			t.Fatalf("acquire %s: %d %+v", name, code, a)
+		}
+		mu.Lock()
+		acked = append(acked, fmt.Sprintf("%s#%d", name, a.FencingToken))
+		mu.Unlock()
+		var rel service.ReleaseResponse
+		if code := post(t, c, c.URL(ids[(i+1)%3])+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": "w",
+			"fencing_token": a.FencingToken, "lease_id": a.LeaseID}, &rel); code != 200 {
+			t.Fatalf("release %s: %d", name, code)
+		}
+	}
+	names := []string{"romeo/a", "sierra/b", "oscar/c", "alpha/d"} // the first two move at q
+	for i := range 8 {
+		grant(names[i%len(names)], i)
+	}
+	// The early stream delivers the first grant; then it is cut and its
+	// vector kept.
+	var earlyID string
+	next(t, early, func(r sse) bool { earlyID = r.id; return r.typ == "acquired" })
+	cut()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 100; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			grant(names[i%len(names)], i)
+		}
+	}()
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL(ids[2])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("split: %d %+v", code, ci)
+	}
+	for i := 200; i < 216; i++ {
+		grant(names[i%len(names)], i)
+	}
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	want := append([]string(nil), acked...)
+	mu.Unlock()
+
+	// check reads a stream until it has every acknowledged grant, and
+	// checks none came twice and each name's shard changed at most once,
+	// from its old shard to the new one (id 4).
+	check := func(what string, ch <-chan sse, seen map[string]int, shardOf map[string][]int) {
+		t.Helper()
+		missing := func() int {
+			n := 0
+			for _, g := range want {
+				if seen[g] == 0 {
+					n++
+				}
+			}
+			return n
+		}
+		var lastID string
+		for missing() > 0 {
+			select {
+			case r, ok := <-ch:
+				if !ok {
+					t.Fatalf("%s: the stream ended with %d grants unseen", what, missing())
+				}
+				if r.typ != "acquired" && r.typ != "released" {
+					continue
+				}
+				lastID = r.id
+				if r.typ == "acquired" {
+					seen[fmt.Sprintf("%s#%d", r.ev.Name, r.ev.FencingToken)]++
+				}
+				if r.ev.Shard == nil {
+					t.Fatalf("%s: an event without its shard: %+v", what, r)
+				}
+				s := shardOf[r.ev.Name]
+				if len(s) == 0 || s[len(s)-1] != *r.ev.Shard {
+					shardOf[r.ev.Name] = append(s, *r.ev.Shard)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s: %d acknowledged grants never seen (last id %q)", what, missing(), lastID)
+			}
+		}
+		for g, n := range seen {
+			if n > 1 {
+				t.Errorf("%s: grant %s seen %d times", what, g, n)
+			}
+		}
+		for name, s := range shardOf {
+			moved := strings.HasPrefix(name, "romeo/") || strings.HasPrefix(name, "sierra/")
+			switch {
+			case moved && !(len(s) == 2 && s[0] == 2 && s[1] == 4):
+				t.Errorf("%s: %s's events came from shards %v, want 2 then 4", what, name, s)
+			case !moved && len(s) != 1:
+				t.Errorf("%s: %s's events came from shards %v", what, name, s)
+			}
+		}
+		if !strings.Contains(lastID, "4:") {
+			t.Errorf("%s: the resume vector %q lacks the new shard 4", what, lastID)
+		}
+	}
+	check("the live stream", live, map[string]int{}, map[string][]int{})
+
+	// The cut stream, resumed on another node with its pre-split vector:
+	// each shard at its last delivered revision + 1.
+	if strings.Contains(earlyID, "4:") {
+		t.Fatalf("the vector cut before the split already names shard 4: %q", earlyID)
+	}
+	var from []string
+	for _, p := range strings.Split(earlyID, ",") {
+		id, rev, _ := strings.Cut(p, ":")
+		n, _ := strconv.ParseUint(rev, 10, 64)
+		from = append(from, fmt.Sprintf("%s:%d", id, n+1))
+	}
+	resumed := watch(t, c, c.URL(ids[2])+"/api/v1/watch?from_revisions="+url.QueryEscape(strings.Join(from, ",")))
+	// The first grant (delivered before the cut) must not come again.
+	seen := map[string]int{}
+	for _, g := range want[:1] {
+		seen[g] = 1
+	}
+	check("the resumed stream", resumed, seen, map[string][]int{"romeo/a": {2}})
 }

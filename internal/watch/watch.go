@@ -21,7 +21,8 @@ import (
 type Event struct {
 	Revision uint64
 	Type     string
-	// Kind is "lock", "election" or "session".
+	// Kind is "lock", "election" or "session"; "split" (KindSplit) only on
+	// a subscription that asked for splits (Filter.Splits).
 	Kind     string
 	Name     string
 	ClientID string
@@ -40,6 +41,12 @@ type Event struct {
 	Shard  int
 	Vector []ShardRevision
 }
+
+// KindSplit marks the event of a split this shard was the source of: the
+// names at and above Name left for Raft group Token, whose own revisions
+// continue after Revision. Only a merged stream asks for it (Filter.Splits),
+// to add the new shard's stream at that point; it never reaches a client.
+const KindSplit = "split"
 
 // ShardRevision is one shard's place in a merged stream's resume vector.
 type ShardRevision struct {
@@ -133,6 +140,7 @@ type Subscription struct {
 	prefix string
 	kind   string
 	name   string
+	splits bool
 	ch     chan Event
 	// done is closed when the subscription ends; stop when its pump must
 	// give up at once (Close, or cut off as slow) rather than deliver what
@@ -201,11 +209,17 @@ type Filter struct {
 	Prefix string
 	Kind   string
 	Name   string
+	// Splits adds the shard's split events (KindSplit), whatever the
+	// prefix: a merged stream follows them to the new shards.
+	Splits bool
 }
 
 func (s *Subscription) matches(e *Event) bool {
 	if e.Revision < s.from {
 		return false
+	}
+	if e.Kind == KindSplit {
+		return s.splits
 	}
 	if s.kind != "" && e.Kind != s.kind {
 		return false
@@ -236,11 +250,24 @@ func (h *Hub) Subscribe(f Filter, from uint64) (*Subscription, uint64, error) {
 	lo := max(h.floor, h.next-uint64(h.count))
 	n := int(h.next - lo)
 	start := lo + uint64(sort.Search(n, func(i int) bool { return h.at(lo+uint64(i)).Revision >= from }))
-	s := &Subscription{hub: h, from: from, prefix: f.Prefix, kind: f.Kind, name: f.Name,
+	s := &Subscription{hub: h, from: from, prefix: f.Prefix, kind: f.Kind, name: f.Name, splits: f.Splits,
 		ch: make(chan Event, h.buffer), done: make(chan struct{}), stop: make(chan struct{}), cursor: start}
 	h.subs[s] = struct{}{}
 	go s.pump()
 	return s, h.current, nil
+}
+
+// SplitRevision is the revision of the split event that made Raft group g,
+// if the history (since the last restore) still holds it.
+func (h *Hub) SplitRevision(g uint64) (uint64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for seq := max(h.floor, h.oldest()); seq < h.next; seq++ {
+		if e := h.at(seq); e.Kind == KindSplit && e.Token == g {
+			return e.Revision, true
+		}
+	}
+	return 0, false
 }
 
 func (h *Hub) at(seq uint64) *Event { return &h.ring[seq%uint64(len(h.ring))] }
@@ -385,6 +412,9 @@ func (h *Hub) endAllLocked(err error) {
 }
 
 func public(e *state.Event) (Event, bool) {
+	if e.Type == state.EventSplit {
+		return Event{Revision: e.Revision, Type: KindSplit, Kind: KindSplit, Name: e.Name, Token: e.Token, At: e.At}, true
+	}
 	if !e.Type.Public() {
 		return Event{}, false
 	}
