@@ -365,7 +365,7 @@ func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.
 // opened, after the split's revision: the try is undone, and the next one
 // routes by the map with the new shard.
 func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, bool, error) {
-	v, err := r.awaitSplitsMapped(ctx)
+	v, err := r.awaitSplitsMapped(ctx, req.FromRevisions)
 	if err != nil {
 		return nil, false, err
 	}
@@ -487,12 +487,22 @@ func splitStillAhead(src *service.Service, child, from uint64, srcID, childID in
 
 // awaitSplitsMapped is the view once it has every group this node's shards
 // have split off (a split applied here reaches the router a moment later,
-// with the next map); bounded by RouteWait.
-func (r *Router) awaitSplitsMapped(ctx context.Context) (*view, error) {
+// with the next map) and every shard id in from (a client that read a
+// newer map elsewhere); bounded by RouteWait, after which an unknown id in
+// from is left for the caller to refuse.
+func (r *Router) awaitSplitsMapped(ctx context.Context, from map[int]uint64) (*view, error) {
 	deadline := time.Now().Add(RouteWait)
 	for {
 		v, ch := r.view()
-		if _, err := v.all(); err == nil {
+		unknown := false
+		for id := range from {
+			// Ids are dense (a split takes the next unused one), so one
+			// at or above MaxRanges is never coming.
+			if v.m.IndexOf(id) < 0 && id >= 0 && id < MaxRanges {
+				unknown = true
+			}
+		}
+		if _, err := v.all(); err == nil && !unknown {
 			var missing []uint64
 			for _, s := range v.shards {
 				for _, g := range s.LocalSplits() {
@@ -508,6 +518,9 @@ func (r *Router) awaitSplitsMapped(ctx context.Context) (*view, error) {
 		if !awaitChange(ctx, ch, deadline) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
+			}
+			if _, err := v.all(); err == nil && unknown {
+				return v, nil
 			}
 			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was just split and this node has not learned the new map (or started the new shard's group) yet; retry"}
 		}

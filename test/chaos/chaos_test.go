@@ -386,6 +386,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	nem := newNemesis(c, w, r.clk, cfg.seed, r.logf)
 	if cfg.shards > 1 {
 		nem.faults = shardedFaults
+		nem.points = splitPoints(w)
 	}
 	nem.disks = disks == nil
 	if cfg.dense {
@@ -427,6 +428,15 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		r.anomaly(anomaly{Kind: "liveness:client-stuck", What: fmt.Sprintf("clients %v did not finish within 90 s of the heal", stuck)})
 	}
 	r.logf("clients stopped")
+	if cfg.shards > 1 && rep.finalHealthy {
+		// The checkers group names by the map the cluster ends with.
+		if m, err := c.currentShardMap(); err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: "read the final shard map: " + err.Error()})
+		} else {
+			r.sm = m
+			r.logf("shard map after the run: %d shards, starting at %q (ids %v)", m.n(), m.starts, m.ids)
+		}
+	}
 
 	if rep.finalHealthy {
 		r.livenessExpiry(stoppedAt, fw)
@@ -1097,7 +1107,7 @@ func shardPrefix(m shardMap, k int) string {
 	if m.n() <= 1 {
 		return ""
 	}
-	return fmt.Sprintf("shard %d: ", k)
+	return fmt.Sprintf("shard %d: ", m.id(k))
 }
 
 // listRevisions reads, through the nodes in turn, the revision of every
@@ -1121,7 +1131,7 @@ func (r *runner) listRevisions(within time.Duration) ([]uint64, error) {
 }
 
 // listRevisionsAt lists one lock through base and returns the revision of
-// each of n groups the answer was read at.
+// each group the answer was read at, by shard id: at least n of them.
 func listRevisionsAt(base string, n int, d time.Duration) ([]uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -1139,8 +1149,8 @@ func listRevisionsAt(base string, n int, d time.Duration) ([]uint64, error) {
 	if n <= 1 {
 		return []uint64{ans.Revision}, nil
 	}
-	out := make([]uint64, n)
-	for k := range n {
+	out := make([]uint64, max(n, len(ans.Revisions)))
+	for k := range out {
 		v, ok := ans.Revisions[strconv.Itoa(k)]
 		if !ok {
 			return nil, fmt.Errorf("list through %s: no revision for shard %d in %v", base, k, ans.Revisions)
@@ -1262,7 +1272,7 @@ func (r *runner) summary() string {
 		}
 		var per []string
 		for k := range grants {
-			per = append(per, fmt.Sprintf("shard %d: %d grants on %d names", k, grants[k], len(names[k])))
+			per = append(per, fmt.Sprintf("shard %d: %d grants on %d names", r.sm.id(k), grants[k], len(names[k])))
 		}
 		fmt.Fprintf(&b, "per shard: %s\n", strings.Join(per, "; "))
 		fmt.Fprintf(&b, "cluster faults that took two or more shard leaders at once: %d of %d\n", rep.multiLeaderFaults, rep.clusterFaults())
@@ -1385,7 +1395,7 @@ func (r *runner) summary() string {
 		}
 		var per []string
 		for k := range okBy {
-			per = append(per, fmt.Sprintf("shard %d: %d of %d", k, okBy[k], allBy[k]))
+			per = append(per, fmt.Sprintf("shard %d: %d of %d", r.sm.id(k), okBy[k], allBy[k]))
 		}
 		fmt.Fprintf(&b, "  linearizable per shard: %s\n", strings.Join(per, ", "))
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,8 +55,11 @@ type cluster struct {
 	net   *network
 	init  string
 	// shards is --shards (1: one group): every node runs that many Raft
-	// groups on the etcd engine.
+	// groups on the etcd engine, more once ranges split (known).
 	shards int
+	// known is the most shards every node has reported at once (splits
+	// only add shards): healthy() waits for every node to have them all.
+	known atomic.Int64
 
 	mu sync.Mutex // serialises process operations
 }
@@ -386,6 +390,22 @@ type clusterView struct {
 	LastToken    uint64 `json:"last_fencing_token"`
 	// Shards is set by a sharded cluster (the fields above are shard 0's).
 	Shards []shardView `json:"shards"`
+	// ShardGeneration is the map generation the node routes by.
+	ShardGeneration uint64 `json:"shard_generation"`
+}
+
+// knownShards is how many shards the cluster has at least: --shards, more
+// after splits.
+func (c *cluster) knownShards() int { return max(c.shards, int(c.known.Load())) }
+
+// noteShards records that every node has n shards.
+func (c *cluster) noteShards(n int) {
+	for {
+		k := c.known.Load()
+		if int64(n) <= k || c.known.CompareAndSwap(k, int64(n)) {
+			return
+		}
+	}
 }
 
 var statusClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
@@ -430,6 +450,7 @@ func (c *cluster) leader() int { return c.shardLeaders()[0] }
 func (c *cluster) healthy() (bool, string) {
 	leader := ""
 	var shardLeaders []string
+	var gen uint64
 	for i, nd := range c.nodes {
 		if !c.running(i) {
 			return false, nd.id + " is not running"
@@ -448,22 +469,29 @@ func (c *cluster) healthy() (bool, string) {
 			return false, fmt.Sprintf("%s names leader %q, others %q", nd.id, v.LeaderID, leader)
 		}
 		leader = v.LeaderID
-		// A sharded cluster is healthy when every shard has a leader that
-		// every node names.
+		// A sharded cluster is healthy when every node routes by the same
+		// map, with every shard the cluster has had, and every shard has a
+		// leader that every node names.
 		if c.shards > 1 {
-			if len(v.Shards) != c.shards {
-				return false, fmt.Sprintf("%s lists %d shards, want %d", nd.id, len(v.Shards), c.shards)
+			if want := c.knownShards(); len(v.Shards) < want {
+				return false, fmt.Sprintf("%s lists %d shards, want %d", nd.id, len(v.Shards), want)
 			}
 			if shardLeaders == nil {
-				shardLeaders = make([]string, c.shards)
+				shardLeaders, gen = make([]string, len(v.Shards)), v.ShardGeneration
+			}
+			if v.ShardGeneration != gen || len(v.Shards) != len(shardLeaders) {
+				return false, fmt.Sprintf("%s routes by shard map generation %d (%d shards), another node by %d (%d shards)", nd.id, v.ShardGeneration, len(v.Shards), gen, len(shardLeaders))
 			}
 			for k, s := range v.Shards {
 				if s.LeaderID == "" || (shardLeaders[k] != "" && s.LeaderID != shardLeaders[k]) {
-					return false, fmt.Sprintf("%s names %q as shard %d's leader, others %q", nd.id, s.LeaderID, k, shardLeaders[k])
+					return false, fmt.Sprintf("%s names %q as shard %d's leader, others %q", nd.id, s.LeaderID, s.ID, shardLeaders[k])
 				}
 				shardLeaders[k] = s.LeaderID
 			}
 		}
+	}
+	if shardLeaders != nil {
+		c.noteShards(len(shardLeaders))
 	}
 	// A replaced node must be back as a voter, not left a non-voter.
 	for i, nd := range c.nodes {

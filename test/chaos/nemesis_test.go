@@ -105,6 +105,11 @@ type nemesis struct {
 	// faults is what runCluster draws from: clusterFaults, or
 	// shardedFaults on a sharded cluster.
 	faults []faultWeight
+	// points are where split-range may split (splitPoints); splits counts
+	// the splits made; drawn counts the cluster faults drawn.
+	points []string
+	splits int
+	drawn  int
 }
 
 // dense is the soak's pace (scripts/chaos.sh --pace dense, its default):
@@ -217,6 +222,23 @@ func (n *nemesis) runCluster() {
 		// On a sharded cluster "the leader" is the node leading the most
 		// shards: the fault takes every shard it leads.
 		sharded := n.c.shards > 1
+		n.drawn++
+		var splitMap shardMap
+		var splitAt string
+		if sharded && (kind == fSplitRange || n.drawn == splitForcedAt) {
+			// Where to split depends only on the earlier splits, so a seed
+			// splits at the same points every time.
+			var merr error
+			if splitMap, merr = n.c.currentShardMap(); merr == nil && n.splits < maxSplits {
+				splitAt = splitPoint(splitMap, n.points, pickB)
+			}
+			switch {
+			case splitAt != "":
+				kind = fSplitRange
+			case kind == fSplitRange:
+				kind = fKillFollower
+			}
+		}
 		var leaders []int // per shard, before the fault
 		var leader int
 		if sharded {
@@ -408,6 +430,21 @@ func (n *nemesis) runCluster() {
 				}
 				return n.c.start(follower)
 			}
+		case fSplitRange:
+			// A busy range splits under load; the node asked is drawn.
+			t := pickA % N
+			k := splitMap.of(splitAt)
+			start, end := splitMap.starts[k], ""
+			if k+1 < splitMap.n() {
+				end = splitMap.starts[k+1]
+			}
+			ev.Target = n.c.nodes[t].id
+			ev.Detail = fmt.Sprintf("shard %d [%q, %q) at %q", splitMap.id(k), start, end, splitAt)
+			if err = n.c.split(t, splitAt); err == nil {
+				n.splits++
+			}
+			hold = 0
+			heal = func() error { return nil }
 		case fTransfer:
 			// A planned leader change under load (as before maintenance).
 			ev.Target = n.c.nodes[leader].id + " -> " + n.c.nodes[follower].id

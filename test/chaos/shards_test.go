@@ -10,7 +10,10 @@ package chaos
 // at once.
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -27,8 +30,16 @@ import (
 // name) to its shard as the cluster does: by the name's top-level segment
 // against the shards' start bounds. The one-shard map sends everything to
 // shard 0, so every checker works the same on a one-group cluster.
+//
+// Ranges are in name order; a split inserts one, with the next unused
+// shard id, so range k is shard ids[k]. The checkers group names by the
+// range of the map the cluster ends with: a name that moved in a split
+// was granted by its old shard up to the split and by its new one after,
+// which took its source's token counter, so per range of the final map
+// the tokens still only rise (docs/architecture.md, Shards).
 type shardMap struct {
-	starts []string // starts[k] is shard k's first top-level segment; starts[0] is ""
+	starts []string // starts[k] is range k's first top-level segment; starts[0] is ""
+	ids    []int    // ids[k] is range k's shard id (nil: k)
 }
 
 var oneShard = shardMap{starts: []string{""}}
@@ -43,6 +54,14 @@ func defaultShardMap(n int) shardMap {
 
 func (m shardMap) n() int { return len(m.starts) }
 
+// id is range k's shard id.
+func (m shardMap) id(k int) int {
+	if m.ids == nil {
+		return k
+	}
+	return m.ids[k]
+}
+
 // of is the shard of a key.
 func (m shardMap) of(key string) int {
 	name := strings.TrimPrefix(realName(key), "/")
@@ -56,7 +75,7 @@ func (m shardMap) of(key string) int {
 func (m shardMap) nameIn(k int, word, last string) (string, error) {
 	name := m.starts[k] + word + "/" + last
 	if m.of(name) != k {
-		return "", fmt.Errorf("no name for shard %d from %q: %s lands in shard %d", k, word, name, m.of(name))
+		return "", fmt.Errorf("no name for shard %d from %q: %s lands in shard %d", m.id(k), word, name, m.id(m.of(name)))
 	}
 	return name, nil
 }
@@ -97,6 +116,39 @@ func sameState(a, b clusterView) bool {
 	return true
 }
 
+// mapOfView is the shard map a node's GET /cluster reports.
+func mapOfView(v clusterView) shardMap {
+	var m shardMap
+	for _, s := range v.Shards {
+		m.starts = append(m.starts, s.Start)
+		m.ids = append(m.ids, s.ID)
+	}
+	return m
+}
+
+// currentShardMap is the map every node routes by once the cluster is
+// healthy (healthy() waits for them to agree): after splits, the one the
+// checkers group names by.
+func (c *cluster) currentShardMap() (shardMap, error) {
+	if c.shards <= 1 {
+		return oneShard, nil
+	}
+	var lastErr error
+	for i := range c.nodes {
+		v, err := c.view(i, 2*time.Second)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if len(v.Shards) == 0 {
+			lastErr = fmt.Errorf("%s lists no shards", c.nodes[i].id)
+			continue
+		}
+		return mapOfView(v), nil
+	}
+	return shardMap{}, fmt.Errorf("no node reported its shards: %v", lastErr)
+}
+
 // shardMapOf reads the shard map a running cluster reports and checks it
 // is the one the harness expects (`--shards n`, default bounds).
 func (c *cluster) shardMapOf(n int) (shardMap, error) {
@@ -132,11 +184,11 @@ func (c *cluster) shardMapOf(n int) (shardMap, error) {
 	return shardMap{}, fmt.Errorf("no node reported its shards: %v", lastErr)
 }
 
-// shardLeaders names, per shard, the node a majority of the answering nodes
-// name as its leader (-1: none agreed).
+// shardLeaders names, per shard id, the node a majority of the answering
+// nodes name as its leader (-1: none agreed).
 func (c *cluster) shardLeaders() []int {
 	var mu sync.Mutex
-	votes := make([]map[string]int, max(1, c.shards))
+	votes := make([]map[string]int, max(1, c.shards, c.knownShards()))
 	for k := range votes {
 		votes[k] = map[string]int{}
 	}
@@ -155,8 +207,12 @@ func (c *cluster) shardLeaders() []int {
 			mu.Lock()
 			defer mu.Unlock()
 			for k, s := range v.groupViews() {
-				if k < len(votes) && s.LeaderID != "" {
-					votes[k][s.LeaderID]++
+				id := k
+				if len(v.Shards) > 0 {
+					id = s.ID
+				}
+				if id < len(votes) && s.LeaderID != "" {
+					votes[id][s.LeaderID]++
 				}
 			}
 		}()
@@ -198,7 +254,7 @@ func topLeader(leaders []int) int {
 	return best
 }
 
-// ledBy lists the shards whose leader is one of nodes.
+// ledBy lists the shards (ids) whose leader is one of nodes.
 func ledBy(leaders []int, nodes ...int) []int {
 	var out []int
 	for k, l := range leaders {
@@ -230,7 +286,102 @@ const (
 	// every other node, both ways: every shard loses its leader at once
 	// (with 3 nodes and 4 shards spread, every node is cut off alone).
 	fIsolateShardLeaders = "isolate-shard-leaders"
+	// fSplitRange asks a node to split a busy range at a fresh point (POST
+	// /api/v1/cluster/shards/split) while the clients go on: the names
+	// from the point to the end of the range move, with their holders,
+	// waiters, leases and token counter, to a new shard. Nothing to heal;
+	// the harness follows the new map (knownShards, currentShardMap).
+	fSplitRange = "split-range"
 )
+
+// maxSplits bounds a run's splits: each adds a Raft group on every node
+// of a 2-core machine. Once reached, a split-range draw kills a follower
+// instead (the same draw, so a seed's schedule stays comparable).
+const maxSplits = 6
+
+// splitForcedAt is the sharded nemesis's cluster fault that is always a
+// split-range (if a point is left), so even CI's short runs split a range.
+const splitForcedAt = 2
+
+// splitPoints are the top-level segments of the workload's names, sorted:
+// the points a split-range picks from, so that it moves names in use.
+func splitPoints(w *workload) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(key string) {
+		seg, _, _ := strings.Cut(strings.TrimPrefix(realName(key), "/"), "/")
+		if seg != "" && !seen[seg] {
+			seen[seg] = true
+			out = append(out, seg)
+		}
+	}
+	for _, l := range append(append(append([]lockSpec(nil), w.hot...), w.cold...), w.model...) {
+		add(l.name)
+	}
+	for _, name := range w.sess {
+		add(name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// splitPoint picks, by x, a fresh split point among pts: not a bound of m,
+// with another point below it in the same range, so both halves keep
+// names in use. "" when none is left.
+func splitPoint(m shardMap, pts []string, x int) string {
+	var cands []string
+	for _, p := range pts {
+		k := m.of(p)
+		if m.starts[k] == p {
+			continue
+		}
+		for _, q := range pts {
+			if q < p && m.of(q) == k {
+				cands = append(cands, p)
+				break
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return ""
+	}
+	return cands[x%len(cands)]
+}
+
+// split asks node via to split the range holding at, at it; a 503 (the new
+// map has not reached the node yet, or a shard has no leader) is asked
+// again, which finds the split done once it is.
+func (c *cluster) split(via int, at string) error {
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.nodes[via].url()+"/api/v1/cluster/shards/split", strings.NewReader(`{"at":"`+at+`"}`))
+		if err != nil {
+			cancel()
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := statusClient.Do(req)
+		var body []byte
+		code := 0
+		if err == nil {
+			code = resp.StatusCode
+			body, _ = io.ReadAll(io.LimitReader(resp.Body, 2048))
+			resp.Body.Close()
+		}
+		cancel()
+		if err == nil && code == http.StatusOK {
+			return nil
+		}
+		if err == nil && code != http.StatusServiceUnavailable {
+			return fmt.Errorf("split at %q through %s: %d %s", at, c.nodes[via].id, code, strings.TrimSpace(string(body)))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("split at %q through %s: still %d %v %s after 45 s", at, c.nodes[via].id, code, err, strings.TrimSpace(string(body)))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
 
 // faultWeight is one kind of cluster fault and how often it is drawn.
 type faultWeight struct {
@@ -243,18 +394,14 @@ type faultWeight struct {
 // and the replacement of a node that refuses its damaged data dir, which
 // corrupt-log, truncate-log and corrupt-snapshot rely on) and leadership
 // transfer by hand (the cluster moves its shards' leaders itself, after
-// every heal). Online range changes, when they exist, are nemeses of this
-// list: a kind here (e.g. {"split-range", 1}) and a case in
-// nemesis.runCluster that asks a node to split a busy range (the heal does
-// nothing or merges it back); healthy() then waits for every shard of the
-// new map to have a leader, and the harness's shardMap must be re-read from
-// GET /api/v1/cluster after it, since the checkers group by it.
+// every heal). Splits are drawn (split-range), moves of replicas are not
+// built yet.
 var shardedFaults = []faultWeight{
 	{fKillLeader, 4}, {fKillFollower, 3}, {fKillMajority, 1}, {fRestartAll, 2},
 	{fPauseLeader, 4}, {fPauseFollower, 2}, {fPauseMajority, 1},
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
 	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
-	{fIsolateShardLeaders, 2},
+	{fIsolateShardLeaders, 2}, {fSplitRange, 1},
 	{fDiskLow, 1}, {fDiskFull, 1},
 }
 
@@ -496,5 +643,77 @@ func TestShardedWatchChecker(t *testing.T) {
 	}
 	if q := p.query(); q != "0:6,1:7" {
 		t.Fatalf("resume from %q, want 0:6,1:7", q)
+	}
+}
+
+// Split points: a fresh point inside a range with a name in use below it,
+// never a bound; the sequence a seed draws is fixed, each split shrinks the
+// choice, and the final-token and revoke names of every range of the map
+// after the splits still land in their range.
+func TestSplitPoints(t *testing.T) {
+	w := newWorkload(nil, nil, nil, 1, 6, 2, 4)
+	pts := splitPoints(w)
+	if !sort.StringsAreSorted(pts) || len(pts) < 10 {
+		t.Fatalf("split points %q", pts)
+	}
+	m := defaultShardMap(4)
+	var got []string
+	for i := range maxSplits {
+		at := splitPoint(m, pts, 7*i+3)
+		if at == "" {
+			t.Fatalf("no split point left after %d splits of %q", i, m.starts)
+		}
+		k := m.of(at)
+		if m.starts[k] == at {
+			t.Fatalf("split at the bound %q", at)
+		}
+		got = append(got, at)
+		// The split as the cluster makes it: a range from at with the next id.
+		next := 0
+		for k := range m.n() {
+			next = max(next, m.id(k)+1)
+		}
+		starts := append(append(append([]string(nil), m.starts[:k+1]...), at), m.starts[k+1:]...)
+		ids := make([]int, 0, len(starts))
+		for j := range m.n() {
+			ids = append(ids, m.id(j))
+			if j == k {
+				ids = append(ids, next)
+			}
+		}
+		m = shardMap{starts: starts, ids: ids}
+	}
+	if again := splitPoint(defaultShardMap(4), pts, 3); again != got[0] {
+		t.Fatalf("the first split point is %q, then %q: not fixed by the draw", got[0], again)
+	}
+	for k := range m.n() {
+		for _, word := range []string{"token", "revoke"} {
+			if _, err := m.nameIn(k, "final", word); err != nil {
+				t.Fatalf("after splits at %q: %v", got, err)
+			}
+		}
+	}
+	t.Logf("splits at %q: ranges from %q, ids %v", got, m.starts, m.ids)
+}
+
+// A merged stream's place learns a shard that joins it: its events count
+// from the join on, and the next connection resumes it by id.
+func TestMergedPlaceLearnsSplitShard(t *testing.T) {
+	p := newMergedPlace([]uint64{3, 7})
+	p.query()
+	if p.deliver(4, 9) {
+		t.Fatal("an event of a shard the stream does not carry was delivered")
+	}
+	if !p.learn(4, 9) || p.learn(4, 9) {
+		t.Fatal("learn: a new shard is learnt once")
+	}
+	if !p.deliver(4, 9) || !p.deliver(0, 3) {
+		t.Fatal("events after the join were not delivered")
+	}
+	if q := p.query(); q != "0:3,1:7,4:9" {
+		t.Fatalf("resume from %q, want 0:3,1:7,4:9", q)
+	}
+	if p.deliver(4, 9) || !p.deliver(4, 10) {
+		t.Fatal("the joined shard's resume repeated or skipped")
 	}
 }

@@ -58,10 +58,11 @@ type streamWatcher struct {
 	cl  *dlockclient.Client
 	clk *clock
 
-	// nodes and shards: a sharded cluster's watcher reads the merged
-	// stream itself (the Go client resumes one revision, not a vector).
-	nodes  []string
-	shards int
+	// nodes and minShards: a sharded cluster's watcher reads the merged
+	// stream itself (the Go client resumes one revision, not a vector),
+	// listing at least minShards() shards for a new segment.
+	nodes     []string
+	minShards func() int
 
 	mu       sync.Mutex
 	caughtUp bool               // the open segment reached the final revision at halt
@@ -93,7 +94,7 @@ func (r *runner) startWatchers() *watchFleet {
 		for j := range n {
 			eps = append(eps, r.c.nodes[(i+j)%n].url())
 		}
-		w := &streamWatcher{id: i, clk: r.clk, events: map[revAt][]string{}, grants: map[string]bool{}, shards: r.sm.n()}
+		w := &streamWatcher{id: i, clk: r.clk, events: map[revAt][]string{}, grants: map[string]bool{}, minShards: r.c.knownShards}
 		if r.sm.n() > 1 {
 			w.nodes = eps
 		} else {
@@ -300,7 +301,7 @@ func checkWatchers(f *watchFleet, ops []Op, m shardMap) ([]anomaly, watchStats) 
 					kind = "watch:event-missed"
 				}
 				out = append(out, anomaly{Kind: kind,
-					What: fmt.Sprintf("%srevision %d: watcher %d saw %q, watcher %d saw %q", shardPrefix(m, r.shard), r.rev, a.id, ea, b.id, eb)})
+					What: fmt.Sprintf("%srevision %d: watcher %d saw %q, watcher %d saw %q", idPrefix(m, r.shard), r.rev, a.id, ea, b.id, eb)})
 			}
 		}
 	}
@@ -324,6 +325,14 @@ func checkWatchers(f *watchFleet, ops []Op, m shardMap) ([]anomaly, watchStats) 
 		}
 	}
 	return out, st
+}
+
+// idPrefix starts a message about the shard with id on a sharded cluster.
+func idPrefix(m shardMap, id int) string {
+	if m.n() <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("shard %d: ", id)
 }
 
 // The checker on hand-made streams: it accepts agreeing streams with breaks

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -19,7 +20,8 @@ import (
 
 // The watcher of a sharded cluster: one merged stream over every shard
 // (GET /api/v1/watch, docs/api.md "Sharded clusters"), read here rather
-// than through the Go client, whose Watch resumes from one revision. Every
+// than through the Go client, whose Watch resumes from one revision. A
+// shard split off during the run joins the stream at the split. Every
 // event carries its shard and that shard's revision; a broken connection
 // resumes on another node with from_revisions, shard by shard exactly
 // where it left off, as the single-group client does with from_revision:
@@ -35,8 +37,11 @@ const mergedIdle = 45 * time.Second
 // errMergedIdle ends a connection that stayed silent for mergedIdle.
 var errMergedIdle = errors.New("the stream stayed silent too long")
 
-// mergedPlace is where a merged stream stands, per shard.
+// mergedPlace is where a merged stream stands, per shard id. A shard split
+// off during the stream joins it (its id appears in an event's revision
+// vector) and is tracked from then on.
 type mergedPlace struct {
+	known []bool   // the stream carries this shard
 	from  []uint64 // the first revision the segment wanted, per shard
 	last  []uint64 // the last revision delivered (0: none yet)
 	count []int    // how many events of last were delivered
@@ -48,26 +53,52 @@ type mergedPlace struct {
 }
 
 func newMergedPlace(from []uint64) *mergedPlace {
-	n := len(from)
-	return &mergedPlace{from: append([]uint64(nil), from...), last: make([]uint64, n), count: make([]int, n), skip: make([]int, n), asked: make([]uint64, n)}
+	p := &mergedPlace{}
+	for k, f := range from {
+		p.learn(k, f)
+	}
+	return p
 }
+
+// learn adds shard id to the stream from revision from; false if it is
+// there already.
+func (p *mergedPlace) learn(id int, from uint64) bool {
+	if p.knows(id) {
+		return false
+	}
+	for len(p.known) <= id {
+		p.known = append(p.known, false)
+		p.from = append(p.from, 0)
+		p.last = append(p.last, 0)
+		p.count = append(p.count, 0)
+		p.skip = append(p.skip, 0)
+		p.asked = append(p.asked, 0)
+	}
+	p.known[id], p.from[id], p.asked[id] = true, from, from
+	return true
+}
+
+func (p *mergedPlace) knows(id int) bool { return id >= 0 && id < len(p.known) && p.known[id] }
 
 // query is from_revisions for the next connection, and resets skip.
 func (p *mergedPlace) query() string {
-	parts := make([]string, len(p.from))
+	var parts []string
 	for k := range p.from {
+		if !p.known[k] {
+			continue
+		}
 		p.asked[k], p.skip[k] = p.from[k], 0
 		if p.last[k] > 0 {
 			p.asked[k], p.skip[k] = p.last[k], p.count[k]
 		}
-		parts[k] = fmt.Sprintf("%d:%d", k, p.asked[k])
+		parts = append(parts, fmt.Sprintf("%d:%d", k, p.asked[k]))
 	}
 	return strings.Join(parts, ",")
 }
 
 // deliver reports whether an event of shard k is new, and records it.
 func (p *mergedPlace) deliver(k int, rev uint64) bool {
-	if rev < p.asked[k] {
+	if !p.knows(k) || rev < p.asked[k] {
 		return false
 	}
 	if p.skip[k] > 0 && rev == p.asked[k] {
@@ -83,6 +114,10 @@ func (p *mergedPlace) deliver(k int, rev uint64) bool {
 	return true
 }
 
+// maxShardID bounds the shard ids a stream may name (the map holds at
+// most 256 ranges).
+const maxShardID = 4096
+
 // mergedEvent is an event of a merged stream.
 type mergedEvent struct {
 	dlockclient.WatchEvent
@@ -94,7 +129,7 @@ type mergedEvent struct {
 func (w *streamWatcher) runMerged(ctx context.Context) {
 	node := 0
 	for ctx.Err() == nil {
-		revs, err := listRevisionsAt(w.nodes[node%len(w.nodes)], w.shards, 5*time.Second)
+		revs, err := listRevisionsAt(w.nodes[node%len(w.nodes)], w.minShards(), 5*time.Second)
 		if err != nil {
 			node++
 			sleepCtx(ctx, 100*time.Millisecond)
@@ -197,11 +232,28 @@ func (w *streamWatcher) readMerged(ctx context.Context, base string, place *merg
 				w.noteErr(fmt.Sprintf("%s sent a bad event %q: %v", base, data.String(), err))
 			} else if ev.Shard == nil {
 				w.noteErr(fmt.Sprintf("%s sent an event of a merged stream without its shard: %s", base, data.String()))
-			} else if *ev.Shard < 0 || *ev.Shard >= w.shards {
+			} else if *ev.Shard < 0 || *ev.Shard >= maxShardID {
 				w.noteErr(fmt.Sprintf("%s sent an event of shard %d: %s", base, *ev.Shard, data.String()))
 			} else {
 				if ev.Revisions[strconv.Itoa(*ev.Shard)] != ev.Revision {
 					w.noteErr(fmt.Sprintf("%s sent an event whose revision vector does not carry its own revision: %s", base, data.String()))
+				}
+				// A shard split off one the stream carries joins it: from
+				// the revision after its vector entry, or from this very
+				// event if it is the new shard's first.
+				for sid, rev := range ev.Revisions {
+					id, err := strconv.Atoi(sid)
+					if err != nil || id < 0 || id >= maxShardID {
+						w.noteErr(fmt.Sprintf("%s sent a revision vector with shard %q: %s", base, sid, data.String()))
+						continue
+					}
+					from := rev + 1
+					if id == *ev.Shard {
+						from = ev.Revision
+					}
+					if place.learn(id, from) {
+						w.join(id, from)
+					}
 				}
 				if place.deliver(*ev.Shard, ev.Revision) {
 					w.add(*ev.Shard, ev.WatchEvent)
@@ -238,6 +290,20 @@ func (w *streamWatcher) readMerged(ctx context.Context, base string, place *merg
 		err = io.ErrUnexpectedEOF
 	}
 	return progressed, false, fmt.Errorf("%s: %w", base, err)
+}
+
+// join adds shard id, which joined the stream at revision from, to the
+// open segment.
+func (w *streamWatcher) join(id int, from uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seg := &w.segs[len(w.segs)-1]
+	for len(seg.to) <= id {
+		// Not carried (yet): covers nothing.
+		seg.from = append(seg.from, math.MaxUint64)
+		seg.to = append(seg.to, 0)
+	}
+	seg.from[id], seg.to[id] = from, from-1
 }
 
 func (w *streamWatcher) noteErr(s string) {
