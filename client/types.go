@@ -198,9 +198,10 @@ type renewResponse struct {
 }
 
 type listResponse struct {
-	Locks    []LockStatus `json:"locks"`
-	More     bool         `json:"more"`
-	Revision uint64       `json:"revision"`
+	Locks     []LockStatus   `json:"locks"`
+	More      bool           `json:"more"`
+	Revision  uint64         `json:"revision"`
+	Revisions map[int]uint64 `json:"revisions"`
 }
 
 type sessionRequest struct {

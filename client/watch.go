@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,6 +72,24 @@ type WatchEvent struct {
 	// covers the names below.
 	Mode    string `json:"mode,omitempty"`
 	Subtree bool   `json:"subtree,omitempty"`
+	// Shard and Revisions are set on a stream merged over several shards
+	// of a sharded cluster (docs/api.md, Sharded clusters): the event's
+	// shard id (Revision is that shard's), and every shard's revision
+	// after this event — the stream's place, which Watch resumes from by
+	// itself and WatchRevisions can resume from later (NextRevisions).
+	Shard     *int           `json:"shard,omitempty"`
+	Revisions map[int]uint64 `json:"revisions,omitempty"`
+}
+
+// NextRevisions is where to resume a merged watch after the event whose
+// Revisions is v: per shard, the first revision wanted (each + 1). Pass
+// it to WatchRevisions.
+func NextRevisions(v map[int]uint64) map[int]uint64 {
+	out := make(map[int]uint64, len(v))
+	for id, r := range v {
+		out[id] = r + 1
+	}
+	return out
 }
 
 // Watch streams every state change under the name prefix ("" for all) from
@@ -93,9 +112,32 @@ type WatchEvent struct {
 //
 // To see every change after a read, list then watch: ListWithRevision, then
 // Watch from its revision + 1.
+//
+// On a sharded cluster a prefix that spans several shards is one merged
+// stream whose revisions are per shard: fromRevision must be 0 there (a
+// revision means nothing across shards: use WatchRevisions to start from a
+// place), each event carries its Shard and the stream's Revisions, and a
+// broken stream resumes from that per-shard place, every shard exactly
+// where it left off. A range split while the stream is open joins it.
 func (c *Client) Watch(ctx context.Context, prefix string, fromRevision uint64) iter.Seq2[WatchEvent, error] {
+	return c.watch(ctx, &watchState{prefix: prefix, from: fromRevision})
+}
+
+// WatchRevisions is Watch over a prefix of a sharded cluster from a
+// per-shard place: from[id] is the first revision wanted of shard id (from
+// ListWithRevisions, each + 1, or NextRevisions of the last event's
+// Revisions). A shard split off one named in from after that place joins
+// the stream at the split; nil or empty from watches from now.
+func (c *Client) WatchRevisions(ctx context.Context, prefix string, from map[int]uint64) iter.Seq2[WatchEvent, error] {
+	w := &watchState{prefix: prefix}
+	if len(from) > 0 {
+		w.shards = newShardPlace(from)
+	}
+	return c.watch(ctx, w)
+}
+
+func (c *Client) watch(ctx context.Context, w *watchState) iter.Seq2[WatchEvent, error] {
 	return func(yield func(WatchEvent, error) bool) {
-		w := &watchState{prefix: prefix, from: fromRevision}
 		err := c.follow(ctx, streamSpec{
 			what:    "watch",
 			path:    w.path,
@@ -144,6 +186,85 @@ type watchState struct {
 	lastCount int
 	// start is where the server said a from-now watch starts.
 	start uint64
+	// shards is a merged stream's place (nil: one group's stream).
+	shards *shardPlace
+}
+
+// shardPlace is where a merged stream stands, per shard id: watchState's
+// bookkeeping for each shard. A shard split off during the stream is
+// learnt from the first event whose Revisions names it.
+type shardPlace struct {
+	from      map[int]uint64 // the first revision the current connection asked for
+	skip      map[int]int
+	last      map[int]uint64
+	lastCount map[int]int
+}
+
+func newShardPlace(from map[int]uint64) *shardPlace {
+	p := &shardPlace{from: map[int]uint64{}, skip: map[int]int{}, last: map[int]uint64{}, lastCount: map[int]int{}}
+	for id, r := range from {
+		p.from[id] = r
+	}
+	return p
+}
+
+// learn adds a shard the stream carries from revision from on.
+func (p *shardPlace) learn(id int, from uint64) {
+	if _, ok := p.from[id]; !ok {
+		p.from[id] = from
+	}
+}
+
+// query is from_revisions for the next connection; it resets skip.
+func (p *shardPlace) query() string {
+	ids := make([]int, 0, len(p.from))
+	for id := range p.from {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		p.skip[id] = 0
+		if p.last[id] > 0 {
+			p.from[id], p.skip[id] = p.last[id], p.lastCount[id]
+		}
+		parts[i] = fmt.Sprintf("%d:%d", id, p.from[id])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *shardPlace) deliver(id int, rev uint64) bool {
+	from, ok := p.from[id]
+	if !ok || rev < from {
+		return false
+	}
+	if p.skip[id] > 0 && rev == from {
+		p.skip[id]--
+		return false
+	}
+	p.skip[id] = 0
+	if rev == p.last[id] {
+		p.lastCount[id]++
+	} else {
+		p.last[id], p.lastCount[id] = rev, 1
+	}
+	return true
+}
+
+// parseRevisions reads "id:revision,..." (a merged stream's opening
+// comment); nil if it is not that.
+func parseRevisions(s string) map[int]uint64 {
+	out := map[int]uint64{}
+	for _, part := range strings.Split(s, ",") {
+		a, b, ok := strings.Cut(strings.TrimSpace(part), ":")
+		id, err1 := strconv.Atoi(a)
+		r, err2 := strconv.ParseUint(b, 10, 64)
+		if !ok || err1 != nil || err2 != nil || id < 0 {
+			return nil
+		}
+		out[id] = r
+	}
+	return out
 }
 
 // resumeFrom is the revision the next connection asks for.
@@ -160,6 +281,13 @@ func (w *watchState) resumeFrom() uint64 {
 }
 
 func (w *watchState) path() string {
+	if w.shards != nil {
+		q := url.Values{"from_revisions": {w.shards.query()}}
+		if w.prefix != "" {
+			q.Set("prefix", w.prefix)
+		}
+		return "/watch?" + q.Encode()
+	}
 	w.from, w.skip = w.resumeFrom(), 0
 	if w.last > 0 {
 		w.skip = w.lastCount
@@ -178,9 +306,18 @@ func (w *watchState) path() string {
 	return "/watch?" + q.Encode()
 }
 
-// comment reads the stream's opening comment, ": dlock watch from revision N".
+// comment reads the stream's opening comment, ": dlock watch from revision
+// N", or a merged stream's ": dlock watch from revisions 0:N0,1:N1,…".
 func (w *watchState) comment(text string) {
-	if w.from != 0 || w.last != 0 {
+	if w.from != 0 || w.last != 0 || w.shards != nil {
+		return
+	}
+	if v, ok := strings.CutPrefix(text, "dlock watch from revisions "); ok {
+		// A from-now merged stream: resume where it started, not at the
+		// next node's now, even before its first event.
+		if from := parseRevisions(v); from != nil {
+			w.shards = newShardPlace(from)
+		}
 		return
 	}
 	if v, ok := strings.CutPrefix(text, "dlock watch from revision "); ok {
@@ -192,6 +329,22 @@ func (w *watchState) comment(text string) {
 
 // deliver reports whether an event is new to the caller, and records it.
 func (w *watchState) deliver(ev WatchEvent) bool {
+	if ev.Shard != nil {
+		if w.shards == nil {
+			w.shards = newShardPlace(nil)
+		}
+		// A shard the place lacks joined the stream (a split, or a server
+		// that opened no place comment): from the revision after its
+		// entry, or from this event if it is that shard's first.
+		for id, r := range ev.Revisions {
+			if id == *ev.Shard {
+				w.shards.learn(id, ev.Revision)
+			} else {
+				w.shards.learn(id, r+1)
+			}
+		}
+		return w.shards.deliver(*ev.Shard, ev.Revision)
+	}
 	if ev.Revision < w.from {
 		return false
 	}
@@ -226,6 +379,16 @@ func (c *Client) compacted(ctx context.Context, requested uint64, aerr *APIError
 	return e
 }
 
+// ListWithRevisions is ListWithRevision for a prefix of a sharded cluster:
+// it returns, per shard id, the revision each shard's part was read at
+// (nil on one group: use the revision then). WatchRevisions from
+// NextRevisions of it sees every later change exactly once.
+func (c *Client) ListWithRevisions(ctx context.Context, prefix string) ([]LockStatus, map[int]uint64, error) {
+	var revs map[int]uint64
+	locks, _, err := c.listPages(ctx, prefix, 10000, func(out *listResponse) { revs = out.Revisions })
+	return locks, revs, err
+}
+
 // ListWithRevision is List that also returns the revision the list was read
 // at: Watch from that revision + 1 sees every later change exactly once
 // (list-then-watch). A list longer than one page (10,000 locks) is read
@@ -237,6 +400,11 @@ func (c *Client) ListWithRevision(ctx context.Context, prefix string) ([]LockSta
 
 // list reads every page of GET /locks; limit 0 is the server's default.
 func (c *Client) list(ctx context.Context, prefix string, limit int) ([]LockStatus, uint64, error) {
+	return c.listPages(ctx, prefix, limit, nil)
+}
+
+// listPages is list; first, when set, sees the first page's answer.
+func (c *Client) listPages(ctx context.Context, prefix string, limit int, first func(*listResponse)) ([]LockStatus, uint64, error) {
 	var all []LockStatus
 	var rev uint64
 	after := ""
@@ -259,8 +427,11 @@ func (c *Client) list(ctx context.Context, prefix string, limit int) ([]LockStat
 		if _, err := c.do(ctx, call{method: http.MethodGet, path: path, out: &out}); err != nil {
 			return nil, 0, err
 		}
-		if rev == 0 {
+		if after == "" {
 			rev = out.Revision
+			if first != nil {
+				first(&out)
+			}
 		}
 		all = append(all, out.Locks...)
 		if !out.More || len(out.Locks) == 0 {

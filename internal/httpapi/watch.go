@@ -55,6 +55,20 @@ func (a *api) watch(w http.ResponseWriter, r *http.Request) {
 	a.stream(w, r, watcher, watcher.Revision, func(e service.WatchEvent) (string, any) { return e.Type, e }, nil)
 }
 
+// startComment opens a stream: where it starts, so that a client whose
+// stream breaks before its first event resumes there rather than at
+// another node's now. A merged stream gives its per-shard place.
+func startComment(watcher *service.Watcher, rev uint64) string {
+	if len(watcher.Start) > 0 {
+		parts := make([]string, len(watcher.Start))
+		for i, s := range watcher.Start {
+			parts[i] = fmt.Sprintf("%d:%d", s.Shard, s.Revision)
+		}
+		return "dlock watch from revisions " + strings.Join(parts, ",")
+	}
+	return fmt.Sprintf("dlock watch from revision %d", rev+1)
+}
+
 // observe streams an election's leader as SSE: the current view first, then a
 // new view after each change (event `leader`; `leader` is null when there is
 // none, so observers learn about vacancies too).
@@ -80,7 +94,7 @@ func (a *api) stream(w http.ResponseWriter, r *http.Request, watcher *service.Wa
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	a.streamDeadline(rc)
-	fmt.Fprintf(w, ": dlock watch from revision %d\n\n", rev+1)
+	fmt.Fprintf(w, ": %s\n\n", startComment(watcher, rev))
 	if view != nil {
 		writeRecord(w, view.Revision, "leader", view)
 	}

@@ -27,6 +27,9 @@ type Watcher struct {
 	// m, when set, is a stream merged over several shards (MergeWatchers);
 	// sub is then nil.
 	m *merged
+	// Start is a merged stream's place when it opened: per shard, the
+	// first revision it streams (shards split off later join it).
+	Start []watch.ShardRevision
 }
 
 // Events delivers events in revision order; it is closed when the stream ends.

@@ -117,10 +117,13 @@ func MergeWatchers(parts []*Watcher, shards []int, last []uint64, follow FollowS
 		}
 	}()
 	var rev uint64
-	for _, l := range last {
+	start := make([]watch.ShardRevision, len(last))
+	for i, l := range last {
 		rev = max(rev, l)
+		start[i] = watch.ShardRevision{Shard: shards[i], Revision: l + 1}
 	}
-	return &Watcher{m: m, Revision: rev}
+	sort.Slice(start, func(a, b int) bool { return start[a].Shard < start[b].Shard })
+	return &Watcher{m: m, Revision: rev, Start: start}
 }
 
 // add starts feeding part p into the merge; false (p closed) once the
