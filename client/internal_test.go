@@ -160,3 +160,45 @@ func TestSessionHearsLostGrants(t *testing.T) {
 	s.k.end(ErrReleased)
 	<-a.Done()
 }
+
+// A merged stream's place: a resumed connection asks each shard from the
+// last revision it delivered and skips that revision's events it has; a
+// shard that joins the stream (a split) is learnt and resumed by id.
+func TestShardPlace(t *testing.T) {
+	p := newShardPlace(map[int]uint64{0: 3, 1: 7})
+	p.query()
+	if !p.deliver(0, 5) {
+		t.Fatal("a new event was not delivered")
+	}
+	if q := p.query(); q != "0:5,1:7" {
+		t.Fatalf("resume from %q, want 0:5,1:7", q)
+	}
+	if p.deliver(0, 5) {
+		t.Fatal("the event already delivered was delivered again after the resume")
+	}
+	if !p.deliver(0, 5) || !p.deliver(1, 7) || !p.deliver(0, 6) {
+		t.Fatal("new events after the resume were not delivered")
+	}
+	if p.deliver(4, 9) {
+		t.Fatal("an event of a shard the place does not carry was delivered")
+	}
+	p.learn(4, 9)
+	p.learn(4, 2) // learnt once
+	if !p.deliver(4, 9) {
+		t.Fatal("the joined shard's first event was not delivered")
+	}
+	if q := p.query(); q != "0:6,1:7,4:9" {
+		t.Fatalf("resume from %q, want 0:6,1:7,4:9", q)
+	}
+	if p.deliver(4, 9) || !p.deliver(4, 10) {
+		t.Fatal("the joined shard's resume repeated or skipped")
+	}
+	if got := parseRevisions("0:3, 4:9"); len(got) != 2 || got[0] != 3 || got[4] != 9 {
+		t.Fatalf("parseRevisions: %v", got)
+	}
+	for _, bad := range []string{"", "0", "a:1", "0:-1", "-1:2"} {
+		if parseRevisions(bad) != nil {
+			t.Fatalf("parseRevisions(%q) accepted", bad)
+		}
+	}
+}

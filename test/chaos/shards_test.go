@@ -550,6 +550,28 @@ func TestShardedTokenChecker(t *testing.T) {
 	if !strings.Contains(got, "safety:token-order") || !strings.Contains(got, "safety:token-reused") {
 		t.Fatalf("checkTokens within a shard found %q", got)
 	}
+	// Across a split: shard 0 split at "d" after token 5; the new shard
+	// (id 4) took its counter, so both went on from 6. Grouped by the
+	// final map, every range's tokens rise; grouped by the first map, the
+	// two 6s would look like a reuse.
+	split := shardMap{starts: []string{"", "d", "g", "n", "t"}, ids: []int{0, 4, 1, 2, 3}}
+	acrossSplit := (&hb{}).
+		add(acq("a", "elect-no/x", 2*s, 0, s/10, oOK, 4, "la")). // moves at d
+		add(acq("b", "cold/01", 2*s, 2*s/10, 3*s/10, oOK, 5, "lb")).
+		add(acq("c", "elect-no/x", 2*s, 4*s/10, 5*s/10, oOK, 6, "lc")). // on the new shard
+		add(acq("d", "cold/02", 2*s, 6*s/10, 7*s/10, oOK, 6, "ld")).    // on the old one
+		ops
+	if a := checkTokens(acrossSplit, split); len(a) != 0 {
+		t.Fatalf("tokens across a split, grouped by the final map: %v", a)
+	}
+	if a := checkTokens(acrossSplit, m); len(a) == 0 {
+		t.Fatal("grouped by the first map the split's two 6s are not a reuse: the check cannot fail")
+	}
+	// A name's token that falls across the split is still caught.
+	fell := append(append([]Op(nil), acrossSplit...), (&hb{}).add(acq("e", "elect-no/x", 2*s, 8*s/10, 9*s/10, oOK, 3, "le")).ops...)
+	if a := checkTokens(fell, split); len(a) == 0 || !strings.HasPrefix(a[0].What, "shard 4: ") {
+		t.Fatalf("a falling token on the new shard: %v", a)
+	}
 	// Registers: token 5 of cold/01 written by its holder is fine although
 	// wind/01 also has a token 5; wind/01's token 5 written by cold/01's
 	// holder is not a grant of that register.
@@ -581,8 +603,8 @@ func leaderList(c *cluster, leaders []int) string {
 
 // The watch checker on a merged stream: revisions are per shard, so shard 0's
 // revision 1 and shard 1's revision 1 are different revisions with
-// different events; a watcher that misses shard 1's is caught, and the
-// merged place resumes each shard exactly where it left off.
+// different events; a watcher that misses shard 1's is caught. (Resuming
+// each shard exactly where it left off is the Go client's, tested there.)
 func TestShardedWatchChecker(t *testing.T) {
 	m := shardMap{starts: []string{"", "n"}}
 	ev := func(rev uint64, typ, name string, token uint64) dlockclient.WatchEvent {
@@ -624,26 +646,6 @@ func TestShardedWatchChecker(t *testing.T) {
 		t.Fatalf("a merged stream that missed shard 1's revision 1: %q", k)
 	}
 
-	// Resuming: shard 0 delivered one of revision 5's two events, shard 1
-	// nothing yet. The next connection asks shard 0 from 5 (skipping the
-	// event it has) and shard 1 from where the segment began.
-	p := newMergedPlace([]uint64{3, 7})
-	p.query()
-	if !p.deliver(0, 5) {
-		t.Fatal("a new event was not delivered")
-	}
-	if q := p.query(); q != "0:5,1:7" {
-		t.Fatalf("resume from %q, want 0:5,1:7", q)
-	}
-	if p.deliver(0, 5) {
-		t.Fatal("the event already delivered was delivered again after the resume")
-	}
-	if !p.deliver(0, 5) || !p.deliver(1, 7) || !p.deliver(0, 6) {
-		t.Fatal("new events after the resume were not delivered")
-	}
-	if q := p.query(); q != "0:6,1:7" {
-		t.Fatalf("resume from %q, want 0:6,1:7", q)
-	}
 }
 
 // Split points: a fresh point inside a range with a name in use below it,
@@ -694,26 +696,4 @@ func TestSplitPoints(t *testing.T) {
 		}
 	}
 	t.Logf("splits at %q: ranges from %q, ids %v", got, m.starts, m.ids)
-}
-
-// A merged stream's place learns a shard that joins it: its events count
-// from the join on, and the next connection resumes it by id.
-func TestMergedPlaceLearnsSplitShard(t *testing.T) {
-	p := newMergedPlace([]uint64{3, 7})
-	p.query()
-	if p.deliver(4, 9) {
-		t.Fatal("an event of a shard the stream does not carry was delivered")
-	}
-	if !p.learn(4, 9) || p.learn(4, 9) {
-		t.Fatal("learn: a new shard is learnt once")
-	}
-	if !p.deliver(4, 9) || !p.deliver(0, 3) {
-		t.Fatal("events after the join were not delivered")
-	}
-	if q := p.query(); q != "0:3,1:7,4:9" {
-		t.Fatalf("resume from %q, want 0:3,1:7,4:9", q)
-	}
-	if p.deliver(4, 9) || !p.deliver(4, 10) {
-		t.Fatal("the joined shard's resume repeated or skipped")
-	}
 }

@@ -58,10 +58,9 @@ type streamWatcher struct {
 	cl  *dlockclient.Client
 	clk *clock
 
-	// nodes and minShards: a sharded cluster's watcher reads the merged
-	// stream itself (the Go client resumes one revision, not a vector),
-	// listing at least minShards() shards for a new segment.
-	nodes     []string
+	// sharded: the watcher follows the merged stream (runMerged), listing
+	// at least minShards() shards' revisions for a new segment.
+	sharded   bool
 	minShards func() int
 
 	mu       sync.Mutex
@@ -94,22 +93,18 @@ func (r *runner) startWatchers() *watchFleet {
 		for j := range n {
 			eps = append(eps, r.c.nodes[(i+j)%n].url())
 		}
-		w := &streamWatcher{id: i, clk: r.clk, events: map[revAt][]string{}, grants: map[string]bool{}, minShards: r.c.knownShards}
-		if r.sm.n() > 1 {
-			w.nodes = eps
-		} else {
-			cl, err := dlockclient.New(dlockclient.Config{Endpoints: eps, ClientID: fmt.Sprintf("chaos-watch-%d", i)})
-			if err != nil {
-				r.anomaly(anomaly{Kind: "harness", What: "watch client: " + err.Error()})
-				continue
-			}
-			w.cl = cl
+		w := &streamWatcher{id: i, clk: r.clk, events: map[revAt][]string{}, grants: map[string]bool{}, minShards: r.c.knownShards, sharded: r.sm.n() > 1}
+		cl, err := dlockclient.New(dlockclient.Config{Endpoints: eps, ClientID: fmt.Sprintf("chaos-watch-%d", i)})
+		if err != nil {
+			r.anomaly(anomaly{Kind: "harness", What: "watch client: " + err.Error()})
+			continue
 		}
+		w.cl = cl
 		f.ws = append(f.ws, w)
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			if w.cl == nil {
+			if w.sharded {
 				w.runMerged(ctx)
 			} else {
 				w.run(ctx)
