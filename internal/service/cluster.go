@@ -122,6 +122,10 @@ func (s *Service) LocalSplits() []uint64 {
 // if this node's watch history still holds it.
 func (s *Service) SplitRevision(g uint64) (uint64, bool) { return s.hub.SplitRevision(g) }
 
+// SplitBehind reports whether a watch of this shard from revision from
+// would start after the split that made group g (watch.Hub.SplitBehind).
+func (s *Service) SplitBehind(g, from uint64) bool { return s.hub.SplitBehind(g, from) }
+
 // SplitChildren lists the Raft groups split off this shard, as of a
 // linearizable read: the router checks that a session it just created
 // reached every one of them.

@@ -476,13 +476,11 @@ func resumedAncestor(v *view, parent map[uint64]uint64, g uint64, from map[int]u
 // will pass the split that made group child: otherwise that shard's events
 // since the split would be missed.
 func splitStillAhead(src *service.Service, child, from uint64, srcID, childID int) error {
-	if rev, ok := src.SplitRevision(child); ok && rev >= from {
+	if !src.SplitBehind(child, from) {
 		return nil
-	} else if ok || from > 1 {
-		return apierror.New(apierror.InvalidArgument,
-			"from_revisions lacks shard %d, which was split off shard %d before the revision you resume shard %d from: resume with the whole vector of the last event you received (it names shard %d), or list again and watch from the listed revisions", childID, srcID, srcID, childID)
 	}
-	return nil
+	return apierror.New(apierror.InvalidArgument,
+		"from_revisions lacks shard %d, which was split off shard %d before the revision you resume shard %d from: resume with the whole vector of the last event you received (it names shard %d), or list again and watch from the listed revisions", childID, srcID, srcID, childID)
 }
 
 // awaitSplitsMapped is the view once it has every group this node's shards

@@ -437,4 +437,21 @@ func TestMergedWatchFollowsSplit(t *testing.T) {
 		seen[g] = 1
 	}
 	check("the resumed stream", resumed, seen, map[string][]int{"romeo/a": {2}})
+
+	// A vector that resumes the source past the split without the new
+	// shard would never see it: refused, not silently short.
+	var ci2 service.ClusterInfo
+	do(t, c, "GET", c.URL(ids[0])+"/api/v1/cluster", nil, &ci2)
+	var past []string
+	for _, sh := range ci2.Shards {
+		if sh.ID != 4 {
+			past = append(past, fmt.Sprintf("%d:%d", sh.ID, sh.Revision+1))
+		}
+	}
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if code := do(t, c, "GET", c.URL(ids[0])+"/api/v1/watch?from_revisions="+url.QueryEscape(strings.Join(past, ",")), nil, &e); code != 400 || !strings.Contains(e.Error.Message, "lacks shard 4") {
+		t.Fatalf("a vector past the split without shard 4: %d %+v", code, e)
+	}
 }

@@ -262,12 +262,34 @@ func (h *Hub) Subscribe(f Filter, from uint64) (*Subscription, uint64, error) {
 func (h *Hub) SplitRevision(g uint64) (uint64, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.splitRevisionLocked(g)
+}
+
+func (h *Hub) splitRevisionLocked(g uint64) (uint64, bool) {
 	for seq := max(h.floor, h.oldest()); seq < h.next; seq++ {
 		if e := h.at(seq); e.Kind == KindSplit && e.Token == g {
 			return e.Revision, true
 		}
 	}
 	return 0, false
+}
+
+// SplitBehind reports whether a subscription from revision from would
+// start after the split that made group g (applied here), so it would
+// never see that split event (from 0, "now", starts after every split
+// applied here). A from older than the kept history is not behind: its
+// subscription fails as compacted instead.
+func (h *Hub) SplitBehind(g, from uint64) bool {
+	if from == 0 {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rev, ok := h.splitRevisionLocked(g); ok {
+		return rev < from
+	}
+	// Not kept: older than the history, which covers from on.
+	return from >= h.first
 }
 
 func (h *Hub) at(seq uint64) *Event { return &h.ring[seq%uint64(len(h.ring))] }

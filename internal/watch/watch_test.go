@@ -275,3 +275,49 @@ func TestFilterKindAndName(t *testing.T) {
 		}
 	}
 }
+
+// A shard's split event reaches only subscriptions that ask for splits,
+// whatever their prefix, and says whether a subscription from a revision
+// would start after it; an evicted one is behind only a from the history
+// still covers (an older from is compacted instead).
+func TestSplitEvents(t *testing.T) {
+	h := NewHub(4, 10)
+	h.Applied(1, []state.Event{ev(1, state.EventAcquired, "a/x")})
+	h.Applied(2, []state.Event{{Revision: 2, Type: state.EventSplit, Name: "q", Token: 77, Carved: []byte("carved")}})
+	h.Applied(3, []state.Event{ev(3, state.EventAcquired, "a/y")})
+	plain, _, err := h.Subscribe(Filter{Prefix: "a/"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	splits, _, err := h.Subscribe(Filter{Prefix: "zz/", Splits: true}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer splits.Close()
+	if a, b := recv(t, plain), recv(t, plain); a.Revision != 1 || b.Revision != 3 {
+		t.Fatalf("a plain subscription got %+v, %+v", a, b)
+	}
+	if e := recv(t, splits); e.Kind != KindSplit || e.Revision != 2 || e.Name != "q" || e.Token != 77 {
+		t.Fatalf("the split event: %+v", e)
+	}
+	if rev, ok := h.SplitRevision(77); !ok || rev != 2 {
+		t.Fatalf("SplitRevision: %d %v", rev, ok)
+	}
+	for from, want := range map[uint64]bool{0: true, 1: false, 2: false, 3: true, 4: true} {
+		if got := h.SplitBehind(77, from); got != want {
+			t.Errorf("SplitBehind(77, %d) = %v, want %v", from, got, want)
+		}
+	}
+	// Evict it: a from the history covers starts after it; an older one
+	// is compacted, not behind.
+	for i := uint64(4); i <= 8; i++ {
+		h.Applied(i, []state.Event{ev(i, state.EventAcquired, "a/z")})
+	}
+	if _, ok := h.SplitRevision(77); ok {
+		t.Fatal("the evicted split event is still found")
+	}
+	if h.SplitBehind(77, 2) || !h.SplitBehind(77, 8) {
+		t.Fatalf("after eviction: SplitBehind(2) %v, SplitBehind(8) %v (history from %d)", h.SplitBehind(77, 2), h.SplitBehind(77, 8), h.first)
+	}
+}
