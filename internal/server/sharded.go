@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/metrics"
@@ -71,7 +73,7 @@ func startSharded(cfg Config) (*Server, error) {
 	mc := rc
 	mc.Shared, mc.Group = ss.shared, m.MetaGroup()
 	mc.Logger = rc.Logger.With("shard", "meta")
-	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer())
+	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer(0))
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
@@ -136,17 +138,21 @@ type groupRun struct {
 }
 
 // carved is a split-off group's first state, as this node's copy of its
-// source applied the split.
+// source (group src) applied the split.
 type carved struct {
 	state []byte
 	index uint64
+	src   uint64
 }
 
 // splitObserver hands a split's carved state to the set (it runs on the
 // source group's apply goroutine: record and signal, never block).
-type splitObserver struct{ ss *shardSet }
+type splitObserver struct {
+	ss  *shardSet
+	src uint64 // the group it observes (0: the meta group)
+}
 
-func (ss *shardSet) observer() splitObserver { return splitObserver{ss} }
+func (ss *shardSet) observer(src uint64) splitObserver { return splitObserver{ss, src} }
 
 func (o splitObserver) Applied(index uint64, events []state.Event) {
 	for _, e := range events {
@@ -154,7 +160,7 @@ func (o splitObserver) Applied(index uint64, events []state.Event) {
 			continue
 		}
 		o.ss.mu.Lock()
-		o.ss.pending[e.Token] = carved{state: e.Carved, index: index}
+		o.ss.pending[e.Token] = carved{state: e.Carved, index: index, src: o.src}
 		o.ss.mu.Unlock()
 		o.ss.poke()
 	}
@@ -178,7 +184,7 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	gc := ss.rc
 	gc.Shared, gc.Group = ss.shared, g
 	gc.Logger = ss.rc.Logger.With("shard", name)
-	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer())
+	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer(g))
 	first := len(ss.groups) == 0
 	if first {
 		// The state gauges of /metrics are the first shard's; every
@@ -188,6 +194,11 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	switch {
 	case seed != nil:
 		gc.InitialState, gc.InitialIndex = seed.state, seed.index
+		voters, err := ss.votersOf(seed.src)
+		if err != nil {
+			return nil, err
+		}
+		gc.InitialCluster = voters
 	case !bootstrap:
 		gc.InitialCluster = nil
 	}
@@ -208,6 +219,37 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	ss.order = append(ss.order, g)
 	ss.mu.Unlock()
 	return run, nil
+}
+
+// votersOf is the voters (id to raft address) a group split off group src
+// starts with: src's own, as this node knows them. Every replica seeds the
+// new group with the same voters at the same index; they cannot come from
+// --initial-cluster, which a restarted node is not given.
+func (ss *shardSet) votersOf(src uint64) (map[string]string, error) {
+	ss.mu.Lock()
+	run := ss.groups[src]
+	ss.mu.Unlock()
+	if run == nil {
+		return nil, fmt.Errorf("the split's source group %d is not running here", src)
+	}
+	f := run.node.Raft().GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("the split's source group's voters: %w", err)
+	}
+	out := map[string]string{}
+	for _, sv := range f.Configuration().Servers {
+		if sv.Suffrage != raft.Voter {
+			continue
+		}
+		if sv.Address == "" {
+			return nil, fmt.Errorf("the split's source group does not know voter %s's raft address yet", sv.ID)
+		}
+		out[string(sv.ID)] = string(sv.Address)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the split's source group has no voters yet")
+	}
+	return out, nil
 }
 
 // run follows the map until ctx ends: on every split applied here, every

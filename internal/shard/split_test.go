@@ -455,3 +455,36 @@ func TestMergedWatchFollowsSplit(t *testing.T) {
 		t.Fatalf("a vector past the split without shard 4: %d %+v", code, e)
 	}
 }
+
+// Nodes restarted without --initial-cluster (it is for the first start
+// only; the chaos suite restarts nodes so) still seed a range split off
+// afterwards, with the voters of its source: the new shard runs on every
+// node, gets a leader and serves its names through every node.
+func TestSplitAfterRestartsWithoutInitialCluster(t *testing.T) {
+	c, _ := sharded(t, 3)
+	ids := c.IDs()
+	c.Tune = func(rc *raftnode.Config) { rc.InitialCluster = nil }
+	for _, id := range ids {
+		c.Kill(id)
+		c.Start(id)
+	}
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("split: %d %+v", code, ci)
+	}
+	for _, id := range ids {
+		testutil.Eventually(t, 30*time.Second, "every node runs the new shard", func() error {
+			if groupOf(c.Server(id), 4) == nil {
+				return fmt.Errorf("node %s does not run shard 4 (map generation %d)", id, c.Server(id).ShardMap().Generation)
+			}
+			return nil
+		})
+	}
+	for i, id := range ids {
+		var a service.AcquireResponse
+		name := fmt.Sprintf("romeo/after-restart-%d", i)
+		if code := post(t, c, c.URL(id)+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": "r", "ttl_ms": 10000, "request_id": "r-" + name}, &a); code != 200 || !a.Acquired {
+			t.Fatalf("acquire %s through %s: %d %+v", name, id, code, a)
+		}
+	}
+}
