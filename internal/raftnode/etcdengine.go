@@ -546,6 +546,20 @@ func (e *etcdEngine) runRaft() {
 }
 
 func (e *etcdEngine) step(m raftpb.Message) {
+	if m.Type == raftpb.MsgHeartbeat && m.Commit > 0 {
+		// A leader only announces a commit index this node has acknowledged
+		// as durable, and what this node made durable is in mem (appended
+		// puts it there before the acknowledgement leaves). A higher one was
+		// meant for an earlier life of this member id — one removed and
+		// added back empty, the message queued for it while it was down —
+		// and go.etcd.io/raft would panic on it. Dropping a heartbeat is
+		// always safe; the leader's next one carries the new life's index.
+		if last, err := e.mem.LastIndex(); err == nil && m.Commit > last {
+			e.log.Warn("dropped a heartbeat for an earlier life of this member: its commit index is past this node's log",
+				"commit", m.Commit, "last_index", last, "from", m.From, "term", m.Term)
+			return
+		}
+	}
 	switch m.Type {
 	case raftpb.MsgApp, raftpb.MsgHeartbeat, raftpb.MsgSnap:
 		e.lastContact.Store(time.Now().UnixNano())
