@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -71,7 +72,7 @@ func startSharded(cfg Config) (*Server, error) {
 	mc := rc
 	mc.Shared, mc.Group = ss.shared, m.MetaGroup()
 	mc.Logger = rc.Logger.With("shard", "meta")
-	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer())
+	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer(mc.Group))
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
@@ -136,17 +137,23 @@ type groupRun struct {
 }
 
 // carved is a split-off group's first state, as this node's copy of its
-// source applied the split.
+// source group src applied the split. It lives only in memory until the new
+// group is stored here, so src holds its snapshots meanwhile (unstored): a
+// crash before then replays the split entry, which carves it again.
 type carved struct {
+	src   uint64
 	state []byte
 	index uint64
 }
 
 // splitObserver hands a split's carved state to the set (it runs on the
 // source group's apply goroutine: record and signal, never block).
-type splitObserver struct{ ss *shardSet }
+type splitObserver struct {
+	ss  *shardSet
+	src uint64
+}
 
-func (ss *shardSet) observer() splitObserver { return splitObserver{ss} }
+func (ss *shardSet) observer(g uint64) splitObserver { return splitObserver{ss, g} }
 
 func (o splitObserver) Applied(index uint64, events []state.Event) {
 	for _, e := range events {
@@ -154,10 +161,27 @@ func (o splitObserver) Applied(index uint64, events []state.Event) {
 			continue
 		}
 		o.ss.mu.Lock()
-		o.ss.pending[e.Token] = carved{state: e.Carved, index: index}
+		o.ss.pending[e.Token] = carved{src: o.src, state: e.Carved, index: index}
 		o.ss.mu.Unlock()
 		o.ss.poke()
 	}
+}
+
+// unstored is group src's snapshot hold (raftnode.Config.SnapshotHold): a
+// split src applied here whose new group is not stored on this node yet.
+// Until it is, src's log keeps the split entry, so a restart replays it and
+// carves the new group's state again; once src snapshots past the split,
+// the carved state exists nowhere else (docs/architecture.md, Splitting a
+// range online).
+func (ss *shardSet) unstored(src uint64) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for g, c := range ss.pending {
+		if c.src == src {
+			return fmt.Errorf("group %x split off here is not stored yet", g)
+		}
+	}
+	return nil
 }
 
 func (o splitObserver) Restored(*state.State) { o.ss.poke() }
@@ -178,7 +202,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	gc := ss.rc
 	gc.Shared, gc.Group = ss.shared, g
 	gc.Logger = ss.rc.Logger.With("shard", name)
-	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer())
+	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer(g))
+	gc.SnapshotHold = func() error { return ss.unstored(g) }
 	first := len(ss.groups) == 0
 	if first {
 		// The state gauges of /metrics are the first shard's; every
@@ -190,6 +215,11 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 		gc.InitialState, gc.InitialIndex = seed.state, seed.index
 	case !bootstrap:
 		gc.InitialCluster = nil
+	}
+	if h := openHook.Load(); h != nil {
+		if err := (*h)(ss.rc.ID, g); err != nil {
+			return nil, err
+		}
 	}
 	node, err := raftnode.Open(gc)
 	if err != nil {
@@ -289,6 +319,12 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 	}
 	sort.Slice(pend, func(i, j int) bool { return pend[i] < pend[j] })
 	for _, g := range pend {
+		if ss.groups[g] != nil {
+			// Open already (stored here, or empty and sent its state by
+			// the leader of a replica that stored it): a replay's carve.
+			delete(ss.pending, g)
+			continue
+		}
 		c := ss.pending[g]
 		add(g, &c)
 	}
@@ -316,10 +352,18 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		ss.mu.Unlock()
 	}
 	// A split the map lacks: commit the next generation (any node may;
-	// the meta group takes only the next generation, once).
+	// the meta group takes only the next generation, once) — but only from
+	// a node that runs the new group, so a map that names it implies some
+	// node stored its state (its source may snapshot past the split then).
 	for _, sp := range splits {
 		if m.IndexOfGroup(sp.rec.Group) >= 0 {
 			continue
+		}
+		ss.mu.Lock()
+		running := ss.groups[sp.rec.Group] != nil
+		ss.mu.Unlock()
+		if !running {
+			break
 		}
 		next, err := m.Split(sp.src, sp.rec.At, sp.rec.Group)
 		if err != nil {
@@ -363,6 +407,11 @@ func (ss *shardSet) route(m shard.Map) {
 		ss.router.Update(m, svcs)
 	}
 }
+
+// openHook, set only by tests (export_test.go), runs before a data group
+// opens and may refuse it: a crash between a split's apply and the new
+// group's start, held open.
+var openHook atomic.Pointer[func(node string, group uint64) error]
 
 // splitWait bounds how long a split waits for the new map to reach this
 // node's router once the source shard applied it.

@@ -229,6 +229,29 @@ func (v *view) overlap(prefix string) ([]int, error) {
 	return ks, nil
 }
 
+// notRunningYet is notRunning after a bounded wait for the group to start.
+func notRunningYet() error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"a shard was just split off and this node has not started its group within %s; retry, or send it to another node", RouteWait)}
+}
+
+// full waits, bounded by RouteWait and ctx, until this node runs the group
+// of every range of its map (a range split off moments ago may not be
+// started here yet), and returns that view.
+func (r *Router) full(ctx context.Context) (*view, []int, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		ks, err := v.all()
+		if err == nil {
+			return v, ks, nil
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return nil, nil, err
+		}
+	}
+}
+
 func notRunning(id int) error {
 	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
 		"shard %d was just split off and this node has not started its group yet; retry", id)}
@@ -399,8 +422,7 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 	if req.RequestID == "" {
 		req.RequestID = "srv-" + randHex(12)
 	}
-	v, _ := r.view()
-	ks, err := v.all()
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -517,20 +539,47 @@ func randHex(n int) string {
 // answer's revision is 0 so the client's cursor stays there, and a client
 // hears of a lost grant again on each keepalive (ending a lease twice is
 // harmless).
+//
+// A shard just split off whose group this node has not started yet has the
+// session too (the split carved it with its source's expiry): the shards
+// running here are renewed at once, and the call waits, bounded by
+// RouteWait, for the new group to start and renews it there as well.
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	req.LostAfter = 0
-	v, _ := r.view()
-	ks, err := v.all()
-	if err != nil {
-		return nil, err
-	}
-	resps := make([]*service.KeepAliveResponse, len(ks))
-	err = r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		resps[i], err = v.shards[k].KeepAlive(ctx, req)
-		return err
-	})
-	if err != nil {
-		return nil, err
+	deadline := time.Now().Add(RouteWait)
+	done := map[*service.Service]bool{}
+	var resps []*service.KeepAliveResponse
+	for {
+		v, ch := r.view()
+		var todo []*service.Service
+		missing := false
+		for _, s := range v.shards {
+			switch {
+			case s == nil:
+				missing = true
+			case !done[s]:
+				done[s] = true
+				todo = append(todo, s)
+			}
+		}
+		got := make([]*service.KeepAliveResponse, len(todo))
+		idx := make([]int, len(todo))
+		for i := range idx {
+			idx[i] = i
+		}
+		if err := r.each(ctx, idx, func(ctx context.Context, i, _ int) (err error) {
+			got[i], err = todo[i].KeepAlive(ctx, req)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		resps = append(resps, got...)
+		if !missing {
+			break
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return nil, notRunningYet()
+		}
 	}
 	out := *resps[0]
 	out.Revision = 0
@@ -546,8 +595,7 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 // longer has it (expired, or deleted by an earlier try) is no error once
 // another shard deleted it.
 func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
-	v, _ := r.view()
-	ks, err := v.all()
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
