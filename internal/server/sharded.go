@@ -33,8 +33,6 @@ func startSharded(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
-	case cfg.ACL:
-		return nil, errors.New("ACLs are not available on a sharded cluster yet; run without --acl or with --shards 1")
 	case len(cfg.Join) > 0 || cfg.LeaveOnShutdown:
 		return nil, errors.New("joining or leaving a sharded cluster is not available yet; start every node with --initial-cluster")
 	}
@@ -76,6 +74,12 @@ func startSharded(cfg Config) (*Server, error) {
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
+	// The meta group's service serves the ACL calls: tokens live in its
+	// state, and every data group's service authorizes from it.
+	ss.metaSvc = service.New(ss.meta, nil, cfg.Logger.With("shard", "meta"))
+	ss.metaSvc.SetRecorder(ss.mtr)
+	ss.metaSvc.SetLimits(cfg.Limits.Service)
+	ss.metaSvc.EnableACL(cfg.ACL)
 	// The initial ranges' groups, then whatever the meta group and the
 	// groups' own states (splits) say this node must run.
 	svcs := make([]*service.Service, m.N())
@@ -89,6 +93,7 @@ func startSharded(cfg Config) (*Server, error) {
 	s.Node, s.Service = ss.groups[m.Group(0)].node, svcs[0]
 	ss.router = shard.NewRouter(m, svcs)
 	ss.router.SetSplitter(ss)
+	ss.router.SetACL(ss.metaSvc)
 	ss.reconcile(context.Background())
 	s.router = ss.router
 	s.serveAPI(ss.router, svcs[0], ss.mtr, ln, grpcLn)
@@ -119,6 +124,7 @@ type shardSet struct {
 	initial shard.Map
 	router  *shard.Router
 	meta    *raftnode.Node
+	metaSvc *service.Service
 
 	mu      sync.Mutex
 	groups  map[uint64]*groupRun
@@ -229,6 +235,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	svc.SetRecorder(ss.mtr)
 	svc.SetLimits(ss.cfg.Limits.Service)
 	svc.SetBrowserHosts(ss.cfg.BrowserHosts)
+	svc.EnableACL(ss.cfg.ACL)
+	svc.SetACLState(ss.meta.FSM())
 	if first {
 		ss.mtr.Attach(metricsSource{node, hub})
 	}
@@ -472,7 +480,7 @@ func (ss *shardSet) balanced() []shard.Balanced {
 }
 
 // nodes is every group on this node, the meta group last; services every
-// data group's.
+// group's, the meta group's last.
 func (ss *shardSet) nodes() []*raftnode.Node {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -492,6 +500,9 @@ func (ss *shardSet) services() []*service.Service {
 	var out []*service.Service
 	for _, g := range ss.order {
 		out = append(out, ss.groups[g].svc)
+	}
+	if ss.metaSvc != nil {
+		out = append(out, ss.metaSvc)
 	}
 	return out
 }

@@ -33,6 +33,7 @@ type Router struct {
 	v       *view
 	changed chan struct{} // closed and replaced by every Update
 	split   Splitter
+	acl     *service.Service
 }
 
 // view is one generation of the map with the services of its ranges
@@ -62,6 +63,23 @@ func (r *Router) SetSplitter(s Splitter) {
 	r.mu.Lock()
 	r.split = s
 	r.mu.Unlock()
+}
+
+// SetACL lets the router serve the ACL calls on acl, the meta group's
+// service (ACL tokens live in the meta group's state).
+func (r *Router) SetACL(acl *service.Service) {
+	r.mu.Lock()
+	r.acl = acl
+	r.mu.Unlock()
+}
+
+func (r *Router) aclService() (*service.Service, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.acl == nil {
+		return nil, notBuilt("ACLs")
+	}
+	return r.acl, nil
 }
 
 // Update installs a newer map (or more of its groups' services); an older
@@ -738,16 +756,36 @@ func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
 func (r *Router) RotateTokenKey(context.Context, service.RotateTokenKeyRequest) (*fence.KeySetDocument, error) {
 	return nil, notBuilt("rotating the token keys")
 }
-func (r *Router) ACLBootstrap(context.Context) (*service.ACLTokenView, error) {
-	return nil, notBuilt("ACLs")
+// The ACL calls go to the meta group, whose state holds the tokens; every
+// shard's service authorizes from this node's copy of it.
+func (r *Router) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.ACLBootstrap(ctx)
 }
-func (r *Router) CreateACLToken(context.Context, service.ACLTokenRequest) (*service.ACLTokenView, error) {
-	return nil, notBuilt("ACLs")
+func (r *Router) CreateACLToken(ctx context.Context, req service.ACLTokenRequest) (*service.ACLTokenView, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.CreateACLToken(ctx, req)
 }
-func (r *Router) ListACLTokens(context.Context) (*service.ACLTokenList, error) {
-	return nil, notBuilt("ACLs")
+func (r *Router) ListACLTokens(ctx context.Context) (*service.ACLTokenList, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.ListACLTokens(ctx)
 }
-func (r *Router) DeleteACLToken(context.Context, string) error { return notBuilt("ACLs") }
+func (r *Router) DeleteACLToken(ctx context.Context, accessorID string) error {
+	acl, err := r.aclService()
+	if err != nil {
+		return err
+	}
+	return acl.DeleteACLToken(ctx, accessorID)
+}
 
 // Healthy is every shard's liveness.
 func (r *Router) Healthy() error {
