@@ -84,7 +84,7 @@ type Service struct {
 	// sharded node the meta group's (SetACLState); aclShared says which.
 	acl       *fsm.FSM
 	aclShared atomic.Bool
-	lim          *limiter // nil: no limits (SetLimits)
+	lim       *limiter // nil: no limits (SetLimits)
 
 	// life ends when the node shuts down: every queued acquire's wait ends
 	// then, so each withdraws its place while Raft still runs (a wait left

@@ -756,6 +756,7 @@ func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
 func (r *Router) RotateTokenKey(context.Context, service.RotateTokenKeyRequest) (*fence.KeySetDocument, error) {
 	return nil, notBuilt("rotating the token keys")
 }
+
 // The ACL calls go to the meta group, whose state holds the tokens; every
 // shard's service authorizes from this node's copy of it.
 func (r *Router) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
