@@ -561,3 +561,13 @@ func (s *Server) allServices() []*service.Service {
 	}
 	return []*service.Service{s.Service}
 }
+
+// ACLBootstrap creates the first management token on this node's cluster:
+// in its one group's state, or in a sharded cluster's meta group, where
+// every shard reads the tokens from.
+func (s *Server) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
+	if s.shards != nil {
+		return s.shards.metaSvc.ACLBootstrap(ctx)
+	}
+	return s.Service.ACLBootstrap(ctx)
+}
