@@ -173,12 +173,12 @@ func (o splitObserver) Applied(index uint64, events []state.Event) {
 	}
 }
 
-// unstored is group src's snapshot hold (raftnode.Config.SnapshotHold): a
-// split src applied here whose new group is not stored on this node yet.
-// Until it is, src's log keeps the split entry, so a restart replays it and
-// carves the new group's state again; once src snapshots past the split,
-// the carved state exists nowhere else (docs/architecture.md, Splitting a
-// range online).
+// unstored is group src's snapshot hold (raftnode.Config.SnapshotHold): an
+// error while a split src applied here has a new group not stored on this
+// node yet. Until it is, src's log keeps the split entry, so a restart
+// replays it and carves the new group's state again; were src to snapshot
+// past the split first, a crash would leave the carved state nowhere
+// (docs/architecture.md, "A crash inside a split").
 func (ss *shardSet) unstored(src uint64) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -371,7 +371,7 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		running := ss.groups[sp.rec.Group] != nil
 		ss.mu.Unlock()
 		if !running {
-			break
+			continue
 		}
 		next, err := m.Split(sp.src, sp.rec.At, sp.rec.Group)
 		if err != nil {
