@@ -227,24 +227,26 @@ func TestKeepAliveWaitsForSplitOffGroup(t *testing.T) {
 		t.Fatal("the slow node started the new group despite the hook")
 	}
 	// gen is the session's lease generation (it rises with every renewal)
-	// in group g, as the first node sees it.
+	// in group g, as the first node sees it (0: no such lease there yet).
 	gen := func(g uint64) uint64 {
 		var out uint64
-		n := groupNode(c.Server(ids[0]), g)
-		if n == nil {
-			t.Fatalf("group %x is not running on %s", g, ids[0])
+		if n := groupNode(c.Server(ids[0]), g); n != nil {
+			n.FSM().Read(func(st *state.State) {
+				if l, ok := st.Lease(leaseID); ok {
+					out = l.Gen
+				}
+			})
 		}
-		n.FSM().Read(func(st *state.State) {
-			if l, ok := st.Lease(leaseID); ok {
-				out = l.Gen
-			}
-		})
 		return out
 	}
-	before, srcBefore := gen(child), gen(src)
-	if before == 0 {
-		t.Fatal("the new shard has no copy of the session")
-	}
+	var before uint64
+	testutil.Eventually(t, 30*time.Second, "the new shard has a copy of the session", func() error {
+		if before = gen(child); before == 0 {
+			return fmt.Errorf("no copy of the session on the new shard on %s yet", ids[0])
+		}
+		return nil
+	})
+	srcBefore := gen(src)
 
 	type answer struct {
 		code int
