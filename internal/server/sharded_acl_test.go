@@ -1,8 +1,10 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,7 +71,7 @@ func TestShardedACL(t *testing.T) {
 	var worker service.ACLTokenView
 	if code, ec := aclDoRetried(t, c, ids[2], root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
 		Description: "billing and tango workers",
-		Rules:       []service.ACLRule{{Prefix: "billing/", Permissions: []string{"lock", "read"}}, {Prefix: "tango/", Permissions: []string{"lock", "read"}}},
+		Rules:       []service.ACLRule{{Prefix: "billing/", Permissions: []string{"lock", "read"}}, {Prefix: "tango/", Permissions: []string{"lock", "read", "watch"}}},
 		ClientIDs:   []string{"worker-*"},
 	}, &worker); code != 200 || worker.SecretID == "" {
 		t.Fatalf("create the worker token: %d %s %+v", code, ec, worker)
@@ -152,6 +154,15 @@ func TestShardedACL(t *testing.T) {
 		}
 	}
 
+	// A watch it opened on shard 3 through the third node ends when the
+	// token is revoked in the meta group.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, events := sseWith(t, ctx, c.URL(ids[2])+"/api/v1/watch?prefix=tango/", bearerHeader(w))
+	if code != 200 {
+		t.Fatalf("watch tango/: %d", code)
+	}
+
 	// Revoked through one node: refused on every node, on every shard.
 	if code, ec := aclDoRetried(t, c, ids[0], root.SecretID, "DELETE", "/api/v1/acl/tokens/"+worker.AccessorID, nil, nil); code != 200 {
 		t.Fatalf("revoke: %d %s", code, ec)
@@ -169,5 +180,14 @@ func TestShardedACL(t *testing.T) {
 	locks, with := aclGRPC(t, c, ids[1])
 	if _, err := locks.Acquire(with(w), &dlockv1.AcquireRequest{Name: "tango/revoked", ClientId: "worker-3", TtlMs: 30000}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("gRPC with a revoked token: %v", err)
+	}
+	sawErr := false
+	for rec := range events {
+		if rec.event == "error" {
+			sawErr = strings.Contains(rec.data, "permission_denied")
+		}
+	}
+	if !sawErr {
+		t.Fatal("the watch of a revoked token ended without a permission_denied error record (or only at the test's deadline)")
 	}
 }
