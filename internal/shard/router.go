@@ -721,8 +721,7 @@ func (r *Router) Snapshot(context.Context) ([]byte, uint64, error) {
 // with its own key, and one key set verifies any shard's proofs. A shard
 // split off another starts with its source's keys, listed once.
 func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
-	v, _ := r.view()
-	ks, err := v.all()
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
