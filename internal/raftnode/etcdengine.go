@@ -159,6 +159,8 @@ type etcdEngineConfig struct {
 	// (Config.InitialState) instead of bootstrapping it empty.
 	InitialState []byte
 	InitialIndex uint64
+	// SnapshotHold is Config.SnapshotHold.
+	SnapshotHold func() error
 }
 
 type etcdEngine struct {
@@ -221,6 +223,9 @@ type etcdEngine struct {
 	applyBytes uint64
 	snapBytes  uint64 // applyBytes at the last snapshot
 	sizeMarks  []sizeMark
+	// snapDue is set when a snapshot was held back (SnapshotHold): it is
+	// taken after a later batch, once the hold ends.
+	snapDue bool
 }
 
 // sizeMark is applyBytes once entries up to index were applied.
@@ -1132,7 +1137,7 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	if snapBytes == 0 {
 		snapBytes = defaultLogBytes
 	}
-	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
+	if confChanged || e.snapDue || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
 		e.takeSnapshot(nil)
 	}
 	return true
@@ -1167,6 +1172,16 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		finish(nil)
 		return
 	}
+	if hold := e.cfg.SnapshotHold; hold != nil {
+		// Held: the log keeps every entry since the last snapshot, and an
+		// automatic snapshot is tried again after the next applied batch.
+		if err := hold(); err != nil {
+			e.snapDue = f == nil
+			finish(fmt.Errorf("snapshot held back: %w", err))
+			return
+		}
+	}
+	e.snapDue = false
 	fs, err := e.fsm.Snapshot()
 	if err != nil {
 		finish(err)

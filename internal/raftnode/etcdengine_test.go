@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -679,4 +680,49 @@ func TestEtcdEngineDropsAHeartbeatForAnEarlierLife(t *testing.T) {
 	if err := c.Err(); err != nil {
 		t.Fatalf("the re-added member stopped: %v", err)
 	}
+}
+
+// TestEtcdEngineSnapshotHold: while SnapshotHold answers an error the group
+// takes no snapshot (so its log keeps every entry for a restart to replay),
+// a requested one fails with the reason, and once the hold ends the
+// snapshot that was due is taken after the next batch.
+func TestEtcdEngineSnapshotHold(t *testing.T) {
+	var held atomic.Bool
+	held.Store(true)
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) {
+		c.SnapshotThreshold = 4
+		c.SnapshotHold = func() error {
+			if held.Load() {
+				return errors.New("a split's new group is not stored yet")
+			}
+			return nil
+		}
+	})
+	n := nodes["a"]
+	e := n.raft.(*etcdEngine)
+	snapIndex := func() uint64 {
+		s, err := e.mem.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Metadata.Index
+	}
+	for i := range 12 {
+		acquire(t, n, fmt.Sprintf("h%d", i))
+	}
+	if i := snapIndex(); i != 0 {
+		t.Fatalf("a snapshot at %d was taken while held", i)
+	}
+	if err := n.Raft().Snapshot().Error(); err == nil || !strings.Contains(err.Error(), "not stored yet") {
+		t.Fatalf("a requested snapshot while held: %v", err)
+	}
+	held.Store(false)
+	acquire(t, n, "after")
+	applied, _ := digest(n)
+	testutil.Eventually(t, 10*time.Second, "the due snapshot is taken once the hold ends", func() error {
+		if i := snapIndex(); i < applied {
+			return fmt.Errorf("snapshot at %d, applied %d", i, applied)
+		}
+		return nil
+	})
 }
