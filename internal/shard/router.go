@@ -489,8 +489,14 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 		}
 	}
 	prefix := req.Prefix
-	follow := func(ctx context.Context, g, rev uint64) (int, *service.Watcher, bool, error) {
-		return r.followSplit(ctx, prefix, g, rev)
+	// The streams added at splits open later, as the caller (its ACL
+	// token) but not bounded by the opening request's deadline.
+	caller := context.WithoutCancel(ctx)
+	follow := func(fctx context.Context, g, rev uint64) (int, *service.Watcher, bool, error) {
+		cctx, cancel := context.WithCancel(caller)
+		defer cancel()
+		defer context.AfterFunc(fctx, cancel)()
+		return r.followSplit(cctx, prefix, g, rev)
 	}
 	return service.MergeWatchers(parts, ids, last, follow), false, nil
 }
