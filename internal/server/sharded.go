@@ -236,7 +236,7 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	svc.SetLimits(ss.cfg.Limits.Service)
 	svc.SetBrowserHosts(ss.cfg.BrowserHosts)
 	svc.EnableACL(ss.cfg.ACL)
-	svc.SetACLState(ss.meta.FSM())
+	svc.SetACLState(ss.meta.FSM(), ss.meta)
 	if first {
 		ss.mtr.Attach(metricsSource{node, hub})
 	}

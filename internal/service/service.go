@@ -83,6 +83,7 @@ type Service struct {
 	// acl is the state ACL tokens are read from: this group's, or on a
 	// sharded node the meta group's (SetACLState); aclShared says which.
 	acl       *fsm.FSM
+	aclRead   linearReader
 	aclShared atomic.Bool
 	lim       *limiter // nil: no limits (SetLimits)
 
@@ -105,7 +106,7 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 		logger = slog.Default()
 	}
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), tokens: newTokenUses(), logger: logger}
-	s.acl = s.fsm
+	s.acl, s.aclRead = s.fsm, node
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.fsm.AddObserver(s.waiters)
 	s.fsm.AddObserver(ownACL{s})
