@@ -302,6 +302,9 @@ type ShardRange struct {
 	// group, sorted; none means every node of the initial cluster (maps
 	// written before replica sets existed).
 	Replicas []string
+	// Leaving (version 10) is the replica a move is taking off the range
+	// (one of Replicas; "" when no move is in flight).
+	Leaving string
 }
 
 // MaxReplicas bounds a range's replica set, MaxReplicaIDLen each node id
@@ -725,6 +728,7 @@ func (b *SetShardMap) encode(w *wire.Writer) {
 		for _, id := range x.Replicas {
 			w.String(id)
 		}
+		w.String(x.Leaving)
 	}
 }
 func (b *SetShardMap) decode(r *wire.Reader, v byte) {
@@ -738,6 +742,7 @@ func (b *SetShardMap) decode(r *wire.Reader, v byte) {
 			for ; m > 0 && r.Err() == nil; m-- {
 				b.Ranges[i].Replicas = append(b.Ranges[i].Replicas, r.String())
 			}
+			b.Ranges[i].Leaving = r.String()
 		}
 	}
 }

@@ -97,7 +97,7 @@ func roundTripCases() []struct {
 		{"split/open", &Envelope{TS: 15, Body: &Split{At: "zz", Group: 2}}},
 		{"set-shard-map", &Envelope{TS: 16, Body: &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9}, {Start: "m", ID: 4, Group: 12}}}}},
 		{"set-shard-map/replicas", &Envelope{TS: 17, Body: &SetShardMap{Generation: 4, Ranges: []ShardRange{
-			{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2", "n3"}}, {Start: "m", ID: 4, Group: 12, Replicas: []string{"n2", "n4"}}}}}},
+			{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2", "n3"}}, {Start: "m", ID: 4, Group: 12, Replicas: []string{"n2", "n4", "n5"}, Leaving: "n2"}}}}},
 	}
 }
 

@@ -3,6 +3,7 @@ package state
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/wire"
@@ -236,6 +237,9 @@ func checkRanges(rs []command.ShardRange) error {
 				return fmt.Errorf("shard range %d's replicas must be distinct node ids in order", i)
 			}
 		}
+		if r.Leaving != "" && !slices.Contains(r.Replicas, r.Leaving) {
+			return fmt.Errorf("shard range %d's leaving replica %q is not one of its replicas", i, r.Leaving)
+		}
 		ids[r.ID], groups[r.Group] = true, true
 	}
 	return nil
@@ -262,6 +266,7 @@ func writeShard(w *wire.Writer, sh *shardState) {
 		for _, id := range r.Replicas {
 			w.String(id)
 		}
+		w.String(r.Leaving)
 	}
 }
 
@@ -288,6 +293,7 @@ func (s *State) readShard(r *wire.Reader, v byte) error {
 			for ; k > 0 && r.Err() == nil; k-- {
 				sr.Replicas = append(sr.Replicas, r.String())
 			}
+			sr.Leaving = r.String()
 		}
 		sh.ranges = append(sh.ranges, sr)
 	}

@@ -269,6 +269,7 @@ func TestSetShardMap(t *testing.T) {
 		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n2", "n1"}}},
 		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n1"}}},
 		{{Start: "", ID: 0, Group: 10, Replicas: []string{""}}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1"}, Leaving: "n2"}},
 		{{Start: "", ID: 0, Group: 10, Replicas: []string{strings.Repeat("n", command.MaxReplicaIDLen+1)}}},
 	} {
 		mustStatus(t, h.do("", &command.SetShardMap{Generation: 2, Ranges: bad}), command.StatusInvalid)

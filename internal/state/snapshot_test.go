@@ -304,6 +304,7 @@ func (r *rawSnap) encode() []byte {
 				for _, id := range x.Replicas {
 					w.String(id)
 				}
+				w.String(x.Leaving)
 			}
 		}
 	}
@@ -410,7 +411,7 @@ func splitState(t *testing.T) *State {
 		t.Fatalf("split: %+v", r)
 	}
 	r = s.Apply(s.Index()+1, &command.Envelope{TS: s.LastTS(), Body: &command.SetShardMap{Generation: 1,
-		Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9, Replicas: []string{"n1", "n3", "n4"}}}}})
+		Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9, Replicas: []string{"n1", "n3", "n4"}, Leaving: "n3"}}}})
 	if r.Status != command.StatusOK {
 		t.Fatalf("set shard map: %+v", r)
 	}
@@ -423,7 +424,7 @@ func TestRestoreFormat11(t *testing.T) {
 	r := toRaw(splitState(t))
 	r.version = 11
 	for i := range r.shard.ranges {
-		r.shard.ranges[i].Replicas = nil
+		r.shard.ranges[i].Replicas, r.shard.ranges[i].Leaving = nil, ""
 	}
 	s, err := Restore(r.encode())
 	if err != nil {
