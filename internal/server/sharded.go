@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -29,6 +31,15 @@ func startSharded(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.Replicas = cfg.Shards.Replicas // the placement (--shard-replicas)
+	all := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+	for k := range m.Bounds {
+		for _, id := range m.Hosts(k, all) {
+			if _, ok := cfg.Raft.InitialCluster[id]; !ok {
+				return nil, fmt.Errorf("shard %d is placed on node %q, which is not in the initial cluster", k, id)
+			}
+		}
+	}
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
@@ -46,7 +57,7 @@ func startSharded(cfg Config) (*Server, error) {
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
 	ss := &shardSet{logger: s.logger, cfg: cfg, rc: rc, initial: m, groups: map[uint64]*groupRun{},
-		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New()}
+		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}}
 	s.shards = ss
 	ok := false
 	defer func() {
@@ -75,19 +86,45 @@ func startSharded(cfg Config) (*Server, error) {
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
-	// The initial ranges' groups, then whatever the meta group and the
-	// groups' own states (splits) say this node must run.
+	// The initial ranges' groups this node runs (bootstrapped with their
+	// replicas, unless moved off this node since), then whatever the meta
+	// group and the groups' own states (splits, moves) say it must run.
+	moved, err := shard.MovedGroups(rc.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	svcs := make([]*service.Service, m.N())
+	var front *groupRun
 	for k := 0; k < m.N(); k++ {
-		g, err := ss.open(m.Group(k), strconv.Itoa(m.IDs[k]), nil, true)
+		if !m.Hosted(k, rc.ID, all) || moved[m.Group(k)] {
+			continue
+		}
+		initial := map[string]string{}
+		for _, id := range m.Hosts(k, all) {
+			initial[id] = rc.InitialCluster[id]
+		}
+		g, err := ss.open(m.Group(k), strconv.Itoa(m.IDs[k]), nil, initial)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", k, err)
 		}
 		svcs[k] = g.svc
+		if front == nil {
+			front = g
+		}
 	}
-	s.Node, s.Service = ss.groups[m.Group(0)].node, svcs[0]
+	if front == nil {
+		// No data group here: the API's member checks read the meta
+		// group's members.
+		hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
+		front = &groupRun{node: ss.meta, svc: service.New(ss.meta, hub, s.logger.With("shard", "meta"))}
+		ss.metaSvc = front.svc
+	}
+	s.Node, s.Service = front.node, front.svc
 	ss.router = shard.NewRouter(m, svcs)
 	ss.router.SetSplitter(ss)
+	ss.router.SetMover(ss)
+	ss.router.SetRemote(ss)
+	ss.shared.HandleRoute(ss.router)
 	ss.reconcile(context.Background())
 	s.router = ss.router
 	s.serveAPI(ss.router, svcs[0], ss.mtr, ln, grpcLn)
@@ -98,7 +135,7 @@ func startSharded(cfg Config) (*Server, error) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); shard.Balance(ctx, ss.balanced, s.logger) }()
-	go func() { defer wg.Done(); ss.run(ctx) }()
+	go func() { defer wg.Done(); ss.run(ctx); ss.wg.Wait() }()
 	go func() { wg.Wait(); close(s.balanced) }()
 	ok = true
 	return s, nil
@@ -125,6 +162,13 @@ type shardSet struct {
 	pending map[uint64]carved
 	stopped bool
 	kick    chan struct{}
+	// all are the initial cluster's node ids; driving the groups whose
+	// move this node is driving (moves.go); metaSvc a service over the
+	// meta group when this node runs no data group.
+	all     []string
+	driving map[uint64]bool
+	metaSvc *service.Service
+	wg      sync.WaitGroup
 }
 
 // groupRun is one data group running on this node.
@@ -173,7 +217,7 @@ func (ss *shardSet) poke() {
 // cluster (an initial range), seeded from a carved state (a range split off
 // here), or empty, to be sent a snapshot by its leader (a range split off
 // while this node was away). A group already stored recovers from disk.
-func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*groupRun, error) {
+func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string]string) (*groupRun, error) {
 	hub := watch.NewHub(ss.cfg.WatchHistory, ss.cfg.WatchBuffer)
 	gc := ss.rc
 	gc.Shared, gc.Group = ss.shared, g
@@ -188,8 +232,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	switch {
 	case seed != nil:
 		gc.InitialState, gc.InitialIndex = seed.state, seed.index
-	case !bootstrap:
-		gc.InitialCluster = nil
+	default:
+		gc.InitialCluster = initial
 	}
 	node, err := raftnode.Open(gc)
 	if err != nil {
@@ -292,11 +336,15 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		c := ss.pending[g]
 		add(g, &c)
 	}
-	for _, g := range m.Groups {
-		add(g, nil)
+	for k, g := range m.Groups {
+		if m.Hosted(k, ss.rc.ID, ss.all) {
+			add(g, nil)
+		}
 	}
 	for _, sp := range splits {
-		add(sp.rec.Group, nil)
+		if k := m.IndexOfGroup(sp.rec.Group); k < 0 || m.Hosted(k, ss.rc.ID, ss.all) {
+			add(sp.rec.Group, nil)
+		}
 	}
 	ss.mu.Unlock()
 	for _, w := range wants {
@@ -306,11 +354,11 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		if stopped || ctx.Err() != nil {
 			return
 		}
-		if _, err := ss.open(w.g, w.name, w.seed, false); err != nil {
+		if _, err := ss.open(w.g, w.name, w.seed, nil); err != nil {
 			ss.logger.Error("could not start a shard's group; will retry", "group", w.g, "err", err)
 			continue
 		}
-		ss.logger.Info("started a split-off shard's group", "group", w.g, "seeded", w.seed != nil)
+		ss.logger.Info("started a shard's group (split off, or moved here)", "group", w.g, "seeded", w.seed != nil)
 		ss.mu.Lock()
 		delete(ss.pending, w.g)
 		ss.mu.Unlock()
@@ -325,10 +373,12 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		if err != nil {
 			continue // the map is not there yet (an earlier split first)
 		}
-		ss.commitMap(ctx, next)
+		_ = ss.commitMap(ctx, next)
 		break
 	}
 	ss.route(m)
+	ss.stopMoved(m)
+	ss.driveMoves(ctx, m)
 }
 
 func groupName(m shard.Map, g uint64) string {
@@ -340,13 +390,15 @@ func groupName(m shard.Map, g uint64) string {
 
 // commitMap proposes m to the meta group (a no-op there unless it is the
 // next generation).
-func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) {
+func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges()}}
 	if _, err := ss.meta.Apply(ctx, env); err != nil {
 		ss.logger.Info("could not commit the shard map; will retry", "generation", m.Generation, "err", err)
+		return err
 	}
+	return nil
 }
 
 // route hands the router m with the services of its groups.
@@ -380,6 +432,9 @@ func (ss *shardSet) Split(ctx context.Context, at string) error {
 	if err != nil {
 		return apierror.New(apierror.InvalidArgument, "%v; nothing was changed", err)
 	}
+	if from := m.LeavingReplica(k); from != "" {
+		return apierror.New(apierror.Conflict, "shard %d is moving its replica on %s; split it once the move is done (GET /api/v1/cluster shows leaving while it runs); nothing was changed", m.IDs[k], from)
+	}
 	src := m.Groups[k]
 	start, end := m.Range(k)
 	child := shard.ChildGroup(src, at)
@@ -387,7 +442,8 @@ func (ss *shardSet) Split(ctx context.Context, at string) error {
 	run := ss.groups[src]
 	ss.mu.Unlock()
 	if run == nil {
-		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the range's group is not running on this node yet; retry"}
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+			"shard %d's group does not run on this node; split it through one of its replicas %v", m.IDs[k], m.Hosts(k, ss.all))}
 	}
 	if err := run.svc.ProposeSplit(ctx, &command.Split{At: at, Group: child, From: start, To: end}); err != nil {
 		return err
@@ -444,6 +500,9 @@ func (ss *shardSet) services() []*service.Service {
 	for _, g := range ss.order {
 		out = append(out, ss.groups[g].svc)
 	}
+	if ss.metaSvc != nil {
+		out = append(out, ss.metaSvc)
+	}
 	return out
 }
 
@@ -453,11 +512,15 @@ func (ss *shardSet) shutdown() {
 	ss.mu.Lock()
 	ss.stopped = true
 	ss.mu.Unlock()
+	ss.wg.Wait()
 	for _, n := range ss.nodes() {
 		_ = n.Shutdown()
 	}
 	for _, svc := range ss.services() {
 		svc.Close()
+	}
+	if ss.metaSvc != nil {
+		ss.metaSvc.Close()
 	}
 }
 
@@ -500,4 +563,42 @@ func (s *Server) allServices() []*service.Service {
 		return s.shards.services()
 	}
 	return []*service.Service{s.Service}
+}
+
+// ShardGroup is this node's group of the shard with id (nil: it does not
+// run it, or not yet).
+func (s *Server) ShardGroup(id int) *raftnode.Node {
+	if s.shards == nil {
+		return nil
+	}
+	m := s.shards.router.Map()
+	k := m.IndexOf(id)
+	if k < 0 {
+		return nil
+	}
+	s.shards.mu.Lock()
+	defer s.shards.mu.Unlock()
+	if run := s.shards.groups[m.Groups[k]]; run != nil {
+		return run.node
+	}
+	return nil
+}
+
+// GroupStored reports whether this node's store holds anything of Raft
+// group g (a sharded node; false otherwise).
+func (s *Server) GroupStored(g uint64) (bool, error) {
+	if s.shared == nil {
+		return false, nil
+	}
+	return s.shared.GroupStored(g)
+}
+
+// MembersNode is the group whose configuration names every node: a
+// sharded node's meta group (its data groups may run on some nodes only),
+// else the one group.
+func (s *Server) MembersNode() *raftnode.Node {
+	if s.shards != nil && s.shards.meta != nil {
+		return s.shards.meta
+	}
+	return s.Node
 }
