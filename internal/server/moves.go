@@ -81,9 +81,9 @@ func (ss *shardSet) Call(ctx context.Context, node string, body []byte) ([]byte,
 // input (from is no replica), with the replicas in the message.
 func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 	for {
-		m, ok := ss.metaMap()
-		if !ok {
-			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet; retry"}
+		m, committed := ss.metaMap()
+		if !committed {
+			m = ss.initial // to check the request against; the meta group commits it first
 		}
 		k := m.IndexOf(req.Shard)
 		if k >= 0 && m.LeavingReplica(k) == req.From && m.Hosted(k, req.To, ss.all) {
@@ -97,6 +97,9 @@ func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 				return apierror.New(apierror.Conflict, "%v; nothing was changed", err)
 			}
 			return apierror.New(apierror.InvalidArgument, "%v; nothing was changed", err)
+		}
+		if !committed {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet (the cluster is starting); retry"}
 		}
 		if err := ss.commitMap(ctx, next); err != nil {
 			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,

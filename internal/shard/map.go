@@ -8,8 +8,8 @@ package shard
 import (
 	"fmt"
 	"hash/fnv"
-	"os"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
