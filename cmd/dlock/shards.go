@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/spf13/pflag"
 
@@ -9,14 +12,17 @@ import (
 	"github.com/dlock/dlock/internal/shard"
 )
 
-// shardFlags are --shards and --shard-bounds (docs/operations.md, Shards).
+// shardFlags are --shards, --shard-bounds and --shard-replicas
+// (docs/operations.md, Shards).
 type shardFlags struct {
-	n      int
-	bounds string
+	n        int
+	bounds   string
+	replicas int
 }
 
 func (f *shardFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.n, "shards", 1, "run the lock table as N shards, each its own Raft group, split by the first segment of names (needs the etcd engine; 1 is one group, as always); every node of a cluster must get the same value")
+	fs.IntVar(&f.replicas, "shard-replicas", 0, "run each initial shard on this many nodes of --initial-cluster, placed round-robin over the node ids sorted (0: every shard on every node); every node must get the same value; dlock shards move changes the placement later")
 	fs.StringVar(&f.bounds, "shard-bounds", "", "explicit shard ranges: the first top-level name segment of each shard after the first, comma-separated (e.g. g,n,t for 4 shards); default: the letters split evenly")
 }
 
@@ -43,7 +49,20 @@ func (f *shardFlags) apply(c *raftnode.Config) (*shard.Map, error) {
 		}
 	}
 	if m.N() == 1 {
+		if f.replicas != 0 {
+			return nil, errors.New("--shard-replicas needs --shards above 1")
+		}
 		return nil, nil
+	}
+	switch {
+	case f.replicas < 0:
+		return nil, fmt.Errorf("--shard-replicas must be 0 (every node) or more, got %d", f.replicas)
+	case f.replicas > 0 && len(c.InitialCluster) == 0:
+		return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster; give it")
+	case f.replicas > 0:
+		if m, err = m.Place(slices.Collect(maps.Keys(c.InitialCluster)), f.replicas); err != nil {
+			return nil, fmt.Errorf("--shard-replicas: %w", err)
+		}
 	}
 	engine := c.Engine
 	if engine == "" {
