@@ -243,23 +243,38 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 // its replica away) and deletes their data. The router already sends
 // their calls to the replicas (route ran first); each waiting request is
 // handed on there with its place in line.
-func (ss *shardSet) stopMoved(m shard.Map) {
+func (ss *shardSet) stopMoved(ctx context.Context, m shard.Map) {
+	gone := ss.notHosted(m)
+	if len(gone) == 0 {
+		return
+	}
+	// Deleting a group's data is for good: first make sure the map is
+	// the current one, not an older one a restarted node is replaying
+	// (which could name this node out of a group it has since rejoined).
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := ss.meta.LinearizableRead(rctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	cur, ok := ss.metaMap()
+	if !ok {
+		return
+	}
+	gone = ss.notHosted(cur)
+	// The router sends the groups' calls to their replicas from here on;
+	// then the waits here are handed on to them.
 	ss.mu.Lock()
-	var gone []*groupRun
-	for _, g := range ss.order {
-		if k := m.IndexOfGroup(g); k >= 0 && !m.Hosted(k, ss.rc.ID, ss.all) {
-			gone = append(gone, ss.groups[g])
-		}
+	for _, run := range gone {
+		delete(ss.groups, run.id)
+		ss.order = slices.DeleteFunc(ss.order, func(g uint64) bool { return g == run.id })
 	}
 	ss.mu.Unlock()
+	ss.route(cur)
 	for _, run := range gone {
 		run.svc.HandOff()
 		_ = run.node.Shutdown()
 		run.svc.Close()
-		ss.mu.Lock()
-		delete(ss.groups, run.id)
-		ss.order = slices.DeleteFunc(ss.order, func(g uint64) bool { return g == run.id })
-		ss.mu.Unlock()
 		if err := shard.RecordMoved(ss.rc.DataDir, run.id); err != nil {
 			ss.logger.Error("could not record a group moved off this node; its data stays", "group", run.id, "err", err)
 			continue
@@ -270,4 +285,17 @@ func (ss *shardSet) stopMoved(m shard.Map) {
 		}
 		ss.logger.Info("stopped a shard's group moved off this node and deleted its data", "shard", run.name, "group", run.id)
 	}
+}
+
+// notHosted are the running groups m places on other nodes only.
+func (ss *shardSet) notHosted(m shard.Map) []*groupRun {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var out []*groupRun
+	for _, g := range ss.order {
+		if k := m.IndexOfGroup(g); k >= 0 && !m.Hosted(k, ss.rc.ID, ss.all) {
+			out = append(out, ss.groups[g])
+		}
+	}
+	return out
 }

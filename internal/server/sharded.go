@@ -377,7 +377,7 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		break
 	}
 	ss.route(m)
-	ss.stopMoved(m)
+	ss.stopMoved(ctx, m)
 	ss.driveMoves(ctx, m)
 }
 
