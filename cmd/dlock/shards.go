@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 
 	"github.com/spf13/pflag"
 
@@ -54,16 +52,12 @@ func (f *shardFlags) apply(c *raftnode.Config) (*shard.Map, error) {
 		}
 		return nil, nil
 	}
-	switch {
-	case f.replicas < 0:
+	if f.replicas < 0 {
 		return nil, fmt.Errorf("--shard-replicas must be 0 (every node) or more, got %d", f.replicas)
-	case f.replicas > 0 && len(c.InitialCluster) == 0:
-		return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster; give it")
-	case f.replicas > 0:
-		if m, err = m.Place(slices.Collect(maps.Keys(c.InitialCluster)), f.replicas); err != nil {
-			return nil, fmt.Errorf("--shard-replicas: %w", err)
-		}
 	}
+	// The nodes are --initial-cluster's on the first start; a restart
+	// without it reads them from the data dir (shard.RecordedNodes).
+	m.Placement = f.replicas
 	engine := c.Engine
 	if engine == "" {
 		if engine, err = raftnode.DataDirEngine(c.DataDir); err != nil {

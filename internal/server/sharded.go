@@ -31,11 +31,30 @@ func startSharded(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.Replicas = cfg.Shards.Replicas // the placement (--shard-replicas)
+	m.Replicas = cfg.Shards.Replicas // a placement made by the caller
+	if r := cfg.Shards.Placement; r > 0 {
+		// --shard-replicas: on the initial cluster's nodes, or on a
+		// restart without it, on those the data dir recorded.
+		nodes := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+		if len(nodes) == 0 {
+			if nodes, err = shard.RecordedNodes(cfg.Raft.DataDir); err != nil {
+				return nil, err
+			}
+			if len(nodes) == 0 {
+				return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
+			}
+		}
+		if m, err = m.Place(nodes, r); err != nil {
+			return nil, fmt.Errorf("--shard-replicas: %w", err)
+		}
+	}
+	// all are the initial cluster's nodes: the replicas of a range without
+	// a replica set. A restart without --initial-cluster reads them from
+	// the meta group's configuration below.
 	all := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
 	for k := range m.Bounds {
 		for _, id := range m.Hosts(k, all) {
-			if _, ok := cfg.Raft.InitialCluster[id]; !ok {
+			if _, ok := cfg.Raft.InitialCluster[id]; !ok && len(all) > 0 {
 				return nil, fmt.Errorf("shard %d is placed on node %q, which is not in the initial cluster", k, id)
 			}
 		}
@@ -85,6 +104,18 @@ func startSharded(cfg Config) (*Server, error) {
 	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer())
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
+	}
+	if len(all) == 0 {
+		// Every node is a member of the meta group, and joining a sharded
+		// cluster is refused: its members are the initial cluster.
+		for _, s := range ss.meta.Status().Servers {
+			all = append(all, s.ID)
+		}
+		slices.Sort(all)
+		if len(all) == 0 {
+			return nil, errors.New("the meta group has no members on disk; give --initial-cluster")
+		}
+		ss.all = all
 	}
 	// The initial ranges' groups this node runs (bootstrapped with their
 	// replicas, unless moved off this node since), then whatever the meta

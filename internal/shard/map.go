@@ -38,6 +38,28 @@ type Map struct {
 	Replicas   [][]string
 	Leaving    []string
 	Generation uint64
+	// Placement, on a map given by flags, asks for each range on that many
+	// nodes (Place); 0 is every node.
+	Placement int
+	placedOn  []string // the nodes Place placed the ranges on
+}
+
+// RecordedNodes are the nodes a data dir's initial map was placed on
+// (CheckDataDir; nil: none recorded, every range on every node).
+func RecordedNodes(dir string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, mapFile))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, mapFile), err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "nodes "); ok {
+			return strings.Split(rest, ","), nil
+		}
+	}
+	return nil, nil
 }
 
 // DefaultBounds splits the lower-case letters evenly into n ranges (names
@@ -89,6 +111,7 @@ func (m Map) Place(nodes []string, r int) (Map, error) {
 	}
 	ids := slices.Sorted(slices.Values(nodes))
 	out := m
+	out.placedOn = ids
 	out.Replicas = make([][]string, len(m.Bounds))
 	for k := range m.Bounds {
 		var set []string
@@ -407,6 +430,9 @@ const mapFile = "SHARDS"
 // dir made with another one (later ranges come from the meta group).
 func CheckDataDir(dir string, m Map) error {
 	want := fmt.Sprintf("generation %d\n%s\n", m.Generation, strings.Join(m.Bounds[1:], "\n"))
+	if m.placedOn != nil {
+		want += "nodes " + strings.Join(m.placedOn, ",") + "\n"
+	}
 	for k := range m.Replicas {
 		// A placement (--shard-replicas) is part of the initial map; a dir
 		// made without one reads as before.

@@ -33,7 +33,7 @@ func TestPlaceAndMove(t *testing.T) {
 		t.Fatal("hosts")
 	}
 	// The map as the meta group stores it comes back the same.
-	if back := shard.FromRanges(m.Generation, m.Ranges()); !reflect.DeepEqual(back, m) {
+	if back := shard.FromRanges(m.Generation, m.Ranges()); !reflect.DeepEqual(back.Replicas, m.Replicas) || !reflect.DeepEqual(back.Groups, m.Groups) || back.Generation != m.Generation {
 		t.Fatalf("round trip %+v, want %+v", back, m)
 	}
 	for _, bad := range []struct {
@@ -97,6 +97,9 @@ func TestDataDirPlacementAndMovedGroups(t *testing.T) {
 	}
 	if err := shard.CheckDataDir(dir, m); err != nil {
 		t.Fatal(err)
+	}
+	if got, err := shard.RecordedNodes(dir); err != nil || !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
+		t.Fatalf("recorded nodes %v %v", got, err)
 	}
 	if got, err := shard.MovedGroups(dir); err != nil || len(got) != 0 {
 		t.Fatalf("moved groups of a new dir: %v %v", got, err)
