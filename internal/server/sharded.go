@@ -101,7 +101,9 @@ func startSharded(cfg Config) (*Server, error) {
 	mc := rc
 	mc.Shared, mc.Group = ss.shared, m.MetaGroup()
 	mc.Logger = rc.Logger.With("shard", "meta")
-	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer())
+	// A hub for the meta group's service (metaSvc); nothing watches it.
+	metaHub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
+	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer(), metaHub)
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
@@ -143,18 +145,18 @@ func startSharded(cfg Config) (*Server, error) {
 			front = g
 		}
 	}
+	// The meta group's service answers for the cluster's members (every
+	// node), and is the API's front when no data group runs here.
+	ss.metaSvc = service.New(ss.meta, metaHub, s.logger.With("shard", "meta"))
 	if front == nil {
-		// No data group here: the API's member checks read the meta
-		// group's members.
-		hub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
-		front = &groupRun{node: ss.meta, svc: service.New(ss.meta, hub, s.logger.With("shard", "meta"))}
-		ss.metaSvc = front.svc
+		front = &groupRun{node: ss.meta, svc: ss.metaSvc}
 	}
 	s.Node, s.Service = front.node, front.svc
 	ss.router = shard.NewRouter(m, svcs)
 	ss.router.SetSplitter(ss)
 	ss.router.SetMover(ss)
 	ss.router.SetRemote(ss)
+	ss.router.SetMembers(ss.metaSvc)
 	ss.shared.HandleRoute(ss.router)
 	ss.reconcile(context.Background())
 	s.router = ss.router

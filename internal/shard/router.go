@@ -36,6 +36,16 @@ type Router struct {
 	split   Splitter
 	move    Mover
 	remote  Remote // nil: every range runs here
+	members *service.Service
+}
+
+// SetMembers gives the router the meta group's service: on a cluster whose
+// shards run on some nodes only, GET /cluster lists its members (every
+// node) rather than shard 0's replicas.
+func (r *Router) SetMembers(s *service.Service) {
+	r.mu.Lock()
+	r.members = s
+	r.mu.Unlock()
 }
 
 // view is one generation of the map with the services of its ranges
@@ -685,28 +695,32 @@ func (r *Router) ClusterHealth(ctx context.Context) (*service.ClusterInfo, error
 
 func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo, error) {
 	v, _ := r.view()
-	// The node's own view is its first local shard's (shard 0's when every
-	// range runs here); a node that runs none asks shard 0's replicas.
-	first := -1
-	for k, s := range v.shards {
-		if s != nil {
-			first = k
-			break
+	// The top-level fields are shard 0's, asked of its replicas when it
+	// does not run here.
+	const first = 0
+	ci, err := onShard(ctx, r, v, first, routed{Op: "cluster"}, func(s *service.Service) (*service.ClusterInfo, error) {
+		if health {
+			return s.ClusterHealth(ctx)
 		}
-	}
-	var ci *service.ClusterInfo
-	var err error
-	switch {
-	case first >= 0 && health:
-		ci, err = v.shards[first].ClusterHealth(ctx)
-	case first >= 0:
-		ci, err = v.shards[first].Cluster(ctx)
-	default:
-		first = 0
-		ci, err = onShard(ctx, r, v, 0, routed{Op: "cluster"}, func(s *service.Service) (*service.ClusterInfo, error) { return s.Cluster(ctx) })
-	}
+		return s.Cluster(ctx)
+	})
 	if err != nil {
 		return nil, err
+	}
+	r.mu.Lock()
+	meta := r.members
+	r.mu.Unlock()
+	if placed(v.m) && meta != nil {
+		// Shards on some nodes only: the members are every node (the
+		// meta group's), and the answering node is this one.
+		mi, err := meta.Cluster(ctx)
+		if health {
+			mi, err = meta.ClusterHealth(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ci.NodeID, ci.Members = mi.NodeID, mi.Members
 	}
 	ci.ShardGeneration = v.m.Generation
 	var all []string
@@ -736,6 +750,17 @@ func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo
 		ci.Shards = append(ci.Shards, info)
 	}
 	return ci, nil
+}
+
+// placed reports whether some range of m runs on a replica set rather
+// than on every node.
+func placed(m Map) bool {
+	for _, r := range m.Replicas {
+		if len(r) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // SplitShard splits the range holding req.At at it, online: the names at
