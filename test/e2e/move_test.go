@@ -113,7 +113,7 @@ func TestMoveReplicaProcess(t *testing.T) {
 				name := names[i%len(names)]
 				via := c.url(ids[(w+i)%4])
 				r, err := try(ctx, http.MethodPost, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w),
-					"ttl_ms": 20000, "wait_timeout_ms": 30000, "request_id": fmt.Sprintf("w%d-%d", w, i)})
+					"ttl_ms": 60000, "wait_timeout_ms": 30000, "request_id": fmt.Sprintf("w%d-%d", w, i)})
 				if ctx.Err() != nil {
 					return
 				}
@@ -125,8 +125,12 @@ func TestMoveReplicaProcess(t *testing.T) {
 				mu.Lock()
 				seqs[name] = append(seqs[name], a.FencingToken)
 				mu.Unlock()
+				// With a request_id: a release resent after its answer
+				// was lost with a killed node is answered from the dedup
+				// table, not refused as not_holder.
 				r, err = try(ctx, http.MethodPost, c.url(ids[(w+i+1)%4])+"/api/v1/locks/"+name+"/release",
-					map[string]any{"client_id": fmt.Sprintf("w%d", w), "fencing_token": a.FencingToken, "lease_id": a.LeaseID})
+					map[string]any{"client_id": fmt.Sprintf("w%d", w), "fencing_token": a.FencingToken, "lease_id": a.LeaseID,
+						"request_id": fmt.Sprintf("r%d-%d", w, i)})
 				if ctx.Err() != nil {
 					return
 				}
