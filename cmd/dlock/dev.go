@@ -114,7 +114,7 @@ func newDevCmd(out io.Writer, wait func(shutdown func(context.Context) error, in
 		curl := "curl -s " + dt.curlFlags()
 		if *withACL {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			tok, err := servers[0].Service.ACLBootstrap(ctx)
+			tok, err := servers[0].ACLBootstrap(ctx)
 			cancel()
 			if err != nil {
 				_ = shutdown(context.Background())

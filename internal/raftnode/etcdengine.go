@@ -159,6 +159,8 @@ type etcdEngineConfig struct {
 	// (Config.InitialState) instead of bootstrapping it empty.
 	InitialState []byte
 	InitialIndex uint64
+	// SnapshotHold is Config.SnapshotHold.
+	SnapshotHold func() error
 }
 
 type etcdEngine struct {
@@ -221,6 +223,9 @@ type etcdEngine struct {
 	applyBytes uint64
 	snapBytes  uint64 // applyBytes at the last snapshot
 	sizeMarks  []sizeMark
+	// snapDue is set when a snapshot was held back (SnapshotHold): it is
+	// taken after a later batch, once the hold ends.
+	snapDue bool
 }
 
 // sizeMark is applyBytes once entries up to index were applied.
@@ -546,6 +551,20 @@ func (e *etcdEngine) runRaft() {
 }
 
 func (e *etcdEngine) step(m raftpb.Message) {
+	if m.Type == raftpb.MsgHeartbeat && m.Commit > 0 {
+		// A leader only announces a commit index this node has acknowledged
+		// as durable, and what this node made durable is in mem (appended
+		// puts it there before the acknowledgement leaves). A higher one was
+		// meant for an earlier life of this member id — one removed and
+		// added back empty, the message queued for it while it was down —
+		// and go.etcd.io/raft would panic on it. Dropping a heartbeat is
+		// always safe; the leader's next one carries the new life's index.
+		if last, err := e.mem.LastIndex(); err == nil && m.Commit > last {
+			e.log.Warn("dropped a heartbeat for an earlier life of this member: its commit index is past this node's log",
+				"commit", m.Commit, "last_index", last, "from", m.From, "term", m.Term)
+			return
+		}
+	}
 	switch m.Type {
 	case raftpb.MsgApp, raftpb.MsgHeartbeat, raftpb.MsgSnap:
 		e.lastContact.Store(time.Now().UnixNano())
@@ -1118,7 +1137,7 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	if snapBytes == 0 {
 		snapBytes = defaultLogBytes
 	}
-	if confChanged || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
+	if confChanged || e.snapDue || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
 		e.takeSnapshot(nil)
 	}
 	return true
@@ -1153,6 +1172,16 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		finish(nil)
 		return
 	}
+	if hold := e.cfg.SnapshotHold; hold != nil {
+		// Held: the log keeps every entry since the last snapshot, and an
+		// automatic snapshot is tried again after the next applied batch.
+		if err := hold(); err != nil {
+			e.snapDue = f == nil
+			finish(fmt.Errorf("snapshot held back: %w", err))
+			return
+		}
+	}
+	e.snapDue = false
 	fs, err := e.fsm.Snapshot()
 	if err != nil {
 		finish(err)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -628,4 +629,100 @@ func TestEtcdEngineMemoryLogBoundedInBytes(t *testing.T) {
 	if threshold := uint64(16384); last >= threshold {
 		t.Fatalf("the log reached the entry threshold (%d entries): the byte bound was not what compacted it", last)
 	}
+}
+
+// TestEtcdEngineDropsAHeartbeatForAnEarlierLife: a member removed and added
+// back with an empty dir keeps its Raft id, so a heartbeat the leader queued
+// for its earlier life — carrying the commit index that life had
+// acknowledged — can reach the new one. go.etcd.io/raft panics on a commit
+// index past its log; the engine must drop it and join as usual.
+func TestEtcdEngineDropsAHeartbeatForAnEarlierLife(t *testing.T) {
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, nil)
+	leader := waitLeader(t, nodes)
+	if leader == "c" {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if err := nodes["c"].TransferLeadership(ctx, "a"); err != nil {
+			t.Fatalf("transfer: %v", err)
+		}
+		cancel()
+		leader = waitLeader(t, map[string]*Node{"a": nodes["a"], "b": nodes["b"]})
+	}
+	for i := range 20 {
+		acquire(t, nodes[leader], fmt.Sprintf("l%d", i))
+	}
+	sameState(t, nodes)
+	_ = nodes["c"].Shutdown()
+	delete(nodes, "c")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := nodes[leader].Remove(ctx, "c"); err != nil {
+		t.Fatalf("remove: %v", err)
+	}
+	st := nodes[leader].Status()
+	if st.CommitIndex == 0 {
+		t.Fatal("the leader reports no commit index")
+	}
+
+	addr := freeRaftAddr(t)
+	c, err := Open(Config{ID: "c", DataDir: t.TempDir(), RaftAddr: addr, Engine: EngineEtcd, RaftLogLevel: "off", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Shutdown() })
+	c.raft.(*etcdEngine).receive(raftpb.Message{Type: raftpb.MsgHeartbeat, To: raftID("c"), From: raftID(leader),
+		Term: st.Term, Commit: st.CommitIndex})
+	if err := nodes[leader].Join(ctx, "c", addr); err != nil {
+		t.Fatalf("join: %v", err)
+	}
+	nodes["c"] = c
+	acquire(t, nodes[leader], "after-rejoin")
+	sameState(t, nodes)
+	if err := c.Err(); err != nil {
+		t.Fatalf("the re-added member stopped: %v", err)
+	}
+}
+
+// TestEtcdEngineSnapshotHold: while SnapshotHold answers an error the group
+// takes no snapshot (so its log keeps every entry for a restart to replay),
+// a requested one fails with the reason, and once the hold ends the
+// snapshot that was due is taken after the next batch.
+func TestEtcdEngineSnapshotHold(t *testing.T) {
+	var held atomic.Bool
+	held.Store(true)
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) {
+		c.SnapshotThreshold = 4
+		c.SnapshotHold = func() error {
+			if held.Load() {
+				return errors.New("a split's new group is not stored yet")
+			}
+			return nil
+		}
+	})
+	n := nodes["a"]
+	e := n.raft.(*etcdEngine)
+	snapIndex := func() uint64 {
+		s, err := e.mem.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Metadata.Index
+	}
+	for i := range 12 {
+		acquire(t, n, fmt.Sprintf("h%d", i))
+	}
+	if i := snapIndex(); i != 0 {
+		t.Fatalf("a snapshot at %d was taken while held", i)
+	}
+	if err := n.Raft().Snapshot().Error(); err == nil || !strings.Contains(err.Error(), "not stored yet") {
+		t.Fatalf("a requested snapshot while held: %v", err)
+	}
+	held.Store(false)
+	acquire(t, n, "after")
+	applied, _ := digest(n)
+	testutil.Eventually(t, 10*time.Second, "the due snapshot is taken once the hold ends", func() error {
+		if i := snapIndex(); i < applied {
+			return fmt.Errorf("snapshot at %d, applied %d", i, applied)
+		}
+		return nil
+	})
 }

@@ -100,6 +100,13 @@ type Config struct {
 	// (etcd engine only). A group already stored ignores it.
 	InitialState []byte
 	InitialIndex uint64
+	// SnapshotHold, when set, is asked before the group snapshots its state
+	// (and so compacts the log behind it): a non-nil answer holds the
+	// snapshot back, and a requested one fails with it. A source shard holds
+	// its snapshots while a split's new group is not stored on this node
+	// yet, so the split entry is replayed after a crash (etcd engine only).
+	// It runs on the apply goroutine: it must not block or read the FSM.
+	SnapshotHold func() error
 
 	// HistoryRetention, when set, is what this node commits as the grant
 	// history's bounds while it leads (nil leaves the state's bounds).
@@ -411,6 +418,7 @@ func (n *Node) startEtcd() error {
 		OnFail:       n.fail,
 		PeerHealth:   n.peers.set,
 		InitialState: cfg.InitialState, InitialIndex: cfg.InitialIndex,
+		SnapshotHold: cfg.SnapshotHold,
 	})
 	if err != nil {
 		var ce *CorruptError

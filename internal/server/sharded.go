@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -62,8 +63,6 @@ func startSharded(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
-	case cfg.ACL:
-		return nil, errors.New("ACLs are not available on a sharded cluster yet; run without --acl or with --shards 1")
 	case len(cfg.Join) > 0 || cfg.LeaveOnShutdown:
 		return nil, errors.New("joining or leaving a sharded cluster is not available yet; start every node with --initial-cluster")
 	}
@@ -101,12 +100,18 @@ func startSharded(cfg Config) (*Server, error) {
 	mc := rc
 	mc.Shared, mc.Group = ss.shared, m.MetaGroup()
 	mc.Logger = rc.Logger.With("shard", "meta")
-	// A hub for the meta group's service (metaSvc); nothing watches it.
-	metaHub := watch.NewHub(cfg.WatchHistory, cfg.WatchBuffer)
-	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer(), metaHub)
+	mc.Observers = append(rc.Observers[:len(rc.Observers):len(rc.Observers)], ss.observer(mc.Group))
 	if ss.meta, err = raftnode.Open(mc); err != nil {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
+	// The meta group's service serves the ACL calls: tokens live in its
+	// state, and every data group's service authorizes from it. It also
+	// answers for the cluster's members (every node), and is the API's
+	// front when no data group runs here.
+	ss.metaSvc = service.New(ss.meta, nil, cfg.Logger.With("shard", "meta"))
+	ss.metaSvc.SetRecorder(ss.mtr)
+	ss.metaSvc.SetLimits(cfg.Limits.Service)
+	ss.metaSvc.EnableACL(cfg.ACL)
 	if len(all) == 0 {
 		// Every node is a member of the meta group, and joining a sharded
 		// cluster is refused: its members are the initial cluster.
@@ -145,9 +150,6 @@ func startSharded(cfg Config) (*Server, error) {
 			front = g
 		}
 	}
-	// The meta group's service answers for the cluster's members (every
-	// node), and is the API's front when no data group runs here.
-	ss.metaSvc = service.New(ss.meta, metaHub, s.logger.With("shard", "meta"))
 	if front == nil {
 		front = &groupRun{node: ss.meta, svc: ss.metaSvc}
 	}
@@ -158,9 +160,10 @@ func startSharded(cfg Config) (*Server, error) {
 	ss.router.SetRemote(ss)
 	ss.router.SetMembers(ss.metaSvc)
 	ss.shared.HandleRoute(ss.router)
+	ss.router.SetACL(ss.metaSvc)
 	ss.reconcile(context.Background())
 	s.router = ss.router
-	s.serveAPI(ss.router, svcs[0], ss.mtr, ln, grpcLn)
+	s.serveAPI(ss.router, s.Service, ss.mtr, ln, grpcLn)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	close(s.joined)
@@ -188,6 +191,7 @@ type shardSet struct {
 	initial shard.Map
 	router  *shard.Router
 	meta    *raftnode.Node
+	metaSvc *service.Service
 
 	mu      sync.Mutex
 	groups  map[uint64]*groupRun
@@ -196,11 +200,9 @@ type shardSet struct {
 	stopped bool
 	kick    chan struct{}
 	// all are the initial cluster's node ids; driving the groups whose
-	// move this node is driving (moves.go); metaSvc a service over the
-	// meta group when this node runs no data group.
+	// move this node is driving (moves.go), wg those steps.
 	all     []string
 	driving map[uint64]bool
-	metaSvc *service.Service
 	wg      sync.WaitGroup
 }
 
@@ -213,17 +215,23 @@ type groupRun struct {
 }
 
 // carved is a split-off group's first state, as this node's copy of its
-// source applied the split.
+// source group src applied the split. It lives only in memory until the new
+// group is stored here, so src holds its snapshots meanwhile (unstored): a
+// crash before then replays the split entry, which carves it again.
 type carved struct {
+	src   uint64
 	state []byte
 	index uint64
 }
 
 // splitObserver hands a split's carved state to the set (it runs on the
 // source group's apply goroutine: record and signal, never block).
-type splitObserver struct{ ss *shardSet }
+type splitObserver struct {
+	ss  *shardSet
+	src uint64
+}
 
-func (ss *shardSet) observer() splitObserver { return splitObserver{ss} }
+func (ss *shardSet) observer(g uint64) splitObserver { return splitObserver{ss, g} }
 
 func (o splitObserver) Applied(index uint64, events []state.Event) {
 	for _, e := range events {
@@ -231,10 +239,27 @@ func (o splitObserver) Applied(index uint64, events []state.Event) {
 			continue
 		}
 		o.ss.mu.Lock()
-		o.ss.pending[e.Token] = carved{state: e.Carved, index: index}
+		o.ss.pending[e.Token] = carved{src: o.src, state: e.Carved, index: index}
 		o.ss.mu.Unlock()
 		o.ss.poke()
 	}
+}
+
+// unstored is group src's snapshot hold (raftnode.Config.SnapshotHold): an
+// error while a split src applied here has a new group not stored on this
+// node yet. Until it is, src's log keeps the split entry, so a restart
+// replays it and carves the new group's state again; were src to snapshot
+// past the split first, a crash would leave the carved state nowhere
+// (docs/architecture.md, "A crash inside a split").
+func (ss *shardSet) unstored(src uint64) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for g, c := range ss.pending {
+		if c.src == src {
+			return fmt.Errorf("group %x split off here is not stored yet", g)
+		}
+	}
+	return nil
 }
 
 func (o splitObserver) Restored(*state.State) { o.ss.poke() }
@@ -255,7 +280,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	gc := ss.rc
 	gc.Shared, gc.Group = ss.shared, g
 	gc.Logger = ss.rc.Logger.With("shard", name)
-	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer())
+	gc.Observers = append(ss.rc.Observers[:len(ss.rc.Observers):len(ss.rc.Observers)], hub, ss.observer(g))
+	gc.SnapshotHold = func() error { return ss.unstored(g) }
 	first := len(ss.groups) == 0
 	if first {
 		// The state gauges of /metrics are the first shard's; every
@@ -268,6 +294,11 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	default:
 		gc.InitialCluster = initial
 	}
+	if h := openHook.Load(); h != nil {
+		if err := (*h)(ss.rc.ID, g); err != nil {
+			return nil, err
+		}
+	}
 	node, err := raftnode.Open(gc)
 	if err != nil {
 		return nil, err
@@ -276,6 +307,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	svc.SetRecorder(ss.mtr)
 	svc.SetLimits(ss.cfg.Limits.Service)
 	svc.SetBrowserHosts(ss.cfg.BrowserHosts)
+	svc.EnableACL(ss.cfg.ACL)
+	svc.SetACLState(ss.meta.FSM())
 	if first {
 		ss.mtr.Attach(metricsSource{node, hub})
 	}
@@ -366,6 +399,12 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 	}
 	sort.Slice(pend, func(i, j int) bool { return pend[i] < pend[j] })
 	for _, g := range pend {
+		if ss.groups[g] != nil {
+			// Open already (stored here, or empty and sent its state by
+			// the leader of a replica that stored it): a replay's carve.
+			delete(ss.pending, g)
+			continue
+		}
 		c := ss.pending[g]
 		add(g, &c)
 	}
@@ -397,9 +436,17 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		ss.mu.Unlock()
 	}
 	// A split the map lacks: commit the next generation (any node may;
-	// the meta group takes only the next generation, once).
+	// the meta group takes only the next generation, once) — but only from
+	// a node that runs the new group, so a map that names it implies some
+	// node stored its state (its source may snapshot past the split then).
 	for _, sp := range splits {
 		if m.IndexOfGroup(sp.rec.Group) >= 0 {
+			continue
+		}
+		ss.mu.Lock()
+		running := ss.groups[sp.rec.Group] != nil
+		ss.mu.Unlock()
+		if !running {
 			continue
 		}
 		next, err := m.Split(sp.src, sp.rec.At, sp.rec.Group)
@@ -448,6 +495,11 @@ func (ss *shardSet) route(m shard.Map) {
 		ss.router.Update(m, svcs)
 	}
 }
+
+// openHook, set only by tests (export_test.go), runs before a data group
+// opens and may refuse it: a crash between a split's apply and the new
+// group's start, held open.
+var openHook atomic.Pointer[func(node string, group uint64) error]
 
 // splitWait bounds how long a split waits for the new map to reach this
 // node's router once the source shard applied it.
@@ -512,7 +564,7 @@ func (ss *shardSet) balanced() []shard.Balanced {
 }
 
 // nodes is every group on this node, the meta group last; services every
-// data group's.
+// group's, the meta group's last.
 func (ss *shardSet) nodes() []*raftnode.Node {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -551,9 +603,6 @@ func (ss *shardSet) shutdown() {
 	}
 	for _, svc := range ss.services() {
 		svc.Close()
-	}
-	if ss.metaSvc != nil {
-		ss.metaSvc.Close()
 	}
 }
 
@@ -634,4 +683,14 @@ func (s *Server) MembersNode() *raftnode.Node {
 		return s.shards.meta
 	}
 	return s.Node
+}
+
+// ACLBootstrap creates the first management token on this node's cluster:
+// in its one group's state, or in a sharded cluster's meta group, where
+// every shard reads the tokens from.
+func (s *Server) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
+	if s.shards != nil {
+		return s.shards.metaSvc.ACLBootstrap(ctx)
+	}
+	return s.Service.ACLBootstrap(ctx)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/fsm"
 	"github.com/dlock/dlock/internal/state"
 )
 
@@ -59,6 +60,32 @@ func (s *Service) EnableACL(on bool) { s.aclOn = on }
 
 // ACLEnabled reports whether this node enforces ACLs.
 func (s *Service) ACLEnabled() bool { return s.aclOn }
+
+// SetACLState makes the service authorize from the ACL tokens in another
+// group's state (a sharded node's meta group, where ACL commands go),
+// instead of its own group's. Call before serving.
+func (s *Service) SetACLState(f *fsm.FSM) {
+	s.acl = f
+	s.aclShared.Store(true)
+	f.AddObserver(s.tokens)
+}
+
+// ownACL passes this group's ACL events to the tracked token uses while
+// the tokens live in this group's state: once they live elsewhere
+// (SetACLState) this state's empty token table must not revoke them.
+type ownACL struct{ s *Service }
+
+func (o ownACL) Applied(index uint64, events []state.Event) {
+	if !o.s.aclShared.Load() {
+		o.s.tokens.Applied(index, events)
+	}
+}
+
+func (o ownACL) Restored(st *state.State) {
+	if !o.s.aclShared.Load() {
+		o.s.tokens.Restored(st)
+	}
+}
 
 var permNames = []struct {
 	bit  uint8
@@ -133,9 +160,9 @@ func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID stri
 	var ok bool
 	if secret != "" {
 		hash := sha256.Sum256([]byte(secret))
-		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
+		s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
 	} else {
-		s.fsm.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
+		s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
 	}
 	if !ok {
 		return nil, apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
@@ -271,7 +298,7 @@ func (s *Service) ACLBootstrap(ctx context.Context) (_ *ACLTokenView, err error)
 		return nil, err
 	}
 	var done bool
-	s.fsm.Read(func(st *state.State) { done = st.ACLBootstrapped() })
+	s.acl.Read(func(st *state.State) { done = st.ACLBootstrapped() })
 	if done {
 		return nil, errBootstrapped()
 	}
@@ -297,7 +324,7 @@ func (s *Service) ListACLTokens(ctx context.Context) (_ *ACLTokenList, err error
 		return nil, err
 	}
 	out := &ACLTokenList{Tokens: []ACLTokenView{}}
-	s.fsm.Read(func(st *state.State) {
+	s.acl.Read(func(st *state.State) {
 		for _, t := range st.ACLTokens() {
 			out.Tokens = append(out.Tokens, tokenView(t))
 		}

@@ -121,7 +121,7 @@ func (s *Service) trackToken(ctx context.Context, tok *state.ACLToken) (context.
 	// A revocation applied between authToken's read and add above was not
 	// seen by the observer: look again now that the use is registered.
 	var still bool
-	s.fsm.Read(func(st *state.State) {
+	s.acl.Read(func(st *state.State) {
 		t, ok := st.ACLTokenBySecret(tok.SecretHash)
 		still = ok && sameToken(t, *tok)
 	})

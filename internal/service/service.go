@@ -81,7 +81,11 @@ type Service struct {
 	// browserHosts are the further names browsers may use (BrowserHost).
 	browserHosts atomic.Pointer[map[string]bool]
 	aclOn        bool
-	lim          *limiter // nil: no limits (SetLimits)
+	// acl is the state ACL tokens are read from: this group's, or on a
+	// sharded node the meta group's (SetACLState); aclShared says which.
+	acl       *fsm.FSM
+	aclShared atomic.Bool
+	lim       *limiter // nil: no limits (SetLimits)
 
 	// life ends when the node shuts down: every queued acquire's wait ends
 	// then, so each withdraws its place while Raft still runs (a wait left
@@ -123,10 +127,11 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 		logger = slog.Default()
 	}
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), tokens: newTokenUses(), logger: logger}
+	s.acl = s.fsm
 	s.life, s.endLife = context.WithCancel(context.Background())
 	s.handedOff = make(chan struct{})
 	s.fsm.AddObserver(s.waiters)
-	s.fsm.AddObserver(s.tokens)
+	s.fsm.AddObserver(ownACL{s})
 	node.SetEndorser(s.endorse)
 	gone := make(chan struct{})
 	s.leaderGone.Store(&gone)

@@ -37,6 +37,7 @@ type Router struct {
 	move    Mover
 	remote  Remote // nil: every range runs here
 	members *service.Service
+	acl     *service.Service
 }
 
 // SetMembers gives the router the meta group's service: on a cluster whose
@@ -92,6 +93,23 @@ func (r *Router) SetSplitter(s Splitter) {
 	r.mu.Lock()
 	r.split = s
 	r.mu.Unlock()
+}
+
+// SetACL lets the router serve the ACL calls on acl, the meta group's
+// service (ACL tokens live in the meta group's state).
+func (r *Router) SetACL(acl *service.Service) {
+	r.mu.Lock()
+	r.acl = acl
+	r.mu.Unlock()
+}
+
+func (r *Router) aclService() (*service.Service, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.acl == nil {
+		return nil, notBuilt("ACLs")
+	}
+	return r.acl, nil
 }
 
 // Update installs a newer map (or more of its groups' services); an older
@@ -307,6 +325,29 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
+// notRunningYet is notRunning after a bounded wait for the group to start.
+func notRunningYet() error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"a shard was just split off and this node has not started its group within %s; retry, or send it to another node", RouteWait)}
+}
+
+// full waits, bounded by RouteWait and ctx, until this node runs the group
+// of every range of its map (a range split off moments ago may not be
+// started here yet), and returns that view.
+func (r *Router) full(ctx context.Context) (*view, []int, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		ks, err := r.all(v)
+		if err == nil {
+			return v, ks, nil
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return nil, nil, err
+		}
+	}
+}
+
 func notRunning(id int) error {
 	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
 		"shard %d was just split off and this node has not started its group yet; retry", id)}
@@ -485,8 +526,7 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 	if req.RequestID == "" {
 		req.RequestID = "srv-" + randHex(12)
 	}
-	v, _ := r.view()
-	ks, err := r.all(v)
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -610,22 +650,45 @@ func randHex(n int) string {
 // answer's revision is 0 so the client's cursor stays there, and a client
 // hears of a lost grant again on each keepalive (ending a lease twice is
 // harmless).
+//
+// A shard just split off whose group this node has not started yet has the
+// session too (the split carved it with its source's expiry): the shards
+// running here are renewed at once, and the call waits, bounded by
+// RouteWait, for the new group to start and renews it there as well.
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	req.LostAfter = 0
-	v, _ := r.view()
-	ks, err := r.all(v)
-	if err != nil {
-		return nil, err
-	}
-	resps := make([]*service.KeepAliveResponse, len(ks))
-	err = r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		resps[i], err = onShard(ctx, r, v, k, routed{Op: "keepalive", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.KeepAliveResponse, error) {
-			return s.KeepAlive(ctx, req)
-		})
-		return err
-	})
-	if err != nil {
-		return nil, err
+	deadline := time.Now().Add(RouteWait)
+	done := map[uint64]bool{}
+	var resps []*service.KeepAliveResponse
+	for {
+		v, ch := r.view()
+		var todo []int
+		missing := false
+		for k, s := range v.shards {
+			switch {
+			case s == nil && !r.away(v, k):
+				missing = true
+			case !done[v.m.Groups[k]]:
+				done[v.m.Groups[k]] = true
+				todo = append(todo, k)
+			}
+		}
+		got := make([]*service.KeepAliveResponse, len(todo))
+		if err := r.each(ctx, todo, func(ctx context.Context, i, k int) (err error) {
+			got[i], err = onShard(ctx, r, v, k, routed{Op: "keepalive", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.KeepAliveResponse, error) {
+				return s.KeepAlive(ctx, req)
+			})
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		resps = append(resps, got...)
+		if !missing {
+			break
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return nil, notRunningYet()
+		}
 	}
 	out := *resps[0]
 	out.Revision = 0
@@ -641,8 +704,7 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 // longer has it (expired, or deleted by an earlier try) is no error once
 // another shard deleted it.
 func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
-	v, _ := r.view()
-	ks, err := r.all(v)
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -823,8 +885,7 @@ func (r *Router) Snapshot(context.Context) ([]byte, uint64, error) {
 // with its own key, and one key set verifies any shard's proofs. A shard
 // split off another starts with its source's keys, listed once.
 func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
-	v, _ := r.view()
-	ks, err := r.all(v)
+	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -858,16 +919,37 @@ func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
 func (r *Router) RotateTokenKey(context.Context, service.RotateTokenKeyRequest) (*fence.KeySetDocument, error) {
 	return nil, notBuilt("rotating the token keys")
 }
-func (r *Router) ACLBootstrap(context.Context) (*service.ACLTokenView, error) {
-	return nil, notBuilt("ACLs")
+
+// The ACL calls go to the meta group, whose state holds the tokens; every
+// shard's service authorizes from this node's copy of it.
+func (r *Router) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.ACLBootstrap(ctx)
 }
-func (r *Router) CreateACLToken(context.Context, service.ACLTokenRequest) (*service.ACLTokenView, error) {
-	return nil, notBuilt("ACLs")
+func (r *Router) CreateACLToken(ctx context.Context, req service.ACLTokenRequest) (*service.ACLTokenView, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.CreateACLToken(ctx, req)
 }
-func (r *Router) ListACLTokens(context.Context) (*service.ACLTokenList, error) {
-	return nil, notBuilt("ACLs")
+func (r *Router) ListACLTokens(ctx context.Context) (*service.ACLTokenList, error) {
+	acl, err := r.aclService()
+	if err != nil {
+		return nil, err
+	}
+	return acl.ListACLTokens(ctx)
 }
-func (r *Router) DeleteACLToken(context.Context, string) error { return notBuilt("ACLs") }
+func (r *Router) DeleteACLToken(ctx context.Context, accessorID string) error {
+	acl, err := r.aclService()
+	if err != nil {
+		return err
+	}
+	return acl.DeleteACLToken(ctx, accessorID)
+}
 
 // Healthy is every shard's liveness.
 func (r *Router) Healthy() error {

@@ -251,9 +251,6 @@ func TestServeShardsRefusals(t *testing.T) {
 	if out, code := run("--shards", "4", "--raft-engine", "hashicorp"); code == 0 || !strings.Contains(out, "etcd") {
 		t.Fatalf("--shards with hashicorp: exit %d, output %s", code, out)
 	}
-	if out, code := run("--shards", "4", "--acl"); code == 0 || !strings.Contains(out, "ACLs are not available on a sharded cluster") {
-		t.Fatalf("--shards with --acl: exit %d, output %s", code, out)
-	}
 	if out, code := run("--shards", "4", "--shard-bounds", "g,n"); code == 0 || !strings.Contains(out, "--shard-bounds gives 3") {
 		t.Fatalf("--shards 4 with 3 bounds: exit %d, output %s", code, out)
 	}

@@ -1,0 +1,27 @@
+package server
+
+import "github.com/dlock/dlock/internal/raftnode"
+
+// SetOpenHook makes every sharded node in this test binary run f before it
+// opens a data group; an error refuses the open (reconcile retries it).
+// nil removes the hook.
+func SetOpenHook(f func(node string, group uint64) error) {
+	if f == nil {
+		openHook.Store(nil)
+		return
+	}
+	openHook.Store(&f)
+}
+
+// GroupNode is s's node of Raft group g, or nil where s does not run it.
+func GroupNode(s *Server, g uint64) *raftnode.Node {
+	if s.shards == nil {
+		return nil
+	}
+	s.shards.mu.Lock()
+	defer s.shards.mu.Unlock()
+	if run := s.shards.groups[g]; run != nil {
+		return run.node
+	}
+	return nil
+}
