@@ -44,6 +44,11 @@ type routed struct {
 	SessionID string          `json:"session_id,omitempty"`
 	LeaseID   command.LeaseID `json:"lease_id"`
 	Req       json.RawMessage `json:"req,omitempty"`
+	// Bearer and CertCN are the caller's credentials (ACLs): the node that
+	// runs the call authorizes it as the one that got it would. The raft
+	// port is trusted with them as with forwarded writes (docs/security.md).
+	Bearer string `json:"bearer,omitempty"`
+	CertCN string `json:"cert_cn,omitempty"`
 }
 
 // routedAnswer is its answer: the response, the error, or both (a refused
@@ -212,7 +217,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if svc == nil {
 		out.Err = &routedError{Code: errNotHere, Message: fmt.Sprintf("group %d is not running on this node", in.Group)}
 	} else {
-		resp, stale, err := op(req.Context(), svc, &in)
+		ctx := service.WithBearer(service.WithCertIdentity(req.Context(), in.CertCN), in.Bearer)
+		resp, stale, err := op(ctx, svc, &in)
 		out.Stale = stale
 		if rv := reflect.ValueOf(resp); resp != nil && !(rv.Kind() == reflect.Pointer && rv.IsNil()) {
 			b, merr := json.Marshal(resp)
@@ -250,6 +256,7 @@ func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed
 	rem := r.remote
 	hosts := v.m.Hosts(k, rem.All())
 	in.Group = v.m.Groups[k]
+	in.Bearer, in.CertCN = service.Credentials(ctx)
 	body, err := json.Marshal(&in)
 	if err != nil {
 		return nil, nil, apierror.Wrap(apierror.Internal, err, "encode a routed call")
