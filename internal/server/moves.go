@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -89,7 +90,7 @@ func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 		if k >= 0 && m.LeavingReplica(k) == req.From && m.Hosted(k, req.To, ss.all) {
 			break // in flight: wait for it
 		}
-		nodes := slices.Sorted(mapsKeys(ss.members()))
+		nodes := slices.Sorted(maps.Keys(ss.members()))
 		next, err := m.BeginMove(req.Shard, req.From, req.To, nodes, ss.all)
 		if err != nil {
 			var me *shard.MoveError
@@ -144,16 +145,6 @@ func (ss *shardSet) awaitRouted(ctx context.Context, gen uint64) {
 // and no move is in flight.
 func moved(m shard.Map, k int, req service.MoveRequest, all []string) bool {
 	return m.LeavingReplica(k) == "" && m.Hosted(k, req.To, all) && !m.Hosted(k, req.From, all)
-}
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // driveMoves starts a step of every move in flight whose group this node
