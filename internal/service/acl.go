@@ -45,6 +45,13 @@ func WithCertIdentity(ctx context.Context, cn string) context.Context {
 	return context.WithValue(ctx, certKey{}, cn)
 }
 
+// Credentials are what WithBearer and WithCertIdentity put in ctx: the shard
+// router hands them on with a call it sends to another node, which
+// authorizes it as this one would.
+func Credentials(ctx context.Context) (secret, certCN string) {
+	return bearer(ctx), certIdentity(ctx)
+}
+
 func certIdentity(ctx context.Context) string {
 	v, _ := ctx.Value(certKey{}).(string)
 	return v

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -96,6 +97,27 @@ type Service struct {
 	// leaderGone is closed while this node has known no leader for a while
 	// (followLeaderless), ending the queued acquires that wait here.
 	leaderGone atomic.Pointer[chan struct{}]
+	// handedOff is closed when this node gives up its replica of the shard
+	// (HandOff).
+	handedOff chan struct{}
+	handOnce  sync.Once
+}
+
+// HandOff ends every queued acquire's wait here without withdrawing it:
+// this node is giving up its replica of the shard (a move), and the wait's
+// place in line stays in the replicated queue. Each answers wrong_shard,
+// which the shard router retries, with the same request_id, through a node
+// that still runs the shard, where the retry finds its place. A wait
+// without a request_id (nobody could come back for it) is withdrawn.
+func (s *Service) HandOff() { s.handOnce.Do(func() { close(s.handedOff) }) }
+
+func (s *Service) handedOffNow() bool {
+	select {
+	case <-s.handedOff:
+		return true
+	default:
+		return false
+	}
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -108,6 +130,7 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), tokens: newTokenUses(), logger: logger}
 	s.acl, s.aclRead = s.fsm, node
 	s.life, s.endLife = context.WithCancel(context.Background())
+	s.handedOff = make(chan struct{})
 	s.fsm.AddObserver(s.waiters)
 	s.fsm.AddObserver(ownACL{s})
 	node.SetEndorser(s.endorse)
