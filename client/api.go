@@ -301,6 +301,29 @@ type splitRequest struct {
 	At string `json:"at"`
 }
 
+// MoveShard moves shard's replica on node from to node to, online: to
+// joins the shard's group, catches up and becomes a voter, then from
+// leaves it and deletes its copy. Holders, waiters and tokens stay. It
+// returns the cluster once the move is done; an unavailable error after
+// two minutes means it goes on (call again with the same arguments to
+// wait for it). A move whose from is no replica is refused (a repeated,
+// finished move too); a conflict error says to is a replica already or
+// another move of the shard is in flight.
+func (c *Client) MoveShard(ctx context.Context, shard int, from, to string) (*ClusterInfo, error) {
+	var out ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, path: "/cluster/shards/move", out: &out,
+		body: moveRequest{Shard: shard, From: from, To: to}, what: "shard replica move"}); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+type moveRequest struct {
+	Shard int    `json:"shard"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+}
+
 // TransferLeadership hands the cluster's Raft leadership to the voter id, or
 // to the most caught-up other voter when id is empty (before taking the
 // leader down for maintenance, say). It returns the cluster as the

@@ -95,6 +95,10 @@ const (
 	// and the node had not learned the new map in time; the client retries
 	// it with the same request_id (it matches ErrUnavailable).
 	CodeWrongShard = "wrong_shard"
+	// CodeConflict: a cluster change clashes with the cluster as it is (a
+	// shard replica move onto a node that has one, or while another move
+	// of that shard is in flight).
+	CodeConflict = "conflict"
 )
 
 // codeNotFound answers a request for a thing the cluster does not have.

@@ -118,6 +118,10 @@ type ShardInfo struct {
 	AppliedIndex     uint64 `json:"applied_index"`
 	Revision         uint64 `json:"revision"`
 	LastFencingToken uint64 `json:"last_fencing_token"`
+	// Replicas are the ids of the nodes that run the shard; Leaving is the
+	// one a replica move in flight is taking off it.
+	Replicas []string `json:"replicas,omitempty"`
+	Leaving  string   `json:"leaving,omitempty"`
 }
 
 // Grant is a successful low-level Acquire. Nothing renews it: renew it with

@@ -287,7 +287,7 @@ func newMembersCmd() *cobra.Command {
 				return err
 			}
 			fmt.Printf("\nshard map generation %d\n", ci.ShardGeneration)
-			fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN")
+			fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN	REPLICAS")
 			for _, sh := range ci.Shards {
 				end := strconv.Quote(sh.End)
 				if sh.End == "" {
@@ -297,7 +297,11 @@ func newMembersCmd() *cobra.Command {
 				if leader == "" {
 					leader = "none known"
 				}
-				fmt.Fprintf(tw, "%d\t[%q, %s)\t%s\t%d\t%d\t%d\t%d\t%d\n", sh.ID, sh.Start, end, leader, sh.Term, sh.CommitIndex, sh.AppliedIndex, sh.Revision, sh.LastFencingToken)
+				replicas := strings.Join(sh.Replicas, ",")
+				if sh.Leaving != "" {
+					replicas += " (moving off " + sh.Leaving + ")"
+				}
+				fmt.Fprintf(tw, "%d\t[%q, %s)\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", sh.ID, sh.Start, end, leader, sh.Term, sh.CommitIndex, sh.AppliedIndex, sh.Revision, sh.LastFencingToken, replicas)
 			}
 			return tw.Flush()
 		},

@@ -18,8 +18,56 @@ worst answered 503 and retried. Prints the new map once the answering node
 routes by it.`
 
 func newShardsCmd() *cobra.Command {
-	return groupCommand("shards", "change a sharded cluster's ranges online (split)", shardsLong, "split",
-		newShardsSplitCmd())
+	return groupCommand("shards", "change a sharded cluster's ranges online (split, move)", shardsLong, "split",
+		newShardsSplitCmd(), newShardsMoveCmd())
+}
+
+const shardsMoveLong = `Moves shard SHARD's replica from node FROM to node TO, online: TO joins the
+shard's Raft group as a non-voter, catches up (a snapshot, then the log) and is
+promoted; leadership leaves FROM if it leads; FROM is removed, stops the shard's
+group and deletes its data. Holders, waiters (in their places) and tokens stay;
+requests are re-routed, at worst answered 503 and retried. Waits until the move
+is done (at most 2 minutes; it goes on after that: run the same move again to
+wait for it). dlock members shows each shard's replicas, and "leaving" while a
+move runs.`
+
+func newShardsMoveCmd() *cobra.Command {
+	var g globalFlags
+	var id int
+	var from, to string
+	cmd := &cobra.Command{
+		Use:               "move --shard ID --from NODE --to NODE",
+		Short:             "move a shard's replica from one node to another",
+		Long:              shardsMoveLong,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	cmd.Flags().IntVar(&id, "shard", -1, "the shard's id (dlock members lists them)")
+	cmd.Flags().StringVar(&from, "from", "", "the node giving up its replica")
+	cmd.Flags().StringVar(&to, "to", "", "the node taking it")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		if id < 0 || from == "" || to == "" {
+			return usageErrorf("give --shard, --from and --to")
+		}
+		c, ctx, done, err := g.connect(150 * time.Second)
+		if err != nil {
+			return err
+		}
+		defer done()
+		ci, err := c.MoveShard(ctx, id, from, to)
+		if err != nil {
+			return err
+		}
+		if g.json() {
+			return printJSONOut(ci)
+		}
+		fmt.Printf("moved shard %d's replica from %s to %s; the shard map is at generation %d\n", id, from, to, ci.ShardGeneration)
+		for _, sh := range ci.Shards {
+			fmt.Printf("  shard %d  replicas %v  leader %s\n", sh.ID, sh.Replicas, orNone(sh.LeaderID))
+		}
+		return nil
+	}
+	return clientCmd(cmd, &g)
 }
 
 func newShardsSplitCmd() *cobra.Command {

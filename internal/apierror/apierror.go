@@ -53,6 +53,10 @@ const (
 	// does so itself, so clients see it only when the new map was slow to
 	// arrive.
 	WrongShard Code = "wrong_shard"
+	// Conflict: the change asked for clashes with the cluster as it is
+	// (a shard replica move onto a node that already has one, or while
+	// another move of that shard is in flight); read GET /cluster first.
+	Conflict Code = "conflict"
 )
 
 type mapping struct {
@@ -83,6 +87,7 @@ var table = map[Code]mapping{
 	DiskFull:             {http.StatusServiceUnavailable, codes.Unavailable},
 	LockDelayed:          {http.StatusConflict, codes.FailedPrecondition},
 	WrongShard:           {http.StatusServiceUnavailable, codes.Unavailable},
+	Conflict:             {http.StatusConflict, codes.FailedPrecondition},
 }
 
 // HTTPStatus is the HTTP status for a code.

@@ -55,8 +55,9 @@ const (
 // Renew.Value and Renew.SetValue, and values on plain locks (Envelope.Version);
 // version 8 changes no encoding: from it on a session remembers the grants it
 // loses to a revoke or a takeover (Envelope.RemembersLostGrants); version 9
-// adds Split and SetShardMap (a shard's range and the meta group's map).
-const Version = 9
+// adds Split and SetShardMap (a shard's range and the meta group's map);
+// version 10 ShardRange.Replicas (each range's replica set).
+const Version = 10
 
 // Limits shared by validation and the state machine.
 const (
@@ -297,7 +298,21 @@ type ShardRange struct {
 	Start string
 	ID    uint64
 	Group uint64
+	// Replicas (version 10) are the ids of the nodes that run the range's
+	// group, sorted; none means every node of the initial cluster (maps
+	// written before replica sets existed).
+	Replicas []string
+	// Leaving (version 10) is the replica a move is taking off the range
+	// (one of Replicas; "" when no move is in flight).
+	Leaving string
 }
+
+// MaxReplicas bounds a range's replica set, MaxReplicaIDLen each node id
+// in it.
+const (
+	MaxReplicas     = 16
+	MaxReplicaIDLen = 128
+)
 
 // SetShardMap (version 9) is the meta group's: it installs Generation of
 // the shard map, Ranges in Start order (the first Start ""). Only the next
@@ -709,14 +724,26 @@ func (b *SetShardMap) encode(w *wire.Writer) {
 		w.String(x.Start)
 		w.Uvarint(x.ID)
 		w.Uvarint(x.Group)
+		w.Uvarint(uint64(len(x.Replicas))) // version 10
+		for _, id := range x.Replicas {
+			w.String(id)
+		}
+		w.String(x.Leaving)
 	}
 }
-func (b *SetShardMap) decode(r *wire.Reader, _ byte) {
+func (b *SetShardMap) decode(r *wire.Reader, v byte) {
 	b.Generation = r.Uvarint()
 	n := r.Count(3)
 	b.Ranges = make([]ShardRange, n)
 	for i := range b.Ranges {
 		b.Ranges[i] = ShardRange{Start: r.String(), ID: r.Uvarint(), Group: r.Uvarint()}
+		if v >= 10 {
+			m := r.Count(1)
+			for ; m > 0 && r.Err() == nil; m-- {
+				b.Ranges[i].Replicas = append(b.Ranges[i].Replicas, r.String())
+			}
+			b.Ranges[i].Leaving = r.String()
+		}
 	}
 }
 

@@ -96,6 +96,8 @@ func roundTripCases() []struct {
 		{"split", &Envelope{TS: 15, Body: &Split{At: "m", Group: math.MaxUint64 >> 1, From: "g", To: "n"}}},
 		{"split/open", &Envelope{TS: 15, Body: &Split{At: "zz", Group: 2}}},
 		{"set-shard-map", &Envelope{TS: 16, Body: &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9}, {Start: "m", ID: 4, Group: 12}}}}},
+		{"set-shard-map/replicas", &Envelope{TS: 17, Body: &SetShardMap{Generation: 4, Ranges: []ShardRange{
+			{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2", "n3"}}, {Start: "m", ID: 4, Group: 12, Replicas: []string{"n2", "n4", "n5"}, Leaving: "n2"}}}}},
 	}
 }
 
@@ -146,7 +148,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 9 {
+	if Version != 10 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -961,5 +963,41 @@ func TestVersion9(t *testing.T) {
 				t.Fatalf("%s: version %d decodes to %#v", tc.name, old, got.Body)
 			}
 		}
+	}
+}
+
+// TestVersion10 reads a version 9 shard map, written before ranges had
+// replica sets, byte for byte as that version wrote it: every range then
+// runs on every node (no Replicas). A version 10 map round-trips its sets.
+func TestVersion10(t *testing.T) {
+	w := &wire.Writer{}
+	w.Byte(byte(TypeSetShardMap))
+	w.Byte(9)
+	w.Varint(16) // TS
+	w.Varint(0)  // Clock
+	w.Uvarint(0) // ClockTerm
+	w.String("")
+	w.String("")
+	w.Uvarint(3) // generation
+	w.Uvarint(2)
+	w.String("")
+	w.Uvarint(0)
+	w.Uvarint(9)
+	w.String("m")
+	w.Uvarint(4)
+	w.Uvarint(12)
+	e, err := Decode(w.Buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9}, {Start: "m", ID: 4, Group: 12}}}
+	if e.Version != 9 || !reflect.DeepEqual(e.Body, want) {
+		t.Fatalf("version %d body %#v; want version 9 %#v", e.Version, e.Body, want)
+	}
+	// The same bytes labelled version 10 lack the replica counts.
+	b := append([]byte(nil), w.Buf...)
+	b[1] = 10
+	if _, err := Decode(b); err == nil {
+		t.Fatal("a version 9 body labelled version 10 decoded")
 	}
 }

@@ -57,6 +57,11 @@ func (a *api) clusterRoutes(w http.ResponseWriter, r *http.Request, rest string)
 			return
 		}
 		decodeAndCall(a, w, r, http.StatusOK, true, nil, a.svc.SplitShard)
+	case rest == "/shards/move":
+		if !a.plainPost(w, r) {
+			return
+		}
+		decodeAndCall(a, w, r, http.StatusOK, true, nil, a.svc.MoveShard)
 	case rest == "/leadership-transfer":
 		if !a.plainPost(w, r) {
 			return

@@ -45,6 +45,7 @@ type Service interface {
 	RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error)
 	TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error)
 	SplitShard(ctx context.Context, req service.SplitRequest) (*service.ClusterInfo, error)
+	MoveShard(ctx context.Context, req service.MoveRequest) (*service.ClusterInfo, error)
 	Snapshot(ctx context.Context) ([]byte, uint64, error)
 	TokenKeys(ctx context.Context) (*fence.KeySetDocument, error)
 	RotateTokenKey(ctx context.Context, req service.RotateTokenKeyRequest) (*fence.KeySetDocument, error)

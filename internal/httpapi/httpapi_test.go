@@ -184,6 +184,9 @@ func (f *fakeService) RemoveMember(ctx context.Context, id string) (*service.Clu
 func (f *fakeService) SplitShard(ctx context.Context, req service.SplitRequest) (*service.ClusterInfo, error) {
 	return answer(ctx, f, "SplitShard", req, &service.ClusterInfo{NodeID: "n1"})
 }
+func (f *fakeService) MoveShard(ctx context.Context, req service.MoveRequest) (*service.ClusterInfo, error) {
+	return answer(ctx, f, "MoveShard", req, &service.ClusterInfo{NodeID: "n1"})
+}
 func (f *fakeService) TransferLeadership(ctx context.Context, req service.TransferRequest) (*service.ClusterInfo, error) {
 	return answer(ctx, f, "TransferLeadership", req, &service.ClusterInfo{NodeID: "n1"})
 }

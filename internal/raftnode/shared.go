@@ -5,14 +5,21 @@
 package raftnode
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // SharedConfig is where the shared base lives: a node's data dir and raft
@@ -36,8 +43,11 @@ type Shared struct {
 	trans  *etcdTransport
 	fwd    *http.Server
 
+	client *http.Client
+
 	mu     sync.Mutex
 	groups map[uint64]http.Handler
+	route  http.Handler
 
 	wg     sync.WaitGroup
 	closed sync.Once
@@ -78,6 +88,11 @@ func OpenShared(cfg SharedConfig) (*Shared, error) {
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); tmp.wg.Wait() }()
 	s.trans = newEtcdTransport(s.mux, cfg.Logger)
+	s.client = &http.Client{Transport: &http.Transport{
+		DialContext:         ForwardDialer(s.mux.Dialer),
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}}
 	s.fwd = &http.Server{Handler: http.HandlerFunc(s.serveForward), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	limitForwardServer(s.fwd)
@@ -89,6 +104,17 @@ func OpenShared(cfg SharedConfig) (*Shared, error) {
 // serveForward hands a forwarded request to its group's node; a group this
 // node does not run (yet, or any more) is a 503, which the sender retries.
 func (s *Shared) serveForward(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, RoutePrefix) {
+		s.mu.Lock()
+		h := s.route
+		s.mu.Unlock()
+		if h == nil {
+			http.Error(w, "this node does not serve routed calls yet", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+		return
+	}
 	g := defaultGroup
 	if v := r.Header.Get(groupHeader); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -106,6 +132,72 @@ func (s *Shared) serveForward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.ServeHTTP(w, r)
+}
+
+// RoutePrefix starts the paths of calls one node's shard router sends to
+// another's (HandleRoute): calls for a shard the sender does not run.
+const RoutePrefix = "/route/"
+
+// HandleRoute serves the calls under RoutePrefix that other nodes send.
+func (s *Shared) HandleRoute(h http.Handler) {
+	s.mu.Lock()
+	s.route = h
+	s.mu.Unlock()
+}
+
+// Call posts body to path (under RoutePrefix) on the node whose raft port
+// is addr, with the peers' TLS, and returns the answer (at most
+// maxRouteBody bytes) and its status.
+func (s *Shared) Call(ctx context.Context, addr, path string, body []byte) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, 0, err
+	}
+	res, err := s.client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, MaxRouteBody+1))
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(b) > MaxRouteBody {
+		return nil, 0, fmt.Errorf("the answer from %s is over %d bytes", addr, MaxRouteBody)
+	}
+	return b, res.StatusCode, nil
+}
+
+// MaxRouteBody bounds a routed call and its answer (a page of a list is
+// the largest).
+const MaxRouteBody = 16 << 20
+
+// DeleteGroup removes group g's log, snapshot and mark from this node's
+// store: the group was moved off the node. Shut its node down first.
+func (s *Shared) DeleteGroup(g uint64) error {
+	s.mu.Lock()
+	open := s.groups[g] != nil
+	s.mu.Unlock()
+	if open {
+		return fmt.Errorf("group %d is still open on this node", g)
+	}
+	if err := s.store.db.DeleteRange(groupKey(g, 0, 0), groupKey(g+1, 0, 0), pebble.Sync); err != nil {
+		return fmt.Errorf("delete group %d: %w", g, err)
+	}
+	s.store.lastMu.Lock()
+	delete(s.store.last, g)
+	s.store.lastMu.Unlock()
+	return os.RemoveAll(filepath.Join(s.dir, etcdStoreDir+"-mark", strconv.FormatUint(g, 10)))
+}
+
+// GroupStored reports whether this node's store holds anything of group g.
+func (s *Shared) GroupStored(g uint64) (bool, error) {
+	it, err := s.store.db.NewIter(&pebble.IterOptions{LowerBound: groupKey(g, 0, 0), UpperBound: groupKey(g+1, 0, 0)})
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	return it.First(), it.Error()
 }
 
 func (s *Shared) register(group uint64, h http.Handler) error {
@@ -130,6 +222,7 @@ func (s *Shared) Close() error {
 	var err error
 	s.closed.Do(func() {
 		_ = s.fwd.Close()
+		s.client.CloseIdleConnections()
 		s.trans.Close()
 		_ = s.mux.Close()
 		s.wg.Wait()

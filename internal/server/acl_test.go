@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +27,7 @@ import (
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 	"github.com/dlock/dlock/internal/tlsconfig"
@@ -691,5 +694,68 @@ func TestACLWithoutPeerTLSWarnsAtStart(t *testing.T) {
 	x := testcluster.NewTLS(t, tlsconfig.ClientAuthOptional)
 	if out := startLogged(t, true, x.Peer("n1")); strings.Contains(out, marker) {
 		t.Fatalf("warned with peer TLS:\n%s", out)
+	}
+}
+
+// applyGate holds a node's apply goroutine at the first entry applied once
+// armed, until release: it stands in for a follower that lags.
+type applyGate struct {
+	armed   atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *applyGate) Applied(uint64, []state.Event) {
+	if g.armed.Load() {
+		g.once.Do(func() {
+			close(g.held)
+			<-g.release
+		})
+	}
+}
+
+func (*applyGate) Restored(*state.State) {}
+
+// A token created through the leader works at once through a follower that
+// has not applied it yet: an unknown token waits for the follower to apply
+// what was committed before the call, and only then is refused.
+func TestACLNewTokenWorksOnALaggingFollower(t *testing.T) {
+	c := testcluster.NewWith(t, 3, testcluster.Options{ACL: true})
+	leader := c.WaitLeader(10 * time.Second)
+	follower := c.Follower()
+	var root service.ACLTokenView
+	if code, ec := aclDo(t, c, leader, "", "POST", "/api/v1/acl/bootstrap", nil, &root); code != 200 {
+		t.Fatalf("bootstrap: %d %s", code, ec)
+	}
+	testutil.Eventually(t, 10*time.Second, "the follower did not learn the management token", func() bool {
+		code, _ := aclDo(t, c, follower, root.SecretID, "GET", "/api/v1/acl/tokens", nil, nil)
+		return code == 200
+	})
+
+	gate := &applyGate{held: make(chan struct{}), release: make(chan struct{})}
+	c.Server(follower).Node.FSM().AddObserver(gate)
+	gate.armed.Store(true)
+	// The follower stops after applying this acquire, before the token.
+	if code, ec := aclDo(t, c, leader, root.SecretID, "POST", "/api/v1/locks/gate/acquire", map[string]any{"client_id": "op", "ttl_ms": 30000}, nil); code != 200 {
+		t.Fatalf("acquire: %d %s", code, ec)
+	}
+	select {
+	case <-gate.held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the follower never applied the acquire")
+	}
+	var worker service.ACLTokenView
+	if code, ec := aclDo(t, c, leader, root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules: []service.ACLRule{{Prefix: "billing/", Permissions: []string{"lock", "read"}}},
+	}, &worker); code != 200 {
+		t.Fatalf("create token: %d %s", code, ec)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { close(gate.release) })
+	if code, ec := aclDo(t, c, follower, worker.SecretID, "GET", "/api/v1/locks/billing/job", nil, nil); code != 200 {
+		t.Fatalf("the new token through the lagging follower: %d %s", code, ec)
+	}
+	if code, ec := aclDo(t, c, follower, "not-a-token", "GET", "/api/v1/locks/billing/job", nil, nil); code != 401 || ec != "unauthenticated" {
+		t.Fatalf("an unknown token: %d %s", code, ec)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -32,6 +34,34 @@ func startSharded(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.Replicas = cfg.Shards.Replicas // a placement made by the caller
+	if r := cfg.Shards.Placement; r > 0 {
+		// --shard-replicas: on the initial cluster's nodes, or on a
+		// restart without it, on those the data dir recorded.
+		nodes := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+		if len(nodes) == 0 {
+			if nodes, err = shard.RecordedNodes(cfg.Raft.DataDir); err != nil {
+				return nil, err
+			}
+			if len(nodes) == 0 {
+				return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
+			}
+		}
+		if m, err = m.Place(nodes, r); err != nil {
+			return nil, fmt.Errorf("--shard-replicas: %w", err)
+		}
+	}
+	// all are the initial cluster's nodes: the replicas of a range without
+	// a replica set. A restart without --initial-cluster reads them from
+	// the meta group's configuration below.
+	all := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+	for k := range m.Bounds {
+		for _, id := range m.Hosts(k, all) {
+			if _, ok := cfg.Raft.InitialCluster[id]; !ok && len(all) > 0 {
+				return nil, fmt.Errorf("shard %d is placed on node %q, which is not in the initial cluster", k, id)
+			}
+		}
+	}
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
@@ -47,7 +77,7 @@ func startSharded(cfg Config) (*Server, error) {
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
 	ss := &shardSet{logger: s.logger, cfg: cfg, rc: rc, initial: m, groups: map[uint64]*groupRun{},
-		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New()}
+		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}}
 	s.shards = ss
 	ok := false
 	defer func() {
@@ -77,28 +107,65 @@ func startSharded(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta group: %w", err)
 	}
 	// The meta group's service serves the ACL calls: tokens live in its
-	// state, and every data group's service authorizes from it.
+	// state, and every data group's service authorizes from it. It also
+	// answers for the cluster's members (every node), and is the API's
+	// front when no data group runs here.
 	ss.metaSvc = service.New(ss.meta, nil, cfg.Logger.With("shard", "meta"))
 	ss.metaSvc.SetRecorder(ss.mtr)
 	ss.metaSvc.SetLimits(cfg.Limits.Service)
 	ss.metaSvc.EnableACL(cfg.ACL)
-	// The initial ranges' groups, then whatever the meta group and the
-	// groups' own states (splits) say this node must run.
+	if len(all) == 0 {
+		// Every node is a member of the meta group, and joining a sharded
+		// cluster is refused: its members are the initial cluster.
+		for _, s := range ss.meta.Status().Servers {
+			all = append(all, s.ID)
+		}
+		slices.Sort(all)
+		if len(all) == 0 {
+			return nil, errors.New("the meta group has no members on disk; give --initial-cluster")
+		}
+		ss.all = all
+	}
+	// The initial ranges' groups this node runs (bootstrapped with their
+	// replicas, unless moved off this node since), then whatever the meta
+	// group and the groups' own states (splits, moves) say it must run.
+	moved, err := shard.MovedGroups(rc.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	svcs := make([]*service.Service, m.N())
+	var front *groupRun
 	for k := 0; k < m.N(); k++ {
-		g, err := ss.open(m.Group(k), strconv.Itoa(m.IDs[k]), nil, true)
+		if !m.Hosted(k, rc.ID, all) || moved[m.Group(k)] {
+			continue
+		}
+		initial := map[string]string{}
+		for _, id := range m.Hosts(k, all) {
+			initial[id] = rc.InitialCluster[id]
+		}
+		g, err := ss.open(m.Group(k), strconv.Itoa(m.IDs[k]), nil, initial)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d: %w", k, err)
 		}
 		svcs[k] = g.svc
+		if front == nil {
+			front = g
+		}
 	}
-	s.Node, s.Service = ss.groups[m.Group(0)].node, svcs[0]
+	if front == nil {
+		front = &groupRun{node: ss.meta, svc: ss.metaSvc}
+	}
+	s.Node, s.Service = front.node, front.svc
 	ss.router = shard.NewRouter(m, svcs)
 	ss.router.SetSplitter(ss)
+	ss.router.SetMover(ss)
+	ss.router.SetRemote(ss)
+	ss.router.SetMembers(ss.metaSvc)
+	ss.shared.HandleRoute(ss.router)
 	ss.router.SetACL(ss.metaSvc)
 	ss.reconcile(context.Background())
 	s.router = ss.router
-	s.serveAPI(ss.router, svcs[0], ss.mtr, ln, grpcLn)
+	s.serveAPI(ss.router, s.Service, ss.mtr, ln, grpcLn)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
 	close(s.joined)
@@ -106,7 +173,7 @@ func startSharded(cfg Config) (*Server, error) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); shard.Balance(ctx, ss.balanced, s.logger) }()
-	go func() { defer wg.Done(); ss.run(ctx) }()
+	go func() { defer wg.Done(); ss.run(ctx); ss.wg.Wait() }()
 	go func() { wg.Wait(); close(s.balanced) }()
 	ok = true
 	return s, nil
@@ -134,6 +201,11 @@ type shardSet struct {
 	pending map[uint64]carved
 	stopped bool
 	kick    chan struct{}
+	// all are the initial cluster's node ids; driving the groups whose
+	// move this node is driving (moves.go), wg those steps.
+	all     []string
+	driving map[uint64]bool
+	wg      sync.WaitGroup
 }
 
 // groupRun is one data group running on this node.
@@ -205,7 +277,7 @@ func (ss *shardSet) poke() {
 // cluster (an initial range), seeded from a carved state (a range split off
 // here), or empty, to be sent a snapshot by its leader (a range split off
 // while this node was away). A group already stored recovers from disk.
-func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*groupRun, error) {
+func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string]string) (*groupRun, error) {
 	hub := watch.NewHub(ss.cfg.WatchHistory, ss.cfg.WatchBuffer)
 	gc := ss.rc
 	gc.Shared, gc.Group = ss.shared, g
@@ -226,8 +298,8 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 			return nil, err
 		}
 		gc.InitialCluster = voters
-	case !bootstrap:
-		gc.InitialCluster = nil
+	default:
+		gc.InitialCluster = initial
 	}
 	if h := openHook.Load(); h != nil {
 		if err := (*h)(ss.rc.ID, g); err != nil {
@@ -243,7 +315,7 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, bootstrap bool) (*
 	svc.SetLimits(ss.cfg.Limits.Service)
 	svc.SetBrowserHosts(ss.cfg.BrowserHosts)
 	svc.EnableACL(ss.cfg.ACL)
-	svc.SetACLState(ss.meta.FSM())
+	svc.SetACLState(ss.meta.FSM(), ss.meta)
 	if first {
 		ss.mtr.Attach(metricsSource{node, hub})
 	}
@@ -374,11 +446,15 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		c := ss.pending[g]
 		add(g, &c)
 	}
-	for _, g := range m.Groups {
-		add(g, nil)
+	for k, g := range m.Groups {
+		if m.Hosted(k, ss.rc.ID, ss.all) {
+			add(g, nil)
+		}
 	}
 	for _, sp := range splits {
-		add(sp.rec.Group, nil)
+		if k := m.IndexOfGroup(sp.rec.Group); k < 0 || m.Hosted(k, ss.rc.ID, ss.all) {
+			add(sp.rec.Group, nil)
+		}
 	}
 	ss.mu.Unlock()
 	for _, w := range wants {
@@ -388,11 +464,11 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		if stopped || ctx.Err() != nil {
 			return
 		}
-		if _, err := ss.open(w.g, w.name, w.seed, false); err != nil {
+		if _, err := ss.open(w.g, w.name, w.seed, nil); err != nil {
 			ss.logger.Error("could not start a shard's group; will retry", "group", w.g, "err", err)
 			continue
 		}
-		ss.logger.Info("started a split-off shard's group", "group", w.g, "seeded", w.seed != nil)
+		ss.logger.Info("started a shard's group (split off, or moved here)", "group", w.g, "seeded", w.seed != nil)
 		ss.mu.Lock()
 		delete(ss.pending, w.g)
 		ss.mu.Unlock()
@@ -415,10 +491,12 @@ func (ss *shardSet) reconcile(ctx context.Context) {
 		if err != nil {
 			continue // the map is not there yet (an earlier split first)
 		}
-		ss.commitMap(ctx, next)
+		_ = ss.commitMap(ctx, next)
 		break
 	}
 	ss.route(m)
+	ss.stopMoved(ctx, m)
+	ss.driveMoves(ctx, m)
 }
 
 func groupName(m shard.Map, g uint64) string {
@@ -430,13 +508,15 @@ func groupName(m shard.Map, g uint64) string {
 
 // commitMap proposes m to the meta group (a no-op there unless it is the
 // next generation).
-func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) {
+func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges()}}
 	if _, err := ss.meta.Apply(ctx, env); err != nil {
 		ss.logger.Info("could not commit the shard map; will retry", "generation", m.Generation, "err", err)
+		return err
 	}
+	return nil
 }
 
 // route hands the router m with the services of its groups.
@@ -475,6 +555,9 @@ func (ss *shardSet) Split(ctx context.Context, at string) error {
 	if err != nil {
 		return apierror.New(apierror.InvalidArgument, "%v; nothing was changed", err)
 	}
+	if from := m.LeavingReplica(k); from != "" {
+		return apierror.New(apierror.Conflict, "shard %d is moving its replica on %s; split it once the move is done (GET /api/v1/cluster shows leaving while it runs); nothing was changed", m.IDs[k], from)
+	}
 	src := m.Groups[k]
 	start, end := m.Range(k)
 	child := shard.ChildGroup(src, at)
@@ -482,7 +565,8 @@ func (ss *shardSet) Split(ctx context.Context, at string) error {
 	run := ss.groups[src]
 	ss.mu.Unlock()
 	if run == nil {
-		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the range's group is not running on this node yet; retry"}
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+			"shard %d's group does not run on this node; split it through one of its replicas %v", m.IDs[k], m.Hosts(k, ss.all))}
 	}
 	if err := run.svc.ProposeSplit(ctx, &command.Split{At: at, Group: child, From: start, To: end}); err != nil {
 		return err
@@ -551,6 +635,7 @@ func (ss *shardSet) shutdown() {
 	ss.mu.Lock()
 	ss.stopped = true
 	ss.mu.Unlock()
+	ss.wg.Wait()
 	for _, n := range ss.nodes() {
 		_ = n.Shutdown()
 	}
@@ -598,6 +683,44 @@ func (s *Server) allServices() []*service.Service {
 		return s.shards.services()
 	}
 	return []*service.Service{s.Service}
+}
+
+// ShardGroup is this node's group of the shard with id (nil: it does not
+// run it, or not yet).
+func (s *Server) ShardGroup(id int) *raftnode.Node {
+	if s.shards == nil {
+		return nil
+	}
+	m := s.shards.router.Map()
+	k := m.IndexOf(id)
+	if k < 0 {
+		return nil
+	}
+	s.shards.mu.Lock()
+	defer s.shards.mu.Unlock()
+	if run := s.shards.groups[m.Groups[k]]; run != nil {
+		return run.node
+	}
+	return nil
+}
+
+// GroupStored reports whether this node's store holds anything of Raft
+// group g (a sharded node; false otherwise).
+func (s *Server) GroupStored(g uint64) (bool, error) {
+	if s.shared == nil {
+		return false, nil
+	}
+	return s.shared.GroupStored(g)
+}
+
+// MembersNode is the group whose configuration names every node: a
+// sharded node's meta group (its data groups may run on some nodes only),
+// else the one group.
+func (s *Server) MembersNode() *raftnode.Node {
+	if s.shards != nil && s.shards.meta != nil {
+		return s.shards.meta
+	}
+	return s.Node
 }
 
 // ACLBootstrap creates the first management token on this node's cluster:

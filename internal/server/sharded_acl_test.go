@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,5 +190,50 @@ func TestShardedACL(t *testing.T) {
 	}
 	if !sawErr {
 		t.Fatal("the watch of a revoked token ended without a permission_denied error record (or only at the test's deadline)")
+	}
+}
+
+// With shards on some nodes only (--shard-replicas), a call through a node
+// that does not run the name's shard is sent to one that does with the
+// caller's token: allowed there as here, and refused as here.
+func TestShardedACLForwarded(t *testing.T) {
+	m0, err := shard.NewMap(shard.DefaultBounds(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := m0.Place([]string{"n1", "n2", "n3"}, 1) // shard k on one node
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testcluster.NewWith(t, 3, testcluster.Options{Shards: &m, ACL: true})
+	var root service.ACLTokenView
+	if code, ec := aclDoRetried(t, c, "n1", "", "POST", "/api/v1/acl/bootstrap", nil, &root); code != 200 || root.SecretID == "" {
+		t.Fatalf("bootstrap: %d %s %+v", code, ec, root)
+	}
+	var worker service.ACLTokenView
+	if code, ec := aclDoRetried(t, c, "n1", root.SecretID, "POST", "/api/v1/acl/tokens", service.ACLTokenRequest{
+		Rules: []service.ACLRule{{Prefix: "golf/", Permissions: []string{"lock", "read"}}}, ClientIDs: []string{"worker-*"},
+	}, &worker); code != 200 {
+		t.Fatalf("create the worker token: %d %s", code, ec)
+	}
+	// golf/ is on shard 1, which runs on n2 only; payments/ on shard 2 (n3).
+	if !slices.Equal(m.Hosts(1, nil), []string{"n2"}) || !slices.Equal(m.Hosts(2, nil), []string{"n3"}) {
+		t.Fatalf("placement %v", m.Replicas)
+	}
+	for _, via := range []string{"n1", "n3"} {
+		testutil.Eventually(t, 20*time.Second, "the token reaches "+via, func() error {
+			var a service.AcquireResponse
+			code, ec := aclDoRetried(t, c, via, worker.SecretID, "POST", "/api/v1/locks/golf/"+via+"/acquire", map[string]any{"client_id": "worker-1", "ttl_ms": 30000}, &a)
+			if code != 200 || !a.Acquired {
+				return fmt.Errorf("allowed acquire through %s: %d %s", via, code, ec)
+			}
+			return nil
+		})
+	}
+	if code, ec := aclDoRetried(t, c, "n1", worker.SecretID, "POST", "/api/v1/locks/payments/x/acquire", map[string]any{"client_id": "worker-1", "ttl_ms": 30000}, nil); code != 403 || ec != "permission_denied" {
+		t.Fatalf("denied acquire forwarded through n1: %d %s", code, ec)
+	}
+	if code, ec := aclDoRetried(t, c, "n1", "", "POST", "/api/v1/locks/golf/anon/acquire", map[string]any{"client_id": "worker-1", "ttl_ms": 30000}, nil); code != 401 || ec != "unauthenticated" {
+		t.Fatalf("anonymous acquire forwarded through n1: %d %s", code, ec)
 	}
 }

@@ -45,6 +45,13 @@ func WithCertIdentity(ctx context.Context, cn string) context.Context {
 	return context.WithValue(ctx, certKey{}, cn)
 }
 
+// Credentials are what WithBearer and WithCertIdentity put in ctx: the shard
+// router hands them on with a call it sends to another node, which
+// authorizes it as this one would.
+func Credentials(ctx context.Context) (secret, certCN string) {
+	return bearer(ctx), certIdentity(ctx)
+}
+
 func certIdentity(ctx context.Context) string {
 	v, _ := ctx.Value(certKey{}).(string)
 	return v
@@ -64,8 +71,8 @@ func (s *Service) ACLEnabled() bool { return s.aclOn }
 // SetACLState makes the service authorize from the ACL tokens in another
 // group's state (a sharded node's meta group, where ACL commands go),
 // instead of its own group's. Call before serving.
-func (s *Service) SetACLState(f *fsm.FSM) {
-	s.acl = f
+func (s *Service) SetACLState(f *fsm.FSM, r linearReader) {
+	s.acl, s.aclRead = f, r
 	s.aclShared.Store(true)
 	f.AddObserver(s.tokens)
 }
@@ -158,11 +165,25 @@ func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID stri
 	}
 	var tok state.ACLToken
 	var ok bool
-	if secret != "" {
-		hash := sha256.Sum256([]byte(secret))
-		s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
-	} else {
-		s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
+	lookup := func() {
+		if secret != "" {
+			hash := sha256.Sum256([]byte(secret))
+			s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenBySecret(hash) })
+		} else {
+			s.acl.Read(func(st *state.State) { tok, ok = st.ACLTokenByCertCN(cn) })
+		}
+	}
+	lookup()
+	if !ok {
+		// A token created a moment ago through another node may not be
+		// applied here yet: once this node has applied all that was
+		// committed before the call, an unknown token really is unknown.
+		rctx, cancel := context.WithTimeout(ctx, aclMissWait)
+		err := s.aclRead.LinearizableRead(rctx)
+		cancel()
+		if err == nil {
+			lookup()
+		}
 	}
 	if !ok {
 		return nil, apierror.New(apierror.Unauthenticated, "the ACL token is unknown or revoked; ask an operator for a valid one")
@@ -179,6 +200,15 @@ func (s *Service) authToken(ctx context.Context, perm uint8, name, clientID stri
 		return nil, apierror.New(apierror.PermissionDenied, "this token may not act as client_id %q; use one of %v", clientID, tok.ClientIDs)
 	}
 	return &tok, nil
+}
+
+// aclMissWait bounds the read an unknown token waits for (authToken).
+const aclMissWait = 2 * time.Second
+
+// linearReader is what a token lookup that missed needs of the group
+// holding the ACL state: a read after everything committed before it.
+type linearReader interface {
+	LinearizableRead(ctx context.Context) error
 }
 
 // ACLRule is one rule in the API.

@@ -366,6 +366,11 @@ func (s *Service) await(ctx context.Context, a acquireArgs, requestID string, se
 			return s.abandon(a, w, context.Cause(ctx))
 		case <-s.life.Done():
 			return s.abandon(a, w, errShuttingDown)
+		case <-s.handedOff:
+			if !keepsPlace(a) {
+				return s.abandon(a, w, errShuttingDown)
+			}
+			return nil, wrongShardErr("the wait for " + a.what + " " + strconv.Quote(displayName(name)))
 		case <-noLeader:
 			return s.leaveLine(a, w)
 		}
@@ -429,6 +434,11 @@ func (s *Service) abandon(a acquireArgs, w command.WaitRef, cause error) (*grant
 	// A revoked token's grant is released even with a request_id: a retry
 	// of the request would be refused by the ACL check anyway.
 	isRevoked := errors.Is(cause, errTokenRevoked)
+	if keepsPlace(a) && !isRevoked && s.handedOffNow() {
+		// The node gave up its replica while this wait was ending here:
+		// keep its place for the router's retry through a replica.
+		return nil, wrongShardErr("the wait for " + a.what + " " + strconv.Quote(displayName(a.key)))
+	}
 	release := !keepsPlace(a) || isRevoked
 	if _, err := s.node.Apply(ctx, envelope(a.clientID, "", &command.CancelWait{Wait: w, ReleaseIfGranted: release})); err != nil {
 		s.logger.Warn("could not withdraw an abandoned wait; it ends at its wait timeout", "lock", displayName(a.key), "err", err)

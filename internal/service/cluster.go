@@ -91,6 +91,18 @@ func (s *Service) SplitShard(ctx context.Context, _ SplitRequest) (*ClusterInfo,
 	return nil, invalid("this cluster is not sharded (--shards 1): there is no range to split; nothing was changed")
 }
 
+// MoveShard is for sharded clusters (the router moves replicas); one
+// group has no shards to move.
+func (s *Service) MoveShard(ctx context.Context, _ MoveRequest) (*ClusterInfo, error) {
+	if err := s.admit(ctx, ""); err != nil {
+		return nil, err
+	}
+	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
+		return nil, err
+	}
+	return nil, invalid("this cluster is not sharded (--shards 1): there is no shard replica to move; nothing was changed")
+}
+
 // ProposeSplit commits a split of this shard (command.Split): the node's
 // shard router calls it on the source shard's service, after checking the
 // split point against the map.

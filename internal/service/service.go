@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +84,7 @@ type Service struct {
 	// acl is the state ACL tokens are read from: this group's, or on a
 	// sharded node the meta group's (SetACLState); aclShared says which.
 	acl       *fsm.FSM
+	aclRead   linearReader
 	aclShared atomic.Bool
 	lim       *limiter // nil: no limits (SetLimits)
 
@@ -95,6 +97,27 @@ type Service struct {
 	// leaderGone is closed while this node has known no leader for a while
 	// (followLeaderless), ending the queued acquires that wait here.
 	leaderGone atomic.Pointer[chan struct{}]
+	// handedOff is closed when this node gives up its replica of the shard
+	// (HandOff).
+	handedOff chan struct{}
+	handOnce  sync.Once
+}
+
+// HandOff ends every queued acquire's wait here without withdrawing it:
+// this node is giving up its replica of the shard (a move), and the wait's
+// place in line stays in the replicated queue. Each answers wrong_shard,
+// which the shard router retries, with the same request_id, through a node
+// that still runs the shard, where the retry finds its place. A wait
+// without a request_id (nobody could come back for it) is withdrawn.
+func (s *Service) HandOff() { s.handOnce.Do(func() { close(s.handedOff) }) }
+
+func (s *Service) handedOffNow() bool {
+	select {
+	case <-s.handedOff:
+		return true
+	default:
+		return false
+	}
 }
 
 // New builds the service over a node and its event hub (which must have been
@@ -105,8 +128,9 @@ func New(node Node, hub *watch.Hub, logger *slog.Logger) *Service {
 		logger = slog.Default()
 	}
 	s := &Service{node: node, fsm: node.FSM(), hub: hub, waiters: newWaitRegistry(), tokens: newTokenUses(), logger: logger}
-	s.acl = s.fsm
+	s.acl, s.aclRead = s.fsm, node
 	s.life, s.endLife = context.WithCancel(context.Background())
+	s.handedOff = make(chan struct{})
 	s.fsm.AddObserver(s.waiters)
 	s.fsm.AddObserver(ownACL{s})
 	node.SetEndorser(s.endorse)

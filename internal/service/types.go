@@ -331,6 +331,18 @@ type ShardInfo struct {
 	AppliedIndex uint64 `json:"applied_index"`
 	Revision     uint64 `json:"revision"`
 	LastToken    uint64 `json:"last_fencing_token"`
+	// Replicas are the ids of the nodes that run the shard's group;
+	// Leaving is the one a move is taking off it, while it is in flight.
+	Replicas []string `json:"replicas,omitempty"`
+	Leaving  string   `json:"leaving,omitempty"`
+}
+
+// MoveRequest moves shard Shard's replica on node From to node To (POST
+// /cluster/shards/move).
+type MoveRequest struct {
+	Shard int    `json:"shard"`
+	From  string `json:"from"`
+	To    string `json:"to"`
 }
 
 // CampaignRequest joins an election: wait in its FIFO queue (WaitTimeoutMs) to

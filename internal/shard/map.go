@@ -8,8 +8,11 @@ package shard
 import (
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/dlock/dlock/internal/command"
@@ -23,12 +26,40 @@ const MaxShards = 64
 // has Bounds[k] <= s < Bounds[k+1] (byte order; Bounds[0] is "", the last
 // range is open), in Raft group Groups[k], shown as shard IDs[k].
 // Generation counts its changes (1: as created); a split inserts a range
-// (with the next unused id) and adds one.
+// (with the next unused id) and adds one, and so does each step of a move.
+//
+// Replicas[k] are the ids of the nodes that run range k's group, sorted
+// (nil: every node of the initial cluster, as in maps from before replica
+// sets); Leaving[k] is the one a move is taking off it ("" when none).
 type Map struct {
 	Bounds     []string
 	IDs        []int
 	Groups     []uint64
+	Replicas   [][]string
+	Leaving    []string
 	Generation uint64
+	// Placement, on a map given by flags, asks for each range on that many
+	// nodes (Place); 0 is every node.
+	Placement int
+	placedOn  []string // the nodes Place placed the ranges on
+}
+
+// RecordedNodes are the nodes a data dir's initial map was placed on
+// (CheckDataDir; nil: none recorded, every range on every node).
+func RecordedNodes(dir string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, mapFile))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, mapFile), err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "nodes "); ok {
+			return strings.Split(rest, ","), nil
+		}
+	}
+	return nil, nil
 }
 
 // DefaultBounds splits the lower-case letters evenly into n ranges (names
@@ -64,7 +95,138 @@ func NewMap(bounds []string) (Map, error) {
 		m.IDs = append(m.IDs, k)
 		m.Groups = append(m.Groups, m.initialGroup(k))
 	}
+	m.Replicas, m.Leaving = make([][]string, len(bounds)), make([]string, len(bounds))
 	return m, nil
+}
+
+// Place puts each range of a new map on r of the nodes (ids), round-robin
+// over them sorted: range k on the r nodes from k mod their number on. r 0
+// or at least their number leaves every range on every node.
+func (m Map) Place(nodes []string, r int) (Map, error) {
+	if r <= 0 || r >= len(nodes) {
+		return m, nil
+	}
+	if r > command.MaxReplicas {
+		return Map{}, fmt.Errorf("%d replicas per shard; the limit is %d", r, command.MaxReplicas)
+	}
+	ids := slices.Sorted(slices.Values(nodes))
+	out := m
+	out.placedOn = ids
+	out.Replicas = make([][]string, len(m.Bounds))
+	for k := range m.Bounds {
+		var set []string
+		for i := range r {
+			set = append(set, ids[(k+i)%len(ids)])
+		}
+		slices.Sort(set)
+		out.Replicas[k] = set
+	}
+	return out, nil
+}
+
+// Hosts are the nodes that run range k's group: its replica set, or all
+// (the initial cluster's ids) when it has none.
+func (m Map) Hosts(k int, all []string) []string {
+	if k < len(m.Replicas) && len(m.Replicas[k]) > 0 {
+		return m.Replicas[k]
+	}
+	return slices.Sorted(slices.Values(all))
+}
+
+// Hosted reports whether node id runs range k's group.
+func (m Map) Hosted(k int, id string, all []string) bool {
+	return slices.Contains(m.Hosts(k, all), id)
+}
+
+// leaving is range k's leaving replica ("" when no move is in flight).
+func (m Map) leaving(k int) string {
+	if k < len(m.Leaving) {
+		return m.Leaving[k]
+	}
+	return ""
+}
+
+// MoveError is a move the map refuses: Conflict when another move of the
+// shard is in flight (or the move is done), else bad input.
+type MoveError struct {
+	Conflict bool
+	Msg      string
+}
+
+func (e *MoveError) Error() string { return e.Msg }
+
+// BeginMove is the next generation of the map with shard id's replica set
+// grown by to and from marked leaving: the first step of moving the
+// replica on from to to. nodes are the cluster's node ids, all the initial
+// cluster's (for a range with no replica set). It refuses bad input.
+func (m Map) BeginMove(id int, from, to string, nodes, all []string) (Map, error) {
+	k := m.IndexOf(id)
+	switch {
+	case k < 0:
+		return Map{}, &MoveError{Msg: fmt.Sprintf("no shard %d; the shards are %v (GET /api/v1/cluster)", id, m.IDs)}
+	case from == "" || to == "":
+		return Map{}, &MoveError{Msg: "a move needs from and to: the ids of the node giving up the replica and of the node taking it"}
+	case from == to:
+		return Map{}, &MoveError{Msg: fmt.Sprintf("from and to are both %q; name two nodes", from)}
+	case !slices.Contains(nodes, to):
+		return Map{}, &MoveError{Msg: fmt.Sprintf("no node %q in the cluster; the nodes are %v", to, nodes)}
+	case m.leaving(k) != "":
+		return Map{}, &MoveError{Conflict: true, Msg: fmt.Sprintf("shard %d is already moving its replica on %s; wait until that move is done (GET /api/v1/cluster)", id, m.leaving(k))}
+	}
+	hosts := m.Hosts(k, all)
+	switch {
+	case !slices.Contains(hosts, from):
+		return Map{}, &MoveError{Msg: fmt.Sprintf("node %q is not a replica of shard %d; its replicas are %v (a move from it that was sent before is done)", from, id, hosts)}
+	case slices.Contains(hosts, to):
+		return Map{}, &MoveError{Conflict: true, Msg: fmt.Sprintf("node %q is already a replica of shard %d (its replicas are %v)", to, id, hosts)}
+	case len(hosts) >= command.MaxReplicas:
+		return Map{}, &MoveError{Msg: fmt.Sprintf("shard %d has %d replicas, the limit", id, len(hosts))}
+	}
+	out := m.clone()
+	out.Generation++
+	out.Replicas[k] = slices.Sorted(slices.Values(append(slices.Clone(hosts), to)))
+	out.Leaving[k] = from
+	return out, nil
+}
+
+// EndMove is the next generation of the map with range k's leaving
+// replica gone: the last step of a move.
+func (m Map) EndMove(k int) Map {
+	out := m.clone()
+	out.Generation++
+	gone := out.Leaving[k]
+	out.Replicas[k] = slices.DeleteFunc(slices.Clone(out.Replicas[k]), func(id string) bool { return id == gone })
+	out.Leaving[k] = ""
+	return out
+}
+
+// MoveTarget is the replica a move in flight on range k adds: the one of
+// its replicas the group's voters (config) lack; "" when none does.
+func (m Map) MoveTarget(k int, config []string) string {
+	if m.leaving(k) == "" {
+		return ""
+	}
+	for _, id := range m.Hosts(k, nil) {
+		if !slices.Contains(config, id) {
+			return id
+		}
+	}
+	return ""
+}
+
+// LeavingReplica is range k's leaving replica ("" when no move is in flight).
+func (m Map) LeavingReplica(k int) string { return m.leaving(k) }
+
+func (m Map) clone() Map {
+	out := Map{Bounds: slices.Clone(m.Bounds), IDs: slices.Clone(m.IDs), Groups: slices.Clone(m.Groups), Generation: m.Generation,
+		Replicas: make([][]string, len(m.Bounds)), Leaving: make([]string, len(m.Bounds))}
+	for k := range m.Bounds {
+		if k < len(m.Replicas) {
+			out.Replicas[k] = slices.Clone(m.Replicas[k])
+		}
+		out.Leaving[k] = m.leaving(k)
+	}
+	return out
 }
 
 // FromRanges is the map the meta group holds (command.SetShardMap).
@@ -74,6 +236,8 @@ func FromRanges(gen uint64, rs []command.ShardRange) Map {
 		m.Bounds = append(m.Bounds, r.Start)
 		m.IDs = append(m.IDs, int(r.ID))
 		m.Groups = append(m.Groups, r.Group)
+		m.Replicas = append(m.Replicas, slices.Clone(r.Replicas))
+		m.Leaving = append(m.Leaving, r.Leaving)
 	}
 	return m
 }
@@ -82,7 +246,10 @@ func FromRanges(gen uint64, rs []command.ShardRange) Map {
 func (m Map) Ranges() []command.ShardRange {
 	out := make([]command.ShardRange, len(m.Bounds))
 	for k := range m.Bounds {
-		out[k] = command.ShardRange{Start: m.Bounds[k], ID: uint64(m.IDs[k]), Group: m.Groups[k]}
+		out[k] = command.ShardRange{Start: m.Bounds[k], ID: uint64(m.IDs[k]), Group: m.Groups[k], Leaving: m.leaving(k)}
+		if k < len(m.Replicas) {
+			out[k].Replicas = slices.Clone(m.Replicas[k])
+		}
 	}
 	return out
 }
@@ -143,10 +310,15 @@ func (m Map) Split(src uint64, at string, child uint64) (Map, error) {
 	for _, id := range m.IDs {
 		next = max(next, id+1)
 	}
+	// The split-off range runs on the nodes that ran its source: they
+	// are the ones that applied the split.
+	c := m.clone()
 	out := Map{Generation: m.Generation + 1}
 	out.Bounds = append(append(append([]string(nil), m.Bounds[:k+1]...), at), m.Bounds[k+1:]...)
 	out.IDs = append(append(append([]int(nil), m.IDs[:k+1]...), next), m.IDs[k+1:]...)
 	out.Groups = append(append(append([]uint64(nil), m.Groups[:k+1]...), child), m.Groups[k+1:]...)
+	out.Replicas = append(append(append([][]string(nil), c.Replicas[:k+1]...), slices.Clone(c.Replicas[k])), c.Replicas[k+1:]...)
+	out.Leaving = append(append(append([]string(nil), c.Leaving[:k+1]...), ""), c.Leaving[k+1:]...)
 	return out, nil
 }
 
@@ -258,6 +430,16 @@ const mapFile = "SHARDS"
 // dir made with another one (later ranges come from the meta group).
 func CheckDataDir(dir string, m Map) error {
 	want := fmt.Sprintf("generation %d\n%s\n", m.Generation, strings.Join(m.Bounds[1:], "\n"))
+	if m.placedOn != nil {
+		want += "nodes " + strings.Join(m.placedOn, ",") + "\n"
+	}
+	for k := range m.Replicas {
+		// A placement (--shard-replicas) is part of the initial map; a dir
+		// made without one reads as before.
+		if len(m.Replicas[k]) > 0 {
+			want += fmt.Sprintf("replicas %d %s\n", k, strings.Join(m.Replicas[k], ","))
+		}
+	}
 	path := filepath.Join(dir, mapFile)
 	b, err := os.ReadFile(path)
 	switch {
@@ -277,6 +459,63 @@ func CheckDataDir(dir string, m Map) error {
 	default:
 		return fmt.Errorf("read %s: %w", path, err)
 	}
+}
+
+// movedFile lists, one a line, the Raft groups moved off this data dir's
+// node: their data is gone, and an initial range among them must never be
+// bootstrapped again on a later start.
+const movedFile = "MOVED"
+
+// MovedGroups are the groups recorded with RecordMoved.
+func MovedGroups(dir string) (map[uint64]bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, movedFile))
+	if os.IsNotExist(err) {
+		return map[uint64]bool{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, movedFile), err)
+	}
+	out := map[uint64]bool{}
+	for _, line := range strings.Fields(string(b)) {
+		g, err := strconv.ParseUint(line, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: bad line %q", filepath.Join(dir, movedFile), line)
+		}
+		out[g] = true
+	}
+	return out, nil
+}
+
+// RecordMoved adds group g to the moved groups, durably, before its data
+// is deleted.
+func RecordMoved(dir string, g uint64) error {
+	moved, err := MovedGroups(dir)
+	if err != nil || moved[g] {
+		return err
+	}
+	moved[g] = true
+	var lines []string
+	for _, x := range slices.Sorted(maps.Keys(moved)) {
+		lines = append(lines, strconv.FormatUint(x, 10))
+	}
+	path := filepath.Join(dir, movedFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // CheckOneGroup refuses to open a sharded data dir as one group: the

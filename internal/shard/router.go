@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -33,7 +34,19 @@ type Router struct {
 	v       *view
 	changed chan struct{} // closed and replaced by every Update
 	split   Splitter
+	move    Mover
+	remote  Remote // nil: every range runs here
+	members *service.Service
 	acl     *service.Service
+}
+
+// SetMembers gives the router the meta group's service: on a cluster whose
+// shards run on some nodes only, GET /cluster lists its members (every
+// node) rather than shard 0's replicas.
+func (r *Router) SetMembers(s *service.Service) {
+	r.mu.Lock()
+	r.members = s
+	r.mu.Unlock()
 }
 
 // view is one generation of the map with the services of its ranges
@@ -56,6 +69,23 @@ const RouteWait = 10 * time.Second
 // NewRouter routes over shards; shards[k] serves range k of m.
 func NewRouter(m Map, shards []*service.Service) *Router {
 	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{})}
+}
+
+// SetRemote lets the router send calls for ranges this node does not run
+// to nodes that do (forward.go). Without it every range runs here.
+func (r *Router) SetRemote(rem Remote) {
+	r.mu.Lock()
+	r.remote = rem
+	r.mu.Unlock()
+}
+
+// away reports whether range k of v runs on other nodes only: its calls
+// are sent there (forward.go).
+func (r *Router) away(v *view, k int) bool {
+	r.mu.Lock()
+	rem := r.remote
+	r.mu.Unlock()
+	return v.shards[k] == nil && rem != nil && !v.m.Hosted(k, rem.Self(), rem.All())
 }
 
 // SetSplitter lets the router split ranges (POST /cluster/shards/split).
@@ -143,31 +173,57 @@ func awaitChange(ctx context.Context, ch <-chan struct{}, deadline time.Time) bo
 	return false
 }
 
-// route runs fn on the service of name's shard. A wrong_shard refusal (the
-// name moved) is retried on the shard the newer map names, once this node
-// knows it; so is a shard whose group this node has not started yet.
-func route[T any](ctx context.Context, r *Router, name string, fn func(*service.Service) (T, error)) (T, error) {
+// route runs fn on the service of name's shard, or sends the call (in)
+// to a node that runs it when this node does not. A wrong_shard refusal
+// (the name moved) is retried on the shard the newer map names, once this
+// node knows it; so is a shard whose group this node has not started yet,
+// and a wait handed off by a replica this node gave up (a move).
+func route[T any](ctx context.Context, r *Router, name string, in routed, fn func(*service.Service) (*T, error)) (*T, error) {
 	deadline := time.Now().Add(RouteWait)
+	in.Name = name
 	for {
 		v, ch := r.view()
-		svc := v.shards[v.m.Lookup(name)]
-		if svc != nil {
-			out, err := fn(svc)
+		k := v.m.Lookup(name)
+		if v.shards[k] != nil || (in.Op != "" && r.away(v, k)) {
+			out, err := onShard(ctx, r, v, k, in, fn)
 			if !isWrongShard(err) {
 				return out, err
 			}
 			if !awaitChange(ctx, ch, deadline) {
-				var zero T
-				return zero, wrongShard(v.m.Generation, err)
+				return nil, wrongShard(v.m.Generation, err)
 			}
 			continue
 		}
 		if !awaitChange(ctx, ch, deadline) {
-			var zero T
-			return zero, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
-				"the shard of %q was just split off and this node has not started its group yet; retry", name)}
+			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+				"the shard of %q was just split off or moved here and this node has not started its group yet; retry", name)}
 		}
 	}
+}
+
+// onShard runs fn on range k's service here, or sends in to a node that
+// runs the range.
+func onShard[T any](ctx context.Context, r *Router, v *view, k int, in routed, fn func(*service.Service) (*T, error)) (*T, error) {
+	if s := v.shards[k]; s != nil {
+		return fn(s)
+	}
+	if in.Op == "" || !r.away(v, k) {
+		return nil, notRunning(v.m.IDs[k])
+	}
+	out, stale, err := remoteCall[T](ctx, r, v, k, in)
+	if stale != nil && out != nil {
+		switch x := any(out).(type) {
+		case *service.LockView:
+			x.Stale = stale
+		case *service.ElectionView:
+			x.Stale = stale
+		case *service.ListResponse:
+			x.Stale = stale
+		case *service.ElectionListResponse:
+			x.Stale = stale
+		}
+	}
+	return out, err
 }
 
 // withRequestID gives a waiting request without a request_id one, so that
@@ -184,67 +240,89 @@ func withRequestID(id string, waitMs int64) string {
 
 func (r *Router) Acquire(ctx context.Context, req service.AcquireRequest) (*service.AcquireResponse, error) {
 	req.RequestID = withRequestID(req.RequestID, req.WaitTimeoutMs)
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.AcquireResponse, error) { return s.Acquire(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "acquire", Req: mustJSON(req)}, func(s *service.Service) (*service.AcquireResponse, error) { return s.Acquire(ctx, req) })
 }
 func (r *Router) Release(ctx context.Context, req service.ReleaseRequest) (*service.ReleaseResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.ReleaseResponse, error) { return s.Release(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "release", Req: mustJSON(req)}, func(s *service.Service) (*service.ReleaseResponse, error) { return s.Release(ctx, req) })
 }
 func (r *Router) Renew(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.RenewResponse, error) { return s.Renew(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "renew", Req: mustJSON(req)}, func(s *service.Service) (*service.RenewResponse, error) { return s.Renew(ctx, req) })
 }
 func (r *Router) GetLock(ctx context.Context, name string, stale bool) (*service.LockView, error) {
-	return route(ctx, r, name, func(s *service.Service) (*service.LockView, error) { return s.GetLock(ctx, name, stale) })
+	return route(ctx, r, name, routed{Op: "get_lock", Stale: stale}, func(s *service.Service) (*service.LockView, error) { return s.GetLock(ctx, name, stale) })
 }
 func (r *Router) History(ctx context.Context, req service.HistoryRequest) (*service.HistoryResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.HistoryResponse, error) { return s.History(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "history", Req: mustJSON(req)}, func(s *service.Service) (*service.HistoryResponse, error) { return s.History(ctx, req) })
 }
 func (r *Router) Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.RevokeResponse, error) { return s.Revoke(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "revoke", Req: mustJSON(req)}, func(s *service.Service) (*service.RevokeResponse, error) { return s.Revoke(ctx, req) })
 }
 func (r *Router) Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error) {
 	req.RequestID = withRequestID(req.RequestID, req.WaitTimeoutMs)
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.CampaignResponse, error) { return s.Campaign(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "campaign", Req: mustJSON(req)}, func(s *service.Service) (*service.CampaignResponse, error) { return s.Campaign(ctx, req) })
 }
 func (r *Router) GetElection(ctx context.Context, name string, stale bool) (*service.ElectionView, error) {
-	return route(ctx, r, name, func(s *service.Service) (*service.ElectionView, error) { return s.GetElection(ctx, name, stale) })
+	return route(ctx, r, name, routed{Op: "get_election", Stale: stale}, func(s *service.Service) (*service.ElectionView, error) { return s.GetElection(ctx, name, stale) })
 }
 func (r *Router) Proclaim(ctx context.Context, req service.ProclaimRequest) (*service.ProclaimResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.ProclaimResponse, error) { return s.Proclaim(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "proclaim", Req: mustJSON(req)}, func(s *service.Service) (*service.ProclaimResponse, error) { return s.Proclaim(ctx, req) })
 }
 func (r *Router) Resign(ctx context.Context, req service.ResignRequest) (*service.ResignResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.ResignResponse, error) { return s.Resign(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "resign", Req: mustJSON(req)}, func(s *service.Service) (*service.ResignResponse, error) { return s.Resign(ctx, req) })
 }
 func (r *Router) RenewElection(ctx context.Context, req service.RenewRequest) (*service.RenewResponse, error) {
-	return route(ctx, r, req.Name, func(s *service.Service) (*service.RenewResponse, error) { return s.RenewElection(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "renew_election", Req: mustJSON(req)}, func(s *service.Service) (*service.RenewResponse, error) { return s.RenewElection(ctx, req) })
 }
 func (r *Router) Observe(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error) {
 	type obs struct {
 		v *service.ElectionView
 		w *service.Watcher
 	}
-	o, err := route(ctx, r, name, func(s *service.Service) (obs, error) {
+	// A stream is not sent between nodes: observe through a replica.
+	if v, _ := r.view(); r.away(v, v.m.Lookup(name)) {
+		return nil, nil, notStreamed(v, v.m.Lookup(name), r.remote.All())
+	}
+	o, err := route(ctx, r, name, routed{}, func(s *service.Service) (*obs, error) {
 		v, w, err := s.Observe(ctx, name, stale)
-		return obs{v, w}, err
+		return &obs{v, w}, err
 	})
-	return o.v, o.w, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return o.v, o.w, nil
 }
 
 // ---- prefixes: merged ----
 
 // overlap checks a prefix the way the services do and lists its shards
 // (as range indexes of v's map).
-func (v *view) overlap(prefix string) ([]int, error) {
+func (r *Router) overlap(v *view, prefix string) ([]int, error) {
 	p, err := command.ValidatePrefix(prefix)
 	if err != nil {
 		return nil, apierror.New(apierror.InvalidArgument, "bad prefix: %v", err)
 	}
 	ks := v.m.Overlap(p)
 	for _, k := range ks {
-		if v.shards[k] == nil {
+		if v.shards[k] == nil && !r.away(v, k) {
 			return nil, notRunning(v.m.IDs[k])
 		}
 	}
 	return ks, nil
+}
+
+// notStreamed refuses a watch of a range this node does not run: streams
+// are not sent between nodes.
+func notStreamed(v *view, k int, all []string) error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"shard %d runs on nodes %v, not on this one, and watches are not forwarded between nodes; watch through one of them (GET /api/v1/cluster lists every shard's replicas)", v.m.IDs[k], v.m.Hosts(k, all))}
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // the service's request types always encode
+	}
+	return b
 }
 
 // notRunningYet is notRunning after a bounded wait for the group to start.
@@ -260,7 +338,7 @@ func (r *Router) full(ctx context.Context) (*view, []int, error) {
 	deadline := time.Now().Add(RouteWait)
 	for {
 		v, ch := r.view()
-		ks, err := v.all()
+		ks, err := r.all(v)
 		if err == nil {
 			return v, ks, nil
 		}
@@ -275,11 +353,12 @@ func notRunning(id int) error {
 		"shard %d was just split off and this node has not started its group yet; retry", id)}
 }
 
-// all is every range of v, or an error if one is not running here yet.
-func (v *view) all() ([]int, error) {
+// all is every range of v, or an error if one that runs here has not
+// started yet.
+func (r *Router) all(v *view) ([]int, error) {
 	ks := make([]int, len(v.shards))
 	for k := range ks {
-		if v.shards[k] == nil {
+		if v.shards[k] == nil && !r.away(v, k) {
 			return nil, notRunning(v.m.IDs[k])
 		}
 		ks[k] = k
@@ -300,18 +379,18 @@ type page[V any] struct {
 // name: each shard lists up to the limit after the cursor, so the first limit
 // names of the merge are the first limit names overall. One shard's page is
 // returned as it is, with its own revision.
-func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *service.Service) (page[V], error), name func(*V) string) (page[V], error) {
+func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *view, int) (page[V], error), name func(*V) string) (page[V], error) {
 	v, _ := r.view()
-	ks, err := v.overlap(req.Prefix)
+	ks, err := r.overlap(v, req.Prefix)
 	if err != nil {
 		return page[V]{}, err
 	}
 	if len(ks) == 1 {
-		return list(ctx, v.shards[ks[0]])
+		return list(ctx, v, ks[0])
 	}
 	pages := make([]page[V], len(ks))
 	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		pages[i], err = list(ctx, v.shards[k])
+		pages[i], err = list(ctx, v, k)
 		return err
 	}); err != nil {
 		return page[V]{}, err
@@ -331,8 +410,8 @@ func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, 
 
 // ListLocks merges the lock lists of every shard the prefix overlaps.
 func (r *Router) ListLocks(ctx context.Context, req service.ListRequest) (*service.ListResponse, error) {
-	p, err := mergePages(ctx, r, req, func(ctx context.Context, s *service.Service) (page[service.LockView], error) {
-		l, err := s.ListLocks(ctx, req)
+	p, err := mergePages(ctx, r, req, func(ctx context.Context, v *view, k int) (page[service.LockView], error) {
+		l, err := onShard(ctx, r, v, k, routed{Op: "list_locks", Req: mustJSON(req)}, func(s *service.Service) (*service.ListResponse, error) { return s.ListLocks(ctx, req) })
 		if err != nil {
 			return page[service.LockView]{}, err
 		}
@@ -346,8 +425,10 @@ func (r *Router) ListLocks(ctx context.Context, req service.ListRequest) (*servi
 
 // ListElections merges the election lists of every shard the prefix overlaps.
 func (r *Router) ListElections(ctx context.Context, req service.ListRequest) (*service.ElectionListResponse, error) {
-	p, err := mergePages(ctx, r, req, func(ctx context.Context, s *service.Service) (page[service.ElectionView], error) {
-		l, err := s.ListElections(ctx, req)
+	p, err := mergePages(ctx, r, req, func(ctx context.Context, v *view, k int) (page[service.ElectionView], error) {
+		l, err := onShard(ctx, r, v, k, routed{Op: "list_elections", Req: mustJSON(req)}, func(s *service.Service) (*service.ElectionListResponse, error) {
+			return s.ListElections(ctx, req)
+		})
 		if err != nil {
 			return page[service.ElectionView]{}, err
 		}
@@ -410,9 +491,14 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 	if err != nil {
 		return nil, false, err
 	}
-	ks, err := v.overlap(req.Prefix)
+	ks, err := r.overlap(v, req.Prefix)
 	if err != nil {
 		return nil, false, err
+	}
+	for _, k := range ks {
+		if r.away(v, k) {
+			return nil, false, notStreamed(v, k, r.remote.All())
+		}
 	}
 	if req.FromRevision != 0 && len(ks) > 1 {
 		return nil, false, apierror.New(apierror.InvalidArgument, "this prefix spans %d shards, each with its own revisions: resume with from_revisions=shard:revision,... (the id of the last event you received, each revision + 1), not from_revision", len(ks))
@@ -425,6 +511,9 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 	// parent[g] is the group group g was split off, as this node knows.
 	parent := map[uint64]uint64{}
 	for k, s := range v.shards {
+		if s == nil {
+			continue // not run here (it has replicas elsewhere)
+		}
 		for _, c := range s.LocalSplits() {
 			parent[c] = v.m.Groups[k]
 		}
@@ -547,9 +636,12 @@ func (r *Router) awaitSplitsMapped(ctx context.Context, from map[int]uint64) (*v
 				unknown = true
 			}
 		}
-		if _, err := v.all(); err == nil && !unknown {
+		if r.allHere(v) && !unknown {
 			var missing []uint64
 			for _, s := range v.shards {
+				if s == nil {
+					continue
+				}
 				for _, g := range s.LocalSplits() {
 					if v.m.IndexOfGroup(g) < 0 {
 						missing = append(missing, g)
@@ -564,12 +656,22 @@ func (r *Router) awaitSplitsMapped(ctx context.Context, from map[int]uint64) (*v
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			if _, err := v.all(); err == nil && unknown {
+			if r.allHere(v) && unknown {
 				return v, nil
 			}
 			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was just split and this node has not learned the new map (or started the new shard's group) yet; retry"}
 		}
 	}
+}
+
+// allHere reports whether this node runs every range of v it hosts.
+func (r *Router) allHere(v *view) bool {
+	for k, s := range v.shards {
+		if s == nil && !r.away(v, k) {
+			return false
+		}
+	}
+	return true
 }
 
 // followSplit opens, for a merged stream over prefix, the stream of the
@@ -580,8 +682,10 @@ func (r *Router) followSplit(ctx context.Context, prefix string, g, rev uint64) 
 	deadline := time.Now().Add(RouteWait)
 	for {
 		v, ch := r.view()
-		if k := v.m.IndexOfGroup(g); k >= 0 && v.shards[k] != nil {
-			ks, err := v.overlap(prefix)
+		if k := v.m.IndexOfGroup(g); k >= 0 && v.shards[k] == nil && r.away(v, k) {
+			return 0, nil, false, notStreamed(v, k, r.remote.All())
+		} else if k >= 0 && v.shards[k] != nil {
+			ks, err := r.overlap(v, prefix)
 			if err != nil {
 				return 0, nil, false, err
 			}
@@ -617,7 +721,12 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 	if err != nil {
 		return nil, err
 	}
-	first, err := v.shards[0].CreateSession(ctx, req)
+	create := func(v *view, k int, req service.CreateSessionRequest) (*service.SessionResponse, error) {
+		return onShard(ctx, r, v, k, routed{Op: "create_session", LeaseID: req.LeaseID, Req: mustJSON(req)}, func(s *service.Service) (*service.SessionResponse, error) {
+			return s.CreateSession(ctx, req)
+		})
+	}
+	first, err := create(v, 0, req)
 	if err != nil {
 		return nil, err
 	}
@@ -626,23 +735,19 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 		return nil, apierror.Wrap(apierror.Internal, err, "shard 0 answered a bad session id")
 	}
 	out := *first
-	done := map[*service.Service]bool{v.shards[0]: true}
+	done := map[uint64]bool{v.m.Groups[0]: true}
 	for range 4 {
-		var rest []*service.Service
+		var rest []int
 		for _, k := range ks {
-			if s := v.shards[k]; !done[s] {
-				rest = append(rest, s)
+			if !done[v.m.Groups[k]] {
+				rest = append(rest, k)
 			}
 		}
 		resps := make([]*service.SessionResponse, len(rest))
-		idx := make([]int, len(rest))
-		for i := range idx {
-			idx[i] = i
-		}
-		err = r.each(ctx, idx, func(ctx context.Context, i, _ int) (err error) {
+		err = r.each(ctx, rest, func(ctx context.Context, i, k int) (err error) {
 			sreq := req
 			sreq.LeaseID = id
-			resps[i], err = rest[i].CreateSession(ctx, sreq)
+			resps[i], err = create(v, k, sreq)
 			return err
 		})
 		if err != nil {
@@ -650,7 +755,7 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 		}
 		for i, s := range resps {
 			out.ExpiresAt = earliest(out.ExpiresAt, s.ExpiresAt)
-			done[rest[i]] = true
+			done[v.m.Groups[rest[i]]] = true
 		}
 		// A shard that split after the view was taken (its split applied
 		// before this session's lease there) gave the new shard no copy:
@@ -660,7 +765,7 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 			return nil, err
 		}
 		nv, ch := r.view()
-		for len(missing) > 0 && !hasGroups(nv, missing) {
+		for len(missing) > 0 && !hasGroups(r, nv, missing) {
 			if !awaitChange(ctx, ch, time.Now().Add(RouteWait)) {
 				return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was just split and this node has not learned the new map yet; retry the session create with the same request_id"}
 			}
@@ -670,7 +775,7 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 			return &out, nil
 		}
 		v = nv
-		if ks, err = v.all(); err != nil {
+		if ks, err = r.all(v); err != nil {
 			return nil, err
 		}
 	}
@@ -679,13 +784,19 @@ func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionReq
 
 // splitOff lists the groups split off v's shards that v's map lacks.
 func (r *Router) splitOff(ctx context.Context, v *view) ([]uint64, error) {
-	ks, err := v.all()
+	ks, err := r.all(v)
 	if err != nil {
 		return nil, err
 	}
 	children := make([][]uint64, len(ks))
-	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		children[i], err = v.shards[k].SplitChildren(ctx)
+	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) error {
+		cs, err := onShard(ctx, r, v, k, routed{Op: "split_children"}, func(s *service.Service) (*[]uint64, error) {
+			cs, err := s.SplitChildren(ctx)
+			return &cs, err
+		})
+		if cs != nil {
+			children[i] = *cs
+		}
 		return err
 	}); err != nil {
 		return nil, err
@@ -701,9 +812,9 @@ func (r *Router) splitOff(ctx context.Context, v *view) ([]uint64, error) {
 	return out, nil
 }
 
-func hasGroups(v *view, gs []uint64) bool {
+func hasGroups(r *Router, v *view, gs []uint64) bool {
 	for _, g := range gs {
-		if k := v.m.IndexOfGroup(g); k < 0 || v.shards[k] == nil {
+		if k := v.m.IndexOfGroup(g); k < 0 || (v.shards[k] == nil && !r.away(v, k)) {
 			return false
 		}
 	}
@@ -738,28 +849,26 @@ func randHex(n int) string {
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	req.LostAfter = 0
 	deadline := time.Now().Add(RouteWait)
-	done := map[*service.Service]bool{}
+	done := map[uint64]bool{}
 	var resps []*service.KeepAliveResponse
 	for {
 		v, ch := r.view()
-		var todo []*service.Service
+		var todo []int
 		missing := false
-		for _, s := range v.shards {
+		for k, s := range v.shards {
 			switch {
-			case s == nil:
+			case s == nil && !r.away(v, k):
 				missing = true
-			case !done[s]:
-				done[s] = true
-				todo = append(todo, s)
+			case !done[v.m.Groups[k]]:
+				done[v.m.Groups[k]] = true
+				todo = append(todo, k)
 			}
 		}
 		got := make([]*service.KeepAliveResponse, len(todo))
-		idx := make([]int, len(todo))
-		for i := range idx {
-			idx[i] = i
-		}
-		if err := r.each(ctx, idx, func(ctx context.Context, i, _ int) (err error) {
-			got[i], err = todo[i].KeepAlive(ctx, req)
+		if err := r.each(ctx, todo, func(ctx context.Context, i, k int) (err error) {
+			got[i], err = onShard(ctx, r, v, k, routed{Op: "keepalive", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.KeepAliveResponse, error) {
+				return s.KeepAlive(ctx, req)
+			})
 			return err
 		}); err != nil {
 			return nil, err
@@ -795,7 +904,12 @@ func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionReq
 	var wg sync.WaitGroup
 	for k := range ks {
 		wg.Add(1)
-		go func() { defer wg.Done(); resps[k], errs[k] = v.shards[k].DeleteSession(ctx, req) }()
+		go func() {
+			defer wg.Done()
+			resps[k], errs[k] = onShard(ctx, r, v, k, routed{Op: "delete_session", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.DeleteSessionResponse, error) {
+				return s.DeleteSession(ctx, req)
+			})
+		}()
 	}
 	wg.Wait()
 	var out *service.DeleteSessionResponse
@@ -834,31 +948,72 @@ func (r *Router) ClusterHealth(ctx context.Context) (*service.ClusterInfo, error
 
 func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo, error) {
 	v, _ := r.view()
-	first := v.shards[0].Cluster
-	if health {
-		first = v.shards[0].ClusterHealth
-	}
-	ci, err := first(ctx)
+	// The top-level fields are shard 0's, asked of its replicas when it
+	// does not run here.
+	const first = 0
+	ci, err := onShard(ctx, r, v, first, routed{Op: "cluster"}, func(s *service.Service) (*service.ClusterInfo, error) {
+		if health {
+			return s.ClusterHealth(ctx)
+		}
+		return s.Cluster(ctx)
+	})
 	if err != nil {
 		return nil, err
 	}
+	r.mu.Lock()
+	meta := r.members
+	r.mu.Unlock()
+	if placed(v.m) && meta != nil {
+		// Shards on some nodes only: the members are every node (the
+		// meta group's), and the answering node is this one.
+		mi, err := meta.Cluster(ctx)
+		if health {
+			mi, err = meta.ClusterHealth(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		ci.NodeID, ci.Members = mi.NodeID, mi.Members
+	}
 	ci.ShardGeneration = v.m.Generation
-	for k, s := range v.shards {
+	var all []string
+	if r.remote != nil {
+		all = r.remote.All()
+	}
+	for k := range v.shards {
 		start, end := v.m.Range(k)
-		info := service.ShardInfo{ID: v.m.IDs[k], Start: start, End: end}
-		if s != nil {
-			c := ci
-			if k > 0 {
-				if c, err = s.Cluster(ctx); err != nil {
-					return nil, err
-				}
+		info := service.ShardInfo{ID: v.m.IDs[k], Start: start, End: end, Leaving: v.m.LeavingReplica(k)}
+		if all != nil || (k < len(v.m.Replicas) && len(v.m.Replicas[k]) > 0) {
+			info.Replicas = v.m.Hosts(k, all)
+		}
+		c := ci
+		if k != first {
+			c, err = onShard(ctx, r, v, k, routed{Op: "cluster"}, func(s *service.Service) (*service.ClusterInfo, error) { return s.Cluster(ctx) })
+			if err != nil && !r.away(v, k) && v.shards[k] == nil {
+				c, err = nil, nil // not started here yet: shown without its leader
 			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		if c != nil {
 			info.LeaderID, info.LeaderAPI, info.Term = c.LeaderID, c.LeaderAPI, c.Term
 			info.CommitIndex, info.AppliedIndex, info.Revision, info.LastToken = c.CommitIndex, c.AppliedIndex, c.Revision, c.LastToken
 		}
 		ci.Shards = append(ci.Shards, info)
 	}
 	return ci, nil
+}
+
+// placed reports whether some range of m runs on a replica set rather
+// than on every node.
+func placed(m Map) bool {
+	for _, r := range m.Replicas {
+		if len(r) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // SplitShard splits the range holding req.At at it, online: the names at
@@ -872,6 +1027,33 @@ func (r *Router) SplitShard(ctx context.Context, req service.SplitRequest) (*ser
 		return nil, notBuilt("splitting a shard")
 	}
 	if err := sp.Split(ctx, req.At); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
+}
+
+// Mover moves a shard's replica between nodes online (the server's).
+type Mover interface {
+	Move(ctx context.Context, req service.MoveRequest) error
+}
+
+// SetMover lets the router move replicas (POST /cluster/shards/move).
+func (r *Router) SetMover(m Mover) {
+	r.mu.Lock()
+	r.move = m
+	r.mu.Unlock()
+}
+
+// MoveShard moves shard req.Shard's replica on node req.From to node
+// req.To, online; it answers once the move is done.
+func (r *Router) MoveShard(ctx context.Context, req service.MoveRequest) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	mv := r.move
+	r.mu.Unlock()
+	if mv == nil {
+		return nil, notBuilt("moving a shard's replica")
+	}
+	if err := mv.Move(ctx, req); err != nil {
 		return nil, err
 	}
 	return r.Cluster(ctx)
@@ -900,7 +1082,7 @@ func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
 	}
 	docs := make([]*fence.KeySetDocument, len(ks))
 	if err := r.each(ctx, ks, func(ctx context.Context, i, k int) (err error) {
-		docs[i], err = v.shards[k].TokenKeys(ctx)
+		docs[i], err = onShard(ctx, r, v, k, routed{Op: "token_keys"}, func(s *service.Service) (*fence.KeySetDocument, error) { return s.TokenKeys(ctx) })
 		return err
 	}); err != nil {
 		return nil, err
@@ -978,6 +1160,9 @@ func (r *Router) Healthy() error {
 func (r *Router) Ready() error {
 	v, _ := r.view()
 	for k, s := range v.shards {
+		if s == nil && r.away(v, k) {
+			continue // its replicas' readiness is theirs
+		}
 		if s == nil {
 			return notRunning(v.m.IDs[k])
 		}

@@ -3,6 +3,7 @@ package state
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/wire"
@@ -228,6 +229,17 @@ func checkRanges(rs []command.ShardRange) error {
 		if r.Group < 2 || ids[r.ID] || groups[r.Group] {
 			return fmt.Errorf("shard range %d has a repeated id or group", i)
 		}
+		if len(r.Replicas) > command.MaxReplicas {
+			return fmt.Errorf("shard range %d has %d replicas; the limit is %d", i, len(r.Replicas), command.MaxReplicas)
+		}
+		for j, id := range r.Replicas {
+			if id == "" || len(id) > command.MaxReplicaIDLen || (j > 0 && id <= r.Replicas[j-1]) {
+				return fmt.Errorf("shard range %d's replicas must be distinct node ids in order", i)
+			}
+		}
+		if r.Leaving != "" && !slices.Contains(r.Replicas, r.Leaving) {
+			return fmt.Errorf("shard range %d's leaving replica %q is not one of its replicas", i, r.Leaving)
+		}
 		ids[r.ID], groups[r.Group] = true, true
 	}
 	return nil
@@ -250,10 +262,16 @@ func writeShard(w *wire.Writer, sh *shardState) {
 		w.String(r.Start)
 		w.Uvarint(r.ID)
 		w.Uvarint(r.Group)
+		w.Uvarint(uint64(len(r.Replicas))) // version 12
+		for _, id := range r.Replicas {
+			w.String(id)
+		}
+		w.String(r.Leaving)
 	}
 }
 
-// readShard reads the shard section (snapshot version 11).
+// readShard reads the shard section (snapshot version 11; replica sets
+// since version 12).
 func (s *State) readShard(r *wire.Reader, v byte) error {
 	if v < 11 {
 		return nil
@@ -269,7 +287,15 @@ func (s *State) readShard(r *wire.Reader, v byte) error {
 	sh.mapGen = r.Uvarint()
 	m := r.Count(3)
 	for ; m > 0 && r.Err() == nil; m-- {
-		sh.ranges = append(sh.ranges, command.ShardRange{Start: r.String(), ID: r.Uvarint(), Group: r.Uvarint()})
+		sr := command.ShardRange{Start: r.String(), ID: r.Uvarint(), Group: r.Uvarint()}
+		if v >= 12 {
+			k := r.Count(1)
+			for ; k > 0 && r.Err() == nil; k-- {
+				sr.Replicas = append(sr.Replicas, r.String())
+			}
+			sr.Leaving = r.String()
+		}
+		sh.ranges = append(sh.ranges, sr)
 	}
 	if r.Err() != nil {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/dlock/dlock/internal/command"
@@ -256,7 +257,7 @@ func TestSetShardMap(t *testing.T) {
 		t.Fatalf("generation 2 applied over none: %d", gen)
 	}
 	mustStatus(t, h.do("", &command.SetShardMap{Generation: 1, Ranges: m1}), command.StatusOK)
-	m2 := []command.ShardRange{{Start: "", ID: 0, Group: 10}, {Start: "f", ID: 2, Group: 12}, {Start: "m", ID: 1, Group: 11}}
+	m2 := []command.ShardRange{{Start: "", ID: 0, Group: 10}, {Start: "f", ID: 2, Group: 12, Replicas: []string{"n1", "n2"}}, {Start: "m", ID: 1, Group: 11}}
 	for _, bad := range [][]command.ShardRange{
 		nil,
 		{{Start: "a", ID: 0, Group: 10}},
@@ -265,6 +266,11 @@ func TestSetShardMap(t *testing.T) {
 		{{Start: "", ID: 0, Group: 10}, {Start: "m", ID: 1, Group: 11}, {Start: "c", ID: 2, Group: 12}},
 		{{Start: "", ID: 0, Group: 10}, {Start: "a/b", ID: 1, Group: 11}},
 		{{Start: "", ID: 0, Group: 1}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n2", "n1"}}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n1"}}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{""}}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1"}, Leaving: "n2"}},
+		{{Start: "", ID: 0, Group: 10, Replicas: []string{strings.Repeat("n", command.MaxReplicaIDLen+1)}}},
 	} {
 		mustStatus(t, h.do("", &command.SetShardMap{Generation: 2, Ranges: bad}), command.StatusInvalid)
 	}

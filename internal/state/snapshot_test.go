@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -298,6 +299,13 @@ func (r *rawSnap) encode() []byte {
 			w.String(x.Start)
 			w.Uvarint(x.ID)
 			w.Uvarint(x.Group)
+			if r.version >= 12 {
+				w.Uvarint(uint64(len(x.Replicas)))
+				for _, id := range x.Replicas {
+					w.String(id)
+				}
+				w.String(x.Leaving)
+			}
 		}
 	}
 	return w.Buf
@@ -305,7 +313,7 @@ func (r *rawSnap) encode() []byte {
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 11, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 12, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -403,11 +411,33 @@ func splitState(t *testing.T) *State {
 		t.Fatalf("split: %+v", r)
 	}
 	r = s.Apply(s.Index()+1, &command.Envelope{TS: s.LastTS(), Body: &command.SetShardMap{Generation: 1,
-		Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9}}}})
+		Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9, Replicas: []string{"n1", "n3", "n4"}, Leaving: "n3"}}}})
 	if r.Status != command.StatusOK {
 		t.Fatalf("set shard map: %+v", r)
 	}
 	return s
+}
+
+// TestRestoreFormat11 restores a version 11 snapshot, written before map
+// ranges had replica sets: its ranges come back with none (every node).
+func TestRestoreFormat11(t *testing.T) {
+	r := toRaw(splitState(t))
+	r.version = 11
+	for i := range r.shard.ranges {
+		r.shard.ranges[i].Replicas, r.shard.ranges[i].Leaving = nil, ""
+	}
+	s, err := Restore(r.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, rs := s.ShardMap()
+	want := []command.ShardRange{{Start: "", ID: 0, Group: 8}, {Start: "m", ID: 1, Group: 9}}
+	if gen != 1 || !reflect.DeepEqual(rs, want) {
+		t.Fatalf("map generation %d %+v; want 1 %+v", gen, rs, want)
+	}
+	if got := s.Snapshot(); got[6] != snapshotVersion {
+		t.Fatalf("re-snapshot is version %d", got[6])
+	}
 }
 
 func TestSnapshotFormatIsPinned(t *testing.T) {
@@ -500,7 +530,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":                        append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic":                  append([]byte("dlsnap"), good[6:]...),
 		"version 0":                        raw(func(r *rawSnap) { r.version = 0 }),
-		"version 12":                       raw(func(r *rawSnap) { r.version = 12 }),
+		"version 13":                       raw(func(r *rawSnap) { r.version = 13 }),
 		"a lock outside the shard's range": raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "k"} }),
 		"a range without ranged":           raw(func(r *rawSnap) { r.shard = rawShard{to: "m"} }),
 		"a range ending before it starts":  raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "m", to: "c"} }),
@@ -508,6 +538,17 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"a map not starting at \"\"": raw(func(r *rawSnap) {
 			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "a", ID: 0, Group: 5}}
 		}),
+		"unsorted replicas": raw(func(r *rawSnap) {
+			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5, Replicas: []string{"n2", "n1"}}}
+		}),
+		"v11 map as v12": func() []byte {
+			b := raw(func(r *rawSnap) {
+				r.version = 11
+				r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5}, {Start: "m", ID: 1, Group: 6}}
+			})
+			b[6] = 12
+			return b
+		}(),
 		"v11 body as v10": func() []byte {
 			b := raw(func(r *rawSnap) { r.shard = rawShard{ranged: true} })
 			b[6] = 10

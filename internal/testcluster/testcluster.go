@@ -127,7 +127,7 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 		fewest = n
 		for _, id := range c.IDs() {
 			registered := 0
-			for _, m := range c.Server(id).Node.Status().Servers {
+			for _, m := range c.Server(id).MembersNode().Status().Servers {
 				if m.APIAddr != "" {
 					registered++
 				}

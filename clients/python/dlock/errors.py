@@ -199,6 +199,7 @@ _BY_CODE = {
 }
 _BY_CODE["disk_full"] = Unavailable
 _BY_CODE["wrong_shard"] = Unavailable
+_BY_CODE["conflict"] = InvalidArgument
 
 
 def from_answer(status: int, body: Any, fallback: str = "") -> DlockError:
