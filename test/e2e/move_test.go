@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,23 +63,9 @@ func TestMoveReplicaProcess(t *testing.T) {
 	if !slices.Equal(first.Shards[1].Replicas, []string{"n2", "n3", "n4"}) {
 		t.Fatalf("shard 1's replicas %v", first.Shards[1].Replicas)
 	}
-	ids := c.ids()
-	var retried atomic.Int64
-	// try resends a request answered 503, or not at all (a node killed
-	// below), with the same body (the same request_id), as a client would.
-	try := func(ctx context.Context, method, url string, body any) (*response, error) {
-		for {
-			r, err := callCtx(ctx, method, url, body)
-			if err == nil && r.Status != http.StatusServiceUnavailable {
-				return r, err
-			}
-			retried.Add(1)
-			select {
-			case <-ctx.Done():
-				return r, ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+	var urls []string
+	for _, id := range c.ids() {
+		urls = append(urls, c.url(id))
 	}
 	from := first.Shards[1].LeaderID
 
@@ -97,72 +80,10 @@ func TestMoveReplicaProcess(t *testing.T) {
 		return v.Waiters == 1, fmt.Sprint(v)
 	})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	var rounds atomic.Int64
-	var mu sync.Mutex
-	seqs := map[string][]uint64{}
-	failures := make(chan string, 16)
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			names := []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("kilo/w%d", w), fmt.Sprintf("alpha/w%d", w), "kilo/hot"}
-			for i := 0; ctx.Err() == nil; i++ {
-				name := names[i%len(names)]
-				via := c.url(ids[(w+i)%4])
-				r, err := try(ctx, http.MethodPost, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w),
-					"ttl_ms": 60000, "wait_timeout_ms": 30000, "request_id": fmt.Sprintf("w%d-%d", w, i)})
-				if ctx.Err() != nil {
-					return
-				}
-				var a acquireAnswer
-				if err != nil || r.Status != http.StatusOK || r.decode(&a) != nil || !a.Acquired {
-					failures <- fmt.Sprintf("worker %d acquire %s: %v %v", w, name, r, err)
-					return
-				}
-				mu.Lock()
-				seqs[name] = append(seqs[name], a.FencingToken)
-				mu.Unlock()
-				// With a request_id: a release resent after its answer
-				// was lost with a killed node is answered from the dedup
-				// table, not refused as not_holder.
-				r, err = try(ctx, http.MethodPost, c.url(ids[(w+i+1)%4])+"/api/v1/locks/"+name+"/release",
-					map[string]any{"client_id": fmt.Sprintf("w%d", w), "fencing_token": a.FencingToken, "lease_id": a.LeaseID,
-						"request_id": fmt.Sprintf("r%d-%d", w, i)})
-				if ctx.Err() != nil {
-					return
-				}
-				if err != nil || r.Status != http.StatusOK {
-					failures <- fmt.Sprintf("worker %d release %s: %v %v", w, name, r, err)
-					return
-				}
-				rounds.Add(1)
-			}
-		}()
-	}
-	stop := func() {
-		cancel()
-		wg.Wait()
-		select {
-		case f := <-failures:
-			t.Fatal(f)
-		default:
-		}
-	}
-	defer stop()
-	waitRounds := func(what string, n int64) {
-		testutil.Eventually(t, 60*time.Second*slow, what, func() (bool, string) {
-			select {
-			case f := <-failures:
-				t.Fatal(f)
-			default:
-			}
-			return rounds.Load() >= n, fmt.Sprint(rounds.Load(), " rounds")
-		})
-	}
-	waitRounds("the clients are busy", 40)
+	b := startBusy(t, urls, 60000, true, func(w int) []string {
+		return []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("kilo/w%d", w), fmt.Sprintf("alpha/w%d", w), "kilo/hot"}
+	})
+	b.waitRounds("the clients are busy", 40)
 
 	// Hostile moves change nothing.
 	for _, bad := range []struct {
@@ -185,14 +106,14 @@ func TestMoveReplicaProcess(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "moved shard 1") {
 		t.Fatalf("dlock shards move: exit %d\n%s%s", code, out, errOut)
 	}
-	before := rounds.Load()
-	waitRounds("the clients go on after the move", before+60)
+	before := b.rounds.Load()
+	b.waitRounds("the clients go on after the move", before+60)
 	out, errOut, code = runCLI(t, bin, nil, "members", "--endpoints", c.url("n4"))
 	want := slices.Sorted(slices.Values(append(slices.DeleteFunc(slices.Clone(first.Shards[1].Replicas), func(s string) bool { return s == from }), "n1")))
 	if code != 0 || !strings.Contains(out, strings.Join(want, ",")) {
 		t.Fatalf("dlock members after the move: exit %d (want replicas %v)\n%s%s", code, want, out, errOut)
 	}
-	for _, id := range ids {
+	for _, id := range c.ids() {
 		checkHeld(t, "after the move, on "+id, getLock(t, c.url(id), "hotel/held"), "holder", held.FencingToken, 1)
 	}
 	mustCall(t, http.MethodPost, c.url(from)+"/api/v1/locks/hotel/held/release",
@@ -234,18 +155,9 @@ func TestMoveReplicaProcess(t *testing.T) {
 		s := ci.Shards[1]
 		return s.Leaving == "" && slices.Equal(s.Replicas, first.Shards[1].Replicas) && s.LeaderID != "", fmt.Sprint(s)
 	})
-	before = rounds.Load()
-	waitRounds("the clients go on after the move back", before+40)
+	before = b.rounds.Load()
+	b.waitRounds("the clients go on after the move back", before+40)
 
-	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	for name, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			if s[i] <= s[i-1] {
-				t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
-			}
-		}
-	}
-	t.Logf("moved shard 1 %s → n1 → %s; %d rounds; %d 503s retried", from, from, rounds.Load(), retried.Load())
+	b.checkRising()
+	t.Logf("moved shard 1 %s → n1 → %s; %d rounds; %d 503s retried", from, from, b.rounds.Load(), b.retried.Load())
 }

@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,23 +32,9 @@ func TestSplitBusyRangeProcess(t *testing.T) {
 		}
 		return true, ""
 	})
-	ids := c.ids()
-	var retried atomic.Int64
-	// try sends one request until it is answered anything but a 503,
-	// resending the same body (the same request_id) as a client would.
-	try := func(ctx context.Context, method, url string, body any) (*response, error) {
-		for {
-			r, err := callCtx(ctx, method, url, body)
-			if err != nil || r.Status != http.StatusServiceUnavailable {
-				return r, err
-			}
-			retried.Add(1)
-			select {
-			case <-ctx.Done():
-				return r, ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+	var urls []string
+	for _, id := range c.ids() {
+		urls = append(urls, c.url(id))
 	}
 
 	// Held across the split, in the half that moves ("m" and above up to
@@ -65,68 +48,10 @@ func TestSplitBusyRangeProcess(t *testing.T) {
 		return v.Waiters == 1, fmt.Sprint(v)
 	})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	var rounds atomic.Int64
-	var mu sync.Mutex
-	seqs := map[string][]uint64{}
-	failures := make(chan string, 16)
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			names := []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("lima/w%d", w), fmt.Sprintf("mike/w%d", w), fmt.Sprintf("mike/x%d", w), "mike/hot"}
-			for i := 0; ctx.Err() == nil; i++ {
-				name := names[i%len(names)]
-				via := c.url(ids[(w+i)%3])
-				r, err := try(ctx, http.MethodPost, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w),
-					"ttl_ms": 20000, "wait_timeout_ms": 30000, "request_id": fmt.Sprintf("w%d-%d", w, i)})
-				if ctx.Err() != nil {
-					return
-				}
-				var a acquireAnswer
-				if err != nil || r.Status != http.StatusOK || r.decode(&a) != nil || !a.Acquired {
-					failures <- fmt.Sprintf("worker %d acquire %s: %v %v", w, name, r, err)
-					return
-				}
-				mu.Lock()
-				seqs[name] = append(seqs[name], a.FencingToken)
-				mu.Unlock()
-				r, err = try(ctx, http.MethodPost, c.url(ids[(w+i+1)%3])+"/api/v1/locks/"+name+"/release",
-					map[string]any{"client_id": fmt.Sprintf("w%d", w), "fencing_token": a.FencingToken, "lease_id": a.LeaseID})
-				if ctx.Err() != nil {
-					return
-				}
-				if err != nil || r.Status != http.StatusOK {
-					failures <- fmt.Sprintf("worker %d release %s: %v %v", w, name, r, err)
-					return
-				}
-				rounds.Add(1)
-			}
-		}()
-	}
-	stop := func() {
-		cancel()
-		wg.Wait()
-		select {
-		case f := <-failures:
-			t.Fatal(f)
-		default:
-		}
-	}
-	defer stop()
-	waitRounds := func(what string, n int64) {
-		testutil.Eventually(t, 60*time.Second*slow, what, func() (bool, string) {
-			select {
-			case f := <-failures:
-				t.Fatal(f)
-			default:
-			}
-			return rounds.Load() >= n, fmt.Sprint(rounds.Load(), " rounds")
-		})
-	}
-	waitRounds("the clients are busy", 40)
+	b := startBusy(t, urls, 20000, false, func(w int) []string {
+		return []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("lima/w%d", w), fmt.Sprintf("mike/w%d", w), fmt.Sprintf("mike/x%d", w), "mike/hot"}
+	})
+	b.waitRounds("the clients are busy", 40)
 
 	// The operator splits the busy range [g, n) at m.
 	bin := dlockBinary(t)
@@ -141,11 +66,11 @@ func TestSplitBusyRangeProcess(t *testing.T) {
 			t.Fatalf("split at %q: %v %v, want 400", bad, r, err)
 		}
 	}
-	before := rounds.Load()
-	waitRounds("the clients go on after the split", before+80)
+	before := b.rounds.Load()
+	b.waitRounds("the clients go on after the split", before+80)
 
 	// Every node routes by generation 2, with 5 shards, [m, n) among them.
-	for _, id := range ids {
+	for _, id := range c.ids() {
 		testutil.Eventually(t, 20*time.Second*slow, id+" shows the new shard", func() (bool, string) {
 			r, err := call(http.MethodGet, c.url(id)+"/api/v1/cluster", nil)
 			if err != nil || r.Status != http.StatusOK {
@@ -175,7 +100,7 @@ func TestSplitBusyRangeProcess(t *testing.T) {
 
 	// The grant held across the split keeps its token; the waiter queued
 	// before it gets the lock once the holder lets go.
-	for _, id := range ids {
+	for _, id := range c.ids() {
 		checkHeld(t, "after the split, on "+id, getLock(t, c.url(id), "mike/held"), "holder", held.FencingToken, 1)
 	}
 	mustCall(t, http.MethodPost, c.url("n2")+"/api/v1/locks/mike/held/release",
@@ -186,15 +111,6 @@ func TestSplitBusyRangeProcess(t *testing.T) {
 		t.Fatalf("the waiter's token %d is not above the holder's %d", a.FencingToken, held.FencingToken)
 	}
 
-	stop()
-	mu.Lock()
-	defer mu.Unlock()
-	for name, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			if s[i] <= s[i-1] {
-				t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
-			}
-		}
-	}
-	t.Logf("%d rounds, %d after the split; %d 503s retried", rounds.Load(), rounds.Load()-before, retried.Load())
+	b.checkRising()
+	t.Logf("%d rounds, %d after the split; %d 503s retried", b.rounds.Load(), b.rounds.Load()-before, b.retried.Load())
 }
