@@ -3,8 +3,6 @@ package shard_test
 import (
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,58 +96,12 @@ func TestMoveUnderLoad(t *testing.T) {
 		return nil
 	})
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	seqs := map[string][]uint64{}
-	var rounds atomic.Int64
-	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("kilo/w%d", w), fmt.Sprintf("alpha/w%d", w), "kilo/hot"}
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				name := mine[i%len(mine)]
-				via := c.URL(ids[(w+i)%4])
-				var a service.AcquireResponse
-				code := post(t, c, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w), "ttl_ms": 20000,
-					"wait_timeout_ms": 30000, "request_id": fmt.Sprintf("w%d-%d", w, i)}, &a)
-				if code != 200 || !a.Acquired {
-					t.Errorf("worker %d acquire %s: %d %+v", w, name, code, a)
-					return
-				}
-				mu.Lock()
-				seqs[name] = append(seqs[name], a.FencingToken)
-				mu.Unlock()
-				var rel service.ReleaseResponse
-				if code := post(t, c, c.URL(ids[(w+i+1)%4])+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": fmt.Sprintf("w%d", w),
-					"fencing_token": a.FencingToken, "lease_id": a.LeaseID}, &rel); code != 200 {
-					t.Errorf("worker %d release %s token %d: %d", w, name, a.FencingToken, code)
-					return
-				}
-				rounds.Add(1)
-			}
-		}()
+	urls := make([]string, len(ids))
+	for k, id := range ids {
+		urls[k] = c.URL(id)
 	}
-	stopped := false
-	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-	}
-	defer halt()
-	testutil.Eventually(t, 30*time.Second, "the clients are busy", func() error {
-		if n := rounds.Load(); n < 30 {
-			return fmt.Errorf("%d rounds", n)
-		}
-		return nil
+	b := startBusy(t, c, urls, func(w int) []string {
+		return []string{fmt.Sprintf("golf/w%d", w), fmt.Sprintf("kilo/w%d", w), fmt.Sprintf("alpha/w%d", w), "kilo/hot"}
 	})
 
 	// Bad moves change nothing.
@@ -202,13 +154,7 @@ func TestMoveUnderLoad(t *testing.T) {
 		}
 		return nil
 	})
-	after := rounds.Load()
-	testutil.Eventually(t, 60*time.Second, "the clients go on after the move", func() error {
-		if n := rounds.Load(); n < after+40 {
-			return fmt.Errorf("%d rounds since the move", n-after)
-		}
-		return nil
-	})
+	b.waitRounds("the clients go on after the move", b.rounds.Load()+40)
 
 	// Acknowledged grants are still held, with their tokens, through
 	// every node; the new replica's own state has them.
@@ -239,15 +185,6 @@ func TestMoveUnderLoad(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("the waiter queued through the leaving node never got the lock")
 	}
-	halt()
-	mu.Lock()
-	defer mu.Unlock()
-	for name, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			if s[i] <= s[i-1] {
-				t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
-			}
-		}
-	}
-	t.Logf("moved shard 1 from %s to %s; %d rounds; %d 503s retried", from, to, rounds.Load(), retried503.Load())
+	b.checkRising()
+	t.Logf("moved shard 1 from %s to %s; %d rounds; %d 503s retried", from, to, b.rounds.Load(), retried503.Load())
 }

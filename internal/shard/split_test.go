@@ -101,54 +101,12 @@ func TestSplitUnderLoad(t *testing.T) {
 	// Busy clients: each locks and releases its own names, in the range
 	// that moves and the one that stays, plus a contended lock, through
 	// every node in turn.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	seqs := map[string][]uint64{}
-	var rounds atomic.Int64
-	for w := 0; w < 6; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine := []string{fmt.Sprintf("papa/w%d", w), fmt.Sprintf("romeo/w%d", w), fmt.Sprintf("november/w%d", w), "romeo/hot"}
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				name := mine[i%len(mine)]
-				via := c.URL(ids[(w+i)%3])
-				reqID := fmt.Sprintf("w%d-%d", w, i)
-				var a service.AcquireResponse
-				code := post(t, c, via+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": fmt.Sprintf("w%d", w), "ttl_ms": 20000,
-					"wait_timeout_ms": 30000, "request_id": reqID}, &a)
-				if code != 200 || !a.Acquired {
-					t.Errorf("worker %d acquire %s: %d %+v", w, name, code, a)
-					return
-				}
-				mu.Lock()
-				seqs[name] = append(seqs[name], a.FencingToken)
-				mu.Unlock()
-				var rel service.ReleaseResponse
-				if code := post(t, c, c.URL(ids[(w+i+1)%3])+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": fmt.Sprintf("w%d", w),
-					"fencing_token": a.FencingToken, "lease_id": a.LeaseID}, &rel); code != 200 {
-					t.Errorf("worker %d release %s token %d: %d", w, name, a.FencingToken, code)
-					return
-				}
-				rounds.Add(1)
-			}
-		}()
+	urls := make([]string, len(ids))
+	for k, id := range ids {
+		urls[k] = c.URL(id)
 	}
-	defer func() {
-		close(stop)
-		wg.Wait()
-	}()
-	testutil.Eventually(t, 30*time.Second, "the clients are busy", func() error {
-		if n := rounds.Load(); n < 30 {
-			return fmt.Errorf("%d rounds", n)
-		}
-		return nil
+	b := startBusy(t, c, urls, func(w int) []string {
+		return []string{fmt.Sprintf("papa/w%d", w), fmt.Sprintf("romeo/w%d", w), fmt.Sprintf("november/w%d", w), "romeo/hot"}
 	})
 
 	// Split [n, t) at q while they run.
@@ -192,13 +150,7 @@ func TestSplitUnderLoad(t *testing.T) {
 		})
 	}
 	// Let the clients go on for a while on the new map.
-	after := rounds.Load()
-	testutil.Eventually(t, 60*time.Second, "the clients go on after the split", func() error {
-		if n := rounds.Load(); n < after+60 {
-			return fmt.Errorf("%d rounds since the split", n-after)
-		}
-		return nil
-	})
+	b.waitRounds("the clients go on after the split", b.rounds.Load()+60)
 
 	// Grants acknowledged before the split are still held, with their
 	// tokens, on the shard that owns them now, as every node sees it.
@@ -244,21 +196,8 @@ func TestSplitUnderLoad(t *testing.T) {
 	case <-time.After(45 * time.Second):
 		t.Fatal("the waiter queued before the split never got the lock")
 	}
-	close(stop)
-	wg.Wait()
-	stop = make(chan struct{})
-
-	// Tokens per name strictly rise, across the split.
-	mu.Lock()
-	for name, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			if s[i] <= s[i-1] {
-				t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
-			}
-		}
-	}
-	mu.Unlock()
-	t.Logf("%d rounds; %d 503s retried", rounds.Load(), retried503.Load())
+	b.checkRising()
+	t.Logf("%d rounds; %d 503s retried", b.rounds.Load(), retried503.Load())
 
 	// A node restarted after the split recovers the new shard from disk.
 	victim := ids[1]

@@ -132,11 +132,7 @@ func (b *busy) checkRising() {
 	b.stop()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for name, s := range b.seqs {
-		for i := 1; i < len(s); i++ {
-			if s[i] <= s[i-1] {
-				b.t.Fatalf("%s: token %d after %d", name, s[i], s[i-1])
-			}
-		}
+	if err := testutil.Rising(b.seqs); err != nil {
+		b.t.Fatal(err)
 	}
 }
