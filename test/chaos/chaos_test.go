@@ -68,6 +68,15 @@ type runConfig struct {
 	// shards is --shards of every node (1: one Raft group); more runs on
 	// the etcd engine (docs/reliability.md, "Sharded clusters").
 	shards int
+	// replicas is --shard-replicas (0: every shard on every node); below
+	// nodes, the nemesis moves replicas (move-replica).
+	replicas int
+}
+
+// moves reports whether the run moves replicas: its shards run on some
+// of the nodes, so each has a node to move to.
+func (cfg runConfig) moves() bool {
+	return cfg.shards > 1 && cfg.replicas > 0 && cfg.replicas < cfg.nodes
 }
 
 func configFromEnv(seed uint64, d time.Duration) runConfig {
@@ -79,6 +88,7 @@ func configFromEnv(seed uint64, d time.Duration) runConfig {
 		keep:     os.Getenv("DLOCK_CHAOS_KEEP") == "1",
 		dense:    os.Getenv("DLOCK_CHAOS_PACE") == "dense",
 		shards:   envInt("DLOCK_CHAOS_SHARDS", 1),
+		replicas: envInt("DLOCK_CHAOS_SHARD_REPLICAS", 0),
 	}
 }
 
@@ -91,6 +101,9 @@ func replayCommand(cfg runConfig) string {
 	s := fmt.Sprintf("scripts/chaos.sh --duration %s --seed %d --nodes %d --clients %d --pace %s", cfg.duration, cfg.seed, cfg.nodes, cfg.implicit, pace)
 	if cfg.shards > 1 {
 		s += fmt.Sprintf(" --shards %d --raft-engine etcd", cfg.shards)
+		if cfg.replicas > 0 {
+			s += fmt.Sprintf(" --shard-replicas %d", cfg.replicas)
+		}
 	}
 	return s
 }
@@ -285,6 +298,14 @@ type runReport struct {
 	crashes      int64
 	finalHealthy bool
 
+	// moves are the replica moves the nemesis asked for (runs with
+	// --shard-replicas below the node count); anchor is the node kept a
+	// replica of every shard for the merged watches ("": none needed).
+	moves     moveStats
+	moveList  []moveRec
+	anchor    string
+	moveStuck string
+
 	// multiLeaderFaults counts the cluster faults that took two or more
 	// shards' leaders at once (sharded runs).
 	multiLeaderFaults int
@@ -328,8 +349,8 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 	rep := &runReport{cfg: cfg, dir: dir}
 	r := &runner{t: t, cfg: cfg, rep: rep, clk: &clock{start: time.Now()}, sm: oneShard}
-	t.Logf("chaos run: seed=%d duration=%s nodes=%d shards=%d clients=%d+%d sessions; artifacts in %s",
-		cfg.seed, cfg.duration, cfg.nodes, max(1, cfg.shards), cfg.implicit, cfg.sessions, dir)
+	t.Logf("chaos run: seed=%d duration=%s nodes=%d shards=%d replicas=%d clients=%d+%d sessions; artifacts in %s",
+		cfg.seed, cfg.duration, cfg.nodes, max(1, cfg.shards), cfg.replicas, cfg.implicit, cfg.sessions, dir)
 	t.Logf("replay: %s", replayCommand(cfg))
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 1))
@@ -339,6 +360,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 	r.c = c
 	c.shards = cfg.shards
+	if cfg.shards > 1 {
+		c.replicas = cfg.replicas
+	}
 	disks := c.mountDisks()
 	if disks != nil {
 		r.logf("disk faults off: %v", disks)
@@ -356,6 +380,14 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	}
 	if r.sm, err = c.shardMapOf(cfg.shards); err != nil {
 		t.Fatalf("shards: %v", err)
+	}
+	if cfg.moves() {
+		if rep.anchor, err = r.anchorWatches(); err != nil {
+			t.Fatalf("replica moves: %v\n%s", err, c.logTails(40))
+		}
+		if rep.anchor != "" {
+			r.logf("watches are not forwarded between nodes: %s runs every shard and keeps doing so (the nemesis moves no replica off it)", rep.anchor)
+		}
 	}
 	r.h = newHistory(r.clk)
 	if err := r.h.useFence(filepath.Join(dir, "fenced-registers.db")); err != nil {
@@ -388,6 +420,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		nem.faults = shardedFaults
 		nem.points = splitPoints(w)
 	}
+	if cfg.moves() {
+		nem.faults = shardedMoveFaults
+		nem.moves = newMoveSet()
+		nem.moves.anchor = rep.anchor
+	}
 	nem.disks = disks == nil
 	if cfg.dense {
 		nem.dense()
@@ -415,6 +452,22 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	} else {
 		rep.finalHealthy = true
 		r.logf("cluster healthy %s after the final heal", took.Round(time.Millisecond))
+	}
+	if cfg.moves() {
+		// The moves still in flight finish against the healed cluster, and
+		// then no shard may be left moving.
+		nem.finishMoves(90 * time.Second)
+		rep.moves, rep.moveList = nem.moveStats(healedAt)
+		r.logf("replica moves: %s", rep.moves)
+		if rep.finalHealthy {
+			if stuck := c.movesSettled(30 * time.Second); stuck != "" {
+				rep.moveStuck = stuck
+				r.anomaly(anomaly{Kind: "liveness:move-stuck", What: "30 s after the moves the harness asked for ended, a move is still in flight: " + stuck})
+			}
+			if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
+				r.anomaly(anomaly{Kind: "liveness:no-recovery", What: fmt.Sprintf("after the moves settled: %v", err)})
+			}
+		}
 	}
 
 	// Stop the clients: each finishes its current operation (retrying until a
@@ -482,6 +535,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	rep.anomalies = append(rep.anomalies, checkHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkModelHolds(rep.ops, rep.holds)...)
 	rep.anomalies = append(rep.anomalies, checkTokens(rep.ops, r.sm)...)
+	if cfg.moves() && rep.moves.finished == 0 {
+		// A run that should move replicas but finished no move did not
+		// test what it is for.
+		rep.anomalies = append(rep.anomalies, anomaly{Kind: "harness:no-move", What: fmt.Sprintf("the run moves replicas but finished no move (%s)", rep.moves)})
+	}
 	if keys != nil {
 		pa, n := checkProofs(rep.ops, keys)
 		rep.anomalies = append(rep.anomalies, pa...)
@@ -1276,6 +1334,18 @@ func (r *runner) summary() string {
 		}
 		fmt.Fprintf(&b, "per shard: %s\n", strings.Join(per, "; "))
 		fmt.Fprintf(&b, "cluster faults that took two or more shard leaders at once: %d of %d\n", rep.multiLeaderFaults, rep.clusterFaults())
+		if rep.cfg.moves() {
+			anchor := "every node may lose a replica (watches forward)"
+			if rep.anchor != "" {
+				anchor = rep.anchor + " kept a replica of every shard, for the merged watches (watches are not forwarded)"
+			}
+			fmt.Fprintf(&b, "replica moves (each shard on %d of %d nodes; %s): %s\n", rep.cfg.replicas, rep.cfg.nodes, anchor, rep.moves)
+			var reps []string
+			for k := range r.sm.n() {
+				reps = append(reps, fmt.Sprintf("%d=%s", r.sm.id(k), strings.Join(r.sm.hosts(k), ",")))
+			}
+			fmt.Fprintf(&b, "replicas at the end: %s\n", strings.Join(reps, " "))
+		}
 	}
 	// faults
 	var clusterFaultsN int

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +58,9 @@ type cluster struct {
 	// shards is --shards (1: one group): every node runs that many Raft
 	// groups on the etcd engine, more once ranges split (known).
 	shards int
+	// replicas is --shard-replicas (0: every shard on every node): each
+	// initial range runs on that many nodes, and moves change which.
+	replicas int
 	// known is the most shards every node has reported at once (splits
 	// only add shards): healthy() waits for every node to have them all.
 	known atomic.Int64
@@ -164,6 +168,9 @@ func (c *cluster) startLocked(i int) error {
 		// Shards run only on the etcd engine (one log and one raft port for
 		// all groups of a node).
 		args = append(args, "--shards", strconv.Itoa(c.shards), "--raft-engine", "etcd")
+		if c.replicas > 0 {
+			args = append(args, "--shard-replicas", strconv.Itoa(c.replicas))
+		}
 	}
 	if ls := os.Getenv("DLOCK_CHAOS_LOG_STORE"); ls != "" {
 		args = append(args, "--log-store", ls)
@@ -485,6 +492,11 @@ func (c *cluster) healthy() (bool, string) {
 			for k, s := range v.Shards {
 				if s.LeaderID == "" || (shardLeaders[k] != "" && s.LeaderID != shardLeaders[k]) {
 					return false, fmt.Sprintf("%s names %q as shard %d's leader, others %q", nd.id, s.LeaderID, s.ID, shardLeaders[k])
+				}
+				// A shard on some nodes is led by one of them (a node that
+				// does not run it answers with a replica's view).
+				if len(s.Replicas) > 0 && !slices.Contains(s.Replicas, s.LeaderID) {
+					return false, fmt.Sprintf("%s names %q as shard %d's leader, not one of its replicas %v", nd.id, s.LeaderID, s.ID, s.Replicas)
 				}
 				shardLeaders[k] = s.LeaderID
 			}

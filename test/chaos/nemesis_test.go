@@ -110,6 +110,8 @@ type nemesis struct {
 	points []string
 	splits int
 	drawn  int
+	// moves are the replica moves (nil: the run does not move replicas).
+	moves *moveSet
 }
 
 // dense is the soak's pace (scripts/chaos.sh --pace dense, its default):
@@ -239,6 +241,31 @@ func (n *nemesis) runCluster() {
 				kind = fKillFollower
 			}
 		}
+		var mv moveRec
+		if n.moves != nil && kind != fSplitRange && (kind == fMoveReplica || n.drawn == moveForcedAt || n.drawn == moveBackForcedAt) {
+			// Which move depends on the map as the earlier moves and
+			// splits left it (and on which of them finished in time).
+			ok := false
+			if active, busy := n.moves.inFlight(); active < maxMovesInFlight {
+				if m, merr := n.c.currentShardMap(); merr == nil {
+					nodes := make([]string, N)
+					for i := range N {
+						nodes[i] = n.c.nodes[i].id
+					}
+					n.moves.mu.Lock()
+					last := n.moves.last
+					n.moves.mu.Unlock()
+					mv, ok = pickMove(m, nodes, n.moves.anchor, last, busy, pickA, pickB, n.drawn == moveBackForcedAt || pickB%2 == 0)
+				}
+			}
+			switch {
+			case ok:
+				kind = fMoveReplica
+			case kind == fMoveReplica:
+				kind = fKillFollower
+			}
+		}
+		var afterRecord func(i int)
 		var leaders []int // per shard, before the fault
 		var leader int
 		if sharded {
@@ -438,11 +465,33 @@ func (n *nemesis) runCluster() {
 			if k+1 < splitMap.n() {
 				end = splitMap.starts[k+1]
 			}
+			if hosts := splitMap.hosts(k); len(hosts) > 0 {
+				// Through one of the range's replicas: only they can
+				// propose the split.
+				for i := range N {
+					if n.c.nodes[i].id == hosts[pickA%len(hosts)] {
+						t = i
+					}
+				}
+			}
 			ev.Target = n.c.nodes[t].id
 			ev.Detail = fmt.Sprintf("shard %d [%q, %q) at %q", splitMap.id(k), start, end, splitAt)
 			if err = n.c.split(t, splitAt); err == nil {
 				n.splits++
 			}
+			hold = 0
+			heal = func() error { return nil }
+		case fMoveReplica:
+			// Asked through a drawn node; it runs in the background, so
+			// the faults that follow overlap it.
+			via := (pickA >> 4) % N
+			ev.Target = n.c.nodes[via].id
+			back := ""
+			if mv.back {
+				back = ", back to the node it left"
+			}
+			ev.Detail = fmt.Sprintf("shard %d %s -> %s%s", mv.shard, mv.from, mv.to, back)
+			afterRecord = func(i int) { n.startMove(mv, via, i) }
 			hold = 0
 			heal = func() error { return nil }
 		case fTransfer:
@@ -488,6 +537,9 @@ func (n *nemesis) runCluster() {
 			ev.Err = err.Error()
 		}
 		i := n.record(ev)
+		if afterRecord != nil {
+			afterRecord(i)
+		}
 		n.sleep(hold) // a stop cuts the hold short; the heal still runs
 		herr := heal()
 		healAt := n.clk.now()

@@ -40,6 +40,27 @@ import (
 type shardMap struct {
 	starts []string // starts[k] is range k's first top-level segment; starts[0] is ""
 	ids    []int    // ids[k] is range k's shard id (nil: k)
+	// replicas[k] are the nodes that run range k's group (nil: every node),
+	// leaving[k] the one a move is taking off it ("": none). Routing names
+	// does not need them; the move and split nemeses do.
+	replicas [][]string
+	leaving  []string
+}
+
+// hosts are the ids of the nodes that run range k (nil: every node).
+func (m shardMap) hosts(k int) []string {
+	if k < len(m.replicas) {
+		return m.replicas[k]
+	}
+	return nil
+}
+
+// moving is range k's leaving replica ("" when no move is in flight).
+func (m shardMap) moving(k int) string {
+	if k < len(m.leaving) {
+		return m.leaving[k]
+	}
+	return ""
 }
 
 var oneShard = shardMap{starts: []string{""}}
@@ -97,6 +118,10 @@ type shardView struct {
 	AppliedIndex uint64 `json:"applied_index"`
 	Revision     uint64 `json:"revision"`
 	LastToken    uint64 `json:"last_fencing_token"`
+	// Replicas run the shard's group (every node when --shard-replicas
+	// is not given); Leaving is the one a move in flight takes off it.
+	Replicas []string `json:"replicas"`
+	Leaving  string   `json:"leaving"`
 }
 
 // groupViews is a node's view of each group: its shards, or the one group.
@@ -128,6 +153,8 @@ func mapOfView(v clusterView) shardMap {
 	for _, s := range v.Shards {
 		m.starts = append(m.starts, s.Start)
 		m.ids = append(m.ids, s.ID)
+		m.replicas = append(m.replicas, s.Replicas)
+		m.leaving = append(m.leaving, s.Leaving)
 	}
 	return m
 }
@@ -440,25 +467,18 @@ func workloadCoverage(m shardMap, w *workload) error {
 	return nil
 }
 
-// TestChaosShardsCI is CI's short sharded run: 3 nodes, 4 shards on the etcd
-// engine, DLOCK_CHAOS_SHARD_SEEDS (default 4) for DLOCK_CHAOS_CI_DURATION
-// (default 30 s) of faults each.
+// TestChaosShardsCI is CI's short sharded runs on the etcd engine, each for
+// DLOCK_CHAOS_CI_DURATION (default 30 s) of faults: 3 nodes with 4 shards
+// on every node, DLOCK_CHAOS_SHARD_SEEDS (default 4); then 4 nodes with 4
+// shards on 3 nodes each (--shard-replicas 3), so the nemesis moves
+// replicas too, DLOCK_CHAOS_MOVE_SEEDS (default 5).
 func TestChaosShardsCI(t *testing.T) {
 	skipUnlessEnabled(t)
 	// Shards run on the etcd engine only (the nodes also get --raft-engine
 	// etcd): whichever engine the rest of this run tests.
 	t.Setenv("DLOCK_TEST_RAFT_ENGINE", "etcd")
 	d := envDuration("DLOCK_CHAOS_CI_DURATION", 30*time.Second)
-	seeds := []uint64{4}
-	if v := os.Getenv("DLOCK_CHAOS_SHARD_SEEDS"); v != "" {
-		seeds = nil
-		for _, s := range strings.Split(v, ",") {
-			if n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64); err == nil {
-				seeds = append(seeds, n)
-			}
-		}
-	}
-	for _, seed := range seeds {
+	for _, seed := range seedList("DLOCK_CHAOS_SHARD_SEEDS", 4) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			cfg := configFromEnv(seed, d)
 			cfg.shards = envInt("DLOCK_CHAOS_SHARDS", 4)
@@ -473,6 +493,32 @@ func TestChaosShardsCI(t *testing.T) {
 			}
 		})
 	}
+	for _, seed := range seedList("DLOCK_CHAOS_MOVE_SEEDS", 5) {
+		t.Run(fmt.Sprintf("moves/seed=%d", seed), func(t *testing.T) {
+			cfg := configFromEnv(seed, d)
+			cfg.shards = envInt("DLOCK_CHAOS_SHARDS", 4)
+			if cfg.shards < 2 {
+				cfg.shards = 4
+			}
+			cfg.nodes, cfg.replicas = 4, 3
+			runChaos(t, cfg) // fails a run that finished no move
+		})
+	}
+}
+
+// seedList is the seeds in env (comma-separated), else def.
+func seedList(env string, def ...uint64) []uint64 {
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	var seeds []uint64
+	for _, s := range strings.Split(v, ",") {
+		if n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64); err == nil {
+			seeds = append(seeds, n)
+		}
+	}
+	return seeds
 }
 
 // clusterFaults counts the run's cluster faults.
