@@ -427,8 +427,9 @@ type faultWeight struct {
 // and the replacement of a node that refuses its damaged data dir, which
 // corrupt-log, truncate-log and corrupt-snapshot rely on) and leadership
 // transfer by hand (the cluster moves its shards' leaders itself, after
-// every heal). Splits are drawn (split-range), moves of replicas are not
-// built yet.
+// every heal). Splits are drawn (split-range); moves of replicas are
+// drawn on clusters whose shards run on some of the nodes
+// (shardedMoveFaults).
 var shardedFaults = []faultWeight{
 	{fKillLeader, 4}, {fKillFollower, 3}, {fKillMajority, 1}, {fRestartAll, 2},
 	{fPauseLeader, 4}, {fPauseFollower, 2}, {fPauseMajority, 1},
