@@ -5,7 +5,7 @@ package chaos
 // shards each run on a subset of the nodes, the nemesis moves a shard's
 // replica from one of its nodes to a node that lacks it, through any node,
 // while the other faults go on — a move runs in the background and can
-// span kills, pauses, partitions and splits. Half of the moves drawn go
+// span kills, pauses, partitions and splits. A third of the moves drawn go
 // back to the node the last finished move took a replica off, the case in
 // which that node's old copy of the group may still be running when it is
 // added again.

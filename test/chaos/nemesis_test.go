@@ -255,7 +255,7 @@ func (n *nemesis) runCluster() {
 					n.moves.mu.Lock()
 					last := n.moves.last
 					n.moves.mu.Unlock()
-					mv, ok = pickMove(m, nodes, n.moves.anchor, last, busy, pickA, pickB, n.drawn == moveBackForcedAt || pickB%2 == 0)
+					mv, ok = pickMove(m, nodes, n.moves.anchor, last, busy, pickA, pickB, n.drawn == moveBackForcedAt || pickB%3 == 0)
 				}
 			}
 			switch {
