@@ -188,6 +188,13 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 		suffrage[s.ID] = s.Suffrage
 	}
 	for _, id := range m.Hosts(k, ss.all) {
+		if id == from {
+			// Never added: it was a voter when the move began. A step run
+			// with a map from before the move ended would otherwise add
+			// the leaving replica back once it is removed, while its old
+			// copy still runs and acknowledges its log.
+			continue
+		}
 		switch suffrage[id] {
 		case "":
 			// Not a member yet: add it as a non-voter (it must have
