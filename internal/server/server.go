@@ -97,6 +97,19 @@ type Server struct {
 	router *shard.Router
 	// balanced is closed when the shard balancer has stopped (nil unsharded).
 	balanced chan struct{}
+	// stopped is closed when a sharded node stopped itself: a group's
+	// storage failed, or it was removed from the cluster (nil unsharded).
+	stopped chan struct{}
+}
+
+// Stopped is closed when the node stopped itself and its process should
+// exit: its storage failed (Node.Err says so), or, on a sharded cluster,
+// it was removed from the cluster.
+func (s *Server) Stopped() <-chan struct{} {
+	if s.stopped != nil {
+		return s.stopped
+	}
+	return s.Node.Failed()
 }
 
 // listenAPI opens the API's listeners (TLS if configured) and completes the

@@ -38,6 +38,22 @@ type Router struct {
 	remote  Remote // nil: every range runs here
 	members *service.Service
 	acl     *service.Service
+	member  Membership
+}
+
+// Membership adds and removes a sharded cluster's nodes (the server's; nil:
+// not available).
+type Membership interface {
+	AddMember(ctx context.Context, req service.MemberRequest) error
+	RemoveMember(ctx context.Context, id string) error
+}
+
+// SetMembership lets the router add and remove nodes
+// (POST/DELETE /cluster/members).
+func (r *Router) SetMembership(m Membership) {
+	r.mu.Lock()
+	r.member = m
+	r.mu.Unlock()
 }
 
 // SetMembers gives the router the meta group's service: on a cluster whose
@@ -1053,17 +1069,58 @@ func (r *Router) MoveShard(ctx context.Context, req service.MoveRequest) (*servi
 	if mv == nil {
 		return nil, notBuilt("moving a shard's replica")
 	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
 	if err := mv.Move(ctx, req); err != nil {
 		return nil, err
 	}
 	return r.Cluster(ctx)
 }
 
-func (r *Router) AddMember(context.Context, service.MemberRequest) (*service.ClusterInfo, error) {
-	return nil, notBuilt("adding a member")
+// AddMember joins a node to the cluster: to the meta group, as every node
+// is; it runs no shard until a move places a replica on it.
+func (r *Router) AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	mb := r.member
+	r.mu.Unlock()
+	if mb == nil {
+		return nil, notBuilt("adding a member")
+	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
+	if err := mb.AddMember(ctx, req); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
 }
-func (r *Router) RemoveMember(context.Context, string) (*service.ClusterInfo, error) {
-	return nil, notBuilt("removing a member")
+
+// authorizeAdmin admits an admin call the router carries out itself, by
+// the meta group's ACL state.
+func (r *Router) authorizeAdmin(ctx context.Context) error {
+	acl, err := r.aclService()
+	if err != nil {
+		return err
+	}
+	return acl.AuthorizeAdmin(ctx)
+}
+
+// RemoveMember removes a node that holds no shard's replica.
+func (r *Router) RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	mb := r.member
+	r.mu.Unlock()
+	if mb == nil {
+		return nil, notBuilt("removing a member")
+	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
+	if err := mb.RemoveMember(ctx, id); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
 }
 func (r *Router) TransferLeadership(context.Context, service.TransferRequest) (*service.ClusterInfo, error) {
 	return nil, notBuilt("transferring leadership by hand (the shards' leaders are balanced automatically)")
