@@ -252,9 +252,11 @@ type shardSet struct {
 	all     []string
 	driving map[uint64]bool
 	wg      sync.WaitGroup
-	// member is set once the meta group has listed this node; removed is
-	// closed once it no longer does (shardmembers.go).
+	// member is set once the meta group has listed this node, absent
+	// counts the rounds since it has not; removed is closed once it was
+	// removed (shardmembers.go).
 	member     bool
+	absent     int
 	removed    chan struct{}
 	removeOnce sync.Once
 }

@@ -173,20 +173,31 @@ func leavingNote(m shard.Map, id string) string {
 	return fmt.Sprintf(" (a move is taking its replica of shards %v off it now: wait for it, GET /api/v1/cluster)", ks)
 }
 
+// removedChecks is how many rounds of reconcile in a row must find this
+// node out of the meta group's configuration before it stops: a removal
+// stays, a configuration read in passing (none known yet) does not.
+const removedChecks = 3
+
 // watchRemoval notes once this node has been a member of the meta group,
 // and stops it (markRemoved) once it is no longer one: it was removed.
 func (ss *shardSet) watchRemoval() {
+	servers := ss.meta.Status().Servers
 	in := false
-	for _, s := range ss.meta.Status().Servers {
+	for _, s := range servers {
 		if s.ID == ss.rc.ID {
 			in = true
 		}
 	}
 	ss.mu.Lock()
-	was := ss.member
-	ss.member = ss.member || in
+	switch {
+	case in:
+		ss.member, ss.absent = true, 0
+	case ss.member && len(servers) > 0:
+		ss.absent++
+	}
+	gone := ss.absent >= removedChecks
 	ss.mu.Unlock()
-	if was && !in {
+	if gone {
 		ss.markRemoved()
 	}
 }

@@ -195,6 +195,9 @@ func TestJoinMoveLeaveShardedCluster(t *testing.T) {
 	if code := do(t, c, "DELETE", c.URL(n4)+"/api/v1/cluster/members/n1", nil, &e); code != 409 || e.Error.Code != "conflict" || !strings.Contains(e.Error.Message, "[0 2 3]") {
 		t.Fatalf("remove n1 holding shards: %d %+v", code, e)
 	}
+	if code := do(t, c, "DELETE", c.URL("n2")+"/api/v1/cluster/members/n8", nil, &e); code != 404 || e.Error.Code != "not_found" {
+		t.Fatalf("remove a node that is no member: %d %+v", code, e)
+	}
 	if ms, ci := memberIDs(t, c, "n3"); len(ms) != 4 || ci.ShardGeneration != pre.ShardGeneration {
 		t.Fatalf("after the refused removals: members %v, generation %d (was %d)", ms, ci.ShardGeneration, pre.ShardGeneration)
 	}
@@ -262,6 +265,17 @@ func TestJoinMoveLeaveShardedCluster(t *testing.T) {
 		t.Fatal("n4 did not stop itself after its removal")
 	}
 	c.Kill(n4)
+	// A joined node's data dir refuses --initial-cluster: it would count
+	// itself among the initial nodes.
+	if s, err := server.Start(server.Config{Shards: &m, APIAddr: testcluster.FreePort(t), Logger: slog.New(slog.DiscardHandler),
+		Raft: raftnode.Config{ID: n4, DataDir: c.DataDir(n4), RaftAddr: c.RaftAddr(n4), Engine: raftnode.EngineEtcd,
+			InitialCluster: map[string]string{"n1": c.RaftAddr("n1"), "n2": c.RaftAddr("n2"), "n3": c.RaftAddr("n3"), n4: c.RaftAddr(n4)}}}); err == nil ||
+		!strings.Contains(err.Error(), "joined a running sharded cluster") {
+		if s != nil {
+			s.Kill()
+		}
+		t.Fatalf("restart of a joined node with --initial-cluster: %v", err)
+	}
 	testutil.Eventually(t, 30*time.Second, "a meta leader among the initial nodes", func() error {
 		for _, id := range initial {
 			if c.Server(id).MembersNode().IsLeader() {
