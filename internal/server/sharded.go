@@ -44,16 +44,18 @@ func startSharded(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if r := cfg.Shards.Placement; r > 0 && !joined {
-		// --shard-replicas: on the initial cluster's nodes, or on a
-		// restart without it, on those the data dir recorded.
-		nodes := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+		// --shard-replicas: on the nodes the data dir recorded at its
+		// first start (a later --initial-cluster may list nodes that
+		// joined since), else on the initial cluster's.
+		nodes, err := shard.RecordedNodes(cfg.Raft.DataDir)
+		if err != nil {
+			return nil, err
+		}
 		if len(nodes) == 0 {
-			if nodes, err = shard.RecordedNodes(cfg.Raft.DataDir); err != nil {
-				return nil, err
-			}
-			if len(nodes) == 0 {
-				return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
-			}
+			nodes = slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+		}
+		if len(nodes) == 0 {
+			return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
 		}
 		if m, err = m.Place(nodes, r); err != nil {
 			return nil, fmt.Errorf("--shard-replicas: %w", err)
@@ -63,13 +65,14 @@ func startSharded(cfg Config) (*Server, error) {
 	// a replica set. A restart without --initial-cluster reads them from
 	// the data dir's start record, or (a dir from before it) from the meta
 	// group's configuration below.
-	all := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
-	if len(all) == 0 {
-		all = recorded
+	all := recorded
+	fromFlags := len(recorded) == 0 && len(cfg.Raft.InitialCluster) > 0
+	if fromFlags {
+		all = slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
 	}
 	for k := range m.Bounds {
 		for _, id := range m.Hosts(k, all) {
-			if _, ok := cfg.Raft.InitialCluster[id]; !ok && len(cfg.Raft.InitialCluster) > 0 {
+			if _, ok := cfg.Raft.InitialCluster[id]; !ok && fromFlags {
 				return nil, fmt.Errorf("shard %d is placed on node %q, which is not in the initial cluster", k, id)
 			}
 		}
@@ -92,7 +95,7 @@ func startSharded(cfg Config) (*Server, error) {
 	if err := shard.CheckDataDir(cfg.Raft.DataDir, m); err != nil {
 		return nil, err
 	}
-	if len(cfg.Raft.InitialCluster) > 0 {
+	if fromFlags {
 		if err := shard.RecordStart(cfg.Raft.DataDir, all); err != nil {
 			return nil, fmt.Errorf("record the start mode: %w", err)
 		}

@@ -32,7 +32,8 @@ import (
 // startMode reads how this data dir first started (shard.ReadStart) and
 // checks the flags against it: joined is true for a node that joined a
 // running cluster (a fresh dir given --join), initial are the initial
-// cluster's ids as recorded (nil: not recorded, or a joined node).
+// cluster's ids as recorded (nil: not recorded, or a joined node), which
+// win over a later --initial-cluster.
 func startMode(cfg Config) (joined bool, initial []string, err error) {
 	dir := cfg.Raft.DataDir
 	rec, recJoined, err := shard.ReadStart(dir)
@@ -46,7 +47,11 @@ func startMode(cfg Config) (joined bool, initial []string, err error) {
 	case recJoined:
 		return true, nil, nil
 	case len(rec) > 0 && len(given) > 0 && !slices.Equal(rec, given):
-		return false, nil, fmt.Errorf("data dir %s was first started with --initial-cluster nodes %v, not %v; give the same --initial-cluster as its first start (nodes that joined later are not in it)", dir, rec, given)
+		// --initial-cluster counts on the first start only; a config that
+		// lists the nodes that joined since must not make them initial.
+		cfg.Logger.Warn("--initial-cluster differs from the nodes this data dir first started with; using those (it counts on the first start only)",
+			"first_start", strings.Join(rec, ","), "given", strings.Join(given, ","))
+		return false, rec, nil
 	case len(rec) > 0:
 		return false, rec, nil
 	case len(given) == 0 && len(cfg.Join) > 0 && shard.Fresh(dir):

@@ -287,5 +287,24 @@ func TestJoinMoveLeaveShardedCluster(t *testing.T) {
 	b.waitRounds("the clients go on after the removal", b.rounds.Load()+40)
 	checkHeldVia("after the removal", initial...)
 	b.checkRising()
+
+	// An initial node restarted with an --initial-cluster that lists n4
+	// too (a config rendered from the grown cluster) starts, and goes on
+	// by the initial nodes it first started with.
+	c.Kill("n1")
+	c.Tune = func(rc *raftnode.Config) {
+		if rc.ID == "n1" {
+			rc.InitialCluster[n4] = c.RaftAddr(n4)
+		}
+	}
+	c.Start("n1")
+	c.Tune = nil
+	testutil.Eventually(t, 30*time.Second, "n1 serves again", func() error {
+		var v service.LockView
+		if code := do(t, c, "GET", c.URL("n1")+"/api/v1/locks/hotel/held", nil, &v); code != 200 || !v.Held || v.Holder.FencingToken != held.FencingToken {
+			return fmt.Errorf("hotel/held via n1: %d %+v", code, v)
+		}
+		return nil
+	})
 	t.Logf("joined, moved onto, restarted, moved off and removed n4; %d rounds; %d 503s retried", b.rounds.Load(), retried503.Load())
 }
