@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/shard"
 )
 
 // Stream opens a forwarded watch on node (shard.Streamer): the replica's
@@ -17,3 +18,7 @@ func (ss *shardSet) Stream(ctx context.Context, node string, body []byte) (io.Re
 	}
 	return ss.shared.Stream(ctx, addr, raftnode.RoutePrefix+"watch", body)
 }
+
+// Router is a sharded node's router (nil on a one-group node): tests set
+// its stream limits and read its forwarded-watch counts.
+func (s *Server) Router() *shard.Router { return s.router }

@@ -545,7 +545,7 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 	var parts []*service.Watcher
 	var ids []int
 	var last []uint64
-	var after [][]splitInfo // each part's shard's splits once it opened
+	var after [][]splitInfo       // each part's shard's splits once it opened
 	streamed := map[uint64]bool{} // groups with a stream or joining by one
 	fail := func(raced bool, err error) (*service.Watcher, bool, error) {
 		for _, p := range parts {

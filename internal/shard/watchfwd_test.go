@@ -1,0 +1,232 @@
+package shard_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/shard"
+	"github.com/dlock/dlock/internal/testcluster"
+	"github.com/dlock/dlock/internal/testutil"
+)
+
+// placed4 runs the default 4 ranges on 3 of 4 nodes each and waits until
+// every shard has a leader; away is a shard n1 does not run.
+func placed4(t *testing.T) (c *testcluster.Cluster, m shard.Map, away int) {
+	t.Helper()
+	m0, err := shard.NewMap(shard.DefaultBounds(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"n1", "n2", "n3", "n4"}
+	if m, err = m0.Place(ids, 3); err != nil {
+		t.Fatal(err)
+	}
+	c = testcluster.NewWith(t, 4, testcluster.Options{Shards: &m})
+	away = -1
+	for k := range m.N() {
+		if !m.Hosted(k, "n1", ids) {
+			away = k
+		}
+	}
+	if away < 0 {
+		t.Fatalf("every shard runs on n1: %v", m.Replicas)
+	}
+	testutil.Eventually(t, 60*time.Second, "every shard has a leader", func() error {
+		for k := range m.N() {
+			led := false
+			for _, n := range c.Running() {
+				if g := c.Server(n).ShardGroup(k); g != nil && g.IsLeader() {
+					led = true
+				}
+			}
+			if !led {
+				return fmt.Errorf("shard %d has no leader", k)
+			}
+		}
+		return nil
+	})
+	return c, m, away
+}
+
+// grant acquires and releases name as client via node, retrying 503s with
+// the same request ids (a shard electing a leader), and answers the token.
+func grant(t *testing.T, c *testcluster.Cluster, node, name, client string) uint64 {
+	t.Helper()
+	var a service.AcquireResponse
+	if code := post(t, c, c.URL(node)+"/api/v1/locks/"+name+"/acquire", map[string]any{"client_id": client, "ttl_ms": 60000, "request_id": "a-" + client}, &a); code != 200 || !a.Acquired {
+		t.Fatalf("acquire %s as %s via %s: %d %+v", name, client, node, code, a)
+	}
+	if code := post(t, c, c.URL(node)+"/api/v1/locks/"+name+"/release", map[string]any{"client_id": client, "fencing_token": a.FencingToken, "lease_id": a.LeaseID, "request_id": "r-" + client}, nil); code != 200 {
+		t.Fatalf("release %s as %s via %s: %d", name, client, node, code)
+	}
+	return a.FencingToken
+}
+
+// grants reads the stream until it has seen want's acquisitions of name,
+// and fails on one seen twice, out of order, or an error record.
+func grants(t *testing.T, ch <-chan sse, name string, want []string) (lastID string) {
+	t.Helper()
+	var got []string
+	next(t, ch, func(r sse) bool {
+		if r.typ == "error" {
+			t.Fatalf("the watch ended with an error record: %+v", r.ev)
+		}
+		lastID = r.id
+		if r.ev.Name == name && r.ev.Type == "acquired" {
+			got = append(got, r.ev.ClientID)
+			if !slices.Equal(got, want[:min(len(got), len(want))]) || len(got) > len(want) {
+				t.Fatalf("grants of %s seen %v, want %v (each once, in order)", name, got, want)
+			}
+		}
+		return len(got) == len(want)
+	})
+	return lastID
+}
+
+// A watch through a node that runs none of a shard's replicas is relayed
+// from a replica: a watch of that shard's names and a merged watch over
+// every shard both see every grant once and in order, resume from the
+// last event's id, and go on without a gap when the replica serving the
+// relay is killed mid-stream (the relay fails over to another replica).
+func TestWatchForwarded(t *testing.T) {
+	c, m, away := placed4(t)
+	ids := c.IDs()
+	hosts := m.Hosts(away, ids)
+	name := shardName(t, m, away) + "/seq"
+	local := shardName(t, m, (away+1)%m.N()) + "/seq"
+	for _, n := range ids {
+		// Quick heartbeats: a silent replica is passed over within seconds.
+		c.Server(n).Router().SetStreamLimits(shard.StreamLimits{Heartbeat: 500 * time.Millisecond})
+	}
+
+	one := watch(t, c, c.URL("n1")+"/api/v1/watch?prefix="+url.QueryEscape(shardName(t, m, away)+"/"))
+	all := watch(t, c, c.URL("n1")+"/api/v1/watch")
+	if out, _ := c.Server("n1").Router().StreamCounts(); out != 2 {
+		t.Fatalf("n1 relays %d streams, want 2 (one per watch of shard %d)", out, away)
+	}
+	var want, wantLocal []string
+	for i := range 6 {
+		client := fmt.Sprintf("w%d", i)
+		want = append(want, client)
+		grant(t, c, hosts[i%len(hosts)], name, client)
+		wantLocal = append(wantLocal, "l"+client)
+		grant(t, c, "n1", local, "l"+client)
+	}
+	grants(t, one, name, want)
+	grants(t, all, name, want)
+
+	// Resume the one-shard watch from an event's id: only what follows.
+	resumeFrom := ""
+	{
+		ctx, cancel := context.WithCancel(context.Background())
+		first := watchCtx(t, ctx, c.URL("n1")+"/api/v1/watch?prefix="+url.QueryEscape(shardName(t, m, away)+"/"))
+		grant(t, c, hosts[0], name, "r0")
+		resumeFrom = grants(t, first, name, []string{"r0"})
+		cancel()
+	}
+	grant(t, c, hosts[1], name, "r1")
+	resumed := watch(t, c, c.URL("n1")+"/api/v1/watch?prefix="+url.QueryEscape(shardName(t, m, away)+"/")+"&from_revisions="+url.QueryEscape(bumpVector(t, resumeFrom)))
+	grants(t, resumed, name, []string{"r1"})
+	want = append(want, "r0", "r1")
+
+	// Kill the replica that serves n1's relays, mid-stream.
+	var serving string
+	testutil.Eventually(t, 10*time.Second, "a replica serves n1's relays", func() error {
+		for _, n := range hosts {
+			if _, in := c.Server(n).Router().StreamCounts(); in > 0 {
+				serving = n
+				return nil
+			}
+		}
+		return fmt.Errorf("no replica of shard %d serves a stream", away)
+	})
+	c.Kill(serving)
+	var live []string
+	for _, n := range hosts {
+		if n != serving {
+			live = append(live, n)
+		}
+	}
+	for i := range 6 {
+		client := fmt.Sprintf("k%d", i)
+		want = append(want, client)
+		grant(t, c, live[i%len(live)], name, client)
+	}
+	// The streams go on from where they were: the rest of the sequence,
+	// each grant once, no error.
+	grants(t, one, name, want[6:])
+	grants(t, all, name, want[6:])
+}
+
+// shardName is a top-level name segment in range k of m.
+func shardName(t *testing.T, m shard.Map, k int) string {
+	t.Helper()
+	for _, n := range []string{"alpha", "golf", "hotel", "mike", "oscar", "tango", "zebra"} {
+		if m.Lookup(n) == k {
+			return n
+		}
+	}
+	t.Fatalf("no test name in shard %d", k)
+	return ""
+}
+
+// The relayed streams are bounded per node: beyond the limit a watch of a
+// shard the node does not run is refused with 429 rate_limited, and a
+// closed one frees its slot on both nodes. A shutdown ends the relays.
+func TestWatchForwardedBounded(t *testing.T) {
+	c, m, away := placed4(t)
+	c.Server("n1").Router().SetStreamLimits(shard.StreamLimits{MaxOut: 1})
+	u := c.URL("n1") + "/api/v1/watch?prefix=" + url.QueryEscape(shardName(t, m, away)+"/")
+	ctx, cancel := context.WithCancel(context.Background())
+	watchCtx(t, ctx, u)
+	status := func() (int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		return res.StatusCode, res.Header.Get("Retry-After")
+	}
+	if code, ra := status(); code != http.StatusTooManyRequests || ra == "" {
+		t.Fatalf("a second relayed watch beyond the limit: %d (Retry-After %q), want 429 with Retry-After", code, ra)
+	}
+	// A watch of a shard n1 runs is no relay and is not counted.
+	local := watch(t, c, c.URL("n1")+"/api/v1/watch?prefix="+url.QueryEscape(shardName(t, m, (away+1)%m.N())+"/"))
+	_ = local
+	cancel()
+	testutil.Eventually(t, 10*time.Second, "the closed relay frees its slot", func() error {
+		if out, _ := c.Server("n1").Router().StreamCounts(); out != 0 {
+			return fmt.Errorf("n1 still relays %d streams", out)
+		}
+		for _, n := range m.Hosts(away, c.IDs()) {
+			if _, in := c.Server(n).Router().StreamCounts(); in != 0 {
+				return fmt.Errorf("%s still serves %d streams", n, in)
+			}
+		}
+		return nil
+	})
+	one := watch(t, c, u)
+	grant(t, c, m.Hosts(away, c.IDs())[0], shardName(t, m, away)+"/b", "b0")
+	grants(t, one, shardName(t, m, away)+"/b", []string{"b0"})
+
+	// The nodes shut down: the relayed watch ends with an error record
+	// (unavailable: resumable elsewhere), and shutting down does not wait
+	// for the watch's client to go away.
+	c.Stop()
+	var last sse
+	for r := range one {
+		last = r
+	}
+	if last.typ != "error" {
+		t.Fatalf("the relayed watch ended without an error record at shutdown: %+v", last)
+	}
+}
