@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/testcluster"
@@ -228,5 +232,113 @@ func TestWatchForwardedBounded(t *testing.T) {
 	}
 	if last.typ != "error" {
 		t.Fatalf("the relayed watch ended without an error record at shutdown: %+v", last)
+	}
+}
+
+// Through the node without the shard's replica, a gRPC watch and an
+// observe are relayed too, and a merged watch follows a split of the
+// relayed shard: the new shard (also on other nodes) joins the stream and
+// every grant on either side of the split is seen once.
+func TestWatchForwardedGRPCObserveSplit(t *testing.T) {
+	c, m, away := placed4(t)
+	ids := c.IDs()
+	hosts := m.Hosts(away, ids)
+	start, end := m.Range(away)
+	if start != "g" || end != "n" {
+		t.Fatalf("shard %d is [%q, %q), the test wants [g, n)", away, start, end)
+	}
+	cc, err := grpc.NewClient(c.GRPCAddr("n1"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	gw, err := dlockv1.NewWatchServiceClient(cc).Watch(ctx, &dlockv1.WatchRequest{Prefix: "hotel/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := dlockv1.NewElectionServiceClient(cc).Observe(ctx, &dlockv1.ObserveRequest{Name: "golf/leader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := obs.Recv(); err != nil || first.Election.GetLeader() != nil {
+		t.Fatalf("the first observed view of golf/leader: %v %v", first, err)
+	}
+	all := watch(t, c, c.URL("n1")+"/api/v1/watch")
+
+	if code := post(t, c, c.URL(hosts[0])+"/api/v1/elections/golf/leader/campaign", map[string]any{"candidate_id": "cand", "value": "v1", "ttl_ms": 60000, "request_id": "camp"}, nil); code != 200 {
+		t.Fatalf("campaign: %d", code)
+	}
+	if v, err := obs.Recv(); err != nil || v.Election.GetLeader().GetCandidateId() != "cand" {
+		t.Fatalf("the observed view after the campaign: %v %v", v, err)
+	}
+	grant(t, c, hosts[1], "hotel/g", "g0")
+	beforeSplit := grants(t, all, "hotel/g", []string{"g0"})
+	if r, err := gw.Recv(); err != nil || r.Event.GetName() != "hotel/g" || r.Event.GetType() != "acquired" || r.Event.GetClientId() != "g0" {
+		t.Fatalf("gRPC watch through n1: %v %v", r, err)
+	}
+
+	// Split the relayed shard at h: hotel/ moves to a new shard on the
+	// same replicas, none of them n1.
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL("n2")+"/api/v1/cluster/shards/split", map[string]any{"at": "h"}, &ci); code != 200 {
+		t.Fatalf("split at h: %d", code)
+	}
+	testutil.Eventually(t, 30*time.Second, "n1 routes by the new map", func() error {
+		nm := c.Server("n1").Router().Map()
+		if nm.N() != 5 || nm.Lookup("hotel/x") == nm.Lookup("golf/x") {
+			return fmt.Errorf("n1's map has %d shards", nm.N())
+		}
+		if k := nm.Lookup("hotel/x"); nm.Hosted(k, "n1", ids) {
+			return fmt.Errorf("the new shard runs on n1: %v", nm.Hosts(k, ids))
+		}
+		return nil
+	})
+	var want, wantG []string
+	for i := range 4 {
+		want = append(want, fmt.Sprintf("h%d", i))
+		grant(t, c, hosts[i%len(hosts)], "hotel/split", want[i])
+		wantG = append(wantG, fmt.Sprintf("s%d", i))
+		grant(t, c, "n1", "golf/split", wantG[i])
+	}
+	// The merged stream has both sides of the split, each grant once and
+	// in order, with the new shard in its revision vector.
+	got := map[string][]string{}
+	next(t, all, func(r sse) bool {
+		if r.typ == "error" {
+			t.Fatalf("the merged watch ended: %+v", r.ev)
+		}
+		if r.ev.Type == "acquired" && (r.ev.Name == "hotel/split" || r.ev.Name == "golf/split") {
+			got[r.ev.Name] = append(got[r.ev.Name], r.ev.ClientID)
+			if r.ev.Name == "hotel/split" && len(r.ev.Revisions) != 5 {
+				t.Fatalf("a grant of the new shard with the revision vector %v", r.ev.Revisions)
+			}
+		}
+		return len(got["hotel/split"]) >= len(want) && len(got["golf/split"]) >= len(wantG)
+	})
+	if !slices.Equal(got["hotel/split"], want) || !slices.Equal(got["golf/split"], wantG) {
+		t.Fatalf("grants seen %v, want hotel/split %v and golf/split %v", got, want, wantG)
+	}
+	// Resumed from before the split, through n1, from a vector naming only
+	// the old shards: the new shard joins at the split (n1 learns where
+	// from a replica of the relayed shard), and every grant comes once.
+	resumed := watch(t, c, c.URL("n1")+"/api/v1/watch?from_revisions="+url.QueryEscape(bumpVector(t, beforeSplit)))
+	grants(t, resumed, "hotel/split", want)
+
+	// The gRPC watch of hotel/ (now all on the new shard) goes on.
+	for _, id := range want {
+		for {
+			r, err := gw.Recv()
+			if err != nil {
+				t.Fatalf("gRPC watch after the split: %v", err)
+			}
+			if r.Event.GetType() == "acquired" {
+				if r.Event.GetClientId() != id {
+					t.Fatalf("gRPC watch after the split: grant to %s, want %s", r.Event.GetClientId(), id)
+				}
+				break
+			}
+		}
 	}
 }
