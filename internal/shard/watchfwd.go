@@ -138,10 +138,11 @@ type streams struct {
 	ctx    context.Context // cancelled by CloseStreams
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	limits  StreamLimits
-	out, in int
-	closed  bool
+	mu        sync.Mutex
+	limits    StreamLimits
+	out, in   int
+	failovers uint64
+	closed    bool
 	wg      sync.WaitGroup // every relay goroutine and served stream
 }
 
@@ -174,6 +175,14 @@ func (r *Router) StreamCounts() (out, in int) {
 	r.fw.mu.Lock()
 	defer r.fw.mu.Unlock()
 	return r.fw.out, r.fw.in
+}
+
+// StreamFailovers counts the times a relayed stream of this node resumed
+// on another replica (or this node) after its replica failed it.
+func (r *Router) StreamFailovers() uint64 {
+	r.fw.mu.Lock()
+	defer r.fw.mu.Unlock()
+	return r.fw.failovers
 }
 
 // CloseStreams ends every forwarded watch, relayed or served, and waits
@@ -391,11 +400,21 @@ func (s *remoteSource) close() {
 	_ = s.body.Close()
 }
 
-// localSource is this node's own watch of the shard.
-type localSource struct{ w *service.Watcher }
+// localSource is this node's own watch of the shard; ctx (the relay's)
+// ends a wait for its next event.
+type localSource struct {
+	ctx context.Context
+	w   *service.Watcher
+}
 
 func (s localSource) next() (streamLine, error) {
-	e, ok := <-s.w.Events()
+	var e watch.Event
+	var ok bool
+	select {
+	case e, ok = <-s.w.Events():
+	case <-s.ctx.Done():
+		return streamLine{}, s.ctx.Err()
+	}
 	if !ok {
 		err := s.w.Err()
 		if err == nil {
@@ -496,7 +515,7 @@ func (s *relay) dial(ctx context.Context, call streamCall, avoid string) (source
 		if err != nil {
 			return nil, nil, err
 		}
-		return localSource{w}, &streamOpen{Revision: w.Revision, Splits: splitsOf(svc, call.From)}, nil
+		return localSource{s.ctx, w}, &streamOpen{Revision: w.Revision, Splits: splitsOf(svc, call.From)}, nil
 	}
 	st, _ := r.remote.(Streamer)
 	hosts := v.m.Hosts(k, r.remote.All())
@@ -608,6 +627,9 @@ func (s *relay) run(src source) {
 			s.fail(err)
 			return
 		}
+		s.r.fw.mu.Lock()
+		s.r.fw.failovers++
+		s.r.fw.mu.Unlock()
 	}
 }
 

@@ -166,6 +166,9 @@ func TestWatchForwarded(t *testing.T) {
 	// each grant once, no error.
 	grants(t, one, name, want[6:])
 	grants(t, all, name, want[6:])
+	if f := c.Server("n1").Router().StreamFailovers(); f < 2 {
+		t.Fatalf("n1's relays failed over %d times, want at least 2 (both streams lost their replica)", f)
+	}
 }
 
 // shardName is a top-level name segment in range k of m.
