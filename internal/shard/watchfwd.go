@@ -143,7 +143,7 @@ type streams struct {
 	out, in   int
 	failovers uint64
 	closed    bool
-	wg      sync.WaitGroup // every relay goroutine and served stream
+	wg        sync.WaitGroup // every relay goroutine and served stream
 }
 
 func newStreams() *streams {
