@@ -72,8 +72,24 @@ func TestShardedWatchForwardedACL(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("allowed watch of golf/ through n1: %d", code)
 	}
+	// The same over a WebSocket through n1.
+	ws := wsDialWith(t, c, "n1", bearerHeader(worker.SecretID))
+	ws.send(map[string]any{"id": "w0", "op": "watch", "prefix": "golf/"})
+	if a := ws.answer("w0"); a.Error != nil || !strings.Contains(string(a.Result), `"watching":true`) {
+		t.Fatalf("WebSocket watch of golf/ through n1: %+v", a)
+	}
+	ws.send(map[string]any{"id": "w1", "op": "watch", "prefix": "payments/"})
+	if a := ws.answer("w1"); a.Error == nil || a.Error.Code != "permission_denied" {
+		t.Fatalf("WebSocket watch of payments/ through n1: %+v", a)
+	}
 	if code, ec := aclDoRetried(t, c, "n2", worker.SecretID, "POST", "/api/v1/locks/golf/a/acquire", map[string]any{"client_id": "worker-1", "ttl_ms": 30000}, nil); code != 200 {
 		t.Fatalf("acquire golf/a: %d %s", code, ec)
+	}
+	for {
+		m := ws.next("the WebSocket watch's grant")
+		if m.Op == "event" && m.ID == "w0" && m.Event != nil && m.Event.Type == "acquired" && m.Event.Name == "golf/a" {
+			break
+		}
 	}
 	for r := range events {
 		if r.event == "error" {
