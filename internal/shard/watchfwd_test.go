@@ -21,7 +21,7 @@ import (
 
 // placed4 runs the default 4 ranges on 3 of 4 nodes each and waits until
 // every shard has a leader; away is a shard n1 does not run.
-func placed4(t *testing.T) (c *testcluster.Cluster, m shard.Map, away int) {
+func placed4(t *testing.T, opts testcluster.Options) (c *testcluster.Cluster, m shard.Map, away int) {
 	t.Helper()
 	m0, err := shard.NewMap(shard.DefaultBounds(4))
 	if err != nil {
@@ -31,7 +31,8 @@ func placed4(t *testing.T) (c *testcluster.Cluster, m shard.Map, away int) {
 	if m, err = m0.Place(ids, 3); err != nil {
 		t.Fatal(err)
 	}
-	c = testcluster.NewWith(t, 4, testcluster.Options{Shards: &m})
+	opts.Shards = &m
+	c = testcluster.NewWith(t, 4, opts)
 	away = -1
 	for k := range m.N() {
 		if !m.Hosted(k, "n1", ids) {
@@ -99,7 +100,7 @@ func grants(t *testing.T, ch <-chan sse, name string, want []string) (lastID str
 // last event's id, and go on without a gap when the replica serving the
 // relay is killed mid-stream (the relay fails over to another replica).
 func TestWatchForwarded(t *testing.T) {
-	c, m, away := placed4(t)
+	c, m, away := placed4(t, testcluster.Options{})
 	ids := c.IDs()
 	hosts := m.Hosts(away, ids)
 	name := shardName(t, m, away) + "/seq"
@@ -187,7 +188,7 @@ func shardName(t *testing.T, m shard.Map, k int) string {
 // shard the node does not run is refused with 429 rate_limited, and a
 // closed one frees its slot on both nodes. A shutdown ends the relays.
 func TestWatchForwardedBounded(t *testing.T) {
-	c, m, away := placed4(t)
+	c, m, away := placed4(t, testcluster.Options{WatchHistory: 16})
 	c.Server("n1").Router().SetStreamLimits(shard.StreamLimits{MaxOut: 1})
 	u := c.URL("n1") + "/api/v1/watch?prefix=" + url.QueryEscape(shardName(t, m, away)+"/")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -225,6 +226,24 @@ func TestWatchForwardedBounded(t *testing.T) {
 	grant(t, c, m.Hosts(away, c.IDs())[0], shardName(t, m, away)+"/b", "b0")
 	grants(t, one, shardName(t, m, away)+"/b", []string{"b0"})
 
+	// A resume from a revision the replicas no longer keep is answered
+	// compacted (410), as through a replica.
+	c.Server("n1").Router().SetStreamLimits(shard.StreamLimits{MaxOut: 4})
+	for i := range 12 {
+		grant(t, c, m.Hosts(away, c.IDs())[1], shardName(t, m, away)+"/c", fmt.Sprintf("c%d", i))
+	}
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel3()
+	req, _ := http.NewRequestWithContext(ctx3, http.MethodGet, fmt.Sprintf("%s&from_revisions=%d:1", u, m.IDs[away]), nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusGone {
+		t.Fatalf("a relayed watch from a compacted revision: %d, want 410", res.StatusCode)
+	}
+
 	// The nodes shut down: the relayed watch ends with an error record
 	// (unavailable: resumable elsewhere), and shutting down does not wait
 	// for the watch's client to go away.
@@ -243,7 +262,7 @@ func TestWatchForwardedBounded(t *testing.T) {
 // relayed shard: the new shard (also on other nodes) joins the stream and
 // every grant on either side of the split is seen once.
 func TestWatchForwardedGRPCObserveSplit(t *testing.T) {
-	c, m, away := placed4(t)
+	c, m, away := placed4(t, testcluster.Options{})
 	ids := c.IDs()
 	hosts := m.Hosts(away, ids)
 	start, end := m.Range(away)
