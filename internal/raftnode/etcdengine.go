@@ -226,6 +226,64 @@ type etcdEngine struct {
 	// snapDue is set when a snapshot was held back (SnapshotHold): it is
 	// taken after a later batch, once the hold ends.
 	snapDue bool
+
+	// hist is the apply goroutine's configurations by the index each took
+	// effect at, for ConfigurationAt.
+	hist confHistory
+}
+
+// confHistory holds the configurations applied since the last snapshot
+// (the first mark is the one in effect at it), so a caller can learn the
+// configuration a given applied entry saw — the same on every replica,
+// unlike the current one.
+type confHistory struct {
+	mu      sync.Mutex
+	marks   []confMark
+	applied uint64
+}
+
+type confMark struct {
+	index uint64
+	confAt
+}
+
+// reset starts the history at a snapshot (or an empty log: index 0).
+func (h *confHistory) reset(index uint64, c confAt) {
+	h.mu.Lock()
+	h.marks = []confMark{{index, c}}
+	h.applied = index
+	h.mu.Unlock()
+}
+
+// trim drops the marks no index at or after a snapshot at index needs.
+func (h *confHistory) trim(index uint64) {
+	h.mu.Lock()
+	i := 0
+	for i+1 < len(h.marks) && h.marks[i+1].index <= index {
+		i++
+	}
+	h.marks = append(h.marks[:0], h.marks[i:]...)
+	h.mu.Unlock()
+}
+
+// ConfigurationAt is the configuration in effect when entry index was
+// applied: the same on every replica that applied it. It fails for an
+// index not applied yet or from before the last snapshot.
+func (e *etcdEngine) ConfigurationAt(index uint64) (hraft.Configuration, error) {
+	h := &e.hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if index > h.applied {
+		return hraft.Configuration{}, fmt.Errorf("entry %d is not applied yet (applied %d)", index, h.applied)
+	}
+	if len(h.marks) == 0 || index < h.marks[0].index {
+		return hraft.Configuration{}, fmt.Errorf("the configuration at entry %d is compacted away", index)
+	}
+	i := len(h.marks) - 1
+	for h.marks[i].index > index {
+		i--
+	}
+	return configurationOf(h.marks[i].cs, h.marks[i].book), nil
 }
 
 // sizeMark is applyBytes once entries up to index were applied.
@@ -341,6 +399,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		e.scanTerm = gs.Snapshot.Metadata.Term
 	}
 	e.applyConf, e.applyBook = e.conf, copyBook(e.book)
+	e.hist.reset(e.applied, confAt{e.applyConf, e.applyBook})
 	if !raft.IsEmptyHardState(gs.HardState) {
 		if err := e.mem.SetHardState(gs.HardState); err != nil {
 			return nil, err
@@ -1082,6 +1141,7 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 		}
 		e.applied, e.snapIndex = b.snap.Metadata.Index, b.snap.Metadata.Index
 		e.applyConf, e.applyBook = b.snap.Metadata.ConfState, book
+		e.hist.reset(e.applied, confAt{e.applyConf, e.applyBook})
 	}
 	logs := make([]*hraft.Log, 0, len(b.ents))
 	confChanged := false
@@ -1100,6 +1160,9 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 			if c, ok := b.confs[ent.Index]; ok {
 				e.applyConf, e.applyBook = c.cs, c.book
 				confChanged = true
+				e.hist.mu.Lock()
+				e.hist.marks = append(e.hist.marks, confMark{ent.Index, c})
+				e.hist.mu.Unlock()
 			}
 		}
 		logs = append(logs, l)
@@ -1110,6 +1173,9 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	}
 	resps := e.fsm.ApplyBatch(logs)
 	e.applied = logs[len(logs)-1].Index
+	e.hist.mu.Lock()
+	e.hist.applied = e.applied
+	e.hist.mu.Unlock()
 	for _, l := range logs {
 		e.applyBytes += uint64(len(l.Data))
 	}
@@ -1209,6 +1275,7 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		return
 	}
 	e.snapIndex, e.snapBytes = e.applied, e.applyBytes
+	e.hist.trim(e.snapIndex)
 	if c := e.compactTo(); c > 0 {
 		if err := e.mem.Compact(c); err != nil && !errors.Is(err, raft.ErrCompacted) {
 			e.log.Warn("compacting the in-memory raft log failed", "err", err)

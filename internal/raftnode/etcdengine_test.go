@@ -726,3 +726,72 @@ func TestEtcdEngineSnapshotHold(t *testing.T) {
 		return nil
 	})
 }
+
+// Every replica answers ConfigurationAt for an applied entry with the
+// configuration that entry saw, whatever changed since; an entry from
+// before the last snapshot, or not applied yet, is refused.
+func TestEtcdEngineConfigurationAt(t *testing.T) {
+	// Held snapshots (as a split's source group holds them until the new
+	// group is stored) keep the history; the configuration change would
+	// otherwise be snapshotted at once.
+	var hold atomic.Bool
+	hold.Store(true)
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
+		c.SnapshotThreshold, c.TrailingLogs = 1000, 4
+		c.SnapshotHold = func() error {
+			if hold.Load() {
+				return errors.New("held")
+			}
+			return nil
+		}
+	})
+	leader := waitLeader(t, nodes)
+	acquire(t, nodes[leader], "before")
+	before, _ := digest(nodes[leader])
+	victim := "c"
+	if leader == victim {
+		victim = "b"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := nodes[leader].Remove(ctx, victim); err != nil {
+		t.Fatalf("remove: %v", err)
+	}
+	_ = nodes[victim].Shutdown()
+	delete(nodes, victim)
+	acquire(t, nodes[leader], "after")
+	after, _ := digest(nodes[leader])
+	sameState(t, nodes)
+	ids := func(cfg hraft.Configuration) string {
+		var out []string
+		for _, s := range cfg.Servers {
+			out = append(out, string(s.ID)+":"+s.Suffrage.String())
+		}
+		return strings.Join(out, ",")
+	}
+	for id, n := range nodes {
+		cb, err := n.ConfigurationAt(before)
+		if err != nil || ids(cb) != "a:Voter,b:Voter,c:Voter" {
+			t.Errorf("%s: configuration at %d: %s %v, want all three", id, before, ids(cb), err)
+		}
+		ca, err := n.ConfigurationAt(after)
+		if err != nil || strings.Contains(ids(ca), victim+":") || len(ca.Servers) != 2 {
+			t.Errorf("%s: configuration at %d: %s %v, want %s gone", id, after, ids(ca), err, victim)
+		}
+		if _, err := n.ConfigurationAt(after + 1000); err == nil {
+			t.Errorf("%s: a configuration for an entry not applied yet", id)
+		}
+	}
+	// A snapshot past the removal leaves nothing to say about entries
+	// before it.
+	hold.Store(false)
+	if err := nodes[leader].Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if cfg, err := nodes[leader].ConfigurationAt(before); err == nil {
+		t.Errorf("configuration at %d after a snapshot at %d: %s, want an error", before, after, ids(cfg))
+	}
+	if _, err := nodes[leader].ConfigurationAt(after); err != nil {
+		t.Errorf("configuration at the snapshot's own index: %v", err)
+	}
+}

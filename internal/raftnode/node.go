@@ -589,6 +589,20 @@ func (n *Node) FSM() *fsm.FSM { return n.fsm }
 // Raft exposes the replication engine for status and tests.
 func (n *Node) Raft() Engine { return n.raft }
 
+// ConfigurationAt is the group's configuration as entry index saw it when
+// applied: the same on every replica, unlike the current one, which a
+// membership change may have moved on from by the time a node asks.
+// Only the etcd engine keeps it.
+func (n *Node) ConfigurationAt(index uint64) (raft.Configuration, error) {
+	h, ok := n.raft.(interface {
+		ConfigurationAt(uint64) (raft.Configuration, error)
+	})
+	if !ok {
+		return raft.Configuration{}, errors.New("the hashicorp engine keeps no configuration history")
+	}
+	return h.ConfigurationAt(index)
+}
+
 // Engine is the node's replication engine kind.
 func (n *Node) Engine() EngineKind { return n.cfg.Engine }
 

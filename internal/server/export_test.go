@@ -13,6 +13,16 @@ func SetOpenHook(f func(node string, group uint64) error) {
 	openHook.Store(&f)
 }
 
+// SetStopHook makes every sharded node in this test binary run f just
+// before it stops a group a move took off it. nil removes the hook.
+func SetStopHook(f func(node string, group uint64)) {
+	if f == nil {
+		stopHook.Store(nil)
+		return
+	}
+	stopHook.Store(&f)
+}
+
 // GroupNode is s's node of Raft group g, or nil where s does not run it.
 func GroupNode(s *Server, g uint64) *raftnode.Node {
 	if s.shards == nil {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -78,8 +79,9 @@ func (ss *shardSet) Call(ctx context.Context, node string, body []byte) ([]byte,
 
 // Move starts moving shard req.Shard's replica on req.From to req.To and
 // waits, bounded, until it is done (shard.Mover). A retry of a move in
-// flight waits for it; a retry of a move that is done is refused as bad
-// input (from is no replica), with the replicas in the message.
+// flight waits for it; a move whose end already holds (to runs the shard,
+// from does not, nothing in flight) answers as the first did, so a client
+// may retry one whose answer it lost.
 func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 	for {
 		m, committed := ss.metaMap()
@@ -89,6 +91,9 @@ func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 		k := m.IndexOf(req.Shard)
 		if k >= 0 && m.LeavingReplica(k) == req.From && m.Hosted(k, req.To, ss.all) {
 			break // in flight: wait for it
+		}
+		if committed && k >= 0 && req.From != req.To && moved(m, k, req, ss.all) {
+			break // done already (a retry after a lost answer): the same answer
 		}
 		nodes := slices.Sorted(maps.Keys(ss.members()))
 		next, err := m.BeginMove(req.Shard, req.From, req.To, nodes, ss.all)
@@ -237,6 +242,7 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 func (ss *shardSet) stopMoved(ctx context.Context, m shard.Map) {
 	gone := ss.notHosted(m)
 	if len(gone) == 0 {
+		ss.cleanMoved(ctx)
 		return
 	}
 	// Deleting a group's data is for good: first make sure the map is
@@ -263,20 +269,75 @@ func (ss *shardSet) stopMoved(ctx context.Context, m shard.Map) {
 	ss.mu.Unlock()
 	ss.route(cur)
 	for _, run := range gone {
+		if h := stopHook.Load(); h != nil {
+			(*h)(ss.rc.ID, run.id)
+		}
 		run.svc.HandOff()
 		_ = run.node.Shutdown()
 		run.svc.Close()
-		if err := shard.RecordMoved(ss.rc.DataDir, run.id); err != nil {
-			ss.logger.Error("could not record a group moved off this node; its data stays", "group", run.id, "err", err)
+		ss.mu.Lock()
+		ss.unclean[run.id] = run.name
+		ss.mu.Unlock()
+		ss.logger.Info("stopped a shard's group moved off this node", "shard", run.name, "group", run.id)
+	}
+	ss.cleanMoved(ctx)
+}
+
+// cleanMoved deletes the data of the groups stopMoved stopped, once a read
+// of the map made after they stopped still places them elsewhere. Until a
+// copy stops it answers its group's leader — after a move back here, too —
+// and a leader that counted its log must never meet an empty copy under
+// the same id, which waits forever for entries the leader thinks it has.
+// So a group placed here again keeps its data and is started from it.
+func (ss *shardSet) cleanMoved(ctx context.Context) {
+	ss.mu.Lock()
+	n := len(ss.unclean)
+	ss.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := ss.meta.LinearizableRead(rctx)
+	cancel()
+	if err != nil {
+		return // the next round tries again
+	}
+	cur, ok := ss.metaMap()
+	if !ok {
+		return
+	}
+	ss.mu.Lock()
+	todo := map[uint64]string{}
+	for g, name := range ss.unclean {
+		k := cur.IndexOfGroup(g)
+		switch {
+		case ss.groups[g] != nil, k >= 0 && cur.Hosted(k, ss.rc.ID, ss.all):
+			// Running, or to be started, here again: from its data.
+			delete(ss.unclean, g)
+		default:
+			todo[g] = name
+		}
+	}
+	ss.mu.Unlock()
+	for _, g := range slices.Sorted(maps.Keys(todo)) {
+		if err := shard.RecordMoved(ss.rc.DataDir, g); err != nil {
+			ss.logger.Error("could not record a group moved off this node; its data stays", "group", g, "err", err)
 			continue
 		}
-		if err := ss.shared.DeleteGroup(run.id); err != nil {
-			ss.logger.Error("could not delete the data of a group moved off this node", "group", run.id, "err", err)
+		if err := ss.shared.DeleteGroup(g); err != nil {
+			ss.logger.Error("could not delete the data of a group moved off this node", "group", g, "err", err)
 			continue
 		}
-		ss.logger.Info("stopped a shard's group moved off this node and deleted its data", "shard", run.name, "group", run.id)
+		ss.mu.Lock()
+		delete(ss.unclean, g)
+		ss.mu.Unlock()
+		ss.logger.Info("deleted the data of a shard's group moved off this node", "shard", todo[g], "group", g)
 	}
 }
+
+// stopHook, set only by tests (export_test.go), runs as stopMoved is
+// about to stop a group, which still answers its leader until then.
+var stopHook atomic.Pointer[func(node string, group uint64)]
 
 // notHosted are the running groups m places on other nodes only.
 func (ss *shardSet) notHosted(m shard.Map) []*groupRun {

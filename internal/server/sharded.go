@@ -77,7 +77,7 @@ func startSharded(cfg Config) (*Server, error) {
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
 	ss := &shardSet{logger: s.logger, cfg: cfg, rc: rc, initial: m, groups: map[uint64]*groupRun{},
-		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}}
+		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}, unclean: map[uint64]string{}}
 	s.shards = ss
 	ok := false
 	defer func() {
@@ -206,6 +206,9 @@ type shardSet struct {
 	all     []string
 	driving map[uint64]bool
 	wg      sync.WaitGroup
+	// unclean are the groups stopped here by a move whose data is not
+	// deleted yet (moves.go, cleanMoved): id → shard name.
+	unclean map[uint64]string
 }
 
 // groupRun is one data group running on this node.
@@ -293,7 +296,7 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	switch {
 	case seed != nil:
 		gc.InitialState, gc.InitialIndex = seed.state, seed.index
-		voters, err := ss.votersOf(seed.src)
+		voters, err := ss.votersOf(seed.src, seed.index)
 		if err != nil {
 			return nil, err
 		}
@@ -328,22 +331,23 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 }
 
 // votersOf is the voters (id to raft address) a group split off group src
-// starts with: src's own, as this node knows them. Every replica seeds the
-// new group with the same voters at the same index; they cannot come from
-// --initial-cluster, which a restarted node is not given.
-func (ss *shardSet) votersOf(src uint64) (map[string]string, error) {
+// at entry index starts with: src's own as that entry saw them. Every
+// replica seeds the new group with the same voters at the same index, even
+// if a move changed src's members before some replica got here; they
+// cannot come from --initial-cluster, which a restarted node is not given.
+func (ss *shardSet) votersOf(src, index uint64) (map[string]string, error) {
 	ss.mu.Lock()
 	run := ss.groups[src]
 	ss.mu.Unlock()
 	if run == nil {
 		return nil, fmt.Errorf("the split's source group %d is not running here", src)
 	}
-	f := run.node.Raft().GetConfiguration()
-	if err := f.Error(); err != nil {
+	cfg, err := run.node.ConfigurationAt(index)
+	if err != nil {
 		return nil, fmt.Errorf("the split's source group's voters: %w", err)
 	}
 	out := map[string]string{}
-	for _, sv := range f.Configuration().Servers {
+	for _, sv := range cfg.Servers {
 		if sv.Suffrage != raft.Voter {
 			continue
 		}
