@@ -475,6 +475,22 @@ func (r *Router) openStream(ctx context.Context, v *view, k int, call streamCall
 	if err != nil {
 		return nil, nil, err
 	}
+	// The relay is this node's client's stream: it counts against this
+	// node's watcher limits (the meta group's service, on every node,
+	// holds them) as a watch of a shard it runs does.
+	r.mu.Lock()
+	meta := r.members
+	r.mu.Unlock()
+	if meta != nil {
+		slot, err := meta.WatchSlot(ctx)
+		if err != nil {
+			release()
+			exit()
+			return nil, nil, err
+		}
+		free := release
+		release = func() { free(); slot() }
+	}
 	call.Group = v.m.Groups[k]
 	call.Bearer, call.CertCN = service.Credentials(ctx)
 	sctx, cancel := context.WithCancel(r.fw.ctx)

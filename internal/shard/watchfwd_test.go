@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
+	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/testcluster"
@@ -188,12 +191,12 @@ func shardName(t *testing.T, m shard.Map, k int) string {
 // shard the node does not run is refused with 429 rate_limited, and a
 // closed one frees its slot on both nodes. A shutdown ends the relays.
 func TestWatchForwardedBounded(t *testing.T) {
-	c, m, away := placed4(t, testcluster.Options{WatchHistory: 16})
+	c, m, away := placed4(t, testcluster.Options{WatchHistory: 16, Limits: server.Limits{Service: service.Limits{MaxWatchersPerConn: 2}}})
 	c.Server("n1").Router().SetStreamLimits(shard.StreamLimits{MaxOut: 1})
 	u := c.URL("n1") + "/api/v1/watch?prefix=" + url.QueryEscape(shardName(t, m, away)+"/")
 	ctx, cancel := context.WithCancel(context.Background())
 	watchCtx(t, ctx, u)
-	status := func() (int, string) {
+	get := func() (int, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
@@ -204,7 +207,7 @@ func TestWatchForwardedBounded(t *testing.T) {
 		defer res.Body.Close()
 		return res.StatusCode, res.Header.Get("Retry-After")
 	}
-	if code, ra := status(); code != http.StatusTooManyRequests || ra == "" {
+	if code, ra := get(); code != http.StatusTooManyRequests || ra == "" {
 		t.Fatalf("a second relayed watch beyond the limit: %d (Retry-After %q), want 429 with Retry-After", code, ra)
 	}
 	// A watch of a shard n1 runs is no relay and is not counted.
@@ -225,6 +228,36 @@ func TestWatchForwardedBounded(t *testing.T) {
 	one := watch(t, c, u)
 	grant(t, c, m.Hosts(away, c.IDs())[0], shardName(t, m, away)+"/b", "b0")
 	grants(t, one, shardName(t, m, away)+"/b", []string{"b0"})
+
+	// A relay counts against the node's per-connection watcher limit like
+	// a local watch: two gRPC watches on one connection, not a third.
+	cc, err := grpc.NewClient(c.GRPCAddr("n1"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c.Server("n1").Router().SetStreamLimits(shard.StreamLimits{MaxOut: 8})
+	gctx, gcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	var watches []dlockv1.WatchService_WatchClient
+	for i := range 3 {
+		w, err := dlockv1.NewWatchServiceClient(cc).Watch(gctx, &dlockv1.WatchRequest{Prefix: shardName(t, m, away) + "/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		watches = append(watches, w)
+		if i < 2 {
+			testutil.Eventually(t, 10*time.Second, "the relayed gRPC watch is open", func() error {
+				if out, _ := c.Server("n1").Router().StreamCounts(); out != 2+i {
+					return fmt.Errorf("n1 relays %d streams", out)
+				}
+				return nil
+			})
+		}
+	}
+	if _, err := watches[2].Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third relayed gRPC watch on one connection: %v, want ResourceExhausted", err)
+	}
+	gcancel()
 
 	// A resume from a revision the replicas no longer keep is answered
 	// compacted (410), as through a replica.
