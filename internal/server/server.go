@@ -332,6 +332,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, svc := range s.allServices() {
 		svc.Close()
 	}
+	if s.router != nil {
+		// Watches forwarded to or from other nodes end as a local one does
+		// when its service closes.
+		s.router.CloseStreams()
+	}
 	// WebSocket connections are hijacked, so http.Shutdown would not end
 	// them; closing them withdraws their waits while the node still runs.
 	s.ws.Close()
@@ -373,6 +378,11 @@ func (s *Server) Kill() {
 	}
 	if s.shared != nil {
 		_ = s.shared.Close()
+	}
+	if s.router != nil {
+		// After the raft port closed: the watches this node served for
+		// other nodes are cut, as a crash cuts them.
+		s.router.CloseStreams()
 	}
 	for _, svc := range s.allServices() {
 		svc.Close()
