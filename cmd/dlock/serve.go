@@ -266,7 +266,7 @@ later starts recover everything from --data-dir.` + configHelp,
 		readyCtx, stopNotify := context.WithCancel(context.Background())
 		notified := make(chan struct{})
 		go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
-		err = waitForSignalOr(srv.Node.Failed(), func(ctx context.Context) error {
+		err = waitForSignalOr(srv.Stopped(), func(ctx context.Context) error {
 			stopNotify()
 			<-notified
 			notifyStopping()

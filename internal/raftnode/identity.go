@@ -149,3 +149,27 @@ func (n *Node) remoteApplied(ctx context.Context, addr string) (uint64, error) {
 	}
 	return st.Applied, nil
 }
+
+// RunsGroup asks the node at addr, over the raft port, whether it runs
+// this node's Raft group: false when it answers that it does not (a node
+// of a sharded cluster started with another shard map runs another meta
+// group); an error when it cannot be asked (an *apierror.Error when addr
+// is not host:port).
+func (n *Node) RunsGroup(ctx context.Context, addr string) (bool, error) {
+	if err := checkRaftAddr(addr); err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, IdentityTimeout)
+	defer cancel()
+	body, status, err := n.forward(ctx, addr, "/forward/status", nil)
+	switch {
+	case err != nil:
+		return false, err
+	case status == http.StatusOK:
+		return true, nil
+	case status == http.StatusServiceUnavailable:
+		return false, nil
+	default:
+		return false, fmt.Errorf("status %d: %.200s", status, body)
+	}
+}

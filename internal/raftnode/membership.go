@@ -50,6 +50,15 @@ func changeErr(what string, err error) error {
 		return outcomeUnknown(what+": leadership was lost before the change committed, so it may or may not take effect",
 			fmt.Errorf("%w: %w", errChangeUnknown, err))
 	}
+	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrEnqueueTimeout) {
+		// Refused before it reached the log (a leadership change, or a
+		// transfer still running after it timed out): nothing happened.
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: 200 * time.Millisecond, Err: fmt.Errorf("%s: %w", what, err),
+			Message: what + ": the leader is changing and the change was not made; retry"}
+	}
+	if errors.Is(err, raft.ErrRaftShutdown) {
+		return outcomeUnknown(what+": the node stopped while the change was in flight, so it may or may not take effect", fmt.Errorf("%w: %w", errChangeUnknown, err))
+	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 
@@ -315,7 +324,7 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 				case status == http.StatusServiceUnavailable:
 					err = errRetry
 				case known:
-					return gone(&apierror.Error{Code: e.Code, Message: e.Message})
+					return gone(&apierror.Error{Code: e.Code, Message: e.Message, Err: fmt.Errorf("forwarded %s to leader %s: status %d", path, addr, status)})
 				default:
 					return fmt.Errorf("leader answered %d: %s", status, resp)
 				}
@@ -346,6 +355,9 @@ func (n *Node) serveMember(do func(memberRequest) error) http.HandlerFunc {
 		}
 		if err := do(req); err != nil {
 			ae := apierror.From(err)
+			if ae.Code == apierror.Internal {
+				n.logger.Error("forwarded membership change failed", "from", r.Header.Get("X-Dlock-From"), "err", err)
+			}
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(apierror.HTTPStatus(ae.Code))
 			_ = json.NewEncoder(w).Encode(wireError{Code: ae.Code, Message: ae.Message, Unknown: errors.Is(err, errChangeUnknown)})

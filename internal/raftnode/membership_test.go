@@ -343,3 +343,30 @@ func TestForwardedMemberChangeWithUnknownOutcome(t *testing.T) {
 		})
 	}
 }
+
+// A membership change the engine refused before it reached the log is a
+// retryable 503, one that may have reached it says so, and neither is a 500.
+func TestChangeErrCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		code    apierror.Code
+		unknown bool
+	}{
+		{raft.ErrNotLeader, apierror.Unavailable, false},
+		{raft.ErrLeadershipTransferInProgress, apierror.Unavailable, false},
+		{raft.ErrEnqueueTimeout, apierror.Unavailable, false},
+		{raft.ErrLeadershipLost, apierror.Unavailable, true},
+		{raft.ErrRaftShutdown, apierror.Unavailable, true},
+	} {
+		err := changeErr("remove n4", tc.err)
+		if c := apierror.CodeOf(err); c != tc.code {
+			t.Errorf("%v: code %q, want %q", tc.err, c, tc.code)
+		}
+		if got := errors.Is(err, errChangeUnknown); got != tc.unknown {
+			t.Errorf("%v: outcome unknown %v, want %v", tc.err, got, tc.unknown)
+		}
+		if !errors.Is(err, tc.err) {
+			t.Errorf("%v: the cause is lost: %v", tc.err, err)
+		}
+	}
+}

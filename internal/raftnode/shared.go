@@ -168,6 +168,28 @@ func (s *Shared) Call(ctx context.Context, addr, path string, body []byte) ([]by
 	return b, res.StatusCode, nil
 }
 
+// Stream posts body to path (under RoutePrefix) on the node whose raft
+// port is addr, with the peers' TLS, and hands back the answer's body as
+// it streams (a forwarded watch): the caller reads it and closes it, and
+// cancelling ctx ends it. An answer other than 200 is an error carrying
+// the start of its body.
+func (s *Shared) Stream(ctx context.Context, addr, path string, body []byte) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(res.Body, 512))
+		res.Body.Close()
+		return nil, fmt.Errorf("node at %s answered %d: %s", addr, res.StatusCode, b)
+	}
+	return res.Body, nil
+}
+
 // MaxRouteBody bounds a routed call and its answer (a page of a list is
 // the largest).
 const MaxRouteBody = 16 << 20

@@ -19,16 +19,20 @@ import (
 // them, checking mutual exclusion and increasing tokens; 503s are retried as a
 // client would.
 type lockLoop struct {
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	grants  atomic.Int64
-	mu      sync.Mutex
-	last    uint64
-	failure error
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	grants   atomic.Int64
+	mu       sync.Mutex
+	last     uint64
+	failure  error
+	haltOnce sync.Once
 }
 
 func startLockLoop(t *testing.T, c *testcluster.Cluster, workers int) *lockLoop {
 	l := &lockLoop{stop: make(chan struct{})}
+	// A test that fails before finish still stops the workers before the
+	// cluster goes (cleanups run last-registered first).
+	t.Cleanup(l.halt)
 	var inside atomic.Int32
 	for w := 0; w < workers; w++ {
 		l.wg.Add(1)
@@ -42,6 +46,10 @@ func startLockLoop(t *testing.T, c *testcluster.Cluster, workers int) *lockLoop 
 				default:
 				}
 				nodes := c.Running()
+				if len(nodes) == 0 {
+					time.Sleep(20 * time.Millisecond)
+					continue // the cluster is between a kill and a start, or stopped
+				}
 				node := nodes[i%len(nodes)]
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				var a acquireAnswer
@@ -64,8 +72,13 @@ func startLockLoop(t *testing.T, c *testcluster.Cluster, workers int) *lockLoop 
 				l.grants.Add(1)
 				inside.Add(-1)
 				for try := 0; try < 50; try++ {
+					running := c.Running()
+					if len(running) == 0 {
+						time.Sleep(20 * time.Millisecond)
+						continue
+					}
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					code, err := c.Do(ctx, http.MethodPost, c.URL(c.Running()[try%len(c.Running())])+"/api/v1/locks/churn/release",
+					code, err := c.Do(ctx, http.MethodPost, c.URL(running[try%len(running)])+"/api/v1/locks/churn/release",
 						map[string]any{"client_id": client, "fencing_token": a.FencingToken, "lease_id": a.LeaseID, "request_id": fmt.Sprintf("%s-%d-r", client, i)}, nil)
 					cancel()
 					if err == nil && (code == 200 || code == 409) {
@@ -87,10 +100,15 @@ func (l *lockLoop) fail(err error) {
 	}
 }
 
+// halt stops the workers and waits for them; once is enough.
+func (l *lockLoop) halt() {
+	l.haltOnce.Do(func() { close(l.stop) })
+	l.wg.Wait()
+}
+
 func (l *lockLoop) finish(t *testing.T) {
 	t.Helper()
-	close(l.stop)
-	l.wg.Wait()
+	l.halt()
 	if l.failure != nil {
 		t.Fatal(l.failure)
 	}

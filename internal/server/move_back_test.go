@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/shard"
@@ -63,24 +66,64 @@ func TestMoveBackWhileTheOldCopyStillAnswers(t *testing.T) {
 	})
 	t.Cleanup(func() { server.SetStopHook(nil); free() })
 
-	move := func(src, dst string) {
-		t.Helper()
-		var out map[string]any
-		if code := doRetried(t, c, http.MethodPost, c.URL("n3")+"/api/v1/cluster/shards/move",
-			map[string]any{"shard": 1, "from": src, "to": dst}, &out); code != 200 {
-			t.Fatalf("move shard 1 from %s to %s: %d %v", src, dst, code, out)
+	// A move's call waits for it (up to 2 minutes), longer than
+	// doRetried's per-call bound on a loaded machine.
+	move := func(src, dst string) error {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			var out map[string]any
+			ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+			code, err := c.Do(ctx, http.MethodPost, c.URL("n3")+"/api/v1/cluster/shards/move",
+				map[string]any{"shard": 1, "from": src, "to": dst}, &out)
+			cancel()
+			if err == nil && code == 200 {
+				return nil
+			}
+			if (err != nil || code != http.StatusServiceUnavailable) || time.Now().After(deadline) {
+				return fmt.Errorf("move shard 1 from %s to %s: %d %v %v", src, dst, code, out, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	move(from, "n1")
+	if err := move(from, "n1"); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-reached:
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%s never began to stop shard 1's group", from)
 	}
-	// Held just before stopping: the old copy still runs and answers. The
-	// move back can finish through it alone.
-	move("n1", from)
+	// Held just before stopping, the old copy still runs and answers: the
+	// move back adds it again and promotes it once it has caught up, which
+	// only the old copy can have done. (The rest of the move may need this
+	// node's reconcile, which the hook holds, so it finishes after.)
+	back := make(chan error, 1)
+	go func() { back <- move("n1", from) }()
+	testutil.Eventually(t, 60*time.Second, "the move back promoted "+from+"'s old copy", func() error {
+		n := groupNode(c.Server("n3"), g)
+		if n == nil {
+			return fmt.Errorf("n3 does not run group %x", g)
+		}
+		f := n.Raft().GetConfiguration()
+		if err := f.Error(); err != nil {
+			return err
+		}
+		for _, sv := range f.Configuration().Servers {
+			if string(sv.ID) == from && sv.Suffrage == raft.Voter {
+				return nil
+			}
+		}
+		return fmt.Errorf("shard 1's members: %+v", f.Configuration().Servers)
+	})
 	free()
+	select {
+	case err := <-back:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(4 * time.Minute):
+		t.Fatal("the move back did not return")
+	}
 
 	var want uint64
 	testutil.Eventually(t, 60*time.Second, from+" runs shard 1 again, caught up", func() error {

@@ -97,6 +97,19 @@ type Server struct {
 	router *shard.Router
 	// balanced is closed when the shard balancer has stopped (nil unsharded).
 	balanced chan struct{}
+	// stopped is closed when a sharded node stopped itself: a group's
+	// storage failed, or it was removed from the cluster (nil unsharded).
+	stopped chan struct{}
+}
+
+// Stopped is closed when the node stopped itself and its process should
+// exit: its storage failed (Node.Err says so), or, on a sharded cluster,
+// it was removed from the cluster.
+func (s *Server) Stopped() <-chan struct{} {
+	if s.stopped != nil {
+		return s.stopped
+	}
+	return s.Node.Failed()
 }
 
 // listenAPI opens the API's listeners (TLS if configured) and completes the
@@ -319,6 +332,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, svc := range s.allServices() {
 		svc.Close()
 	}
+	if s.router != nil {
+		// Watches forwarded to or from other nodes end as a local one does
+		// when its service closes.
+		s.router.CloseStreams()
+	}
 	// WebSocket connections are hijacked, so http.Shutdown would not end
 	// them; closing them withdraws their waits while the node still runs.
 	s.ws.Close()
@@ -360,6 +378,11 @@ func (s *Server) Kill() {
 	}
 	if s.shared != nil {
 		_ = s.shared.Close()
+	}
+	if s.router != nil {
+		// After the raft port closed: the watches this node served for
+		// other nodes are cut, as a crash cuts them.
+		s.router.CloseStreams()
 	}
 	for _, svc := range s.allServices() {
 		svc.Close()

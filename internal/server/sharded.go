@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,17 +36,26 @@ func startSharded(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	m.Replicas = cfg.Shards.Replicas // a placement made by the caller
-	if r := cfg.Shards.Placement; r > 0 {
-		// --shard-replicas: on the initial cluster's nodes, or on a
-		// restart without it, on those the data dir recorded.
-		nodes := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+	// A node that joined a running cluster (shardmembers.go) bootstraps
+	// no group and counts itself among no initial nodes; the placement of
+	// --shard-replicas is the initial cluster's, which the map holds.
+	joined, recorded, err := startMode(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r := cfg.Shards.Placement; r > 0 && !joined {
+		// --shard-replicas: on the nodes the data dir recorded at its
+		// first start (a later --initial-cluster may list nodes that
+		// joined since), else on the initial cluster's.
+		nodes, err := shard.RecordedNodes(cfg.Raft.DataDir)
+		if err != nil {
+			return nil, err
+		}
 		if len(nodes) == 0 {
-			if nodes, err = shard.RecordedNodes(cfg.Raft.DataDir); err != nil {
-				return nil, err
-			}
-			if len(nodes) == 0 {
-				return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
-			}
+			nodes = slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+		}
+		if len(nodes) == 0 {
+			return nil, errors.New("--shard-replicas places the shards on the nodes of --initial-cluster: give it on the first start")
 		}
 		if m, err = m.Place(nodes, r); err != nil {
 			return nil, fmt.Errorf("--shard-replicas: %w", err)
@@ -53,11 +63,16 @@ func startSharded(cfg Config) (*Server, error) {
 	}
 	// all are the initial cluster's nodes: the replicas of a range without
 	// a replica set. A restart without --initial-cluster reads them from
-	// the meta group's configuration below.
-	all := slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+	// the data dir's start record, or (a dir from before it) from the meta
+	// group's configuration below.
+	all := recorded
+	fromFlags := len(recorded) == 0 && len(cfg.Raft.InitialCluster) > 0
+	if fromFlags {
+		all = slices.Sorted(maps.Keys(cfg.Raft.InitialCluster))
+	}
 	for k := range m.Bounds {
 		for _, id := range m.Hosts(k, all) {
-			if _, ok := cfg.Raft.InitialCluster[id]; !ok && len(all) > 0 {
+			if _, ok := cfg.Raft.InitialCluster[id]; !ok && fromFlags {
 				return nil, fmt.Errorf("shard %d is placed on node %q, which is not in the initial cluster", k, id)
 			}
 		}
@@ -65,11 +80,25 @@ func startSharded(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Raft.Engine != raftnode.EngineEtcd:
 		return nil, fmt.Errorf("--shards %d needs --raft-engine etcd (many groups share one log and one raft port only on that engine)", m.N())
-	case len(cfg.Join) > 0 || cfg.LeaveOnShutdown:
-		return nil, errors.New("joining or leaving a sharded cluster is not available yet; start every node with --initial-cluster")
+	case cfg.LeaveOnShutdown:
+		return nil, errors.New("--leave-on-shutdown is not available on a sharded cluster: move the node's shard replicas off it (dlock shards move), then remove it (dlock members remove ID); see docs/operations.md")
+	}
+	if joined {
+		// Recorded before the map file, which marks the dir as started.
+		if err := os.MkdirAll(cfg.Raft.DataDir, 0o750); err != nil {
+			return nil, err
+		}
+		if err := shard.RecordStart(cfg.Raft.DataDir, nil); err != nil {
+			return nil, fmt.Errorf("record the start mode: %w", err)
+		}
 	}
 	if err := shard.CheckDataDir(cfg.Raft.DataDir, m); err != nil {
 		return nil, err
+	}
+	if fromFlags {
+		if err := shard.RecordStart(cfg.Raft.DataDir, all); err != nil {
+			return nil, fmt.Errorf("record the start mode: %w", err)
+		}
 	}
 	ln, grpcLn, rc, err := listenAPI(cfg)
 	if err != nil {
@@ -77,7 +106,8 @@ func startSharded(cfg Config) (*Server, error) {
 	}
 	s := &Server{ln: ln, done: make(chan struct{}), logger: cfg.Logger.With("node", rc.ID), cfg: cfg, joined: make(chan struct{})}
 	ss := &shardSet{logger: s.logger, cfg: cfg, rc: rc, initial: m, groups: map[uint64]*groupRun{},
-		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}, unclean: map[uint64]string{}}
+		pending: map[uint64]carved{}, kick: make(chan struct{}, 1), mtr: metrics.New(), all: all, driving: map[uint64]bool{}, unclean: map[uint64]string{},
+		removed: make(chan struct{})}
 	s.shards = ss
 	ok := false
 	defer func() {
@@ -114,15 +144,18 @@ func startSharded(cfg Config) (*Server, error) {
 	ss.metaSvc.SetRecorder(ss.mtr)
 	ss.metaSvc.SetLimits(cfg.Limits.Service)
 	ss.metaSvc.EnableACL(cfg.ACL)
-	if len(all) == 0 {
-		// Every node is a member of the meta group, and joining a sharded
-		// cluster is refused: its members are the initial cluster.
+	if len(all) == 0 && !joined {
+		// A data dir from before start records: no node had joined then,
+		// so the meta group's members are the initial cluster.
 		for _, s := range ss.meta.Status().Servers {
 			all = append(all, s.ID)
 		}
 		slices.Sort(all)
 		if len(all) == 0 {
-			return nil, errors.New("the meta group has no members on disk; give --initial-cluster")
+			return nil, errors.New("the meta group has no members on disk; give --initial-cluster (a new cluster) or --join (a new node)")
+		}
+		if err := shard.RecordStart(cfg.Raft.DataDir, all); err != nil {
+			return nil, fmt.Errorf("record the start mode: %w", err)
 		}
 		ss.all = all
 	}
@@ -161,6 +194,7 @@ func startSharded(cfg Config) (*Server, error) {
 	ss.router.SetMover(ss)
 	ss.router.SetRemote(ss)
 	ss.router.SetMembers(ss.metaSvc)
+	ss.router.SetMembership(ss)
 	ss.shared.HandleRoute(ss.router)
 	ss.router.SetACL(ss.metaSvc)
 	ss.reconcile(context.Background())
@@ -168,7 +202,22 @@ func startSharded(cfg Config) (*Server, error) {
 	s.serveAPI(ss.router, s.Service, ss.mtr, ln, grpcLn)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stop = cancel
-	close(s.joined)
+	if joined && len(cfg.Join) > 0 {
+		go s.join(ctx, rc.ID, rc.RaftAdvertise)
+	} else {
+		close(s.joined)
+	}
+	s.stopped = make(chan struct{})
+	go func() {
+		select {
+		case <-ss.removed:
+		case <-front.node.Failed():
+		case <-ss.meta.Failed():
+		case <-ctx.Done():
+			return
+		}
+		close(s.stopped)
+	}()
 	s.balanced = make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -209,6 +258,13 @@ type shardSet struct {
 	// unclean are the groups stopped here by a move whose data is not
 	// deleted yet (moves.go, cleanMoved): id → shard name.
 	unclean map[uint64]string
+	// member is set once the meta group has listed this node, absent
+	// counts the rounds since it has not; removed is closed once it was
+	// removed (shardmembers.go).
+	member     bool
+	absent     int
+	removed    chan struct{}
+	removeOnce sync.Once
 }
 
 // groupRun is one data group running on this node.
@@ -393,6 +449,7 @@ func (ss *shardSet) metaMap() (shard.Map, bool) {
 // group, start the groups this node should run, commit a split that the
 // map lacks, and route by the newest map.
 func (ss *shardSet) reconcile(ctx context.Context) {
+	ss.watchRemoval()
 	m, ok := ss.metaMap()
 	if !ok {
 		m = ss.initial

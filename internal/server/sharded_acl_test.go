@@ -126,6 +126,17 @@ func TestShardedACL(t *testing.T) {
 		if code, ec := aclDoRetried(t, c, id, w, "POST", "/api/v1/cluster/shards/split", map[string]any{"at": "d"}, nil); code != 403 || ec != "permission_denied" {
 			t.Errorf("split without admin through %s: %d %s", id, code, ec)
 		}
+		// Moves and membership changes, which the router carries out
+		// itself, need admin too.
+		if code, ec := aclDoRetried(t, c, id, w, "POST", "/api/v1/cluster/shards/move", map[string]any{"shard": 1, "from": "n1", "to": "n2"}, nil); code != 403 || ec != "permission_denied" {
+			t.Errorf("move without admin through %s: %d %s", id, code, ec)
+		}
+		if code, ec := aclDoRetried(t, c, id, w, "POST", "/api/v1/cluster/members", map[string]any{"id": "n9", "raft_addr": "127.0.0.1:1"}, nil); code != 403 || ec != "permission_denied" {
+			t.Errorf("add a member without admin through %s: %d %s", id, code, ec)
+		}
+		if code, ec := aclDoRetried(t, c, id, w, "DELETE", "/api/v1/cluster/members/n3", nil, nil); code != 403 || ec != "permission_denied" {
+			t.Errorf("remove a member without admin through %s: %d %s", id, code, ec)
+		}
 	}
 
 	// gRPC, through every node, by the same rules.

@@ -103,6 +103,14 @@ func (s *Service) seen(clientID, requestID string) bool {
 	return found
 }
 
+// WatchSlot reserves a slot under this node's watcher limits
+// (--max-watchers, --max-watchers-per-conn) for a stream from ctx's
+// connection that this service does not serve itself: the shard router's
+// watch of a shard relayed from another node. release gives it back.
+func (s *Service) WatchSlot(ctx context.Context) (release func(), err error) {
+	return s.watchSlot(ctx)
+}
+
 // watchSlot reserves a watcher slot for a new stream from ctx's connection.
 func (s *Service) watchSlot(ctx context.Context) (func(), error) {
 	if s.lim == nil {

@@ -153,3 +153,13 @@ func (s *Service) SplitChildren(ctx context.Context) ([]uint64, error) {
 	})
 	return out, nil
 }
+
+// AuthorizeAdmin admits an admin call that the shard router carries out
+// itself (adding or removing a node of a sharded cluster, moving a
+// replica): the same checks as this service's own admin calls.
+func (s *Service) AuthorizeAdmin(ctx context.Context) error {
+	if err := s.admit(ctx, ""); err != nil {
+		return err
+	}
+	return s.authorize(ctx, command.PermAdmin, "", "")
+}

@@ -30,10 +30,34 @@ type Watcher struct {
 	// Start is a merged stream's place when it opened: per shard, the
 	// first revision it streams (shards split off later join it).
 	Start []watch.ShardRevision
+	// src, when set, is a stream served elsewhere (SourceWatcher); sub
+	// and m are then nil.
+	src Source
+}
+
+// Source is an event stream this node does not serve from its own history:
+// a shard's events relayed from a replica on another node (the shard
+// router's forwarded watch). It has Watcher's contract: Events is closed
+// after Done, Err says why it ended, Close ends it and may be called more
+// than once.
+type Source interface {
+	Events() <-chan watch.Event
+	Done() <-chan struct{}
+	Close()
+	Err() error
+}
+
+// SourceWatcher wraps src as a Watcher; rev is the revision its stream
+// started after (Watcher.Revision).
+func SourceWatcher(src Source, rev uint64) *Watcher {
+	return &Watcher{src: src, Revision: rev}
 }
 
 // Events delivers events in revision order; it is closed when the stream ends.
 func (w *Watcher) Events() <-chan watch.Event {
+	if w.src != nil {
+		return w.src.Events()
+	}
 	if w.m != nil {
 		return w.m.out
 	}
@@ -43,6 +67,9 @@ func (w *Watcher) Events() <-chan watch.Event {
 // Done is closed as soon as the stream ends (Err says why), even while events
 // are still queued on Events.
 func (w *Watcher) Done() <-chan struct{} {
+	if w.src != nil {
+		return w.src.Done()
+	}
 	if w.m != nil {
 		return w.m.done
 	}
@@ -52,6 +79,10 @@ func (w *Watcher) Done() <-chan struct{} {
 // Close ends the stream. Every watcher must be closed, even one that ended by
 // itself: that frees its slot under the watcher limits.
 func (w *Watcher) Close() {
+	if w.src != nil {
+		w.src.Close()
+		return
+	}
 	if w.m != nil {
 		w.m.close()
 		return
@@ -64,6 +95,9 @@ func (w *Watcher) Close() {
 
 // Err says why the stream ended, as a client-facing error (nil if closed by Close).
 func (w *Watcher) Err() error {
+	if w.src != nil {
+		return w.src.Err()
+	}
 	if w.m != nil {
 		return w.m.error()
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
@@ -165,6 +166,19 @@ var ops = map[string]func(ctx context.Context, s *service.Service, in *routed) (
 		v, err := s.Cluster(ctx)
 		return v, nil, err
 	},
+	// watch_splits answers which groups were split off the shard and where,
+	// for a merged watch resumed from a revision vector (router.go); like
+	// split_children, it tells group ids and revisions, no names.
+	"watch_splits": func(ctx context.Context, s *service.Service, in *routed) (any, *service.StaleRead, error) {
+		var q struct {
+			From uint64 `json:"from"`
+		}
+		if err := json.Unmarshal(in.Req, &q); err != nil {
+			return nil, nil, badRouted(err)
+		}
+		out := splitsOf(s, q.From)
+		return &out, nil, nil
+	},
 	"token_keys": func(ctx context.Context, s *service.Service, in *routed) (any, *service.StaleRead, error) {
 		v, err := s.TokenKeys(ctx)
 		return v, nil, err
@@ -191,6 +205,10 @@ const routeWriteSlack = time.Minute
 // ServeHTTP serves the calls other nodes route here (under
 // raftnode.RoutePrefix), on this node's own services only.
 func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if strings.HasSuffix(req.URL.Path, "/watch") {
+		r.serveStream(w, req)
+		return
+	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, maxRoutedRequest+1))
 	if err != nil || len(body) > maxRoutedRequest {
 		http.Error(w, "bad routed call", http.StatusBadRequest)

@@ -498,13 +498,17 @@ func RecordMoved(dir string, g uint64) error {
 	for _, x := range slices.Sorted(maps.Keys(moved)) {
 		lines = append(lines, strconv.FormatUint(x, 10))
 	}
-	path := filepath.Join(dir, movedFile)
+	return writeSynced(filepath.Join(dir, movedFile), strings.Join(lines, "\n")+"\n")
+}
+
+// writeSynced replaces the file at path with data, durably.
+func writeSynced(path, data string) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
+	if _, err := f.WriteString(data); err != nil {
 		f.Close()
 		return err
 	}
@@ -531,4 +535,92 @@ func CheckOneGroup(dir string) error {
 	default:
 		return fmt.Errorf("read %s: %w", filepath.Join(dir, mapFile), err)
 	}
+}
+
+// Explicit is the next generation of the map with every range that has no
+// replica set given one: all, the initial cluster's nodes it ran on. ok is
+// false when every range has one already (nothing to commit). A cluster
+// that grows past its initial nodes needs this first: "no replica set"
+// means the initial nodes, and a node that joins later must never be read
+// as one of them.
+func (m Map) Explicit(all []string) (out Map, ok bool, err error) {
+	out = m.clone()
+	for k := range out.Bounds {
+		if len(out.Replicas[k]) > 0 {
+			continue
+		}
+		if len(all) == 0 {
+			return Map{}, false, fmt.Errorf("shard %d has no replica set, and this node does not know the initial cluster's nodes", m.IDs[k])
+		}
+		if len(all) > command.MaxReplicas {
+			return Map{}, false, fmt.Errorf("shard %d runs on the %d initial nodes, more than the %d replicas a range may list; move replicas off some of them first", m.IDs[k], len(all), command.MaxReplicas)
+		}
+		out.Replicas[k] = slices.Sorted(slices.Values(all))
+		ok = true
+	}
+	if !ok {
+		return m, false, nil
+	}
+	out.Generation++
+	return out, true, nil
+}
+
+// Held lists, in map order, the shards node id runs or is leaving (all:
+// the initial cluster's nodes, for a range with no replica set).
+func (m Map) Held(id string, all []string) []int {
+	var out []int
+	for k := range m.Bounds {
+		if m.Hosted(k, id, all) || m.leaving(k) == id {
+			out = append(out, m.IDs[k])
+		}
+	}
+	return out
+}
+
+// startFile records how a sharded node first started: "initial" with the
+// ids of the initial cluster, or "joined" (it joined a running cluster
+// with --join). A joined node must never count itself among the initial
+// nodes, which run every range that has no replica set; and a restart
+// without --initial-cluster must still know which nodes those are, though
+// the meta group's members have grown since.
+const startFile = "START"
+
+// ReadStart reads the start record (nothing recorded: both zero).
+func ReadStart(dir string) (initial []string, joined bool, err error) {
+	path := filepath.Join(dir, startFile)
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read %s: %w", path, err)
+	}
+	line := strings.TrimSpace(string(b))
+	if line == "joined" {
+		return nil, true, nil
+	}
+	if rest, ok := strings.CutPrefix(line, "initial "); ok && rest != "" {
+		return strings.Split(rest, ","), false, nil
+	}
+	return nil, false, fmt.Errorf("%s: unreadable start record %q", path, line)
+}
+
+// RecordStart writes the start record: the initial cluster's ids, or
+// joined when initial is empty.
+func RecordStart(dir string, initial []string) error {
+	line := "joined\n"
+	if len(initial) > 0 {
+		line = "initial " + strings.Join(slices.Sorted(slices.Values(initial)), ",") + "\n"
+	}
+	path := filepath.Join(dir, startFile)
+	if b, err := os.ReadFile(path); err == nil && string(b) == line {
+		return nil
+	}
+	return writeSynced(path, line)
+}
+
+// Fresh reports whether dir has never been started as a sharded node.
+func Fresh(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, mapFile))
+	return os.IsNotExist(err)
 }

@@ -113,3 +113,87 @@ func TestDataDirPlacementAndMovedGroups(t *testing.T) {
 		t.Fatalf("moved groups %v %v", got, err)
 	}
 }
+
+// Explicit writes out the initial nodes as the replica set of every range
+// that has none, once; Held names the shards a node runs or is leaving.
+func TestExplicitAndHeld(t *testing.T) {
+	m0, err := shard.NewMap(shard.DefaultBounds(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := []string{"n3", "n1", "n2"}
+	if got := m0.Held("n4", all); len(got) != 0 {
+		t.Fatalf("n4 holds %v of a map without replica sets", got)
+	}
+	if got := m0.Held("n1", all); !reflect.DeepEqual(got, []int{0, 1, 2}) {
+		t.Fatalf("n1 holds %v", got)
+	}
+	moved, err := m0.BeginMove(1, "n2", "n4", []string{"n1", "n2", "n3", "n4"}, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok, err := moved.Explicit(all)
+	if err != nil || !ok {
+		t.Fatalf("explicit: %v %v", ok, err)
+	}
+	if e.Generation != moved.Generation+1 {
+		t.Fatalf("generation %d after %d", e.Generation, moved.Generation)
+	}
+	want := [][]string{{"n1", "n2", "n3"}, {"n1", "n2", "n3", "n4"}, {"n1", "n2", "n3"}}
+	if !reflect.DeepEqual(e.Replicas, want) || e.LeavingReplica(1) != "n2" {
+		t.Fatalf("explicit replicas %v leaving %q, want %v leaving n2", e.Replicas, e.LeavingReplica(1), want)
+	}
+	// Once explicit, the initial nodes no longer matter: a node that is
+	// not among them is none of their replicas, and nothing more changes.
+	if again, ok, err := e.Explicit(nil); err != nil || ok || again.Generation != e.Generation {
+		t.Fatalf("explicit again: %v %v gen %d", ok, err, again.Generation)
+	}
+	if got := e.Held("n4", nil); !reflect.DeepEqual(got, []int{1}) {
+		t.Fatalf("n4 holds %v", got)
+	}
+	if got := e.Held("n2", nil); !reflect.DeepEqual(got, []int{0, 1, 2}) {
+		t.Fatalf("n2 (leaving shard 1) holds %v", got)
+	}
+	if got := e.EndMove(1).Held("n2", nil); !reflect.DeepEqual(got, []int{0, 2}) {
+		t.Fatalf("n2 after the move holds %v", got)
+	}
+	if _, _, err := m0.Explicit(nil); err == nil {
+		t.Fatal("a map without replica sets made explicit without the initial nodes")
+	}
+	var many []string
+	for i := range 17 {
+		many = append(many, "x"+strings.Repeat("y", i))
+	}
+	if _, _, err := m0.Explicit(many); err == nil || !strings.Contains(err.Error(), "16") {
+		t.Fatalf("17 initial nodes: %v", err)
+	}
+}
+
+// The start record keeps a node's first start: the initial nodes, or
+// joined.
+func TestStartRecord(t *testing.T) {
+	dir := t.TempDir()
+	if ids, joined, err := shard.ReadStart(dir); err != nil || ids != nil || joined {
+		t.Fatalf("empty dir: %v %v %v", ids, joined, err)
+	}
+	if !shard.Fresh(dir) {
+		t.Fatal("an empty dir is not fresh")
+	}
+	if err := shard.RecordStart(dir, []string{"n2", "n1", "n3"}); err != nil {
+		t.Fatal(err)
+	}
+	if ids, joined, err := shard.ReadStart(dir); err != nil || !reflect.DeepEqual(ids, []string{"n1", "n2", "n3"}) || joined {
+		t.Fatalf("initial: %v %v %v", ids, joined, err)
+	}
+	j := t.TempDir()
+	if err := shard.RecordStart(j, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ids, joined, err := shard.ReadStart(j); err != nil || ids != nil || !joined {
+		t.Fatalf("joined: %v %v %v", ids, joined, err)
+	}
+	m, _ := shard.NewMap(shard.DefaultBounds(2))
+	if err := shard.CheckDataDir(j, m); err != nil || shard.Fresh(j) {
+		t.Fatalf("after the map is recorded: %v, fresh %v", err, shard.Fresh(j))
+	}
+}

@@ -38,6 +38,23 @@ type Router struct {
 	remote  Remote // nil: every range runs here
 	members *service.Service
 	acl     *service.Service
+	fw      *streams // forwarded watches (watchfwd.go)
+	member  Membership
+}
+
+// Membership adds and removes a sharded cluster's nodes (the server's; nil:
+// not available).
+type Membership interface {
+	AddMember(ctx context.Context, req service.MemberRequest) error
+	RemoveMember(ctx context.Context, id string) error
+}
+
+// SetMembership lets the router add and remove nodes
+// (POST/DELETE /cluster/members).
+func (r *Router) SetMembership(m Membership) {
+	r.mu.Lock()
+	r.member = m
+	r.mu.Unlock()
 }
 
 // SetMembers gives the router the meta group's service: on a cluster whose
@@ -68,7 +85,7 @@ const RouteWait = 10 * time.Second
 
 // NewRouter routes over shards; shards[k] serves range k of m.
 func NewRouter(m Map, shards []*service.Service) *Router {
-	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{})}
+	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{}), fw: newStreams()}
 }
 
 // SetRemote lets the router send calls for ranges this node does not run
@@ -278,9 +295,9 @@ func (r *Router) Observe(ctx context.Context, name string, stale bool) (*service
 		v *service.ElectionView
 		w *service.Watcher
 	}
-	// A stream is not sent between nodes: observe through a replica.
+	// A shard that runs elsewhere: its replica streams the election here.
 	if v, _ := r.view(); r.away(v, v.m.Lookup(name)) {
-		return nil, nil, notStreamed(v, v.m.Lookup(name), r.remote.All())
+		return r.observeAway(ctx, name, stale)
 	}
 	o, err := route(ctx, r, name, routed{}, func(s *service.Service) (*obs, error) {
 		v, w, err := s.Observe(ctx, name, stale)
@@ -310,11 +327,11 @@ func (r *Router) overlap(v *view, prefix string) ([]int, error) {
 	return ks, nil
 }
 
-// notStreamed refuses a watch of a range this node does not run: streams
-// are not sent between nodes.
+// notStreamed refuses a watch of a range this node does not run when it
+// cannot forward streams (its Remote is no Streamer).
 func notStreamed(v *view, k int, all []string) error {
 	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
-		"shard %d runs on nodes %v, not on this one, and watches are not forwarded between nodes; watch through one of them (GET /api/v1/cluster lists every shard's replicas)", v.m.IDs[k], v.m.Hosts(k, all))}
+		"shard %d runs on nodes %v, not on this one, and this node cannot forward watches; watch through one of them (GET /api/v1/cluster lists every shard's replicas)", v.m.IDs[k], v.m.Hosts(k, all))}
 }
 
 func mustJSON(v any) json.RawMessage {
@@ -473,12 +490,18 @@ func (r *Router) each(ctx context.Context, ks []int, fn func(ctx context.Context
 // FromRevisions that was split off one named there joins that way too.
 func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
 	for try := 0; ; try++ {
+		gen := r.Map().Generation
 		w, raced, err := r.watch(ctx, req)
 		if !raced {
 			return w, err
 		}
 		if try == 3 {
 			return nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shards kept splitting while the watch opened; retry"}
+		}
+		// A replica elsewhere may know of the split before this node's
+		// map does: wait (bounded) for the map to move on.
+		if v, ch := r.view(); v.m.Generation == gen {
+			awaitChange(ctx, ch, time.Now().Add(RouteWait))
 		}
 	}
 }
@@ -495,11 +518,6 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 	if err != nil {
 		return nil, false, err
 	}
-	for _, k := range ks {
-		if r.away(v, k) {
-			return nil, false, notStreamed(v, k, r.remote.All())
-		}
-	}
 	if req.FromRevision != 0 && len(ks) > 1 {
 		return nil, false, apierror.New(apierror.InvalidArgument, "this prefix spans %d shards, each with its own revisions: resume with from_revisions=shard:revision,... (the id of the last event you received, each revision + 1), not from_revision", len(ks))
 	}
@@ -508,20 +526,42 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 			return nil, false, apierror.New(apierror.InvalidArgument, "from_revisions names shard %d; this cluster's shards are %v", id, v.m.IDs)
 		}
 	}
-	// parent[g] is the group group g was split off, as this node knows.
+	// parent[g] is the group group g was split off, as this node knows
+	// (or, for a shard on other nodes, a replica of it); splits[k] are
+	// range k's splits as a watch from its resume revision sees them.
 	parent := map[uint64]uint64{}
-	for k, s := range v.shards {
-		if s == nil {
-			continue // not run here (it has replicas elsewhere)
+	splits := make([][]splitInfo, len(v.shards))
+	if len(req.FromRevisions) > 0 {
+		var away []int
+		for k, s := range v.shards {
+			switch {
+			case s != nil:
+				splits[k] = splitsOf(s, req.FromRevisions[v.m.IDs[k]])
+			case r.away(v, k):
+				away = append(away, k)
+			}
 		}
-		for _, c := range s.LocalSplits() {
-			parent[c] = v.m.Groups[k]
+		if err := r.each(ctx, away, func(ctx context.Context, _, k int) error {
+			q := mustJSON(map[string]uint64{"from": req.FromRevisions[v.m.IDs[k]]})
+			out, _, err := remoteCall[[]splitInfo](ctx, r, v, k, routed{Op: "watch_splits", Req: q})
+			if out != nil {
+				splits[k] = *out
+			}
+			return err
+		}); err != nil {
+			return nil, false, err
+		}
+		for k, ss := range splits {
+			for _, c := range ss {
+				parent[c.Group] = v.m.Groups[k]
+			}
 		}
 	}
 	resumed := func(k int) bool { _, ok := req.FromRevisions[v.m.IDs[k]]; return ok }
 	var parts []*service.Watcher
 	var ids []int
 	var last []uint64
+	var after [][]splitInfo       // each part's shard's splits once it opened
 	streamed := map[uint64]bool{} // groups with a stream or joining by one
 	fail := func(raced bool, err error) (*service.Watcher, bool, error) {
 		for _, p := range parts {
@@ -541,7 +581,7 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 				for parent[child] != src {
 					child = parent[child]
 				}
-				if err := splitStillAhead(v.shards[ki], child, from, v.m.IDs[ki], v.m.IDs[k]); err != nil {
+				if err := splitStillAhead(splits[ki], child, from, v.m.IDs[ki], v.m.IDs[k]); err != nil {
 					return fail(false, err)
 				}
 				continue
@@ -551,11 +591,12 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 		if x, ok := req.FromRevisions[v.m.IDs[k]]; ok {
 			from = x
 		}
-		w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: req.Prefix, FromRevision: from, FollowSplits: true})
+		w, opened, err := r.watchShard(ctx, v, k, req.Prefix, from)
 		if err != nil {
 			return fail(false, err)
 		}
 		parts = append(parts, w)
+		after = append(after, opened)
 		ids = append(ids, v.m.IDs[k])
 		if from > 0 {
 			last = append(last, from-1)
@@ -567,12 +608,11 @@ func (r *Router) watch(ctx context.Context, req service.WatchRequest) (*service.
 	// opened, below the revision it opened at: its new shard would be
 	// neither in the view nor reached through the stream.
 	for i := range parts {
-		k := v.m.IndexOf(ids[i])
-		for _, g := range v.shards[k].LocalSplits() {
-			if streamed[g] || v.m.IndexOfGroup(g) >= 0 {
+		for _, sp := range after[i] {
+			if streamed[sp.Group] || v.m.IndexOfGroup(sp.Group) >= 0 {
 				continue
 			}
-			if rev, ok := v.shards[k].SplitRevision(g); !ok || rev <= last[i] {
+			if !sp.Kept || sp.Revision <= last[i] {
 				return fail(true, nil)
 			}
 		}
@@ -608,11 +648,17 @@ func resumedAncestor(v *view, parent map[uint64]uint64, g uint64, from map[int]u
 	return 0, false
 }
 
-// splitStillAhead checks that the stream of src, resumed from revision from,
-// will pass the split that made group child: otherwise that shard's events
-// since the split would be missed.
-func splitStillAhead(src *service.Service, child, from uint64, srcID, childID int) error {
-	if !src.SplitBehind(child, from) {
+// splitStillAhead checks that the stream of a shard with splits src,
+// resumed from revision from, will pass the split that made group child:
+// otherwise that shard's events since the split would be missed.
+func splitStillAhead(src []splitInfo, child, from uint64, srcID, childID int) error {
+	behind := from == 0
+	for _, sp := range src {
+		if sp.Group == child {
+			behind = sp.Behind
+		}
+	}
+	if !behind {
 		return nil
 	}
 	return apierror.New(apierror.InvalidArgument,
@@ -682,9 +728,7 @@ func (r *Router) followSplit(ctx context.Context, prefix string, g, rev uint64) 
 	deadline := time.Now().Add(RouteWait)
 	for {
 		v, ch := r.view()
-		if k := v.m.IndexOfGroup(g); k >= 0 && v.shards[k] == nil && r.away(v, k) {
-			return 0, nil, false, notStreamed(v, k, r.remote.All())
-		} else if k >= 0 && v.shards[k] != nil {
+		if k := v.m.IndexOfGroup(g); k >= 0 && (v.shards[k] != nil || r.away(v, k)) {
 			ks, err := r.overlap(v, prefix)
 			if err != nil {
 				return 0, nil, false, err
@@ -692,7 +736,7 @@ func (r *Router) followSplit(ctx context.Context, prefix string, g, rev uint64) 
 			if !slices.Contains(ks, k) {
 				return 0, nil, true, nil
 			}
-			w, err := v.shards[k].Watch(ctx, service.WatchRequest{Prefix: prefix, FromRevision: rev + 1, FollowSplits: true})
+			w, _, err := r.watchShard(ctx, v, k, prefix, rev+1)
 			if err != nil {
 				return 0, nil, false, err
 			}
@@ -1053,17 +1097,58 @@ func (r *Router) MoveShard(ctx context.Context, req service.MoveRequest) (*servi
 	if mv == nil {
 		return nil, notBuilt("moving a shard's replica")
 	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
 	if err := mv.Move(ctx, req); err != nil {
 		return nil, err
 	}
 	return r.Cluster(ctx)
 }
 
-func (r *Router) AddMember(context.Context, service.MemberRequest) (*service.ClusterInfo, error) {
-	return nil, notBuilt("adding a member")
+// AddMember joins a node to the cluster: to the meta group, as every node
+// is; it runs no shard until a move places a replica on it.
+func (r *Router) AddMember(ctx context.Context, req service.MemberRequest) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	mb := r.member
+	r.mu.Unlock()
+	if mb == nil {
+		return nil, notBuilt("adding a member")
+	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
+	if err := mb.AddMember(ctx, req); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
 }
-func (r *Router) RemoveMember(context.Context, string) (*service.ClusterInfo, error) {
-	return nil, notBuilt("removing a member")
+
+// authorizeAdmin admits an admin call the router carries out itself, by
+// the meta group's ACL state.
+func (r *Router) authorizeAdmin(ctx context.Context) error {
+	acl, err := r.aclService()
+	if err != nil {
+		return err
+	}
+	return acl.AuthorizeAdmin(ctx)
+}
+
+// RemoveMember removes a node that holds no shard's replica.
+func (r *Router) RemoveMember(ctx context.Context, id string) (*service.ClusterInfo, error) {
+	r.mu.Lock()
+	mb := r.member
+	r.mu.Unlock()
+	if mb == nil {
+		return nil, notBuilt("removing a member")
+	}
+	if err := r.authorizeAdmin(ctx); err != nil {
+		return nil, err
+	}
+	if err := mb.RemoveMember(ctx, id); err != nil {
+		return nil, err
+	}
+	return r.Cluster(ctx)
 }
 func (r *Router) TransferLeadership(context.Context, service.TransferRequest) (*service.ClusterInfo, error) {
 	return nil, notBuilt("transferring leadership by hand (the shards' leaders are balanced automatically)")
@@ -1171,4 +1256,50 @@ func (r *Router) Ready() error {
 		}
 	}
 	return nil
+}
+
+// watchShard opens range k's stream for a merged watch: on this node's
+// service of it, or relayed from a replica elsewhere (watchfwd.go). It
+// answers the stream and the shard's splits as they stood once it opened.
+func (r *Router) watchShard(ctx context.Context, v *view, k int, prefix string, from uint64) (*service.Watcher, []splitInfo, error) {
+	if s := v.shards[k]; s != nil {
+		w, err := s.Watch(ctx, service.WatchRequest{Prefix: prefix, FromRevision: from, FollowSplits: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		return w, splitsOf(s, from), nil
+	}
+	w, open, err := r.openStream(ctx, v, k, streamCall{Op: "watch", Prefix: prefix, From: from, Splits: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	return w, open.Splits, nil
+}
+
+// observeAway observes an election whose shard runs on other nodes: a
+// replica streams its view and events here. A move of the name's range
+// (wrong_shard) is retried on the newer map, as route does.
+func (r *Router) observeAway(ctx context.Context, name string, stale bool) (*service.ElectionView, *service.Watcher, error) {
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		k := v.m.Lookup(name)
+		if !r.away(v, k) {
+			return r.Observe(ctx, name, stale) // it moved here meanwhile
+		}
+		w, open, err := r.openStream(ctx, v, k, streamCall{Op: "observe", Name: name, Stale: stale})
+		if err == nil {
+			if open.View == nil {
+				w.Close()
+				return nil, nil, apierror.New(apierror.Internal, "the replica of %q's shard opened an observe without its view", name)
+			}
+			return open.View, w, nil
+		}
+		if !isWrongShard(err) {
+			return nil, nil, err
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return nil, nil, wrongShard(v.m.Generation, err)
+		}
+	}
 }

@@ -315,7 +315,8 @@ func (c *procCluster) endpointsFlag(ids ...string) string {
 }
 
 // join starts new nodes with --join through the given member's API (no
-// --initial-cluster), in the cluster's directory so clean-up stops them.
+// --initial-cluster) and the cluster's other flags (--shards), in the
+// cluster's directory so clean-up stops them.
 func (c *procCluster) join(through string, ids ...string) {
 	c.t.Helper()
 	dir := filepath.Dir(c.nodes[0].dataDir)
@@ -333,8 +334,9 @@ func (c *procCluster) join(through string, ids ...string) {
 			logPath:  filepath.Join(dir, id+".log"),
 		}
 		c.nodes = append(c.nodes, nd)
-		nd.p = launch(c.t, nd.id, nd.logPath, nil, c.bin, "serve", "--id", nd.id, "--data-dir", nd.dataDir,
-			"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--log-level", "warn", "--join", c.url(through))
+		args := []string{"serve", "--id", nd.id, "--data-dir", nd.dataDir,
+			"--api-addr", nd.apiAddr, "--raft-addr", nd.raftAddr, "--log-level", "warn", "--join", c.url(through)}
+		nd.p = launch(c.t, nd.id, nd.logPath, nil, c.bin, append(args, c.extra...)...)
 	}
 }
 
