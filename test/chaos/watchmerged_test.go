@@ -47,7 +47,8 @@ func (w *streamWatcher) runMerged(ctx context.Context) {
 				w.breaks++
 				var ce *dlockclient.CompactedError
 				if !errors.As(err, &ce) && ctx.Err() == nil {
-					w.errs = append(w.errs, err.Error())
+					// When, to find it in the node logs and the schedule.
+					w.errs = append(w.errs, fmt.Sprintf("at %s: %v", fmtT(w.clk.now()), err))
 				}
 				w.mu.Unlock()
 				break
