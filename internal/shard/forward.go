@@ -41,6 +41,7 @@ type routed struct {
 	Group     uint64          `json:"group"`
 	Op        string          `json:"op"`
 	Name      string          `json:"name,omitempty"`
+	Election  bool            `json:"election,omitempty"` // a revoke's: its JSON form leaves it out
 	Stale     bool            `json:"stale,omitempty"`
 	SessionID string          `json:"session_id,omitempty"`
 	LeaseID   command.LeaseID `json:"lease_id"`
@@ -88,7 +89,7 @@ var ops = map[string]func(ctx context.Context, s *service.Service, in *routed) (
 	},
 	"revoke": func(ctx context.Context, s *service.Service, in *routed) (any, *service.StaleRead, error) {
 		var q service.RevokeRequest
-		return decodeCall(in, &q, func() (any, error) { return s.Revoke(ctx, q) })
+		return decodeCall(in, &q, func() (any, error) { q.Name, q.Election = in.Name, in.Election; return s.Revoke(ctx, q) })
 	},
 	"history": func(ctx context.Context, s *service.Service, in *routed) (any, *service.StaleRead, error) {
 		var q service.HistoryRequest

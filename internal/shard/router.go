@@ -272,7 +272,7 @@ func (r *Router) History(ctx context.Context, req service.HistoryRequest) (*serv
 	return route(ctx, r, req.Name, routed{Op: "history", Req: mustJSON(req)}, func(s *service.Service) (*service.HistoryResponse, error) { return s.History(ctx, req) })
 }
 func (r *Router) Revoke(ctx context.Context, req service.RevokeRequest) (*service.RevokeResponse, error) {
-	return route(ctx, r, req.Name, routed{Op: "revoke", Req: mustJSON(req)}, func(s *service.Service) (*service.RevokeResponse, error) { return s.Revoke(ctx, req) })
+	return route(ctx, r, req.Name, routed{Op: "revoke", Election: req.Election, Req: mustJSON(req)}, func(s *service.Service) (*service.RevokeResponse, error) { return s.Revoke(ctx, req) })
 }
 func (r *Router) Campaign(ctx context.Context, req service.CampaignRequest) (*service.CampaignResponse, error) {
 	req.RequestID = withRequestID(req.RequestID, req.WaitTimeoutMs)
