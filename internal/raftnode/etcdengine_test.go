@@ -22,6 +22,7 @@ import (
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
+	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/testutil"
@@ -417,11 +418,26 @@ func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
 		return false
 	})
 	sameState(t, nodes)
-	leader = waitLeader(t, nodes)
-	if err := nodes[leader].TransferLeadership(ctx, "d"); err != nil {
-		t.Fatalf("transfer: %v", err)
-	}
-	testutil.Eventually(t, 20*time.Second, "leadership did not move to d", func() bool { return d.IsLeader() })
+	// A transfer times out (a retryable 503) when the new voter is not
+	// caught up within an election timeout — say the leader is sending it
+	// the snapshot its promotion triggered — and is retried, as a client
+	// would.
+	testutil.Eventually(t, 20*time.Second, "leadership did not move to d", func() error {
+		if d.IsLeader() {
+			return nil
+		}
+		err := nodes[waitLeader(t, nodes)].TransferLeadership(ctx, "d")
+		if err != nil && apierror.CodeOf(err) != apierror.Unavailable {
+			t.Fatalf("transfer: %v", err)
+		}
+		if err != nil {
+			return err
+		}
+		if !d.IsLeader() {
+			return errors.New("the transfer answered but d does not lead yet")
+		}
+		return nil
+	})
 	acquire(t, nodes["b"], "after-transfer")
 	if err := d.Remove(ctx, "a"); err != nil {
 		t.Fatalf("remove: %v", err)
