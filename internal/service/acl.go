@@ -353,6 +353,11 @@ func (s *Service) ListACLTokens(ctx context.Context) (_ *ACLTokenList, err error
 	if err := s.authorize(ctx, command.PermAdmin, "", ""); err != nil {
 		return nil, err
 	}
+	// Linearizable like every read by default: a token created or revoked
+	// through another node a moment ago is listed as it now stands.
+	if err := s.aclRead.LinearizableRead(ctx); err != nil {
+		return nil, err
+	}
 	out := &ACLTokenList{Tokens: []ACLTokenView{}}
 	s.acl.Read(func(st *state.State) {
 		for _, t := range st.ACLTokens() {
