@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,13 +31,15 @@ func startSharded(t *testing.T) *cluster {
 	return c
 }
 
+// grantNames fall in every range, and in the range a split at "q" moves.
+var grantNames = []string{"alpha/a", "hotel/b", "oscar/c", "romeo/d", "sierra/e", "tango/f"}
+
 // grants locks and releases names in every range (and in the range a split
 // at "q" moves) until stop, and returns every acknowledged grant.
 func grants(t *testing.T, cl *client.Client, stop <-chan struct{}) func() []string {
 	var mu sync.Mutex
 	var got []string
 	var wg sync.WaitGroup
-	names := []string{"alpha/a", "hotel/b", "oscar/c", "romeo/d", "sierra/e", "tango/f"}
 	for w := range 3 {
 		wg.Add(1)
 		go func() {
@@ -47,7 +50,7 @@ func grants(t *testing.T, cl *client.Client, stop <-chan struct{}) func() []stri
 					return
 				default:
 				}
-				name := names[i%len(names)]
+				name := grantNames[i%len(grantNames)]
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				g, err := cl.Acquire(ctx, name, client.AcquireOptions{TTL: 10 * time.Second, Wait: 20 * time.Second})
 				if err == nil {
@@ -122,8 +125,44 @@ func TestWatchShardedResumesFromRevisions(t *testing.T) {
 	live := follow(cl.Watch(ctx, "", 0))
 	fromList := follow(cl.WatchRevisions(ctx, "", client.NextRevisions(listed)))
 
+	// "From now" is when each shard's part of the stream opens, which the
+	// iterator does in the background: wait until the live watch sees a
+	// grant in every range before counting on it.
+	locker := c.client("sharded-locker")
+	probed := map[string]time.Time{}
+	testutil.Eventually(t, 60*time.Second, "the live watch is open on every shard", func() error {
+		for _, name := range grantNames {
+			probe := name + "-probe"
+			mu.Lock()
+			seen := 0
+			for g, n := range live.counts {
+				if strings.HasPrefix(g, probe+"#") {
+					seen += n
+				}
+			}
+			mu.Unlock()
+			if seen > 0 {
+				continue
+			}
+			if time.Since(probed[name]) > time.Second {
+				pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+				g, err := locker.Acquire(pctx, probe, client.AcquireOptions{TTL: 10 * time.Second})
+				if err == nil {
+					err = locker.Release(pctx, probe, g.FencingToken, g.LeaseID)
+				}
+				pcancel()
+				if err != nil {
+					return err
+				}
+				probed[name] = time.Now()
+			}
+			return fmt.Errorf("the live watch has not seen %s", probe)
+		}
+		return nil
+	})
+
 	stop := make(chan struct{})
-	wait := grants(t, c.client("sharded-locker"), stop)
+	wait := grants(t, locker, stop)
 	// Break every node's streams in turn; split [n, t) at q in between.
 	for i, id := range c.IDs() {
 		c.Kill(id)
