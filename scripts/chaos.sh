@@ -3,7 +3,7 @@
 #
 #   scripts/chaos.sh [--duration 30m] [--seed S] [--nodes 3] [--clients 6]
 #                    [--log-store wal|bolt] [--raft-engine hashicorp|etcd] [--bin PATH] [--keep]
-#                    [--pace dense|normal] [--forensic] [--shards N] [--shard-replicas R]
+#                    [--pace dense|normal] [--forensic] [--shards N] [--shard-replicas R] [--spare]
 #
 # Runs real `dlock serve` processes behind link proxies, injects faults from
 # the seed for the given duration, then heals, checks the history and prints
@@ -18,9 +18,11 @@
 # with --shards N on the etcd engine, names in every shard's range and the
 # checks per shard (docs/reliability.md, "Sharded clusters"). --shard-replicas R
 # (below --nodes) runs each shard on R of the nodes and adds replica moves to
-# the faults, e.g. --nodes 4 --shards 4 --shard-replicas 3.
+# the faults, e.g. --nodes 4 --shards 4 --shard-replicas 3. --spare (with
+# --shard-replicas) adds a node beyond --nodes that joins, takes replicas,
+# gives them up and is removed, over and over, among the faults.
 # Environment variables DLOCK_CHAOS_DURATION / DLOCK_CHAOS_SEED /
-# DLOCK_CHAOS_SHARDS / DLOCK_CHAOS_SHARD_REPLICAS work too.
+# DLOCK_CHAOS_SHARDS / DLOCK_CHAOS_SHARD_REPLICAS / DLOCK_CHAOS_SPARE=1 work too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
     --shards=*) export DLOCK_CHAOS_SHARDS=${1#*=}; shift ;;
     --shard-replicas) export DLOCK_CHAOS_SHARD_REPLICAS=$2; shift 2 ;;
     --shard-replicas=*) export DLOCK_CHAOS_SHARD_REPLICAS=${1#*=}; shift ;;
+    --spare) export DLOCK_CHAOS_SPARE=1; shift ;;
     --forensic) export DLOCK_CHAOS_SERVE_ARGS="${DLOCK_CHAOS_SERVE_ARGS:-} --trailing-logs 1000000000 --snapshot-retain 100000"; shift ;;
     -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
@@ -80,6 +83,6 @@ while [ -n "$rest" ]; do
 done
 timeout=$(( secs + 900 ))s
 
-echo "chaos soak: seed=$seed duration=$duration pace=$DLOCK_CHAOS_PACE shards=${DLOCK_CHAOS_SHARDS:-1}${DLOCK_CHAOS_SHARD_REPLICAS:+ shard-replicas=$DLOCK_CHAOS_SHARD_REPLICAS}${DLOCK_CHAOS_SERVE_ARGS:+ serve-args:$DLOCK_CHAOS_SERVE_ARGS} (go test -timeout $timeout)"
+echo "chaos soak: seed=$seed duration=$duration pace=$DLOCK_CHAOS_PACE shards=${DLOCK_CHAOS_SHARDS:-1}${DLOCK_CHAOS_SHARD_REPLICAS:+ shard-replicas=$DLOCK_CHAOS_SHARD_REPLICAS}${DLOCK_CHAOS_SPARE:+ spare}${DLOCK_CHAOS_SERVE_ARGS:+ serve-args:$DLOCK_CHAOS_SERVE_ARGS} (go test -timeout $timeout)"
 export DLOCK_CHAOS=1 DLOCK_CHAOS_SOAK=1 DLOCK_CHAOS_SEED="$seed" DLOCK_CHAOS_DURATION="$duration"
 exec go test -race=false -count=1 -v -timeout "$timeout" -run '^TestChaosSoak$' ./test/chaos/

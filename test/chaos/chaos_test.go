@@ -71,7 +71,14 @@ type runConfig struct {
 	// replicas is --shard-replicas (0: every shard on every node); below
 	// nodes, the nemesis moves replicas (move-replica).
 	replicas int
+	// spare adds a node slot beyond nodes, out of the cluster at first,
+	// which the member cycle joins, moves replicas onto and off, removes
+	// and joins again (runs that move replicas only; members_test.go).
+	spare bool
 }
+
+// members reports whether the run changes the membership (member cycle).
+func (cfg runConfig) members() bool { return cfg.moves() && cfg.spare }
 
 // moves reports whether the run moves replicas: its shards run on some
 // of the nodes, so each has a node to move to.
@@ -89,6 +96,7 @@ func configFromEnv(seed uint64, d time.Duration) runConfig {
 		dense:    os.Getenv("DLOCK_CHAOS_PACE") == "dense",
 		shards:   envInt("DLOCK_CHAOS_SHARDS", 1),
 		replicas: envInt("DLOCK_CHAOS_SHARD_REPLICAS", 0),
+		spare:    os.Getenv("DLOCK_CHAOS_SPARE") == "1",
 	}
 }
 
@@ -103,6 +111,9 @@ func replayCommand(cfg runConfig) string {
 		s += fmt.Sprintf(" --shards %d --raft-engine etcd", cfg.shards)
 		if cfg.replicas > 0 {
 			s += fmt.Sprintf(" --shard-replicas %d", cfg.replicas)
+		}
+		if cfg.spare {
+			s += " --spare"
 		}
 	}
 	return s
@@ -305,6 +316,9 @@ type runReport struct {
 	moveList  []moveRec
 	anchor    string
 	moveStuck string
+	// members are the member cycle's joins, moves and removals (runs
+	// with a spare node).
+	members memberStats
 
 	// multiLeaderFaults counts the cluster faults that took two or more
 	// shards' leaders at once (sharded runs).
@@ -354,9 +368,16 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	t.Logf("replay: %s", replayCommand(cfg))
 
 	rng := rand.New(rand.NewPCG(cfg.seed, 1))
-	c, err := newCluster(bin, dir, cfg.nodes, rng)
+	slots := cfg.nodes
+	if cfg.members() {
+		slots++ // the spare
+	}
+	c, err := newCluster(bin, dir, slots, rng)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.members() {
+		c.makeSpare(cfg.nodes)
 	}
 	r.c = c
 	c.shards = cfg.shards
@@ -425,6 +446,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		nem.moves = newMoveSet()
 		nem.moves.anchor = rep.anchor
 	}
+	if cfg.members() {
+		nem.members = newMemberCycle(nem, cfg.nodes, cfg.seed)
+	}
 	nem.disks = disks == nil
 	if cfg.dense {
 		nem.dense()
@@ -453,6 +477,16 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		rep.finalHealthy = true
 		r.logf("cluster healthy %s after the final heal", took.Round(time.Millisecond))
 	}
+	if cfg.members() {
+		// The member cycle finishes its step (a node joined is drained and
+		// removed) against the healed cluster.
+		nem.finishMembers(5 * time.Minute)
+		rep.members = nem.memberStats()
+		r.logf("membership changes: %s", rep.members)
+		if rep.members.onNonMember != "" {
+			r.anomaly(anomaly{Kind: "membership:replica-on-non-member", What: rep.members.onNonMember})
+		}
+	}
 	if cfg.moves() {
 		// The moves still in flight finish against the healed cluster, and
 		// then no shard may be left moving.
@@ -467,6 +501,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 			if _, err := c.waitHealthy(30*time.Second, nil); err != nil {
 				r.anomaly(anomaly{Kind: "liveness:no-recovery", What: fmt.Sprintf("after the moves settled: %v", err)})
 			}
+		}
+	}
+	if cfg.members() && rep.finalHealthy {
+		if what := c.replicasOnNonMembers(); what != "" {
+			r.anomaly(anomaly{Kind: "membership:replica-on-non-member", What: what})
 		}
 	}
 
@@ -541,6 +580,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		// A run that should move replicas but finished no move did not
 		// test what it is for.
 		rep.anomalies = append(rep.anomalies, anomaly{Kind: "harness:no-move", What: fmt.Sprintf("the run moves replicas but finished no move (%s)", rep.moves)})
+	}
+	if cfg.members() && (rep.members.joined == 0 || rep.members.onto == 0 || rep.members.removed == 0) {
+		// A run with a spare that never joined it, moved a replica onto
+		// it and removed it did not test what it is for.
+		rep.anomalies = append(rep.anomalies, anomaly{Kind: "harness:no-member-cycle", What: fmt.Sprintf("the run changes the membership but did not join, move onto and remove a node (%s)", rep.members)})
 	}
 	if keys != nil {
 		pa, n := checkProofs(rep.ops, keys)
@@ -1081,6 +1125,9 @@ func (r *runner) durability() {
 		views = views[:0]
 		same := true
 		for i := range r.c.nodes {
+			if !r.c.in(i) {
+				continue // a spare out of the cluster
+			}
 			v, err := r.c.view(i, time.Second)
 			if err != nil {
 				same = false
@@ -1128,6 +1175,9 @@ func (r *runner) durability() {
 			continue
 		}
 		for i := range r.c.nodes {
+			if !r.c.in(i) {
+				continue
+			}
 			// A follower may lag a moment behind the leader: retry for 2 s.
 			var v string
 			for try := 0; try < 20; try++ {
@@ -1342,6 +1392,9 @@ func (r *runner) summary() string {
 				anchor = rep.anchor + " kept a replica of every shard, for the merged watches (watches are not forwarded)"
 			}
 			fmt.Fprintf(&b, "replica moves (each shard on %d of %d nodes; %s): %s\n", rep.cfg.replicas, rep.cfg.nodes, anchor, rep.moves)
+			if rep.cfg.members() {
+				fmt.Fprintf(&b, "membership changes (a spare node %s joined, filled, drained and removed over and over): %s\n", fmt.Sprintf("n%d", rep.cfg.nodes+1), rep.members)
+			}
 			var reps []string
 			for k := range r.sm.n() {
 				reps = append(reps, fmt.Sprintf("%d=%s", r.sm.id(k), strings.Join(r.sm.hosts(k), ",")))

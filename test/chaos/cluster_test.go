@@ -44,6 +44,12 @@ type cnode struct {
 	// starts with --join through the other nodes (idempotent once it is a
 	// member again) instead of --initial-cluster.
 	rejoins bool
+	// out: a spare slot that is not a member of the cluster now (never
+	// joined, or removed and wiped): nothing starts it, and the health
+	// and final checks leave it out. removing: its removal is under way,
+	// so no heal restarts it (it stops by itself once removed). noMoves:
+	// joining or leaving, so the move nemesis puts no replica on it.
+	out, removing, noMoves bool
 }
 
 func (n *cnode) url() string { return "http://" + n.apiAddr }
@@ -143,6 +149,9 @@ func (c *cluster) start(i int) error {
 
 func (c *cluster) startLocked(i int) error {
 	nd := c.nodes[i]
+	if nd.out || nd.removing {
+		return nil // not a member: only the member cycle starts it (join)
+	}
 	if nd.p != nil && !nd.p.Exited() {
 		return fmt.Errorf("start %s: still running", nd.id)
 	}
@@ -153,7 +162,7 @@ func (c *cluster) startLocked(i int) error {
 	case nd.rejoins:
 		var urls []string
 		for _, o := range c.nodes {
-			if o != nd {
+			if o != nd && !o.out {
 				urls = append(urls, o.url())
 			}
 		}
@@ -275,16 +284,55 @@ func (c *cluster) voters(leader int) (bool, string) {
 	if _, err := getJSON(ctx, c.nodes[leader].url()+"/api/v1/cluster", &v); err != nil {
 		return false, err.Error()
 	}
-	voters := 0
+	voter := map[string]bool{}
 	for _, m := range v.Members {
 		if m.Suffrage == "voter" {
-			voters++
+			voter[m.ID] = true
 		}
 	}
-	if voters != len(c.nodes) {
-		return false, fmt.Sprintf("%d of %d nodes are voters: %+v", voters, len(c.nodes), v.Members)
+	want := c.memberIdx()
+	for _, i := range want {
+		if !voter[c.nodes[i].id] {
+			return false, fmt.Sprintf("%d of %d nodes are voters: %+v", len(voter), len(want), v.Members)
+		}
 	}
 	return true, ""
+}
+
+// in reports whether node i is a member the harness keeps running: not a
+// spare out of the cluster, nor one whose removal is under way.
+func (c *cluster) in(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.nodes[i].out && !c.nodes[i].removing
+}
+
+// memberIdx are the nodes that are in (c.in), in index order: every node
+// unless the run has a spare.
+func (c *cluster) memberIdx() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, nd := range c.nodes {
+		if !nd.out && !nd.removing {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// moveTargets are the ids of the nodes a move may put a replica on: in,
+// and neither joining nor leaving.
+func (c *cluster) moveTargets() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, nd := range c.nodes {
+		if !nd.out && !nd.removing && !nd.noMoves {
+			out = append(out, nd.id)
+		}
+	}
+	return out
 }
 
 // kill SIGKILLs one node (a stopped one too).
@@ -345,7 +393,7 @@ func (c *cluster) deadNodes() []int {
 	defer c.mu.Unlock()
 	var out []int
 	for i, nd := range c.nodes {
-		if nd.p == nil || nd.p.Exited() {
+		if !nd.out && !nd.removing && (nd.p == nil || nd.p.Exited()) {
 			out = append(out, i)
 		}
 	}
@@ -459,6 +507,9 @@ func (c *cluster) healthy() (bool, string) {
 	var shardLeaders []string
 	var gen uint64
 	for i, nd := range c.nodes {
+		if !c.in(i) {
+			continue // a spare out of the cluster, or one being removed
+		}
 		if !c.running(i) {
 			return false, nd.id + " is not running"
 		}

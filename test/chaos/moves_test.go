@@ -357,6 +357,9 @@ func (c *cluster) movesSettled(within time.Duration) string {
 func (c *cluster) watchesForwarded(m shardMap) (bool, error) {
 	node := -1
 	for i, nd := range c.nodes {
+		if !c.in(i) {
+			continue
+		}
 		for k := range m.n() {
 			if h := m.hosts(k); len(h) > 0 && !slices.Contains(h, nd.id) {
 				node = i

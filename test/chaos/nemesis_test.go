@@ -112,6 +112,8 @@ type nemesis struct {
 	drawn  int
 	// moves are the replica moves (nil: the run does not move replicas).
 	moves *moveSet
+	// members is the member cycle (nil: the run has no spare node).
+	members *memberCycle
 }
 
 // dense is the soak's pace (scripts/chaos.sh --pace dense, its default):
@@ -173,6 +175,9 @@ func (n *nemesis) start() {
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.runCluster() }()
 	go func() { defer n.wg.Done(); n.runClients() }()
+	if n.members != nil {
+		go n.members.run() // ended by finishMembers
+	}
 }
 
 // halt stops the schedule; the fault in progress is healed by its loop.
@@ -210,12 +215,15 @@ func ids(c *cluster, idx []int) string {
 // runCluster injects one cluster fault at a time: wait a gap, inject, hold,
 // heal, wait (bounded) for the cluster to be healthy again.
 func (n *nemesis) runCluster() {
-	N := len(n.c.nodes)
 	for {
 		if !n.sleep(between(n.rng, n.gapLo, n.gapHi)) {
 			return
 		}
 		kind := n.pickKind()
+		// The faults aim at the members (every node, unless a spare is out
+		// of the cluster or being removed); positions drawn below index mem.
+		mem := n.c.memberIdx()
+		N := len(mem)
 		hold := between(n.rng, n.holdLo, n.holdHi)
 		// Draw every random choice before looking at the cluster, so a seed
 		// replays the same decisions whatever the leader turns out to be.
@@ -248,10 +256,7 @@ func (n *nemesis) runCluster() {
 			ok := false
 			if active, busy := n.moves.inFlight(); active < maxMovesInFlight {
 				if m, merr := n.c.currentShardMap(); merr == nil {
-					nodes := make([]string, N)
-					for i := range N {
-						nodes[i] = n.c.nodes[i].id
-					}
+					nodes := n.c.moveTargets()
 					n.moves.mu.Lock()
 					last := n.moves.last
 					n.moves.mu.Unlock()
@@ -275,11 +280,11 @@ func (n *nemesis) runCluster() {
 			leader = n.c.leader()
 		}
 		if leader < 0 {
-			leader = pickA % N
+			leader = mem[pickA%N]
 		}
 		var hit []int // the nodes whose shard leaderships the fault takes
-		others := make([]int, 0, N-1)
-		for i := range N {
+		others := make([]int, 0, N)
+		for _, i := range mem {
 			if i != leader {
 				others = append(others, i)
 			}
@@ -299,7 +304,7 @@ func (n *nemesis) runCluster() {
 			err = n.c.kill(t)
 			heal = func() error { return n.c.start(t) }
 		case fKillMajority:
-			victims := n.permute(pickB, N)[:N/2+1]
+			victims := n.pick(mem, pickB)[:N/2+1]
 			ev.Target = ids(n.c, victims)
 			hit = victims
 			for _, v := range victims {
@@ -318,8 +323,8 @@ func (n *nemesis) runCluster() {
 			}
 		case fRestartAll:
 			ev.Target = "all"
-			hit = n.permute(0, N)
-			for i := range N {
+			hit = n.pick(mem, 0)
+			for _, i := range mem {
 				if e := n.c.kill(i); e != nil {
 					err = e
 				}
@@ -327,7 +332,7 @@ func (n *nemesis) runCluster() {
 			hold = between(n.rng, 0, 2*time.Second)
 			heal = func() error {
 				var e error
-				for i := range N {
+				for _, i := range mem {
 					if e2 := n.c.start(i); e2 != nil {
 						e = e2
 					}
@@ -348,7 +353,7 @@ func (n *nemesis) runCluster() {
 			// without a quorum, the node left running campaigns alone and
 			// raises the terms, and the paused leaders wake up to find out.
 			victims := []int{leader}
-			for _, v := range n.permute(pickB, N) {
+			for _, v := range n.pick(mem, pickB) {
 				if len(victims) < N/2+1 && v != leader {
 					victims = append(victims, v)
 				}
@@ -373,7 +378,7 @@ func (n *nemesis) runCluster() {
 			// Every node that leads a shard loses every link: no shard keeps
 			// a leader that can reach a quorum.
 			var isolated []int
-			for i := range N {
+			for _, i := range mem {
 				if len(ledBy(leaders, i)) > 0 {
 					isolated = append(isolated, i)
 				}
@@ -384,7 +389,7 @@ func (n *nemesis) runCluster() {
 			ev.Target = ids(n.c, isolated)
 			hit = isolated
 			for _, a := range isolated {
-				for b := range N {
+				for _, b := range mem {
 					if b != a {
 						n.c.net.cutBoth(a, b, linkRefuse)
 					}
@@ -401,14 +406,14 @@ func (n *nemesis) runCluster() {
 			}
 			ev.Target = n.c.nodes[t].id
 			hit = []int{t}
-			for i := range N {
+			for _, i := range mem {
 				if i != t {
 					n.c.net.cutBoth(t, i, mode)
 				}
 			}
 			heal = func() error { n.c.net.healAll(); return nil }
 		case fSplitMinority:
-			perm := n.permute(pickB, N)
+			perm := n.pick(mem, pickB)
 			k := 1 + pickA%max(1, (N-1)/2) // minority size
 			minority, majority := perm[:k], perm[k:]
 			ev.Target = ids(n.c, minority) + " | " + ids(n.c, majority)
@@ -421,7 +426,7 @@ func (n *nemesis) runCluster() {
 			heal = func() error { n.c.net.healAll(); return nil }
 		case fBridge:
 			// Two halves that cannot talk, and one node that talks to both.
-			perm := n.permute(pickB, N)
+			perm := n.pick(mem, pickB)
 			bridge := perm[0]
 			rest := perm[1:]
 			half := len(rest) / 2
@@ -459,7 +464,7 @@ func (n *nemesis) runCluster() {
 			}
 		case fSplitRange:
 			// A busy range splits under load; the node asked is drawn.
-			t := pickA % N
+			t := mem[pickA%N]
 			k := splitMap.of(splitAt)
 			start, end := splitMap.starts[k], ""
 			if k+1 < splitMap.n() {
@@ -468,7 +473,7 @@ func (n *nemesis) runCluster() {
 			if hosts := splitMap.hosts(k); len(hosts) > 0 {
 				// Through one of the range's replicas: only they can
 				// propose the split.
-				for i := range N {
+				for _, i := range mem {
 					if n.c.nodes[i].id == hosts[pickA%len(hosts)] {
 						t = i
 					}
@@ -484,7 +489,7 @@ func (n *nemesis) runCluster() {
 		case fMoveReplica:
 			// Asked through a drawn node; it runs in the background, so
 			// the faults that follow overlap it.
-			via := (pickA >> 4) % N
+			via := mem[(pickA>>4)%N]
 			ev.Target = n.c.nodes[via].id
 			back := ""
 			if mv.back {
@@ -561,6 +566,17 @@ func (n *nemesis) runCluster() {
 		default:
 		}
 	}
+}
+
+// pick is the members mem in an order drawn from x: position i of a
+// permutation of 0..len(mem)-1 names mem's node (with every node a
+// member, that permutation itself, as the seeds have always drawn).
+func (n *nemesis) pick(mem []int, x int) []int {
+	p := n.permute(x, len(mem))
+	for i, v := range p {
+		p[i] = mem[v]
+	}
+	return p
 }
 
 // permute is a permutation of 0..N-1 drawn from x.

@@ -472,7 +472,9 @@ func workloadCoverage(m shardMap, w *workload) error {
 // DLOCK_CHAOS_CI_DURATION (default 30 s) of faults: 3 nodes with 4 shards
 // on every node, DLOCK_CHAOS_SHARD_SEEDS (default 4); then 4 nodes with 4
 // shards on 3 nodes each (--shard-replicas 3), so the nemesis moves
-// replicas too, DLOCK_CHAOS_MOVE_SEEDS (default 5).
+// replicas too, DLOCK_CHAOS_MOVE_SEEDS (default 5); then the same with a
+// spare fifth node that the member cycle joins, fills, drains and
+// removes, DLOCK_CHAOS_MEMBER_SEEDS (default 6).
 func TestChaosShardsCI(t *testing.T) {
 	skipUnlessEnabled(t)
 	// Shards run on the etcd engine only (the nodes also get --raft-engine
@@ -503,6 +505,17 @@ func TestChaosShardsCI(t *testing.T) {
 			}
 			cfg.nodes, cfg.replicas = 4, 3
 			runChaos(t, cfg) // fails a run that finished no move
+		})
+	}
+	for _, seed := range seedList("DLOCK_CHAOS_MEMBER_SEEDS", 6) {
+		t.Run(fmt.Sprintf("members/seed=%d", seed), func(t *testing.T) {
+			cfg := configFromEnv(seed, d)
+			cfg.shards = envInt("DLOCK_CHAOS_SHARDS", 4)
+			if cfg.shards < 2 {
+				cfg.shards = 4
+			}
+			cfg.nodes, cfg.replicas, cfg.spare = 4, 3, true
+			runChaos(t, cfg) // fails a run that did not join, fill and remove the spare
 		})
 	}
 }
