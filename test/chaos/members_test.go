@@ -148,7 +148,7 @@ func (mc *memberCycle) run() {
 			return
 		}
 		moved := mc.moveOnto()
-		if !mc.pause(between(mc.rng, time.Second, 4*time.Second)) && mc.ctx.Err() != nil {
+		if !mc.pause(between(mc.rng, 3*time.Second, 10*time.Second)) && mc.ctx.Err() != nil {
 			return
 		}
 		if !mc.leave() {
@@ -280,7 +280,11 @@ func (mc *memberCycle) moveNow(mv moveRec, why string) bool {
 // and removes it; a removal refused with 409 drains again. False if it
 // did not get out (the run ends with it a member).
 func (mc *memberCycle) leave() bool {
+	// Under the move set's lock: a move the nemesis picked onto the spare
+	// is either in ms.all already (drain waits for it) or not asked.
+	mc.n.moves.mu.Lock()
 	mc.set(func(nd *cnode) { nd.noMoves = true })
+	mc.n.moves.mu.Unlock()
 	deadline := time.Now().Add(drainWait)
 	for time.Now().Before(deadline) && mc.ctx.Err() == nil {
 		if !mc.drain(deadline) {
@@ -428,7 +432,6 @@ func (mc *memberCycle) remove() removeOutcome {
 	}
 	mc.n.update(i, func(e *faultEvent) {
 		e.Detail += fmt.Sprintf("; removed after %s, %s", took.Round(time.Millisecond), how)
-		e.Heal = mc.n.clk.now()
 	})
 	mc.note(func(s *memberStats) {
 		s.removed++

@@ -110,13 +110,14 @@ func (ms *moveSet) inFlight() (int, map[int]bool) {
 	return len(ms.active), maps.Clone(ms.active)
 }
 
-// pickMove chooses a move in m, from the draws a and b: back (when wanted
-// and possible) undoes the last finished move; else a shard with no move
+// pickMove chooses a move in m, from the draws a and b, onto one of nodes
+// (the nodes a move may target): back (when wanted and possible) undoes
+// the last finished move; else a shard with no move
 // in flight (in the map or the harness's), one of its replicas other than
 // anchor, and one of the nodes that lack it. ok false when none is
 // possible (every shard on every node, or every shard moving).
 func pickMove(m shardMap, nodes []string, anchor string, last *moveRec, busy map[int]bool, a, b int, wantBack bool) (moveRec, bool) {
-	if wantBack && last != nil && last.from != anchor {
+	if wantBack && last != nil && last.from != anchor && slices.Contains(nodes, last.from) {
 		if k := indexOfID(m, last.shard); k >= 0 && m.moving(k) == "" && !busy[last.shard] &&
 			slices.Contains(m.hosts(k), last.to) && len(m.hosts(k)) > 0 && !slices.Contains(m.hosts(k), last.from) && last.to != anchor {
 			return moveRec{shard: last.shard, from: last.to, to: last.from, back: true}, true
@@ -244,6 +245,16 @@ func (n *nemesis) startMove(mv moveRec, via, i int) {
 	rec.ev, rec.start = i, n.clk.now()
 	ms.mu.Lock()
 	ms.all = append(ms.all, rec)
+	if !slices.Contains(n.c.moveTargets(), rec.to) {
+		// The member cycle began draining the target since the pick (it
+		// takes a node out of the targets under ms.mu, then waits for the
+		// moves onto it in ms.all): as an operator must, no move onto a
+		// node being removed.
+		rec.outcome, rec.answer = moveRefused, "not asked: the harness is draining "+rec.to+" for its removal"
+		ms.mu.Unlock()
+		n.update(i, func(e *faultEvent) { e.Detail += "; " + rec.answer })
+		return
+	}
 	ms.active[rec.shard] = true
 	ms.mu.Unlock()
 	ms.wg.Add(1)
@@ -330,6 +341,9 @@ func (c *cluster) movesSettled(within time.Duration) string {
 	for {
 		var moving []string
 		for i := range c.nodes {
+			if !c.in(i) {
+				continue // a spare out of the cluster
+			}
 			v, err := c.view(i, time.Second)
 			if err != nil {
 				moving = append(moving, fmt.Sprintf("%s: %v", c.nodes[i].id, err))
@@ -487,6 +501,11 @@ func TestPickMove(t *testing.T) {
 	}
 	if mv, _ := pickMove(m, nodes, "n1", &moveRec{shard: 1, from: "n3", to: "n2"}, nil, 5, 3, true); mv.back {
 		t.Fatalf("a move back to a node that runs the shard: %+v", mv)
+	}
+	// Nor back to a node no move may target (a spare joining, leaving or
+	// out of the cluster).
+	if mv, _ := pickMove(m, []string{"n1", "n2", "n3"}, "n1", last, nil, 5, 3, true); mv.back || mv.to == "n4" {
+		t.Fatalf("a move back to a node that is not a target: %+v", mv)
 	}
 	// Every shard on every node: nothing to move.
 	all := shardMap{starts: []string{"", "n"}, replicas: [][]string{nodes, nodes}}
