@@ -83,6 +83,17 @@ func (ss *shardSet) Call(ctx context.Context, node string, body []byte) ([]byte,
 // from does not, nothing in flight) answers as the first did, so a client
 // may retry one whose answer it lost.
 func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
+	// The current members, not the ones this node has yet to catch up
+	// on: a node whose removal was answered before this move began must
+	// not be taken for a target (the meta group's configuration is
+	// applied here by the time a linearizable read returns).
+	rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+	err := ss.meta.LinearizableRead(rctx)
+	rcancel()
+	if err != nil {
+		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+			Message: fmt.Sprintf("could not read the cluster's current members and shard map (%v); retry", err)}
+	}
 	for {
 		m, committed := ss.metaMap()
 		if !committed {

@@ -251,6 +251,15 @@ func TestJoinMoveLeaveShardedCluster(t *testing.T) {
 	if code := do(t, c, "DELETE", c.URL("n3")+"/api/v1/cluster/members/"+n4, nil, &out); code != 200 {
 		t.Fatalf("remove n4: %d %+v", code, out)
 	}
+	// Once its removal is answered, no node takes n4 for a move's target,
+	// however far behind the meta group the node asked is: each reads the
+	// members linearizably first.
+	for _, id := range initial {
+		var e apiErr
+		if code := post(t, c, c.URL(id)+"/api/v1/cluster/shards/move", map[string]any{"shard": 2, "from": "n1", "to": n4}, &e); code != 400 || !strings.Contains(e.Error.Message, "no node") {
+			t.Fatalf("move shard 2 onto the removed n4 via %s: %d %+v", id, code, e)
+		}
+	}
 	testutil.Eventually(t, 30*time.Second, "n4 is no member", func() error {
 		for _, id := range initial {
 			if ms, _ := memberIDs(t, c, id); len(ms) != 3 {
