@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -578,4 +579,51 @@ func (c *cluster) makeSpare(i int) {
 		}
 	}
 	c.init = strings.Join(initial, ",")
+}
+
+// The faults aim at the members only: a spare out of the cluster or being
+// removed is in no draw, a node joining or leaving is no move target, and
+// with every node a member the draws are those the seeds always made.
+func TestNemesisAimsAtMembers(t *testing.T) {
+	c := &cluster{}
+	for i := range 5 {
+		c.nodes = append(c.nodes, &cnode{idx: i, id: fmt.Sprintf("n%d", i+1)})
+	}
+	n := &nemesis{c: c}
+	all := c.memberIdx()
+	for x := range 50 {
+		if got, want := n.pick(all, x), n.permute(x, 5); !slices.Equal(got, want) {
+			t.Fatalf("every node a member: pick %v, permute %v", got, want)
+		}
+	}
+	c.makeSpare(4)
+	if strings.Contains(c.init, "n5") || !strings.Contains(c.init, "n4=") {
+		t.Fatalf("initial cluster with n5 the spare: %q", c.init)
+	}
+	c.nodes[2].noMoves = true // n3 joining or leaving
+	mem := c.memberIdx()
+	if !slices.Equal(mem, []int{0, 1, 2, 3}) || c.in(4) {
+		t.Fatalf("members with n5 out: %v", mem)
+	}
+	if got := c.moveTargets(); !slices.Equal(got, []string{"n1", "n2", "n4"}) {
+		t.Fatalf("move targets with n3 leaving and n5 out: %v", got)
+	}
+	seen := map[int]bool{}
+	for x := range 50 {
+		p := n.pick(mem, x)
+		if s := slices.Sorted(slices.Values(p)); !slices.Equal(s, mem) {
+			t.Fatalf("pick %v is not an order of %v", p, mem)
+		}
+		seen[p[0]] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("the draws lead with %d of the 4 members", len(seen))
+	}
+	c.nodes[4].out, c.nodes[4].removing = false, true
+	if c.in(4) || slices.Contains(c.memberIdx(), 4) {
+		t.Fatal("a node being removed is aimed at")
+	}
+	if err := c.start(4); err != nil || c.nodes[4].p != nil {
+		t.Fatalf("a node being removed was started: %v", err)
+	}
 }
