@@ -133,7 +133,10 @@ func (ss *shardSet) makeExplicit(ctx context.Context) error {
 // RemoveMember removes a node from the cluster (shard.Membership): refused
 // with conflict while any range lists it as a replica or as leaving;
 // otherwise it leaves the meta group (the meta leader hands leadership on
-// first when it is the one removed).
+// first when it is the one removed). A move onto the node that begins
+// between the check and the removal is not caught: the map is state of the
+// meta group, the members its Raft configuration, and no apply sees both
+// (docs/operations.md, "What is refused, and why").
 func (ss *shardSet) RemoveMember(ctx context.Context, id string) error {
 	if id == "" {
 		return apierror.New(apierror.InvalidArgument, "remove needs the member's id; nothing was changed")
