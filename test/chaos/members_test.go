@@ -52,13 +52,13 @@ type memberStats struct {
 	refused         int // removals answered 409 conflict (the node still held a replica)
 	stoppedItself   int // removed nodes that stopped by themselves
 	cycles          int // join, move onto, drain, remove: all done
-	late            int // steps done after the faults had stopped
+	late            int // steps done (note) after the faults had stopped
 	onNonMember     string
 	joinTook, rmTok []time.Duration
 }
 
 func (s memberStats) String() string {
-	return fmt.Sprintf("%d joins (%d voters, took %s), %d moves onto the joined node and %d off it, %d removals asked (%d done, %d refused with 409, %d nodes stopped by themselves), %d full cycles, %d steps after the faults stopped",
+	return fmt.Sprintf("%d joins (%d voters, took %s), %d moves onto the joined node and %d off it, %d removals asked (%d done, %d refused with 409, %d nodes stopped by themselves), %d full cycles, %d of the joins, moves and removals done after the faults stopped",
 		s.joins, s.joined, fmtDurations(s.joinTook), s.onto, s.off, s.removals, s.removed, s.refused, s.stoppedItself, s.cycles, s.late)
 }
 
@@ -104,7 +104,8 @@ func (mc *memberCycle) set(f func(nd *cnode)) {
 	f(mc.n.c.nodes[mc.spare])
 }
 
-// note counts a step; late when the faults had stopped.
+// note counts a step done (a join, a move onto or off the spare, a
+// removal); late when the faults had stopped.
 func (mc *memberCycle) note(f func(s *memberStats)) {
 	mc.mu.Lock()
 	defer mc.mu.Unlock()
@@ -112,6 +113,13 @@ func (mc *memberCycle) note(f func(s *memberStats)) {
 	if mc.stopped != 0 {
 		mc.st.late++
 	}
+}
+
+// count counts something else (a request, a refusal, a cycle).
+func (mc *memberCycle) count(f func(s *memberStats)) {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	f(&mc.st)
 }
 
 // pause waits d, false once the cycle is stopping or cancelled.
@@ -156,7 +164,7 @@ func (mc *memberCycle) run() {
 			return
 		}
 		if moved {
-			mc.note(func(s *memberStats) { s.cycles++ })
+			mc.count(func(s *memberStats) { s.cycles++ })
 		}
 	}
 }
@@ -174,7 +182,7 @@ func (mc *memberCycle) join() bool {
 		ev.Err = err.Error()
 	}
 	i := mc.n.record(ev)
-	mc.note(func(s *memberStats) { s.joins++ })
+	mc.count(func(s *memberStats) { s.joins++ })
 	start := time.Now()
 	deadline := start.Add(joinWait)
 	for {
@@ -370,7 +378,7 @@ func (mc *memberCycle) remove() removeOutcome {
 	via := mem[mc.rng.IntN(len(mem))]
 	ev := faultEvent{Kind: fRemoveNode, Target: mc.id(), Start: mc.n.clk.now(), Detail: "through " + c.nodes[via].id}
 	i := mc.n.record(ev)
-	mc.note(func(s *memberStats) { s.removals++ })
+	mc.count(func(s *memberStats) { s.removals++ })
 	start := time.Now()
 	deadline := start.Add(removeWait)
 	var last string
@@ -382,7 +390,7 @@ func (mc *memberCycle) remove() removeOutcome {
 		case err == nil && code == http.StatusOK:
 			done = true
 		case err == nil && code == http.StatusConflict:
-			mc.note(func(s *memberStats) { s.refused++ })
+			mc.count(func(s *memberStats) { s.refused++ })
 			mc.n.update(i, func(e *faultEvent) { e.Detail += "; refused: " + body })
 			mc.n.logf("member cycle: the removal of %s was refused: %s", mc.id(), body)
 			mc.set(func(nd *cnode) { nd.removing = false })
