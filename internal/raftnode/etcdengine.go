@@ -401,6 +401,15 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 	e.applyConf, e.applyBook = e.conf, copyBook(e.book)
 	e.hist.reset(e.applied, confAt{e.applyConf, e.applyBook})
 	if !raft.IsEmptyHardState(gs.HardState) {
+		// With asynchronous storage writes an entry may be applied, and
+		// snapshotted, before the hard state that records its commit is
+		// written; a crash in between leaves a snapshot past the stored
+		// commit, which Raft refuses to start from. What a snapshot holds
+		// was applied, so committed: its index is a commit this node knew.
+		if snap := gs.Snapshot.Metadata.Index; gs.HardState.Commit < snap {
+			e.log.Info("the stored commit index is behind the stored snapshot (a crash before the hard state was written); starting from the snapshot's", "commit", gs.HardState.Commit, "snapshot", snap)
+			gs.HardState.Commit = snap
+		}
 		if err := e.mem.SetHardState(gs.HardState); err != nil {
 			return nil, err
 		}
