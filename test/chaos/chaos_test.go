@@ -480,7 +480,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	if cfg.members() {
 		// The member cycle finishes its step (a node joined is drained and
 		// removed) against the healed cluster.
-		nem.finishMembers(5 * time.Minute)
+		within := 5 * time.Minute
+		if !rep.finalHealthy {
+			within = time.Minute // the run has failed already: do not wait long for it
+		}
+		nem.finishMembers(within)
 		rep.members = nem.memberStats()
 		r.logf("membership changes: %s", rep.members)
 		if rep.members.onNonMember != "" {
