@@ -38,7 +38,8 @@ type Router struct {
 	remote  Remote // nil: every range runs here
 	members *service.Service
 	acl     *service.Service
-	fw      *streams // forwarded watches (watchfwd.go)
+	fw      *streams    // forwarded watches (watchfwd.go)
+	pick    *fwdReplicas // replicas for forwarded calls (replicas.go)
 	member  Membership
 }
 
@@ -85,7 +86,7 @@ const RouteWait = 10 * time.Second
 
 // NewRouter routes over shards; shards[k] serves range k of m.
 func NewRouter(m Map, shards []*service.Service) *Router {
-	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{}), fw: newStreams()}
+	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{}), fw: newStreams(), pick: newFwdReplicas()}
 }
 
 // SetRemote lets the router send calls for ranges this node does not run
