@@ -38,7 +38,7 @@ type Router struct {
 	remote  Remote // nil: every range runs here
 	members *service.Service
 	acl     *service.Service
-	fw      *streams    // forwarded watches (watchfwd.go)
+	fw      *streams     // forwarded watches (watchfwd.go)
 	pick    *fwdReplicas // replicas for forwarded calls (replicas.go)
 	member  Membership
 }
