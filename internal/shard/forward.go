@@ -311,7 +311,7 @@ func wireErr(err error) *routedError {
 // otherwise its outcome is unknown and the caller is told so. It answers
 // 503 when no replica could be reached.
 func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed) (*T, *service.StaleRead, error) {
-	rem := r.remote
+	rem := r.Remote()
 	hosts := v.m.Hosts(k, rem.All())
 	in.Group = v.m.Groups[k]
 	in.Bearer, in.CertCN = service.Credentials(ctx)

@@ -97,6 +97,14 @@ func (r *Router) SetRemote(rem Remote) {
 	r.mu.Unlock()
 }
 
+// Remote is what the router sends calls for ranges this node does not run
+// through (nil: every range runs here).
+func (r *Router) Remote() Remote {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.remote
+}
+
 // away reports whether range k of v runs on other nodes only: its calls
 // are sent there (forward.go).
 func (r *Router) away(v *view, k int) bool {
@@ -1022,8 +1030,8 @@ func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo
 	}
 	ci.ShardGeneration = v.m.Generation
 	var all []string
-	if r.remote != nil {
-		all = r.remote.All()
+	if rem := r.Remote(); rem != nil {
+		all = rem.All()
 	}
 	for k := range v.shards {
 		start, end := v.m.Range(k)
