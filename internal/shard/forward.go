@@ -23,7 +23,9 @@ import (
 // it, over the raft port with the peers' TLS, as a follower forwards a
 // write to its leader. The receiving node runs the call on its own service
 // of that shard and never forwards it again, so calls cannot loop; its
-// service forwards writes to the shard's leader as for any local call.
+// service forwards writes to the shard's leader as for any local call. A
+// replica that does not start reading a call in time (paused, cut off)
+// never gets it, and the call goes to the next replica (remoteCall).
 
 // Remote sends a routed call to another node (the server's, over the
 // raft port): the answer's bytes, or an error when the node could not be
