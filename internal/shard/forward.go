@@ -334,6 +334,9 @@ func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed
 		if err != nil {
 			last = err
 			if ctx.Err() != nil {
+				if !errors.Is(err, raftnode.ErrNotSent) && !errors.Is(err, ErrRefused) && !resendable(&in) {
+					return nil, nil, outcomeUnknown(node, v.m.IDs[k], err)
+				}
 				break
 			}
 			switch {
