@@ -231,7 +231,9 @@ func TestReadOnFollowerThatCannotCatchUpIsUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := nodes[follower].Apply(context.Background(), &command.Envelope{ClientID: "c", RequestID: "stuck-1",
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second) // hang guard only: CI machines are slow
+	defer wcancel()
+	resp, err := nodes[follower].Apply(wctx, &command.Envelope{ClientID: "c", RequestID: "stuck-1",
 		Body: &command.Acquire{Name: key, TTLms: 5000}})
 	if err != nil {
 		t.Fatalf("a write forwarded by the stuck follower: %v", err)

@@ -284,6 +284,7 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 		}
 		return nil
 	}
+	asked := 0
 	for {
 		var err error
 		if n.raft.State() == raft.Leader && n.ready.Load() {
@@ -300,7 +301,7 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 			default:
 				return gone(err)
 			}
-		} else if addr, ok := n.leaderAddr(); ok {
+		} else if addr, ok := n.memberTarget(req, how, lost, &asked); ok {
 			var resp []byte
 			var status int
 			resp, status, err = n.forward(ctx, addr, path, body)
@@ -339,6 +340,34 @@ func (n *Node) onLeader(ctx context.Context, path string, req memberRequest, how
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// memberTarget is where onLeader sends req next: the leader this node knows
+// of, or, for a node that may already have removed itself (a removed node
+// stops hearing from the leader, so never learns one again), each other member
+// in turn: a follower answers 503 and the leader not_found, which means done.
+func (n *Node) memberTarget(req memberRequest, how memberRetry, lost bool, asked *int) (string, bool) {
+	if addr, ok := n.leaderAddr(); ok {
+		return addr, true
+	}
+	if !lost || how != doneIfGone || req.ID != n.cfg.ID {
+		return "", false
+	}
+	cfg, err := n.configuration()
+	if err != nil {
+		return "", false
+	}
+	var others []string
+	for _, s := range cfg.Servers {
+		if string(s.ID) != n.cfg.ID {
+			others = append(others, string(s.Address))
+		}
+	}
+	if len(others) == 0 {
+		return "", false
+	}
+	*asked++
+	return others[*asked%len(others)], true
 }
 
 // serveMember handles a forwarded membership request on the leader.
@@ -434,13 +463,9 @@ func (n *Node) runPromoter(ctx context.Context) {
 }
 
 // Leave removes this node from the cluster, handing leadership on first if it
-// leads (graceful leave on shutdown).
+// leads (graceful leave on shutdown); a leader that cannot hand on in time
+// removes itself, and the others elect a leader after it steps down.
 func (n *Node) Leave(ctx context.Context) error {
-	if n.raft.State() == raft.Leader {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
-			return fmt.Errorf("hand leadership on before leaving: %w", err)
-		}
-	}
 	return n.Remove(ctx, n.cfg.ID)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -75,25 +76,29 @@ func TestLeaveRemovesThisNode(t *testing.T) {
 			if err := nodes[leaving].Leave(ctx); err != nil {
 				t.Fatalf("%s (%s) leaving: %v", who, leaving, err)
 			}
-			for id, n := range nodes {
-				if id == leaving || n.raft.State() != raft.Leader {
-					continue
-				}
-				cfg, err := n.configuration()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(cfg.Servers) != 2 {
-					t.Fatalf("after %s left, the leader %s has members %+v; want the other two", leaving, id, cfg.Servers)
-				}
-				for _, s := range cfg.Servers {
-					if string(s.ID) == leaving {
-						t.Fatalf("%s is still a member after leaving", leaving)
+			// A leader that could not hand leadership on in time removed
+			// itself as leader: the others elect one.
+			testutil.Eventually(t, 20*time.Second, "a remaining node leads, with the other two as members", func() error {
+				for id, n := range nodes {
+					if id == leaving || n.raft.State() != raft.Leader {
+						continue
 					}
+					cfg, err := n.configuration()
+					if err != nil {
+						return err
+					}
+					if len(cfg.Servers) != 2 {
+						return fmt.Errorf("after %s left, the leader %s has members %+v", leaving, id, cfg.Servers)
+					}
+					for _, s := range cfg.Servers {
+						if string(s.ID) == leaving {
+							t.Fatalf("%s is still a member after leaving", leaving)
+						}
+					}
+					return nil
 				}
-				return
-			}
-			t.Fatalf("no remaining node leads right after %s left", leaving)
+				return fmt.Errorf("no remaining node leads after %s left", leaving)
+			})
 		})
 	}
 }
@@ -165,6 +170,18 @@ func forwardedChange(t *testing.T, path string, answer func(*http.Request) (*htt
 // twice) but answers unavailable, having moved it once.
 func TestMemberChangeAfterLostAnswer(t *testing.T) {
 	var n4addr string
+	// A removed node stops hearing from the leader: the answer to a node
+	// removing itself is lost only once it no longer knows one.
+	var leaving atomic.Pointer[Node]
+	answer := func(r *http.Request) (*http.Response, error) {
+		if n := leaving.Load(); n != nil {
+			testutil.Eventually(t, 20*time.Second, "the removed node forgets the leader", func() bool {
+				addr, _ := n.raft.LeaderWithID()
+				return addr == ""
+			})
+		}
+		return loseAnswer(r)
+	}
 	for _, c := range []struct {
 		name, path string
 		do         func(ctx context.Context, asked *Node, nodes map[string]*Node, leader, other string) error
@@ -204,6 +221,19 @@ func TestMemberChangeAfterLostAnswer(t *testing.T) {
 					t.Fatalf("%s is still a member", other)
 				}
 			}},
+		{"a follower that removed itself finds itself gone", "/forward/remove",
+			func(ctx context.Context, asked *Node, _ map[string]*Node, _, _ string) error {
+				leaving.Store(asked)
+				return asked.Leave(ctx)
+			},
+			func(t *testing.T, err error, nodes map[string]*Node, leader, asked, _ string) {
+				if err != nil {
+					t.Fatalf("leave after a lost answer: %v", err)
+				}
+				if hasMember(nodes[leader], asked) {
+					t.Fatalf("%s is still a member", asked)
+				}
+			}},
 		{"transfer to a named voter is sent again", "/forward/transfer",
 			func(ctx context.Context, asked *Node, _ map[string]*Node, _, _ string) error {
 				return asked.TransferLeadership(ctx, asked.cfg.ID)
@@ -226,10 +256,11 @@ func TestMemberChangeAfterLostAnswer(t *testing.T) {
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			leaving.Store(nil)
 			// The leader checks who answers at a new member's address: a
 			// real node waits there.
 			n4addr = openLoneNode(t, "n4").cfg.RaftAddr
-			nodes, leader, asked, other, err := forwardedChange(t, c.path, loseAnswer,
+			nodes, leader, asked, other, err := forwardedChange(t, c.path, answer,
 				func(ctx context.Context, nodes map[string]*Node, leader, asked, other string) error {
 					return c.do(ctx, nodes[asked], nodes, leader, other)
 				})
