@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -92,6 +94,9 @@ func OpenShared(cfg SharedConfig) (*Shared, error) {
 		DialContext:         ForwardDialer(s.mux.Dialer),
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
+		// A routed call's body waits for the receiver's "100 Continue"
+		// (Call); it is never sent unasked, however long that takes.
+		ExpectContinueTimeout: routeContinueWait,
 	}}
 	s.fwd = &http.Server{Handler: http.HandlerFunc(s.serveForward), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
@@ -148,24 +153,101 @@ func (s *Shared) HandleRoute(h http.Handler) {
 // Call posts body to path (under RoutePrefix) on the node whose raft port
 // is addr, with the peers' TLS, and returns the answer (at most
 // maxRouteBody bytes) and its status.
-func (s *Shared) Call(ctx context.Context, addr, path string, body []byte) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, 0, err
+//
+// The body leaves this node only once the receiving handler has started
+// reading it (the request says "Expect: 100-continue", which Go's server
+// answers when the handler first reads the body), so a node that is paused,
+// cut off or not serving never gets a call it could run later. accept, when
+// above zero, bounds that wait: dial, TLS handshake and the handler's start
+// included. An error that wraps ErrNotSent means the body was never sent
+// (and ErrNotAccepted that accept passed first): the receiver cannot have
+// run the call. Any other error came after the body was sent.
+func (s *Shared) Call(ctx context.Context, addr, path string, body []byte, accept time.Duration) ([]byte, int, error) {
+	gate := &gatedBody{r: bytes.NewReader(body)}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := func() bool { return false }
+	if accept > 0 {
+		t := time.AfterFunc(accept, func() {
+			if gate.state.CompareAndSwap(gateWaiting, gateAbandoned) {
+				gate.timedOut.Store(true)
+				cancel()
+			}
+		})
+		stop = t.Stop
+		defer t.Stop()
 	}
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, "http://"+addr+path, gate)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrNotSent, err)
+	}
+	req.ContentLength = int64(len(body))
+	req.Header.Set("Expect", "100-continue")
 	res, err := s.client.Do(req)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, gate.why(addr, accept, err)
 	}
+	// An answer came (after the body, or a refusal without reading it):
+	// the bound is over.
+	stop()
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, MaxRouteBody+1))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, gate.why(addr, accept, err)
 	}
 	if len(b) > MaxRouteBody {
 		return nil, 0, fmt.Errorf("the answer from %s is over %d bytes", addr, MaxRouteBody)
 	}
 	return b, res.StatusCode, nil
+}
+
+// ErrNotSent wraps a Call error after which the receiver cannot have run
+// the call: its body never left this node. ErrNotAccepted (which also
+// wraps ErrNotSent) is the case where the receiver did not start reading
+// it within the accept bound.
+var (
+	ErrNotSent     = errors.New("the call was not sent")
+	ErrNotAccepted = errors.New("the node did not accept the call in time")
+)
+
+// gatedBody is a call's body that is sent only if the receiver asks for it
+// before the accept bound passes: the first Read and the bound's timer race
+// for state, and exactly one wins.
+type gatedBody struct {
+	r        *bytes.Reader
+	state    atomic.Int32
+	timedOut atomic.Bool // the accept bound won
+}
+
+const (
+	gateWaiting int32 = iota
+	gateSending
+	gateAbandoned
+)
+
+var errGateClosed = errors.New("the call was abandoned before its body was sent")
+
+func (g *gatedBody) Read(p []byte) (int, error) {
+	if !g.state.CompareAndSwap(gateWaiting, gateSending) && g.state.Load() != gateSending {
+		return 0, errGateClosed
+	}
+	return g.r.Read(p)
+}
+
+func (g *gatedBody) Close() error { return nil }
+
+// why classifies a failed call by whether its body was sent.
+func (g *gatedBody) why(addr string, accept time.Duration, err error) error {
+	// A failure before the first Read wins the gate: a late Read (the
+	// transport still sending) is refused, so the body stays here.
+	g.state.CompareAndSwap(gateWaiting, gateAbandoned)
+	switch {
+	case g.state.Load() == gateSending:
+		return err
+	case g.timedOut.Load():
+		return fmt.Errorf("%w: %w: the node at %s did not start reading it within %s", ErrNotAccepted, ErrNotSent, addr, accept)
+	}
+	return fmt.Errorf("%w: %w", ErrNotSent, err)
 }
 
 // Stream posts body to path (under RoutePrefix) on the node whose raft
@@ -189,6 +271,10 @@ func (s *Shared) Stream(ctx context.Context, addr, path string, body []byte) (io
 	}
 	return res.Body, nil
 }
+
+// routeContinueWait is longer than any call's deadline: in effect, a routed
+// call's body is sent only when the receiver asks for it.
+const routeContinueWait = 24 * time.Hour
 
 // MaxRouteBody bounds a routed call and its answer (a page of a list is
 // the largest).

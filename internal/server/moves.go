@@ -62,17 +62,18 @@ func (ss *shardSet) members() map[string]string {
 }
 
 // Call sends a routed call to node (shard.Remote).
-func (ss *shardSet) Call(ctx context.Context, node string, body []byte) ([]byte, error) {
+func (ss *shardSet) Call(ctx context.Context, node string, body []byte, accept time.Duration) ([]byte, error) {
 	addr, ok := ss.members()[node]
 	if !ok {
-		return nil, fmt.Errorf("no node %q in the cluster", node)
+		return nil, fmt.Errorf("%w: no node %q in the cluster", raftnode.ErrNotSent, node)
 	}
-	b, status, err := ss.shared.Call(ctx, addr, raftnode.RoutePrefix+"call", body)
+	b, status, err := ss.shared.Call(ctx, addr, raftnode.RoutePrefix+"call", body, accept)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	if status != http.StatusOK {
-		return nil, fmt.Errorf("node %s answered %d: %.200s", node, status, b)
+		// The router answers 200 whenever it ran the call.
+		return nil, fmt.Errorf("%w: node %s answered %d: %.200s", shard.ErrRefused, node, status, b)
 	}
 	return b, nil
 }

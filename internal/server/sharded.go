@@ -193,6 +193,7 @@ func startSharded(cfg Config) (*Server, error) {
 	ss.router.SetSplitter(ss)
 	ss.router.SetMover(ss)
 	ss.router.SetRemote(ss)
+	ss.router.SetForwardAccept(shard.ForwardAccept(max(rc.HeartbeatTimeout, rc.ElectionTimeout)))
 	ss.router.SetMembers(ss.metaSvc)
 	ss.router.SetMembership(ss)
 	ss.shared.HandleRoute(ss.router)

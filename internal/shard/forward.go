@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 )
 
@@ -22,13 +23,20 @@ import (
 // it, over the raft port with the peers' TLS, as a follower forwards a
 // write to its leader. The receiving node runs the call on its own service
 // of that shard and never forwards it again, so calls cannot loop; its
-// service forwards writes to the shard's leader as for any local call.
+// service forwards writes to the shard's leader as for any local call. A
+// replica that does not start reading a call in time (paused, cut off)
+// never gets it, and the call goes to the next replica (remoteCall).
 
 // Remote sends a routed call to another node (the server's, over the
 // raft port): the answer's bytes, or an error when the node could not be
 // reached or does not serve routed calls.
 type Remote interface {
-	Call(ctx context.Context, node string, body []byte) ([]byte, error)
+	// Call sends body to node. accept, when above zero, bounds how long
+	// the node may take to start reading the call; past it the call is
+	// abandoned unsent. An error wrapping raftnode.ErrNotSent (with
+	// raftnode.ErrNotAccepted when accept passed) or ErrRefused means the
+	// node did not run the call; any other error may come after it ran.
+	Call(ctx context.Context, node string, body []byte, accept time.Duration) ([]byte, error)
 	// Self is this node's id, All the initial cluster's node ids (the
 	// replicas of a range without a replica set).
 	Self() string
@@ -210,14 +218,8 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.serveStream(w, req)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(req.Body, maxRoutedRequest+1))
-	if err != nil || len(body) > maxRoutedRequest {
-		http.Error(w, "bad routed call", http.StatusBadRequest)
-		return
-	}
 	var in routed
-	if err := json.Unmarshal(body, &in); err != nil {
-		http.Error(w, "bad routed call: "+err.Error(), http.StatusBadRequest)
+	if !readRouted(w, req, maxRoutedRequest, "routed call", &in) {
 		return
 	}
 	op := ops[in.Op]
@@ -227,17 +229,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	// A queued acquire may wait up to command.MaxWaitMs.
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(time.Duration(command.MaxWaitMs)*time.Millisecond + routeWriteSlack))
-	v, _ := r.view()
-	var svc *service.Service
-	if k := v.m.IndexOfGroup(in.Group); k >= 0 {
-		svc = v.shards[k]
-	}
 	var out routedAnswer
-	if svc == nil {
-		out.Err = &routedError{Code: errNotHere, Message: fmt.Sprintf("group %d is not running on this node", in.Group)}
+	if svc := r.local(in.Group); svc == nil {
+		out.Err = notHere(in.Group)
 	} else {
-		ctx := service.WithBearer(service.WithCertIdentity(req.Context(), in.CertCN), in.Bearer)
-		resp, stale, err := op(ctx, svc, &in)
+		resp, stale, err := op(asCaller(req.Context(), in.Bearer, in.CertCN), svc, &in)
 		out.Stale = stale
 		if rv := reflect.ValueOf(resp); resp != nil && !(rv.Kind() == reflect.Pointer && rv.IsNil()) {
 			b, merr := json.Marshal(resp)
@@ -255,6 +251,45 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(&out)
 }
 
+// readRouted reads what another node routed here (a call or a stream's
+// request): a JSON body of at most limit bytes, into in. A bad one is
+// answered 400 here, and readRouted reports false. Reading the body is
+// what accepts the call: the sender withholds it until then (Remote).
+func readRouted(w http.ResponseWriter, req *http.Request, limit int, what string, in any) bool {
+	body, err := io.ReadAll(io.LimitReader(req.Body, int64(limit)+1))
+	if err != nil || len(body) > limit {
+		http.Error(w, "bad "+what, http.StatusBadRequest)
+		return false
+	}
+	if err := json.Unmarshal(body, in); err != nil {
+		http.Error(w, "bad "+what+": "+err.Error(), http.StatusBadRequest)
+		return false
+	}
+	return true
+}
+
+// local is this node's service of Raft group g, nil when it does not run
+// the group (any more).
+func (r *Router) local(g uint64) *service.Service {
+	v, _ := r.view()
+	if k := v.m.IndexOfGroup(g); k >= 0 {
+		return v.shards[k]
+	}
+	return nil
+}
+
+// notHere answers a routed call or stream for a group this node does not
+// run: the sender tries another replica.
+func notHere(g uint64) *routedError {
+	return &routedError{Code: errNotHere, Message: fmt.Sprintf("group %d is not running on this node", g)}
+}
+
+// asCaller is ctx with the credentials a routed call carries: the call
+// runs here as the caller, ACL checks included.
+func asCaller(ctx context.Context, bearer, certCN string) context.Context {
+	return service.WithBearer(service.WithCertIdentity(ctx, certCN), bearer)
+}
+
 // maxRoutedRequest bounds a routed call (an acquire's value is the largest
 // part, at most command.MaxValueLen).
 const maxRoutedRequest = 1 << 20
@@ -268,11 +303,17 @@ func wireErr(err error) *routedError {
 }
 
 // remoteCall runs op for range k of v on a node that runs it, trying its
-// replicas in turn (this node's preference first, so calls spread), and
-// decodes the answer into a new T. It answers 503 when none could be
-// reached.
+// replicas in turn (pick.order: the one that answered last first, one that
+// lately did not accept a call last), and decodes the answer into a new T.
+//
+// Each replica but the last tried gets pick's accept bound to start reading
+// the call; one that does not (paused, cut off, overloaded) never got it,
+// so the call goes on to the next. A call a replica received but whose
+// answer was lost goes on only if running it twice is harmless (resendable);
+// otherwise its outcome is unknown and the caller is told so. It answers
+// 503 when no replica could be reached.
 func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed) (*T, *service.StaleRead, error) {
-	rem := r.remote
+	rem := r.Remote()
 	hosts := v.m.Hosts(k, rem.All())
 	in.Group = v.m.Groups[k]
 	in.Bearer, in.CertCN = service.Credentials(ctx)
@@ -281,29 +322,47 @@ func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed
 		return nil, nil, apierror.Wrap(apierror.Internal, err, "encode a routed call")
 	}
 	var last error
-	start := int(fnvString(rem.Self()) % uint64(max(len(hosts), 1)))
-	for i := range hosts {
-		node := hosts[(start+i)%len(hosts)]
-		if node == rem.Self() {
-			continue
+	order := r.pick.order(in.Group, hosts, rem.Self(), time.Now())
+	for i, node := range order {
+		accept := r.pick.acceptBound()
+		if i == len(order)-1 {
+			// The last replica is waited for as long as the call may take:
+			// a slow one still answers.
+			accept = 0
 		}
-		b, err := rem.Call(ctx, node, body)
+		b, err := rem.Call(ctx, node, body, accept)
 		if err != nil {
 			last = err
 			if ctx.Err() != nil {
+				if !errors.Is(err, raftnode.ErrNotSent) && !errors.Is(err, ErrRefused) && !resendable(&in) {
+					return nil, nil, outcomeUnknown(node, v.m.IDs[k], err)
+				}
 				break
 			}
-			continue
+			switch {
+			case errors.Is(err, raftnode.ErrNotSent):
+				r.pick.bench(in.Group, node, time.Now())
+				continue
+			case errors.Is(err, ErrRefused):
+				continue
+			case resendable(&in):
+				continue
+			}
+			return nil, nil, outcomeUnknown(node, v.m.IDs[k], err)
 		}
 		var out routedAnswer
 		if err := json.Unmarshal(b, &out); err != nil {
 			last = fmt.Errorf("node %s answered a routed call badly: %w", node, err)
-			continue
+			if resendable(&in) {
+				continue
+			}
+			return nil, nil, outcomeUnknown(node, v.m.IDs[k], last)
 		}
 		if out.Err != nil && out.Err.Code == errNotHere {
 			last = errors.New(out.Err.Message)
 			continue
 		}
+		r.pick.answered(in.Group, node)
 		var resp *T
 		if len(out.Resp) > 0 {
 			resp = new(T)
@@ -322,6 +381,41 @@ func remoteCall[T any](ctx context.Context, r *Router, v *view, k int, in routed
 	}
 	return nil, nil, &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: last, Message: fmt.Sprintf(
 		"shard %d runs on nodes %v, not this one, and none of them could be reached; retry", v.m.IDs[k], hosts)}
+}
+
+// ErrRefused wraps a Remote.Call error for an answer other than the
+// router's (a node not serving routed calls yet, a bad request): the node
+// did not run the call.
+var ErrRefused = errors.New("the node refused the routed call")
+
+// idempotentOps change nothing, or nothing a second time: a routed call of
+// one whose answer was lost is sent to another replica.
+var idempotentOps = map[string]bool{
+	"get_lock": true, "get_election": true, "list_locks": true, "list_elections": true, "history": true,
+	"split_children": true, "cluster": true, "watch_splits": true, "token_keys": true,
+	// A keepalive only renews (command.KeepAlive is idempotent).
+	"keepalive": true,
+}
+
+// resendable reports whether a call that may have run can be sent again:
+// it changes nothing, or it is a write with a request_id, which the
+// shard's dedup table answers with the first outcome instead of acting
+// twice (the router gives waiting acquires and campaigns one of its own).
+func resendable(in *routed) bool {
+	if idempotentOps[in.Op] {
+		return true
+	}
+	var q struct {
+		RequestID string `json:"request_id"`
+	}
+	return json.Unmarshal(in.Req, &q) == nil && q.RequestID != ""
+}
+
+// outcomeUnknown answers a write without a request_id that reached a
+// replica whose answer then was lost.
+func outcomeUnknown(node string, shardID int, cause error) error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: cause, Message: fmt.Sprintf(
+		"the request reached node %s (a replica of shard %d) but its answer was lost, so its outcome is unknown and it was not sent again (it would act twice); read the state before you retry, and send writes with a request_id to make retries safe", node, shardID)}
 }
 
 func fnvString(s string) uint64 {

@@ -38,7 +38,8 @@ type Router struct {
 	remote  Remote // nil: every range runs here
 	members *service.Service
 	acl     *service.Service
-	fw      *streams // forwarded watches (watchfwd.go)
+	fw      *streams     // forwarded watches (watchfwd.go)
+	pick    *fwdReplicas // replicas for forwarded calls (replicas.go)
 	member  Membership
 }
 
@@ -85,7 +86,7 @@ const RouteWait = 10 * time.Second
 
 // NewRouter routes over shards; shards[k] serves range k of m.
 func NewRouter(m Map, shards []*service.Service) *Router {
-	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{}), fw: newStreams()}
+	return &Router{v: &view{m: m, shards: shards}, changed: make(chan struct{}), fw: newStreams(), pick: newFwdReplicas()}
 }
 
 // SetRemote lets the router send calls for ranges this node does not run
@@ -94,6 +95,14 @@ func (r *Router) SetRemote(rem Remote) {
 	r.mu.Lock()
 	r.remote = rem
 	r.mu.Unlock()
+}
+
+// Remote is what the router sends calls for ranges this node does not run
+// through (nil: every range runs here).
+func (r *Router) Remote() Remote {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.remote
 }
 
 // away reports whether range k of v runs on other nodes only: its calls
@@ -1021,8 +1030,8 @@ func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo
 	}
 	ci.ShardGeneration = v.m.Generation
 	var all []string
-	if r.remote != nil {
-		all = r.remote.All()
+	if rem := r.Remote(); rem != nil {
+		all = rem.All()
 	}
 	for k := range v.shards {
 		start, end := v.m.Range(k)

@@ -245,14 +245,8 @@ func shuttingDown() error {
 // own service of the shard, until the stream ends, the forwarding node
 // goes away, or this node shuts down.
 func (r *Router) serveStream(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(req.Body, maxStreamCall+1))
-	if err != nil || len(body) > maxStreamCall {
-		http.Error(w, "bad forwarded watch", http.StatusBadRequest)
-		return
-	}
 	var in streamCall
-	if err := json.Unmarshal(body, &in); err != nil {
-		http.Error(w, "bad forwarded watch: "+err.Error(), http.StatusBadRequest)
+	if !readRouted(w, req, maxStreamCall, "forwarded watch", &in) {
 		return
 	}
 	if in.Op != "watch" && in.Op != "observe" {
@@ -279,17 +273,13 @@ func (r *Router) serveStream(w http.ResponseWriter, req *http.Request) {
 	}
 	defer exit()
 	defer release()
-	v, _ := r.view()
-	var svc *service.Service
-	if k := v.m.IndexOfGroup(in.Group); k >= 0 {
-		svc = v.shards[k]
-	}
+	svc := r.local(in.Group)
 	if svc == nil {
-		_ = send(&streamLine{Err: &routedError{Code: errNotHere, Message: fmt.Sprintf("group %d is not running on this node", in.Group)}})
+		_ = send(&streamLine{Err: notHere(in.Group)})
 		_ = flush()
 		return
 	}
-	ctx := service.WithBearer(service.WithCertIdentity(req.Context(), in.CertCN), in.Bearer)
+	ctx := asCaller(req.Context(), in.Bearer, in.CertCN)
 	var sw *service.Watcher
 	var open streamOpen
 	if in.Op == "watch" {

@@ -24,7 +24,7 @@ import (
 
 // placed4 runs the default 4 ranges on 3 of 4 nodes each and waits until
 // every shard has a leader; away is a shard n1 does not run.
-func placed4(t *testing.T, opts testcluster.Options) (c *testcluster.Cluster, m shard.Map, away int) {
+func placed4(t testing.TB, opts testcluster.Options) (c *testcluster.Cluster, m shard.Map, away int) {
 	t.Helper()
 	m0, err := shard.NewMap(shard.DefaultBounds(4))
 	if err != nil {
@@ -176,7 +176,7 @@ func TestWatchForwarded(t *testing.T) {
 }
 
 // shardName is a top-level name segment in range k of m.
-func shardName(t *testing.T, m shard.Map, k int) string {
+func shardName(t testing.TB, m shard.Map, k int) string {
 	t.Helper()
 	for _, n := range []string{"alpha", "golf", "hotel", "mike", "oscar", "tango", "zebra"} {
 		if m.Lookup(n) == k {
