@@ -392,17 +392,29 @@ func (n *Node) forwardHandler() http.Handler {
 }
 
 // readIndexLocal confirms this node still leads (a heartbeat round to a quorum)
-// and returns its applied index: every write acknowledged before the call was
-// applied here before it was acknowledged. It is the FSM's index, not Raft's:
-// Raft counts its no-op and barrier entries, which never reach the FSM, so
-// waiting for Raft's index would block until the next write.
+// and returns the index a read must wait for: at least every entry any replica
+// had applied when the call began, since a replica may already have shown one
+// to a client (a watch event) that the leader has not applied yet.
+//
+// On the etcd engine that is the commit index the quorum confirmed (etcd's
+// ReadIndex): a follower applies an entry once it learns the commit, and the
+// leader applies only what is durable on its own disk, so the leader's applied
+// index can trail a follower's. Every entry, no-ops included, reaches this
+// engine's FSM, so the FSM reaches that index without waiting for a write.
+// hashicorp/raft's no-op and barrier entries never reach the FSM, so there it
+// is the FSM's applied index: every write acknowledged before the call was
+// applied here first (docs/reliability.md says what that leaves).
 func (n *Node) readIndexLocal() (uint64, error) {
 	if !n.ready.Load() {
 		return 0, errRetry
 	}
 	idx := n.fsm.AppliedIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
+	f := n.raft.VerifyLeader()
+	if err := f.Error(); err != nil {
 		return 0, fmt.Errorf("%w: %v", errRetry, err)
+	}
+	if ri, ok := f.(confirmedRead); ok {
+		idx = max(idx, ri.Index())
 	}
 	return idx, nil
 }

@@ -67,7 +67,16 @@ type Engine interface {
 var (
 	_ Engine = (*raft.Raft)(nil)
 	_ Engine = (*etcdEngine)(nil)
+
+	_ confirmedRead = (*efuture)(nil)
 )
+
+// confirmedRead is a VerifyLeader future that also answers the commit index
+// the quorum confirmed (the etcd engine's ReadIndex); hashicorp/raft's does not.
+type confirmedRead interface {
+	raft.Future
+	Index() uint64
+}
 
 // engineFile records a data dir's engine.
 const engineFile = "RAFT_ENGINE"

@@ -861,3 +861,82 @@ func TestEtcdEngineCommitBehindSnapshotStarts(t *testing.T) {
 		}
 	})
 }
+
+// TestEtcdEngineLinearizableReadCoversWhatAFollowerApplied: a follower
+// applies an entry as soon as it learns the commit, which on this engine can
+// be before the leader applies it (the leader applies only what is durable
+// on its own disk). A linearizable read that begins after that — a watch
+// resumed from the revision the follower's stream delivered — must see the
+// entry: it waits for the leader to apply up to its commit index, or answers
+// a retryable unavailable, never the older state.
+func TestEtcdEngineLinearizableReadCoversWhatAFollowerApplied(t *testing.T) {
+	var stuck sync.Map // node id → chan struct{} its writes wait on
+	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
+		id := c.ID
+		c.etcdWriteHook = func(uint64) error {
+			if ch, ok := stuck.Load(id); ok {
+				<-ch.(chan struct{})
+			}
+			return nil
+		}
+	})
+	leader := waitLeader(t, nodes)
+	acquire(t, nodes[leader], "warm-up")
+	ln := nodes[leader]
+	var follower *Node
+	for id, n := range nodes {
+		if id != leader {
+			follower = n
+			break
+		}
+	}
+	release := make(chan struct{})
+	stuck.Store(leader, release)
+	var once sync.Once
+	unstick := func() { once.Do(func() { stuck.Delete(leader); close(release) }) }
+	t.Cleanup(unstick)
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		_, err := ln.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: "ahead", Body: &command.Acquire{Name: "ahead", TTLms: 60000}})
+		done <- err
+	}()
+	held := func(n *Node) (h bool, rev uint64) {
+		n.FSM().Read(func(s *state.State) { h, rev = s.GetLock("ahead").Held, s.Revision() })
+		return
+	}
+	// Both followers store the entry, it commits, and a follower applies
+	// it while the leader, its own write not yet durable, cannot.
+	testutil.Eventually(t, 20*time.Second, "no follower applied the new entry", func() bool {
+		h, _ := held(follower)
+		return h
+	})
+	_, seen := held(follower)
+	if h, _ := held(ln); h {
+		t.Fatal("the leader applied the entry before its own write was durable: the premise of this test changed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err := ln.LinearizableRead(ctx)
+	cancel()
+	if err == nil {
+		if h, rev := held(ln); !h || rev < seen {
+			t.Fatalf("a linearizable read on the leader answered at revision %d, behind revision %d a follower had already applied (and could have streamed to a watcher)", rev, seen)
+		}
+	} else if apierror.From(err).Code != apierror.Unavailable {
+		t.Fatalf("the read while the leader is behind its own commit: %v; want a retryable unavailable", err)
+	}
+	unstick()
+	if err := <-done; err != nil {
+		t.Fatalf("the write failed once the leader's disk recovered: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := ln.LinearizableRead(ctx); err != nil {
+		t.Fatalf("a read once the leader caught up: %v", err)
+	}
+	if h, rev := held(ln); !h || rev < seen {
+		t.Fatalf("after the read the leader is at revision %d (lock held %v), behind the follower's %d", rev, h, seen)
+	}
+}
