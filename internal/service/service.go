@@ -623,6 +623,9 @@ func (s *Service) KeepAlive(ctx context.Context, req KeepAliveRequest) (_ *KeepA
 			}
 			out.Lost = append(out.Lost, LostGrant{Kind: kind, Name: name, FencingToken: g.Token, Cause: g.Cause.String(), Reason: g.Reason, Revision: g.Revision})
 		}
+		for _, sp := range st.Splits() {
+			out.SplitGroups = append(out.SplitGroups, sp.Group)
+		}
 	})
 	return out, nil
 }

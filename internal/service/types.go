@@ -244,6 +244,12 @@ type KeepAliveResponse struct {
 	// asking — revoked, or taken over by another lease of its client —
 	// after LostAfter, oldest first; never nil.
 	Lost []LostGrant `json:"lost"`
+	// SplitGroups are the Raft groups split off the answering shard, as its
+	// state stands after the renewal: a sharded cluster's router renews
+	// them too, even when its own shard map is too old to list them. It
+	// travels only between nodes; the router drops it from its answer, and
+	// an unsharded group, never split, has none.
+	SplitGroups []uint64 `json:"split_groups,omitempty"`
 }
 
 // LostGrant is a grant a session lost while it lived.

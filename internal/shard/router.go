@@ -899,10 +899,21 @@ func randHex(n int) string {
 // session too (the split carved it with its source's expiry): the shards
 // running here are renewed at once, and the call waits, bounded by
 // RouteWait, for the new group to start and renews it there as well.
+//
+// This node's map may also be older than the cluster's (a node that has
+// just restarted replays the meta group's history while it serves; one cut
+// off may lag): a range split off after that map was made would get no
+// renewal and its copy of the lease would expire under the client. Each
+// shard therefore answers which groups were split off it, as of after the
+// renewal, and the call is not answered ok until every one of them was
+// renewed as well: it waits, bounded by RouteWait, for this node to learn
+// the map that has them, else answers 503. A split after the renewal
+// copied the renewed lease, so the groups listed are all that can miss it.
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
 	req.LostAfter = 0
 	deadline := time.Now().Add(RouteWait)
 	done := map[uint64]bool{}
+	split := map[uint64]bool{} // groups split off a renewed shard
 	var resps []*service.KeepAliveResponse
 	for {
 		v, ch := r.view()
@@ -927,21 +938,46 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 			return nil, err
 		}
 		resps = append(resps, got...)
-		if !missing {
+		for _, g := range got {
+			for _, c := range g.SplitGroups {
+				split[c] = true
+			}
+		}
+		unknown := 0
+		for c := range split {
+			if !done[c] {
+				unknown++
+			}
+		}
+		if !missing && unknown == 0 {
 			break
 		}
+		if nv, _ := r.view(); nv != v {
+			continue
+		}
 		if !awaitChange(ctx, ch, deadline) {
+			if unknown > 0 {
+				return nil, staleMap(v.m.Generation, unknown)
+			}
 			return nil, notRunningYet()
 		}
 	}
 	out := *resps[0]
 	out.Revision = 0
+	out.SplitGroups = nil
 	out.Lost = append([]service.LostGrant{}, resps[0].Lost...)
 	for _, s := range resps[1:] {
 		out.ExpiresAt = earliest(out.ExpiresAt, s.ExpiresAt)
 		out.Lost = append(out.Lost, s.Lost...)
 	}
 	return &out, nil
+}
+
+// staleMap answers a keepalive that reached shards split since this
+// node's map was made, when the newer map did not come within RouteWait.
+func staleMap(gen uint64, n int) error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
+		"this node's shard map (generation %d) is older than the cluster's: %d shard(s) split off since are not in it, so the session could not be renewed everywhere; retry, or send it to another node", gen, n)}
 }
 
 // DeleteSession ends the session's lease on every shard. A shard that no

@@ -1,0 +1,98 @@
+package shard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/service"
+	"github.com/dlock/dlock/internal/shard"
+	"github.com/dlock/dlock/internal/testutil"
+)
+
+// TestKeepAliveThroughAStaleMapRenewsEveryShard keeps a session alive
+// through a router whose map predates a split (as a node's is while it
+// replays the meta group after a restart): the split-off shard, which
+// holds the session's lock, is not in that map. The keepalive must not be
+// answered ok without renewing it: without the newer map it answers a
+// retryable 503, and once the newer map arrives it renews the new shard
+// too. The routed answers' split list stays out of the HTTP answer.
+func TestKeepAliveThroughAStaleMapRenewsEveryShard(t *testing.T) {
+	c, _ := sharded(t, 3)
+	ids := c.IDs()
+	node := c.Server(ids[0])
+	fresh := node.Router()
+	// The map before the split, over the same (real, running) services.
+	stale := shard.NewRouter(fresh.Map(), fresh.Services())
+
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("split: %d %+v", code, ci)
+	}
+	for _, id := range ids {
+		testutil.Eventually(t, 30*time.Second, "every node runs the new shard", func() error {
+			if groupOf(c.Server(id), 4) == nil {
+				return fmt.Errorf("node %s does not run shard 4 (map generation %d)", id, c.Server(id).ShardMap().Generation)
+			}
+			return nil
+		})
+	}
+	if k := stale.Map().Lookup("romeo"); stale.Map().IDs[k] == 4 {
+		t.Fatal("the stale map already has the split")
+	}
+
+	var sess service.SessionResponse
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/sessions", map[string]any{"client_id": "ka", "ttl_ms": 15000, "request_id": "ka-sess"}, &sess); code != 201 {
+		t.Fatalf("create session: %d %+v", code, sess)
+	}
+	var a service.AcquireResponse
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/locks/romeo/acquire", map[string]any{"client_id": "ka", "session_id": sess.SessionID, "request_id": "ka-romeo"}, &a); code != 200 || !a.Acquired {
+		t.Fatalf("acquire romeo: %d %+v", code, a)
+	}
+	if k := fresh.Map().Lookup("romeo"); fresh.Map().IDs[k] != 4 {
+		t.Fatalf("romeo is on shard %d, want the split-off shard 4", fresh.Map().IDs[k])
+	}
+
+	// Without the newer map: a retryable 503, never ok.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	resp, err := stale.KeepAlive(ctx, service.KeepAliveRequest{SessionID: sess.SessionID})
+	cancel()
+	var ae *apierror.Error
+	if err == nil {
+		t.Fatalf("a keepalive through a map without shard 4 answered ok (%+v): shard 4's lease was not renewed", resp)
+	}
+	if !errors.As(err, &ae) || ae.Code != apierror.Unavailable || ae.RetryAfter <= 0 {
+		t.Fatalf("keepalive through a stale map: %v, want a retryable unavailable", err)
+	}
+
+	// The newer map arrives while the keepalive waits (or before it
+	// starts): it renews shard 4 as well. The answer's expiry is the
+	// earliest of every shard's, so it is past the session's first expiry
+	// only if shard 4's lease was renewed.
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go stale.Update(fresh.Map(), fresh.Services())
+	resp, err = stale.KeepAlive(ctx, service.KeepAliveRequest{SessionID: sess.SessionID})
+	if err != nil {
+		t.Fatalf("keepalive once the map arrived: %v", err)
+	}
+	if !resp.ExpiresAt.After(sess.ExpiresAt) {
+		t.Fatalf("keepalive answered expires_at %v, not past the session's first expiry %v: a shard was not renewed", resp.ExpiresAt, sess.ExpiresAt)
+	}
+	if resp.SplitGroups != nil {
+		t.Fatalf("the router's answer carries the shards' split lists: %v", resp.SplitGroups)
+	}
+
+	var raw json.RawMessage
+	if code := post(t, c, c.URL(ids[0])+"/api/v1/sessions/"+sess.SessionID+"/keepalive", map[string]any{}, &raw); code != 200 {
+		t.Fatalf("keepalive over HTTP: %d %s", code, raw)
+	}
+	if strings.Contains(string(raw), "split") {
+		t.Fatalf("the HTTP keepalive answer shows the internal split list: %s", raw)
+	}
+}
