@@ -15,20 +15,23 @@ import (
 	"github.com/dlock/dlock/internal/testutil"
 )
 
-// TestKeepAliveThroughAStaleMapRenewsEveryShard keeps a session alive
+// TestSessionThroughAStaleMapReachesEveryShard keeps a session alive
 // through a router whose map predates a split (as a node's is while it
 // replays the meta group after a restart): the split-off shard, which
 // holds the session's lock, is not in that map. The keepalive must not be
 // answered ok without renewing it: without the newer map it answers a
 // retryable 503, and once the newer map arrives it renews the new shard
-// too. The routed answers' split list stays out of the HTTP answer.
-func TestKeepAliveThroughAStaleMapRenewsEveryShard(t *testing.T) {
+// too. The routed answers' split list stays out of the HTTP answer. A
+// session delete through the old map is not ok either until it has ended
+// the session on shard 4, which frees the lock.
+func TestSessionThroughAStaleMapReachesEveryShard(t *testing.T) {
 	c, _ := sharded(t, 3)
 	ids := c.IDs()
 	node := c.Server(ids[0])
 	fresh := node.Router()
 	// The map before the split, over the same (real, running) services.
-	stale := shard.NewRouter(fresh.Map(), fresh.Services())
+	oldMap, oldServices := fresh.Map(), fresh.Services()
+	stale := shard.NewRouter(oldMap, oldServices)
 
 	var ci service.ClusterInfo
 	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
@@ -94,5 +97,26 @@ func TestKeepAliveThroughAStaleMapRenewsEveryShard(t *testing.T) {
 	}
 	if strings.Contains(string(raw), "split") {
 		t.Fatalf("the HTTP keepalive answer shows the internal split list: %s", raw)
+	}
+
+	// A delete through the old map: not ok while shard 4 keeps the
+	// session (and romeo held); once the map arrives, romeo is free.
+	stale = shard.NewRouter(oldMap, oldServices)
+	dctx, dcancel := context.WithTimeout(context.Background(), 3*time.Second)
+	d, err := stale.DeleteSession(dctx, service.DeleteSessionRequest{SessionID: sess.SessionID})
+	dcancel()
+	if err == nil {
+		t.Fatalf("a session delete through a map without shard 4 answered ok (%+v) and left shard 4's copy", d)
+	}
+	if !errors.As(err, &ae) || ae.Code != apierror.Unavailable || ae.RetryAfter <= 0 {
+		t.Fatalf("session delete through a stale map: %v, want a retryable unavailable", err)
+	}
+	go stale.Update(fresh.Map(), fresh.Services())
+	if d, err = stale.DeleteSession(ctx, service.DeleteSessionRequest{SessionID: sess.SessionID}); err != nil || !d.Deleted {
+		t.Fatalf("session delete once the map arrived: %+v %v", d, err)
+	}
+	var lv service.LockView
+	if code := do(t, c, "GET", c.URL(ids[0])+"/api/v1/locks/romeo", nil, &lv); code != 200 || lv.Held {
+		t.Fatalf("romeo after the session's delete: %d %+v", code, lv)
 	}
 }

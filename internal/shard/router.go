@@ -982,37 +982,72 @@ func staleMap(gen uint64, n int) error {
 
 // DeleteSession ends the session's lease on every shard. A shard that no
 // longer has it (expired, or deleted by an earlier try) is no error once
-// another shard deleted it.
+// another shard deleted it. As for a create, a range split off since this
+// node's map was made (a map still replaying after a restart) is found by
+// asking the shards for their splits after the delete, and the session is
+// ended there too once this node learns the map that has it.
 func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
 	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
 	}
-	resps := make([]*service.DeleteSessionResponse, len(ks))
-	errs := make([]error, len(ks))
-	var wg sync.WaitGroup
-	for k := range ks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resps[k], errs[k] = onShard(ctx, r, v, k, routed{Op: "delete_session", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.DeleteSessionResponse, error) {
-				return s.DeleteSession(ctx, req)
-			})
-		}()
-	}
-	wg.Wait()
 	var out *service.DeleteSessionResponse
 	var notFound error
-	for k, err := range errs {
-		var ae *apierror.Error
-		switch {
-		case err == nil:
-			if out == nil {
-				out = resps[k]
+	done := map[uint64]bool{}
+	for round := 0; ; round++ {
+		var todo []int
+		for _, k := range ks {
+			if !done[v.m.Groups[k]] {
+				done[v.m.Groups[k]] = true
+				todo = append(todo, k)
 			}
-		case errors.As(err, &ae) && ae.Code == apierror.SessionNotFound:
-			notFound = err
-		default:
+		}
+		resps := make([]*service.DeleteSessionResponse, len(todo))
+		errs := make([]error, len(todo))
+		var wg sync.WaitGroup
+		for i, k := range todo {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resps[i], errs[i] = onShard(ctx, r, v, k, routed{Op: "delete_session", SessionID: req.SessionID, Req: mustJSON(req)}, func(s *service.Service) (*service.DeleteSessionResponse, error) {
+					return s.DeleteSession(ctx, req)
+				})
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			var ae *apierror.Error
+			switch {
+			case err == nil:
+				if out == nil {
+					out = resps[i]
+				}
+			case errors.As(err, &ae) && ae.Code == apierror.SessionNotFound:
+				notFound = err
+			default:
+				return nil, err
+			}
+		}
+		missing, err := r.splitOff(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) == 0 {
+			break
+		}
+		unmapped := &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "a shard was split since this node's shard map was made and this node has not learned the new map yet; retry the session delete"}
+		if round == 3 {
+			return nil, unmapped
+		}
+		nv, ch := r.view()
+		for !hasGroups(r, nv, missing) {
+			if !awaitChange(ctx, ch, time.Now().Add(RouteWait)) {
+				return nil, unmapped
+			}
+			nv, ch = r.view()
+		}
+		v = nv
+		if ks, err = r.all(v); err != nil {
 			return nil, err
 		}
 	}
