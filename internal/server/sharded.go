@@ -439,11 +439,14 @@ func (ss *shardSet) run(ctx context.Context) {
 func (ss *shardSet) metaMap() (shard.Map, bool) {
 	var gen uint64
 	var rs []command.ShardRange
-	ss.meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap() })
+	var removing []string
+	ss.meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap(); removing = st.Removing() })
 	if gen == 0 {
 		return shard.Map{}, false
 	}
-	return shard.FromRanges(gen, rs), true
+	m := shard.FromRanges(gen, rs)
+	m.Removing = removing
+	return m, true
 }
 
 // reconcile does one round of run: commit the initial map to a new meta
@@ -571,14 +574,26 @@ func groupName(m shard.Map, g uint64) string {
 // commitMap proposes m to the meta group (a no-op there unless it is the
 // next generation).
 func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) error {
+	_, err := ss.commitMapResult(ctx, m)
+	return err
+}
+
+// commitMapResult is commitMap with the meta group's answer: StatusOK with
+// Token the generation it applied (or, with a message, the current one
+// when m's was stale), or StatusInvalid when it refused the map.
+func (ss *shardSet) commitMapResult(ctx context.Context, m shard.Map) (command.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges()}}
-	if _, err := ss.meta.Apply(ctx, env); err != nil {
+	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges(), Removing: m.Removing}}
+	resp, err := ss.meta.Apply(ctx, env)
+	if err != nil {
 		ss.logger.Info("could not commit the shard map; will retry", "generation", m.Generation, "err", err)
-		return err
+		return command.Result{}, err
 	}
-	return nil
+	if resp.Result.Status != command.StatusOK {
+		ss.logger.Info("the meta group refused a shard map", "generation", m.Generation, "reason", resp.Result.Message)
+	}
+	return resp.Result, nil
 }
 
 // route hands the router m with the services of its groups.
