@@ -240,6 +240,10 @@ type shardSet struct {
 	rc      raftnode.Config
 	shared  *raftnode.Shared
 	mtr     *metrics.Metrics
+	// gauges is the source of /metrics' state gauges: the node's first
+	// running group, registered once and swapped as groups come and go.
+	gauges     gaugeSource
+	gaugesOnce sync.Once
 	initial shard.Map
 	router  *shard.Router
 	meta    *raftnode.Node
@@ -377,7 +381,10 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	svc.EnableACL(ss.cfg.ACL)
 	svc.SetACLState(ss.meta.FSM(), ss.meta)
 	if first {
-		ss.mtr.Attach(metricsSource{node, hub})
+		// A node whose groups all moved away may open one again: the
+		// collector is registered once (a second registration panics).
+		ss.gauges.cur.Store(&metricsSource{node, hub})
+		ss.gaugesOnce.Do(func() { ss.mtr.Attach(&ss.gauges) })
 	}
 	run := &groupRun{id: g, name: name, node: node, svc: svc}
 	ss.mu.Lock()
@@ -808,4 +815,28 @@ func (s *Server) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error
 		return s.shards.metaSvc.ACLBootstrap(ctx)
 	}
 	return s.Service.ACLBootstrap(ctx)
+}
+
+// gaugeSource is a metrics.Source that reads whichever group was last
+// made the node's first (nothing before one opens).
+type gaugeSource struct{ cur atomic.Pointer[metricsSource] }
+
+func (g *gaugeSource) Status() raftnode.Status {
+	if m := g.cur.Load(); m != nil {
+		return m.Status()
+	}
+	return raftnode.Status{}
+}
+
+func (g *gaugeSource) Read(fn func(*state.State)) {
+	if m := g.cur.Load(); m != nil {
+		m.Read(fn)
+	}
+}
+
+func (g *gaugeSource) Watchers() int {
+	if m := g.cur.Load(); m != nil {
+		return m.Watchers()
+	}
+	return 0
 }
