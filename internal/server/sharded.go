@@ -240,10 +240,12 @@ type shardSet struct {
 	rc      raftnode.Config
 	shared  *raftnode.Shared
 	mtr     *metrics.Metrics
+
 	// gauges is the source of /metrics' state gauges: the node's first
 	// running group, registered once and swapped as groups come and go.
 	gauges     gaugeSource
 	gaugesOnce sync.Once
+
 	initial shard.Map
 	router  *shard.Router
 	meta    *raftnode.Node
