@@ -235,11 +235,11 @@ func startSharded(cfg Config) (*Server, error) {
 // the meta group and the groups' states: it starts the groups of new
 // ranges, commits splits to the map, and hands the router each new map.
 type shardSet struct {
-	logger  *slog.Logger
-	cfg     Config
-	rc      raftnode.Config
-	shared  *raftnode.Shared
-	mtr     *metrics.Metrics
+	logger *slog.Logger
+	cfg    Config
+	rc     raftnode.Config
+	shared *raftnode.Shared
+	mtr    *metrics.Metrics
 
 	// gauges is the source of /metrics' state gauges: the node's first
 	// running group, registered once and swapped as groups come and go.
