@@ -56,8 +56,9 @@ const (
 // version 8 changes no encoding: from it on a session remembers the grants it
 // loses to a revoke or a takeover (Envelope.RemembersLostGrants); version 9
 // adds Split and SetShardMap (a shard's range and the meta group's map);
-// version 10 ShardRange.Replicas (each range's replica set).
-const Version = 10
+// version 10 ShardRange.Replicas (each range's replica set); version 11
+// SetShardMap.Removing (the nodes whose removal from the cluster began).
+const Version = 11
 
 // Limits shared by validation and the state machine.
 const (
@@ -318,10 +319,20 @@ const (
 // the shard map, Ranges in Start order (the first Start ""). Only the next
 // generation applies (a stale or repeated one is a no-op), so every node
 // that proposes the same change commits it once.
+//
+// Removing (version 11) are the nodes whose removal from the cluster
+// began, in the order it began; no range may list one as a replica. An
+// entry of an earlier version carries no Removing: it keeps the map's
+// (the state machine applies it so), so a node that proposes maps without
+// knowing of removals cannot undo one.
 type SetShardMap struct {
 	Generation uint64
 	Ranges     []ShardRange
+	Removing   []string
 }
+
+// MaxRemoving bounds SetShardMap.Removing.
+const MaxRemoving = 64
 
 // Proclaim replaces the value of an election's current leader.
 type Proclaim struct {
@@ -730,6 +741,10 @@ func (b *SetShardMap) encode(w *wire.Writer) {
 		}
 		w.String(x.Leaving)
 	}
+	w.Uvarint(uint64(len(b.Removing))) // version 11
+	for _, id := range b.Removing {
+		w.String(id)
+	}
 }
 func (b *SetShardMap) decode(r *wire.Reader, v byte) {
 	b.Generation = r.Uvarint()
@@ -743,6 +758,12 @@ func (b *SetShardMap) decode(r *wire.Reader, v byte) {
 				b.Ranges[i].Replicas = append(b.Ranges[i].Replicas, r.String())
 			}
 			b.Ranges[i].Leaving = r.String()
+		}
+	}
+	if v >= 11 {
+		n := r.Count(1)
+		for ; n > 0 && r.Err() == nil; n-- {
+			b.Removing = append(b.Removing, r.String())
 		}
 	}
 }

@@ -98,6 +98,8 @@ func roundTripCases() []struct {
 		{"set-shard-map", &Envelope{TS: 16, Body: &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9}, {Start: "m", ID: 4, Group: 12}}}}},
 		{"set-shard-map/replicas", &Envelope{TS: 17, Body: &SetShardMap{Generation: 4, Ranges: []ShardRange{
 			{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2", "n3"}}, {Start: "m", ID: 4, Group: 12, Replicas: []string{"n2", "n4", "n5"}, Leaving: "n2"}}}}},
+		{"set-shard-map/removing", &Envelope{TS: 18, Body: &SetShardMap{Generation: 5, Ranges: []ShardRange{
+			{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2"}}}, Removing: []string{"n4", "n3"}}}},
 	}
 }
 
@@ -148,7 +150,7 @@ func TestTypeNumbersAreStable(t *testing.T) {
 			t.Errorf("newBody(%d) is not nil: a type number was added without updating this test", n)
 		}
 	}
-	if Version != 10 {
+	if Version != 11 {
 		t.Errorf("Version = %d: add decode tests for the new version (see TestDecodeOlderVersions)", Version)
 	}
 }
@@ -999,5 +1001,52 @@ func TestVersion10(t *testing.T) {
 	b[1] = 10
 	if _, err := Decode(b); err == nil {
 		t.Fatal("a version 9 body labelled version 10 decoded")
+	}
+}
+
+// TestVersion11 reads a version 10 shard map byte for byte as that version
+// wrote it (no Removing), and refuses those bytes labelled version 11,
+// which must carry the removing count.
+func TestVersion11(t *testing.T) {
+	w := &wire.Writer{}
+	w.Byte(byte(TypeSetShardMap))
+	w.Byte(10)
+	w.Varint(16) // TS
+	w.Varint(0)  // Clock
+	w.Uvarint(0) // ClockTerm
+	w.String("")
+	w.String("")
+	w.Uvarint(3) // generation
+	w.Uvarint(1)
+	w.String("")
+	w.Uvarint(0)
+	w.Uvarint(9)
+	w.Uvarint(2) // replicas
+	w.String("n1")
+	w.String("n2")
+	w.String("n2") // leaving
+	e, err := Decode(w.Buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &SetShardMap{Generation: 3, Ranges: []ShardRange{{Start: "", ID: 0, Group: 9, Replicas: []string{"n1", "n2"}, Leaving: "n2"}}}
+	if e.Version != 10 || !reflect.DeepEqual(e.Body, want) {
+		t.Fatalf("version %d body %#v; want version 10 %#v", e.Version, e.Body, want)
+	}
+	b := append([]byte(nil), w.Buf...)
+	b[1] = 11
+	if _, err := Decode(b); err == nil {
+		t.Fatal("a version 10 body labelled version 11 decoded")
+	}
+	// Version 11 round-trips Removing.
+	w.Buf[1] = 11
+	w.Uvarint(1)
+	w.String("n7")
+	e, err = Decode(w.Buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Body.(*SetShardMap).Removing; !reflect.DeepEqual(got, []string{"n7"}) {
+		t.Fatalf("removing %v, want [n7]", got)
 	}
 }

@@ -394,29 +394,54 @@ func (n *Node) forwardHandler() http.Handler {
 // readIndexLocal confirms this node still leads (a heartbeat round to a quorum)
 // and returns the index a read must wait for: at least every entry any replica
 // had applied when the call began, since a replica may already have shown one
-// to a client (a watch event) that the leader has not applied yet.
+// to a client (a watch event) that the leader has not applied yet. That is
+// the commit index, as in etcd's ReadIndex: a follower applies an entry once
+// it learns the commit, which can be before the leader's own FSM has (the
+// etcd engine's leader applies only what is durable on its own disk;
+// hashicorp/raft's leader hands commits to its FSM goroutine, which may lag).
 //
-// On the etcd engine that is the commit index the quorum confirmed (etcd's
-// ReadIndex): a follower applies an entry once it learns the commit, and the
-// leader applies only what is durable on its own disk, so the leader's applied
-// index can trail a follower's. Every entry, no-ops included, reaches this
-// engine's FSM, so the FSM reaches that index without waiting for a write.
-// hashicorp/raft's no-op and barrier entries never reach the FSM, so there it
-// is the FSM's applied index: every write acknowledged before the call was
-// applied here first (docs/reliability.md says what that leaves).
+// The etcd engine hands every entry, no-ops included, to the FSM, and its
+// ReadIndex answers the confirmed commit index. hashicorp/raft never hands
+// no-ops and barriers (the commit notices) to the FSM, whose applied index
+// would never reach one: there it is the last entry at or below the commit
+// index that the FSM sees.
 func (n *Node) readIndexLocal() (uint64, error) {
 	if !n.ready.Load() {
 		return 0, errRetry
 	}
 	idx := n.fsm.AppliedIndex()
+	commit := n.raft.CommitIndex()
 	f := n.raft.VerifyLeader()
 	if err := f.Error(); err != nil {
 		return 0, fmt.Errorf("%w: %v", errRetry, err)
 	}
 	if ri, ok := f.(confirmedRead); ok {
-		idx = max(idx, ri.Index())
+		return max(idx, ri.Index()), nil
 	}
-	return idx, nil
+	return max(idx, n.fsmEntryAtOrBelow(commit, idx)), nil
+}
+
+// maxReadIndexWalk bounds how many entries fsmEntryAtOrBelow reads back: the
+// leader appends at most a no-op and a barrier after its last command of a
+// term, so a longer run than this is a log it does not understand.
+const maxReadIndexWalk = 64
+
+// fsmEntryAtOrBelow is the index of the last entry at or below index that
+// hashicorp/raft hands to the FSM (a command or a configuration), or applied
+// if none is above it. A log it cannot read answers index itself: a read then
+// waits for a later entry, or answers unavailable at CatchUpTimeout, but never
+// reads behind the commit.
+func (n *Node) fsmEntryAtOrBelow(index, applied uint64) uint64 {
+	for i := index; i > applied; i-- {
+		var l raft.Log
+		if index-i >= maxReadIndexWalk || n.hlogs == nil || n.hlogs.GetLog(i, &l) != nil {
+			return index
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return i
+		}
+	}
+	return applied
 }
 
 // LinearizableRead returns once the local state machine reflects every write

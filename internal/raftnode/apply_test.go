@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/fsm"
@@ -257,6 +259,49 @@ func TestReadOnFollowerThatCannotCatchUpIsUnavailable(t *testing.T) {
 	}
 	if err := nodes[follower].CatchUp(ctx, nodes[follower].FSM().AppliedIndex()); err != nil {
 		t.Fatalf("CatchUp to an applied index: %v", err)
+	}
+}
+
+// A linearizable read on a leader whose FSM lags its commit waits for the
+// commit, or answers unavailable: a follower may already have applied (and
+// streamed to a watcher) what the leader has not, so the leader's own applied
+// index is not enough.
+func TestLinearizableReadOnALaggingLeaderWaitsForTheCommit(t *testing.T) {
+	nodes, follower := stuckLeaderCluster(t, 0)
+	leader := ""
+	for id, n := range nodes {
+		if n.raft.State() == raft.Leader {
+			leader = id
+		}
+	}
+	if leader == "" || leader == follower {
+		t.Fatalf("no leader apart from %s", follower)
+	}
+	key, err := command.NormalizeName("ahead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	go func() {
+		// Its answer waits for the stalled leader's FSM: only the commit matters.
+		_, _ = nodes[follower].Apply(wctx, &command.Envelope{ClientID: "c", RequestID: "ahead-1",
+			Body: &command.Acquire{Name: key, TTLms: 60000}})
+	}()
+	testutil.Eventually(t, 30*time.Second, "the follower applies the grant", func() bool {
+		held := false
+		nodes[follower].FSM().Read(func(s *state.State) { held = s.GetLock(key).Held })
+		return held
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*CatchUpTimeout) // hang guard only
+	defer cancel()
+	err = nodes[leader].LinearizableRead(ctx)
+	if err == nil {
+		t.Fatalf("a linearizable read on the leader (applied %d) answered although a follower applied index %d, which the leader's FSM has not",
+			nodes[leader].FSM().AppliedIndex(), nodes[follower].FSM().AppliedIndex())
+	}
+	if ae := apierror.From(err); ae.Code != apierror.Unavailable || ctx.Err() != nil {
+		t.Fatalf("a read on a leader whose FSM lags its commit: %v (code %s); want unavailable within CatchUpTimeout", err, ae.Code)
 	}
 }
 

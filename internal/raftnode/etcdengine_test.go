@@ -538,12 +538,11 @@ func raftStatus(t *testing.T, n *Node) raft.Status {
 	return raft.Status{}
 }
 
-// TestEtcdEngineLeaderCountsItselfOnlyWhenDurable: the leader sends its
-// entries while it writes them, but its own copy counts toward a majority
-// only once its write is durable. With one of three members down and the
-// leader's disk stuck, the remaining follower's acknowledgement alone must
-// not commit anything; once the leader's write completes, it commits.
-func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
+// openHoldableEtcdCluster is a 3-node etcd-engine cluster whose nodes' log
+// writes a test can hold: hold(id) stalls id's writes until the returned
+// release is called (at the latest when the test ends).
+func openHoldableEtcdCluster(t *testing.T) (map[string]*Node, func(id string) (release func())) {
+	t.Helper()
 	var stuck sync.Map // node id → chan struct{} its writes wait on
 	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
 		id := c.ID
@@ -554,6 +553,23 @@ func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
 			return nil
 		}
 	})
+	return nodes, func(id string) func() {
+		ch := make(chan struct{})
+		stuck.Store(id, ch)
+		var once sync.Once
+		release := func() { once.Do(func() { stuck.Delete(id); close(ch) }) }
+		t.Cleanup(release)
+		return release
+	}
+}
+
+// TestEtcdEngineLeaderCountsItselfOnlyWhenDurable: the leader sends its
+// entries while it writes them, but its own copy counts toward a majority
+// only once its write is durable. With one of three members down and the
+// leader's disk stuck, the remaining follower's acknowledgement alone must
+// not commit anything; once the leader's write completes, it commits.
+func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
+	nodes, holdWrites := openHoldableEtcdCluster(t)
 	leader := waitLeader(t, nodes)
 	acquire(t, nodes[leader], "warm-up")
 	var follower, down string
@@ -570,11 +586,7 @@ func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
 	_ = nodes[down].Shutdown()
 	ln := nodes[leader]
 	before := raftStatus(t, ln)
-	release := make(chan struct{})
-	stuck.Store(leader, release)
-	var once sync.Once
-	unstick := func() { once.Do(func() { stuck.Delete(leader); close(release) }) }
-	t.Cleanup(unstick)
+	unstick := holdWrites(leader)
 
 	done := make(chan error, 1)
 	go func() {
@@ -870,16 +882,7 @@ func TestEtcdEngineCommitBehindSnapshotStarts(t *testing.T) {
 // entry: it waits for the leader to apply up to its commit index, or answers
 // a retryable unavailable, never the older state.
 func TestEtcdEngineLinearizableReadCoversWhatAFollowerApplied(t *testing.T) {
-	var stuck sync.Map // node id → chan struct{} its writes wait on
-	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
-		id := c.ID
-		c.etcdWriteHook = func(uint64) error {
-			if ch, ok := stuck.Load(id); ok {
-				<-ch.(chan struct{})
-			}
-			return nil
-		}
-	})
+	nodes, holdWrites := openHoldableEtcdCluster(t)
 	leader := waitLeader(t, nodes)
 	acquire(t, nodes[leader], "warm-up")
 	ln := nodes[leader]
@@ -890,11 +893,7 @@ func TestEtcdEngineLinearizableReadCoversWhatAFollowerApplied(t *testing.T) {
 			break
 		}
 	}
-	release := make(chan struct{})
-	stuck.Store(leader, release)
-	var once sync.Once
-	unstick := func() { once.Do(func() { stuck.Delete(leader); close(release) }) }
-	t.Cleanup(unstick)
+	unstick := holdWrites(leader)
 
 	done := make(chan error, 1)
 	go func() {

@@ -205,6 +205,9 @@ type Node struct {
 	disk      *diskGuard
 	// setFatal hands the log store the node's fail (hashicorp engine).
 	setFatal func(func(error))
+	// hlogs is hashicorp/raft's log (nil on the etcd engine): a read index
+	// looks up which entries its FSM never sees.
+	hlogs raft.LogStore
 	// The etcd engine's transport and store (nil on hashicorp).
 	etcdTrans *etcdTransport
 	etcdStore *multiStore
@@ -515,6 +518,7 @@ func (n *Node) openHashicorp() error {
 		return fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
+	n.hlogs = logs
 	if !hasState && len(cfg.InitialCluster) > 0 {
 		if _, self := cfg.InitialCluster[cfg.ID]; !self {
 			return fmt.Errorf("--initial-cluster does not name this node %q", cfg.ID)

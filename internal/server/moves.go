@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/apierror"
+	"github.com/dlock/dlock/internal/command"
 	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
@@ -119,11 +120,24 @@ func (ss *shardSet) Move(ctx context.Context, req service.MoveRequest) error {
 		if !committed {
 			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet (the cluster is starting); retry"}
 		}
-		if err := ss.commitMap(ctx, next); err != nil {
+		res, err := ss.commitMapResult(ctx, next)
+		if err != nil {
 			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
 				Message: "could not commit the move to the shard map; retry (GET /api/v1/cluster shows whether it began)"}
 		}
-		// Another change may have won the generation: look again.
+		if res.Status != command.StatusOK {
+			// The meta group's own check (a node being removed, say).
+			return apierror.New(apierror.Conflict, "the meta group refused the move: %s; nothing was changed", res.Message)
+		}
+		// Another change may have won the generation (a removal of the
+		// target, say): look again at the map as committed.
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		err = ss.meta.LinearizableRead(rctx)
+		rcancel()
+		if err != nil {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+				Message: fmt.Sprintf("could not read the shard map after committing the move (%v); retry (GET /api/v1/cluster shows whether it began)", err)}
+		}
 	}
 	ss.poke()
 	ctx, cancel := context.WithTimeout(ctx, moveWait)

@@ -235,11 +235,17 @@ func startSharded(cfg Config) (*Server, error) {
 // the meta group and the groups' states: it starts the groups of new
 // ranges, commits splits to the map, and hands the router each new map.
 type shardSet struct {
-	logger  *slog.Logger
-	cfg     Config
-	rc      raftnode.Config
-	shared  *raftnode.Shared
-	mtr     *metrics.Metrics
+	logger *slog.Logger
+	cfg    Config
+	rc     raftnode.Config
+	shared *raftnode.Shared
+	mtr    *metrics.Metrics
+
+	// gauges is the source of /metrics' state gauges: the node's first
+	// running group, registered once and swapped as groups come and go.
+	gauges     gaugeSource
+	gaugesOnce sync.Once
+
 	initial shard.Map
 	router  *shard.Router
 	meta    *raftnode.Node
@@ -377,7 +383,10 @@ func (ss *shardSet) open(g uint64, name string, seed *carved, initial map[string
 	svc.EnableACL(ss.cfg.ACL)
 	svc.SetACLState(ss.meta.FSM(), ss.meta)
 	if first {
-		ss.mtr.Attach(metricsSource{node, hub})
+		// A node whose groups all moved away may open one again: the
+		// collector is registered once (a second registration panics).
+		ss.gauges.cur.Store(&metricsSource{node, hub})
+		ss.gaugesOnce.Do(func() { ss.mtr.Attach(&ss.gauges) })
 	}
 	run := &groupRun{id: g, name: name, node: node, svc: svc}
 	ss.mu.Lock()
@@ -439,11 +448,14 @@ func (ss *shardSet) run(ctx context.Context) {
 func (ss *shardSet) metaMap() (shard.Map, bool) {
 	var gen uint64
 	var rs []command.ShardRange
-	ss.meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap() })
+	var removing []string
+	ss.meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap(); removing = st.Removing() })
 	if gen == 0 {
 		return shard.Map{}, false
 	}
-	return shard.FromRanges(gen, rs), true
+	m := shard.FromRanges(gen, rs)
+	m.Removing = removing
+	return m, true
 }
 
 // reconcile does one round of run: commit the initial map to a new meta
@@ -571,14 +583,26 @@ func groupName(m shard.Map, g uint64) string {
 // commitMap proposes m to the meta group (a no-op there unless it is the
 // next generation).
 func (ss *shardSet) commitMap(ctx context.Context, m shard.Map) error {
+	_, err := ss.commitMapResult(ctx, m)
+	return err
+}
+
+// commitMapResult is commitMap with the meta group's answer: StatusOK with
+// Token the generation it applied (or, with a message, the current one
+// when m's was stale), or StatusInvalid when it refused the map.
+func (ss *shardSet) commitMapResult(ctx context.Context, m shard.Map) (command.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges()}}
-	if _, err := ss.meta.Apply(ctx, env); err != nil {
+	env := &command.Envelope{Body: &command.SetShardMap{Generation: m.Generation, Ranges: m.Ranges(), Removing: m.Removing}}
+	resp, err := ss.meta.Apply(ctx, env)
+	if err != nil {
 		ss.logger.Info("could not commit the shard map; will retry", "generation", m.Generation, "err", err)
-		return err
+		return command.Result{}, err
 	}
-	return nil
+	if resp.Result.Status != command.StatusOK {
+		ss.logger.Info("the meta group refused a shard map", "generation", m.Generation, "reason", resp.Result.Message)
+	}
+	return resp.Result, nil
 }
 
 // route hands the router m with the services of its groups.
@@ -793,4 +817,28 @@ func (s *Server) ACLBootstrap(ctx context.Context) (*service.ACLTokenView, error
 		return s.shards.metaSvc.ACLBootstrap(ctx)
 	}
 	return s.Service.ACLBootstrap(ctx)
+}
+
+// gaugeSource is a metrics.Source that reads whichever group was last
+// made the node's first (nothing before one opens).
+type gaugeSource struct{ cur atomic.Pointer[metricsSource] }
+
+func (g *gaugeSource) Status() raftnode.Status {
+	if m := g.cur.Load(); m != nil {
+		return m.Status()
+	}
+	return raftnode.Status{}
+}
+
+func (g *gaugeSource) Read(fn func(*state.State)) {
+	if m := g.cur.Load(); m != nil {
+		m.Read(fn)
+	}
+}
+
+func (g *gaugeSource) Watchers() int {
+	if m := g.cur.Load(); m != nil {
+		return m.Watchers()
+	}
+	return 0
 }

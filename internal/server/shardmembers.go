@@ -21,7 +21,9 @@ import (
 // range's replica set names. A new node joins the meta group (non-voter,
 // promoted once caught up, as a one-group node joins) and runs no data
 // group until a move places a replica on it. A node leaves only once no
-// range lists it as a replica or as leaving.
+// range lists it as a replica or as leaving, and from the moment its
+// removal begins the map lists it as being removed, which no move can
+// place a replica on (RemoveMember).
 //
 // A range with no replica set (maps from before replica sets, or made
 // without --shard-replicas) runs on the initial cluster's nodes. Before
@@ -73,7 +75,12 @@ func (ss *shardSet) AddMember(ctx context.Context, req service.MemberRequest) er
 		return apierror.New(apierror.InvalidArgument, "id is %d bytes; a sharded cluster's node ids are at most %d; nothing was changed", len(req.ID), command.MaxReplicaIDLen)
 	}
 	if addr, ok := ss.members()[req.ID]; ok && addr == req.RaftAddr {
-		// A member already (a restarted node keeps its --join): a no-op.
+		// A member already (a restarted node keeps its --join): a no-op,
+		// but for a removal of it that began and did not finish, which
+		// this cancels.
+		if err := ss.endRemoval(ctx, req.ID); err != nil {
+			return err
+		}
 		_, err := ss.metaSvc.AddMember(ctx, req)
 		return err
 	}
@@ -91,6 +98,9 @@ func (ss *shardSet) AddMember(ctx context.Context, req service.MemberRequest) er
 			req.RaftAddr, ss.initial.N(), strings.Join(ss.initial.Bounds[1:], ","))
 	}
 	if err := ss.makeExplicit(ctx); err != nil {
+		return err
+	}
+	if err := ss.endRemoval(ctx, req.ID); err != nil {
 		return err
 	}
 	_, err = ss.metaSvc.AddMember(ctx, req)
@@ -131,32 +141,66 @@ func (ss *shardSet) makeExplicit(ctx context.Context) error {
 }
 
 // RemoveMember removes a node from the cluster (shard.Membership): refused
-// with conflict while any range lists it as a replica or as leaving;
-// otherwise it leaves the meta group (the meta leader hands leadership on
-// first when it is the one removed). A move onto the node that begins
-// between the check and the removal is not caught: the map is state of the
-// meta group, the members its Raft configuration, and no apply sees both
-// (docs/operations.md, "What is refused, and why").
+// with conflict while any range lists it as a replica or as leaving. It
+// first commits the next map with the node among the ones being removed
+// (shard.Map.BeginRemoval): the meta group refuses any map that places a
+// replica on such a node, and the generation compare-and-set orders this
+// commit against every move, so a move onto the node either committed
+// before it (and the check below sees it) or is refused after it. Then the
+// node leaves the meta group (the meta leader hands leadership on first
+// when it is the one removed). The node stays listed as being removed
+// (docs/operations.md, "Growing and shrinking a sharded cluster"): a
+// removal that failed half way is finished by sending it again, and
+// adding the node again (AddMember) takes it off the list.
 func (ss *shardSet) RemoveMember(ctx context.Context, id string) error {
 	if id == "" {
 		return apierror.New(apierror.InvalidArgument, "remove needs the member's id; nothing was changed")
 	}
-	// The current map, not one this node has yet to catch up on: a move
-	// onto the node may have just committed.
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	err := ss.meta.LinearizableRead(rctx)
-	cancel()
-	if err != nil {
-		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
-			Message: fmt.Sprintf("could not read the current shard map (%v); retry", err)}
+	if len(id) > command.MaxReplicaIDLen {
+		return apierror.New(apierror.InvalidArgument, "id is %d bytes; a sharded cluster's node ids are at most %d; nothing was changed", len(id), command.MaxReplicaIDLen)
 	}
-	m, ok := ss.metaMap()
-	if !ok {
-		return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet (the cluster is starting); retry"}
-	}
-	if held := m.Held(id, ss.all); len(held) > 0 {
-		return apierror.New(apierror.Conflict, "node %s still holds shards %v%s; move each off it first (dlock shards move --shard %d --from %s --to NODE, one shard at a time; GET /api/v1/cluster lists every shard's replicas), then remove it; nothing was changed",
-			id, held, leavingNote(m, id), held[0], id)
+	for try := 0; ; try++ {
+		// The current map and members, not ones this node has yet to
+		// catch up on: a move onto the node may have just committed.
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := ss.meta.LinearizableRead(rctx)
+		cancel()
+		if err != nil {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+				Message: fmt.Sprintf("could not read the current shard map (%v); retry", err)}
+		}
+		m, ok := ss.metaMap()
+		if !ok {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet (the cluster is starting); retry"}
+		}
+		if held := m.Held(id, ss.all); len(held) > 0 {
+			return apierror.New(apierror.Conflict, "node %s still holds shards %v%s; move each off it first (dlock shards move --shard %d --from %s --to NODE, one shard at a time; GET /api/v1/cluster lists every shard's replicas), then remove it; nothing was changed",
+				id, held, leavingNote(m, id), held[0], id)
+		}
+		members := slices.Sorted(maps.Keys(ss.members()))
+		if !slices.Contains(members, id) && !slices.Contains(m.Removing, id) {
+			break // not a member: the meta group answers as it does
+		}
+		next, changed, err := m.BeginRemoval(id, members)
+		if err != nil {
+			return apierror.New(apierror.Conflict, "%v; nothing was changed", err)
+		}
+		if !changed {
+			break // listed as being removed: no move can place it now
+		}
+		if try >= 10 {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map kept changing while the removal was being recorded in it; retry"}
+		}
+		res, err := ss.commitMapResult(ctx, next)
+		if err != nil {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+				Message: "could not record the removal in the shard map; retry (nothing else was changed)"}
+		}
+		if res.Status != command.StatusOK {
+			return apierror.New(apierror.Conflict, "the meta group refused to record the removal of %s: %s; nothing was changed", id, res.Message)
+		}
+		// Applied, or a concurrent change (a move onto the node, say) won
+		// the generation: look again.
 	}
 	if _, err := ss.metaSvc.RemoveMember(ctx, id); err != nil {
 		return err
@@ -165,6 +209,34 @@ func (ss *shardSet) RemoveMember(ctx context.Context, id string) error {
 		ss.markRemoved()
 	}
 	return nil
+}
+
+// endRemoval takes id off the map's nodes being removed (it joins again),
+// before it is added: once it is a member, a move may place it.
+func (ss *shardSet) endRemoval(ctx context.Context, id string) error {
+	for try := 0; ; try++ {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := ss.meta.LinearizableRead(rctx)
+		cancel()
+		if err != nil {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err, Message: "this node's meta group is behind; retry"}
+		}
+		m, ok := ss.metaMap()
+		if !ok {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map is not committed yet (the cluster is starting); retry"}
+		}
+		next, changed := m.EndRemoval(id)
+		if !changed {
+			return nil
+		}
+		if try >= 10 {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "the shard map kept changing while the node was taken off the nodes being removed; retry"}
+		}
+		if err := ss.commitMap(ctx, next); err != nil {
+			return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Err: err,
+				Message: "could not take the node off the shard map's nodes being removed; retry"}
+		}
+	}
 }
 
 // leavingNote names the shards whose move is taking a replica off id.

@@ -38,6 +38,10 @@ type Map struct {
 	Replicas   [][]string
 	Leaving    []string
 	Generation uint64
+	// Removing are the nodes whose removal from the cluster began, oldest
+	// first: no range may list one (the meta group refuses such a map), so
+	// a move onto one is refused (BeginMove).
+	Removing []string
 	// Placement, on a map given by flags, asks for each range on that many
 	// nodes (Place); 0 is every node.
 	Placement int
@@ -170,6 +174,8 @@ func (m Map) BeginMove(id int, from, to string, nodes, all []string) (Map, error
 		return Map{}, &MoveError{Msg: fmt.Sprintf("from and to are both %q; name two nodes", from)}
 	case !slices.Contains(nodes, to):
 		return Map{}, &MoveError{Msg: fmt.Sprintf("no node %q in the cluster; the nodes are %v", to, nodes)}
+	case slices.Contains(m.Removing, to):
+		return Map{}, &MoveError{Conflict: true, Msg: fmt.Sprintf("node %q is being removed from the cluster (a removal of it began, and its member may already be gone); finish the removal (DELETE /api/v1/cluster/members/%s again, or dlock members remove), or add the node to the cluster again (dlock members add) before moving a replica onto it", to, to)}
 	case m.leaving(k) != "":
 		return Map{}, &MoveError{Conflict: true, Msg: fmt.Sprintf("shard %d is already moving its replica on %s; wait until that move is done (GET /api/v1/cluster)", id, m.leaving(k))}
 	}
@@ -219,7 +225,7 @@ func (m Map) LeavingReplica(k int) string { return m.leaving(k) }
 
 func (m Map) clone() Map {
 	out := Map{Bounds: slices.Clone(m.Bounds), IDs: slices.Clone(m.IDs), Groups: slices.Clone(m.Groups), Generation: m.Generation,
-		Replicas: make([][]string, len(m.Bounds)), Leaving: make([]string, len(m.Bounds))}
+		Replicas: make([][]string, len(m.Bounds)), Leaving: make([]string, len(m.Bounds)), Removing: slices.Clone(m.Removing)}
 	for k := range m.Bounds {
 		if k < len(m.Replicas) {
 			out.Replicas[k] = slices.Clone(m.Replicas[k])
@@ -313,7 +319,7 @@ func (m Map) Split(src uint64, at string, child uint64) (Map, error) {
 	// The split-off range runs on the nodes that ran its source: they
 	// are the ones that applied the split.
 	c := m.clone()
-	out := Map{Generation: m.Generation + 1}
+	out := Map{Generation: m.Generation + 1, Removing: c.Removing}
 	out.Bounds = append(append(append([]string(nil), m.Bounds[:k+1]...), at), m.Bounds[k+1:]...)
 	out.IDs = append(append(append([]int(nil), m.IDs[:k+1]...), next), m.IDs[k+1:]...)
 	out.Groups = append(append(append([]uint64(nil), m.Groups[:k+1]...), child), m.Groups[k+1:]...)
@@ -563,6 +569,43 @@ func (m Map) Explicit(all []string) (out Map, ok bool, err error) {
 	}
 	out.Generation++
 	return out, true, nil
+}
+
+// BeginRemoval is the next generation of the map with node id among the
+// nodes being removed: the first step of removing it from the cluster.
+// The caller has checked that no range lists it (Held); the meta group
+// refuses the map otherwise. When the list is full, the oldest entries
+// that are no longer members (members: the meta group's) make room: their
+// removals finished long ago. ok is false when id is being removed
+// already (nothing to commit).
+func (m Map) BeginRemoval(id string, members []string) (out Map, ok bool, err error) {
+	if slices.Contains(m.Removing, id) {
+		return m, false, nil
+	}
+	out = m.clone()
+	for len(out.Removing) >= command.MaxRemoving {
+		i := slices.IndexFunc(out.Removing, func(x string) bool { return !slices.Contains(members, x) })
+		if i < 0 {
+			return Map{}, false, fmt.Errorf("%d removals are unfinished, the limit; finish one of them first (remove %s again)", len(out.Removing), out.Removing[0])
+		}
+		out.Removing = slices.Delete(out.Removing, i, i+1)
+	}
+	out.Removing = append(out.Removing, id)
+	out.Generation++
+	return out, true, nil
+}
+
+// EndRemoval is the next generation of the map with node id no longer
+// being removed (it joins again); ok is false when it is not (nothing to
+// commit).
+func (m Map) EndRemoval(id string) (out Map, ok bool) {
+	if !slices.Contains(m.Removing, id) {
+		return m, false
+	}
+	out = m.clone()
+	out.Removing = slices.DeleteFunc(out.Removing, func(x string) bool { return x == id })
+	out.Generation++
+	return out, true
 }
 
 // Held lists, in map order, the shards node id runs or is leaving (all:

@@ -20,6 +20,9 @@ type shardState struct {
 	splits   []SplitRecord
 	mapGen   uint64
 	ranges   []command.ShardRange
+	// removing are the nodes whose removal from the cluster began
+	// (command.SetShardMap.Removing): no range may list one.
+	removing []string
 }
 
 // SplitRecord is one split a shard was the source of: the names at and
@@ -59,6 +62,10 @@ func (s *State) Splits() []SplitRecord { return append([]SplitRecord(nil), s.sha
 func (s *State) ShardMap() (generation uint64, ranges []command.ShardRange) {
 	return s.shard.mapGen, append([]command.ShardRange(nil), s.shard.ranges...)
 }
+
+// Removing are the nodes the meta group's map holds as being removed from
+// the cluster, in the order their removal began.
+func (s *State) Removing() []string { return slices.Clone(s.shard.removing) }
 
 // keyOf is the name a command acts on, for the wrong-shard check: the
 // commands a client sends for one name. Commands the leader proposes on
@@ -198,18 +205,61 @@ func leaseKept(l *Lease, keep func(string) bool) bool {
 	return false
 }
 
-// setShardMap installs the next generation of the meta group's map.
-func (s *State) setShardMap(b *command.SetShardMap) command.Result {
+// setShardMap installs the next generation of the meta group's map. The
+// generation compare-and-set orders every change of the map, and the
+// removing check makes a removal and a move onto the same node exclusive:
+// of a move onto a node and that node's removal, both proposed on the same
+// generation, exactly one applies; the other is stale and, proposed again
+// on the new map, refused.
+func (s *State) setShardMap(e *command.Envelope, b *command.SetShardMap) command.Result {
 	if b.Generation != s.shard.mapGen+1 {
 		return command.Result{Status: command.StatusOK, Token: s.shard.mapGen, Message: "stale generation"}
+	}
+	removing := b.Removing
+	if e.Version != 0 && e.Version < 11 {
+		// Written by a node that knows nothing of removals: it keeps them.
+		removing = s.shard.removing
 	}
 	if err := checkRanges(b.Ranges); err != nil {
 		return invalid(err.Error())
 	}
+	if err := checkRemoving(b.Ranges, removing); err != nil {
+		return invalid(err.Error())
+	}
 	s.shard.mapGen = b.Generation
 	s.shard.ranges = append([]command.ShardRange(nil), b.Ranges...)
+	s.shard.removing = slices.Clone(removing)
 	s.changed = true
 	return command.Result{Status: command.StatusOK, Token: b.Generation}
+}
+
+// checkRemoving checks the nodes being removed against the ranges: none
+// may be a replica of any (a move's target or leaving replica included),
+// and every range must name its replicas (one with none runs on every
+// initial node, which this state cannot tell from a removed one).
+func checkRemoving(rs []command.ShardRange, removing []string) error {
+	if len(removing) == 0 {
+		return nil
+	}
+	if len(removing) > command.MaxRemoving {
+		return fmt.Errorf("%d nodes being removed; the limit is %d", len(removing), command.MaxRemoving)
+	}
+	for i, id := range removing {
+		if id == "" || len(id) > command.MaxReplicaIDLen || slices.Contains(removing[:i], id) {
+			return errors.New("the nodes being removed must be distinct node ids")
+		}
+	}
+	for i, r := range rs {
+		if len(r.Replicas) == 0 {
+			return fmt.Errorf("shard range %d has no replica set while nodes are being removed", i)
+		}
+		for _, id := range r.Replicas {
+			if slices.Contains(removing, id) {
+				return fmt.Errorf("node %q is being removed from the cluster and cannot be a replica of shard %d (finish its removal, or add it to the cluster again, first)", id, r.ID)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxShardRanges bounds the shard map.
@@ -268,10 +318,19 @@ func writeShard(w *wire.Writer, sh *shardState) {
 		}
 		w.String(r.Leaving)
 	}
+	writeRemoving(w, sh)
+}
+
+// writeRemoving writes the removing nodes (version 13).
+func writeRemoving(w *wire.Writer, sh *shardState) {
+	w.Uvarint(uint64(len(sh.removing)))
+	for _, id := range sh.removing {
+		w.String(id)
+	}
 }
 
 // readShard reads the shard section (snapshot version 11; replica sets
-// since version 12).
+// since version 12, the removing nodes since version 13).
 func (s *State) readShard(r *wire.Reader, v byte) error {
 	if v < 11 {
 		return nil
@@ -297,6 +356,12 @@ func (s *State) readShard(r *wire.Reader, v byte) error {
 		}
 		sh.ranges = append(sh.ranges, sr)
 	}
+	if v >= 13 {
+		k := r.Count(1)
+		for ; k > 0 && r.Err() == nil; k-- {
+			sh.removing = append(sh.removing, r.String())
+		}
+	}
 	if r.Err() != nil {
 		return nil
 	}
@@ -313,6 +378,12 @@ func (s *State) readShard(r *wire.Reader, v byte) error {
 		if err := checkRanges(sh.ranges); err != nil {
 			return err
 		}
+	}
+	if len(sh.removing) > 0 && sh.mapGen == 0 {
+		return errors.New("nodes being removed without a shard map")
+	}
+	if err := checkRemoving(sh.ranges, sh.removing); err != nil {
+		return err
 	}
 	var stray string
 	s.locks.Ascend(func(lk *Lock) bool {
@@ -335,6 +406,14 @@ func (s *State) shardDigest(h *hasher) {
 		return // a state that never took part in a split digests as before
 	}
 	var w wire.Writer
-	writeShard(&w, &s.shard)
+	sh := s.shard
+	sh.removing = nil
+	writeShard(&w, &sh)
+	// Without removals the section digests as format 12 wrote it (without
+	// the count), so nodes on either side of an upgrade agree.
+	w.Buf = w.Buf[:len(w.Buf)-1]
+	if len(s.shard.removing) > 0 {
+		writeRemoving(&w, &s.shard)
+	}
 	h.bytes(w.Buf)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -286,5 +287,133 @@ func TestSetShardMap(t *testing.T) {
 	}
 	if g2, rs2 := rt.ShardMap(); g2 != 2 || !reflect.DeepEqual(rs2, m2) {
 		t.Fatalf("after restore: %d %+v", g2, rs2)
+	}
+}
+
+// TestShardMapRemoving: a map's removing nodes may not be replicas of any
+// range; a version 10 entry keeps them; a map that drops one clears it.
+func TestShardMapRemoving(t *testing.T) {
+	base := []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2"}}, {Start: "m", ID: 1, Group: 11, Replicas: []string{"n2", "n3"}}}
+	withX := []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2", "x"}, Leaving: "n1"}, {Start: "m", ID: 1, Group: 11, Replicas: []string{"n2", "n3"}}}
+	cases := []struct {
+		name     string
+		ranges   []command.ShardRange
+		removing []string
+		want     command.Status
+	}{
+		{"none", base, nil, command.StatusOK},
+		{"a node on no range", base, []string{"x"}, command.StatusOK},
+		{"several", base, []string{"x", "y"}, command.StatusOK},
+		{"a replica", base, []string{"n3"}, command.StatusInvalid},
+		{"a move's target", withX, []string{"x"}, command.StatusInvalid},
+		{"a move's leaving replica", withX, []string{"n1"}, command.StatusInvalid},
+		{"an implicit replica set", []command.ShardRange{{Start: "", ID: 0, Group: 10}}, []string{"x"}, command.StatusInvalid},
+		{"empty id", base, []string{""}, command.StatusInvalid},
+		{"repeated", base, []string{"x", "x"}, command.StatusInvalid},
+		{"too long an id", base, []string{strings.Repeat("x", command.MaxReplicaIDLen+1)}, command.StatusInvalid},
+		{"too many", base, func() []string {
+			var ids []string
+			for i := range command.MaxRemoving + 1 {
+				ids = append(ids, fmt.Sprintf("x%d", i))
+			}
+			return ids
+		}(), command.StatusInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			mustStatus(t, h.do("", &command.SetShardMap{Generation: 1, Ranges: base}), command.StatusOK)
+			before, rev := dump(h.s), h.s.Revision()
+			r := h.do("", &command.SetShardMap{Generation: 2, Ranges: tc.ranges, Removing: tc.removing})
+			mustStatus(t, r, tc.want)
+			gen, _ := h.s.ShardMap()
+			if tc.want != command.StatusOK {
+				if gen != 1 || r.Message == "" || len(h.s.Removing()) != 0 {
+					t.Fatalf("refused map changed the state: generation %d removing %v (%q)", gen, h.s.Removing(), r.Message)
+				}
+				h.checkNoChange(before, rev)
+				return
+			}
+			if gen != 2 || len(h.s.Removing()) != len(tc.removing) || (len(tc.removing) > 0 && !reflect.DeepEqual(h.s.Removing(), tc.removing)) {
+				t.Fatalf("generation %d removing %v", gen, h.s.Removing())
+			}
+		})
+	}
+}
+
+// TestShardMapRemovingCarried: a version 10 entry (from a node that knows
+// nothing of removals) keeps the removing nodes and is refused when it
+// places one; a current entry that drops one clears it (a join again).
+func TestShardMapRemovingCarried(t *testing.T) {
+	h := newHarness(t)
+	base := []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2"}}}
+	mustStatus(t, h.do("", &command.SetShardMap{Generation: 1, Ranges: base, Removing: []string{"x"}}), command.StatusOK)
+	old := func(gen uint64, rs []command.ShardRange) command.Result {
+		h.idx++
+		h.ts += h.step
+		return h.s.Apply(h.idx, &command.Envelope{TS: h.ts, Version: 10, Body: &command.SetShardMap{Generation: gen, Ranges: rs}})
+	}
+	mustStatus(t, old(2, []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2", "x"}, Leaving: "n2"}}), command.StatusInvalid)
+	if gen, _ := h.s.ShardMap(); gen != 1 {
+		t.Fatalf("an old entry placed a removing node: generation %d", gen)
+	}
+	mustStatus(t, old(2, []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2", "n3"}, Leaving: "n2"}}), command.StatusOK)
+	if gen, _ := h.s.ShardMap(); gen != 2 || !reflect.DeepEqual(h.s.Removing(), []string{"x"}) {
+		t.Fatalf("an old entry dropped the removing nodes: generation %d removing %v", gen, h.s.Removing())
+	}
+	mustStatus(t, h.do("", &command.SetShardMap{Generation: 3, Ranges: base}), command.StatusOK)
+	if len(h.s.Removing()) != 0 {
+		t.Fatalf("a current map without x kept it: %v", h.s.Removing())
+	}
+	rt, err := Restore(h.s.Snapshot())
+	if err != nil || len(rt.Removing()) != 0 {
+		t.Fatalf("restore: %v %v", err, rt)
+	}
+}
+
+// TestShardMapRemoveMoveRace: a move onto x and x's removal, both proposed
+// on generation 1, in either order: exactly one applies; the other is
+// stale, and once proposed again on the map that won, refused.
+func TestShardMapRemoveMoveRace(t *testing.T) {
+	base := []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2"}}}
+	move := &command.SetShardMap{Generation: 2, Ranges: []command.ShardRange{{Start: "", ID: 0, Group: 10, Replicas: []string{"n1", "n2", "x"}, Leaving: "n2"}}}
+	remove := &command.SetShardMap{Generation: 2, Ranges: base, Removing: []string{"x"}}
+	for _, moveFirst := range []bool{true, false} {
+		h := newHarness(t)
+		mustStatus(t, h.do("", &command.SetShardMap{Generation: 1, Ranges: base}), command.StatusOK)
+		first, second := remove, move
+		if moveFirst {
+			first, second = move, remove
+		}
+		r1 := h.do("", first)
+		r2 := h.do("", second)
+		if r1.Status != command.StatusOK || r1.Token != 2 || r1.Message != "" {
+			t.Fatalf("move first %v: the first proposal did not apply: %+v", moveFirst, r1)
+		}
+		if r2.Status != command.StatusOK || r2.Message != "stale generation" || r2.Token != 2 {
+			t.Fatalf("move first %v: the second proposal was not stale: %+v", moveFirst, r2)
+		}
+		_, rs := h.s.ShardMap()
+		placed := slices.Contains(rs[0].Replicas, "x")
+		removing := slices.Contains(h.s.Removing(), "x")
+		if placed == removing || placed != moveFirst {
+			t.Fatalf("move first %v: x placed %v and removing %v", moveFirst, placed, removing)
+		}
+		// The loser proposed again on the map that won (generation 3):
+		// refused by the apply itself.
+		if moveFirst {
+			again := &command.SetShardMap{Generation: 3, Ranges: rs, Removing: []string{"x"}}
+			mustStatus(t, h.do("", again), command.StatusInvalid)
+		} else {
+			again := &command.SetShardMap{Generation: 3, Ranges: move.Ranges, Removing: h.s.Removing()}
+			r := h.do("", again)
+			mustStatus(t, r, command.StatusInvalid)
+			if !strings.Contains(r.Message, "being removed") {
+				t.Fatalf("refusal says %q", r.Message)
+			}
+		}
+		if gen, _ := h.s.ShardMap(); gen != 2 {
+			t.Fatalf("move first %v: the loser applied: generation %d", moveFirst, gen)
+		}
 	}
 }

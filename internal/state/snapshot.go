@@ -24,9 +24,9 @@ var snapshotMagic = []byte("DLSNAP")
 // and waiter's LockDelayMs, a delay in force) and holders' values on plain
 // locks, version 10 the grants each session lost (lost.go), version 11 the
 // shard section (shard.go: the range a shard owns, its splits, the meta
-// group's map), version 12 each map range's replica set; older snapshots
-// are still read.
-const snapshotVersion = 12
+// group's map), version 12 each map range's replica set, version 13 the
+// map's removing nodes; older snapshots are still read.
+const snapshotVersion = 13
 
 // Snapshot encodes the whole state. The encoding is canonical (every collection
 // in sorted or log order), so two replicas that applied the same log produce

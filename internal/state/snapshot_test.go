@@ -41,6 +41,7 @@ type rawShard struct {
 	splits   []SplitRecord
 	mapGen   uint64
 	ranges   []command.ShardRange
+	removing []string // version 13
 }
 
 // rawLost is one session's lost grants (version 10).
@@ -307,13 +308,19 @@ func (r *rawSnap) encode() []byte {
 				w.String(x.Leaving)
 			}
 		}
+		if r.version >= 13 {
+			w.Uvarint(uint64(len(sh.removing)))
+			for _, id := range sh.removing {
+				w.String(id)
+			}
+		}
 	}
 	return w.Buf
 }
 
 // toRaw reads a state into the raw form (in the canonical order).
 func toRaw(s *State) *rawSnap {
-	r := &rawSnap{magic: "DLSNAP", version: 12, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
+	r := &rawSnap{magic: "DLSNAP", version: 13, index: s.index, ts: s.ts, revision: s.revision, lastToken: s.lastToken, clock: s.clock, members: s.Members()}
 	for _, id := range sortedLeaseIDs(s) {
 		l := s.leases[id]
 		r.leases = append(r.leases, rawLease{l.ID, l.ClientID, int64(l.TTLms), l.Session, l.Active, l.Gen, l.RenewedAt, l.RenewedAt - 1, l.RenewedClock})
@@ -352,7 +359,7 @@ func toRaw(s *State) *rawSnap {
 	for _, id := range ids {
 		r.lost = append(r.lost, rawLost{id, append([]LostGrant(nil), s.lost[id]...)})
 	}
-	r.shard = rawShard{s.shard.ranged, s.shard.from, s.shard.to, s.shard.splits, s.shard.mapGen, s.shard.ranges}
+	r.shard = rawShard{s.shard.ranged, s.shard.from, s.shard.to, s.shard.splits, s.shard.mapGen, s.shard.ranges, s.shard.removing}
 	return r
 }
 
@@ -440,8 +447,38 @@ func TestRestoreFormat11(t *testing.T) {
 	}
 }
 
+// TestRestoreFormat12 restores a version 12 snapshot, written before maps
+// had removing nodes: none come back, and the map is as written.
+func TestRestoreFormat12(t *testing.T) {
+	r := toRaw(splitState(t))
+	r.version = 12
+	s, err := Restore(r.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, rs := s.ShardMap()
+	if gen != 1 || len(rs) != 2 || !reflect.DeepEqual(rs[1].Replicas, []string{"n1", "n3", "n4"}) || len(s.Removing()) != 0 {
+		t.Fatalf("map generation %d %+v removing %v", gen, rs, s.Removing())
+	}
+	if got := s.Snapshot(); got[6] != snapshotVersion {
+		t.Fatalf("re-snapshot is version %d", got[6])
+	}
+}
+
+// removingState is splitState with node n9 being removed.
+func removingState(t *testing.T) *State {
+	s := splitState(t)
+	r := s.Apply(s.Index()+1, &command.Envelope{TS: s.LastTS(), Body: &command.SetShardMap{Generation: 2,
+		Ranges:   []command.ShardRange{{Start: "", ID: 0, Group: 8, Replicas: []string{"n1", "n2"}}, {Start: "m", ID: 1, Group: 9, Replicas: []string{"n1", "n3", "n4"}, Leaving: "n3"}},
+		Removing: []string{"n9", "n5"}}})
+	if r.Status != command.StatusOK || len(s.Removing()) != 2 {
+		t.Fatalf("set shard map: %+v", r)
+	}
+	return s
+}
+
 func TestSnapshotFormatIsPinned(t *testing.T) {
-	for _, s := range []*State{New(), sampleState(t), splitState(t)} {
+	for _, s := range []*State{New(), sampleState(t), splitState(t), removingState(t)} {
 		if got, want := s.Snapshot(), toRaw(s).encode(); !bytes.Equal(got, want) {
 			t.Fatalf("snapshot format changed (bump snapshotVersion and keep reading v1):\n got %x\nwant %x", got, want)
 		}
@@ -449,7 +486,7 @@ func TestSnapshotFormatIsPinned(t *testing.T) {
 }
 
 func TestRestoreRoundTrip(t *testing.T) {
-	for name, s := range map[string]*State{"empty": New(), "sample": sampleState(t)} {
+	for name, s := range map[string]*State{"empty": New(), "sample": sampleState(t), "removing": removingState(t)} {
 		b := s.Snapshot()
 		r, err := Restore(b)
 		if err != nil {
@@ -530,7 +567,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		"bad magic":                        append([]byte("XLSNAP"), good[6:]...),
 		"lowercase magic":                  append([]byte("dlsnap"), good[6:]...),
 		"version 0":                        raw(func(r *rawSnap) { r.version = 0 }),
-		"version 13":                       raw(func(r *rawSnap) { r.version = 13 }),
+		"version 14":                       raw(func(r *rawSnap) { r.version = 14 }),
 		"a lock outside the shard's range": raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "k"} }),
 		"a range without ranged":           raw(func(r *rawSnap) { r.shard = rawShard{to: "m"} }),
 		"a range ending before it starts":  raw(func(r *rawSnap) { r.shard = rawShard{ranged: true, from: "m", to: "c"} }),
@@ -549,6 +586,27 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 			b[6] = 12
 			return b
 		}(),
+		"v12 map as v13": func() []byte {
+			b := raw(func(r *rawSnap) {
+				r.version = 12
+				r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5, Replicas: []string{"n1"}}}
+			})
+			b[6] = 13
+			return b
+		}(),
+		"a removing node that is a replica": raw(func(r *rawSnap) {
+			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5, Replicas: []string{"n1", "n2"}}}
+			r.shard.removing = []string{"n2"}
+		}),
+		"a removing node with an implicit replica set": raw(func(r *rawSnap) {
+			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5}}
+			r.shard.removing = []string{"n2"}
+		}),
+		"a removing node twice": raw(func(r *rawSnap) {
+			r.shard.mapGen, r.shard.ranges = 1, []command.ShardRange{{Start: "", ID: 0, Group: 5, Replicas: []string{"n1"}}}
+			r.shard.removing = []string{"n2", "n2"}
+		}),
+		"removing without a map": raw(func(r *rawSnap) { r.shard.removing = []string{"n2"} }),
 		"v11 body as v10": func() []byte {
 			b := raw(func(r *rawSnap) { r.shard = rawShard{ranged: true} })
 			b[6] = 10

@@ -398,7 +398,7 @@ func (s *State) dispatch(seq uint64, e *command.Envelope) command.Result {
 	case *command.Split:
 		return s.split(s.index, b, b.From, b.To)
 	case *command.SetShardMap:
-		return s.setShardMap(b)
+		return s.setShardMap(e, b)
 	}
 	return invalid("unknown command")
 }

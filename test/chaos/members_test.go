@@ -541,9 +541,18 @@ func (c *cluster) suffrage(id string) (string, bool) {
 func (c *cluster) adminCode(via int, method, path string) (int, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, c.nodes[via].url()+path, nil)
+	return c.adminCall(ctx, via, method, path, "")
+}
+
+// adminCall sends one admin request (body: JSON, or "" for none) through
+// node via and returns the status (0: no answer) and the answer's body.
+func (c *cluster) adminCall(ctx context.Context, via int, method, path, body string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.nodes[via].url()+path, strings.NewReader(body))
 	if err != nil {
 		return 0, "", err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := statusClient.Do(req)
 	if err != nil {

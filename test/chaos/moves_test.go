@@ -178,18 +178,7 @@ func (c *cluster) moveOnce(ctx context.Context, via, shard int, from, to string,
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	body := fmt.Sprintf(`{"shard":%d,"from":%q,"to":%q}`, shard, from, to)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.nodes[via].url()+"/api/v1/cluster/shards/move", strings.NewReader(body))
-	if err != nil {
-		return 0, "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := statusClient.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 2048))
-	return resp.StatusCode, strings.TrimSpace(string(b)), nil
+	return c.adminCall(ctx, via, http.MethodPost, "/api/v1/cluster/shards/move", body)
 }
 
 // move asks for mv through the nodes from via on, one after the other,
