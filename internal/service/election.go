@@ -91,6 +91,9 @@ func (s *Service) ListElections(ctx context.Context, req ListRequest) (_ *Electi
 	s.fsm.Read(func(st *state.State) {
 		infos, more := st.ListElections(prefix, after, limit)
 		out.Revision, out.More = st.Revision(), more
+		for _, sp := range st.Splits() {
+			out.SplitGroups = append(out.SplitGroups, sp.Group)
+		}
 		for _, ei := range infos {
 			out.Elections = append(out.Elections, electionView(ei, out.Revision))
 		}

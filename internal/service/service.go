@@ -495,6 +495,9 @@ func (s *Service) ListLocks(ctx context.Context, req ListRequest) (_ *ListRespon
 	s.fsm.Read(func(st *state.State) {
 		infos, more := st.ListLocks(prefix, after, limit)
 		out.Revision, out.More = st.Revision(), more
+		for _, sp := range st.Splits() {
+			out.SplitGroups = append(out.SplitGroups, sp.Group)
+		}
 		for _, li := range infos {
 			out.Locks = append(out.Locks, lockView(li, out.Revision))
 		}

@@ -191,6 +191,11 @@ type ListResponse struct {
 	// revision (Revision is then 0).
 	Revisions map[string]uint64 `json:"revisions,omitempty"`
 	Stale     *StaleRead        `json:"-"` // as LockView.Stale
+	// SplitGroups are the Raft groups split off the answering shard, read
+	// with the page: names moved to them are not in it, so a sharded
+	// cluster's router lists them too (or refuses) when its map lacks
+	// them. As KeepAliveResponse.SplitGroups, it travels only between nodes.
+	SplitGroups []uint64 `json:"split_groups,omitempty"`
 }
 
 // ElectionListResponse is one page of elections, like ListResponse.
@@ -201,6 +206,8 @@ type ElectionListResponse struct {
 	// Revisions is as ListResponse.Revisions.
 	Revisions map[string]uint64 `json:"revisions,omitempty"`
 	Stale     *StaleRead        `json:"-"` // as LockView.Stale
+	// SplitGroups is as ListResponse.SplitGroups.
+	SplitGroups []uint64 `json:"split_groups,omitempty"`
 }
 
 // CreateSessionRequest creates an explicit session (a lease kept alive by

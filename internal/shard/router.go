@@ -399,14 +399,51 @@ type page[V any] struct {
 	revision  uint64
 	revisions map[string]uint64
 	stale     *service.StaleRead
+	splits    []uint64 // groups split off the listed shards, as of their reads
 }
 
 // mergePages lists every shard the prefix overlaps and merges the pages by
 // name: each shard lists up to the limit after the cursor, so the first limit
 // names of the merge are the first limit names overall. One shard's page is
 // returned as it is, with its own revision.
+//
+// This node's map may be older than the cluster's (a node replaying the
+// meta group after a restart, or one cut off): names moved to a range split
+// off since are in no page of it. Each shard's page therefore lists the
+// groups split off it, read with the page; if one is not in the map, the
+// list is made again once this node learns the newer map (bounded by
+// RouteWait), else refused with a retryable 503. A split after the read
+// left the page whole, so the groups listed are all that can miss it.
 func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *view, int) (page[V], error), name func(*V) string) (page[V], error) {
-	v, _ := r.view()
+	deadline := time.Now().Add(RouteWait)
+	for {
+		v, ch := r.view()
+		p, err := mergeOnce(ctx, r, v, req, list, name)
+		if err != nil {
+			return page[V]{}, err
+		}
+		unknown := 0
+		for _, g := range p.splits {
+			if v.m.IndexOfGroup(g) < 0 {
+				unknown++
+			}
+		}
+		if unknown == 0 {
+			p.splits = nil
+			return p, nil
+		}
+		if nv, _ := r.view(); nv != v {
+			continue
+		}
+		if !awaitChange(ctx, ch, deadline) {
+			return page[V]{}, staleMap(v.m.Generation, unknown, "a list over it would miss their names")
+		}
+	}
+}
+
+// mergeOnce is one try of mergePages over view v; its page's splits are
+// every shard's.
+func mergeOnce[V any](ctx context.Context, r *Router, v *view, req service.ListRequest, list func(context.Context, *view, int) (page[V], error), name func(*V) string) (page[V], error) {
 	ks, err := r.overlap(v, req.Prefix)
 	if err != nil {
 		return page[V]{}, err
@@ -426,6 +463,7 @@ func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, 
 		out.items = append(out.items, p.items...)
 		out.more = out.more || p.more
 		out.revisions[strconv.Itoa(v.m.IDs[ks[i]])] = p.revision
+		out.splits = append(out.splits, p.splits...)
 	}
 	sort.Slice(out.items, func(a, b int) bool { return name(&out.items[a]) < name(&out.items[b]) })
 	if limit := listLimit(req.Limit); len(out.items) > limit {
@@ -441,7 +479,7 @@ func (r *Router) ListLocks(ctx context.Context, req service.ListRequest) (*servi
 		if err != nil {
 			return page[service.LockView]{}, err
 		}
-		return page[service.LockView]{items: l.Locks, more: l.More, revision: l.Revision, stale: l.Stale}, nil
+		return page[service.LockView]{items: l.Locks, more: l.More, revision: l.Revision, stale: l.Stale, splits: l.SplitGroups}, nil
 	}, func(v *service.LockView) string { return v.Name })
 	if err != nil {
 		return nil, err
@@ -458,7 +496,7 @@ func (r *Router) ListElections(ctx context.Context, req service.ListRequest) (*s
 		if err != nil {
 			return page[service.ElectionView]{}, err
 		}
-		return page[service.ElectionView]{items: l.Elections, more: l.More, revision: l.Revision, stale: l.Stale}, nil
+		return page[service.ElectionView]{items: l.Elections, more: l.More, revision: l.Revision, stale: l.Stale, splits: l.SplitGroups}, nil
 	}, func(v *service.ElectionView) string { return v.Name })
 	if err != nil {
 		return nil, err
@@ -957,7 +995,7 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 		}
 		if !awaitChange(ctx, ch, deadline) {
 			if unknown > 0 {
-				return nil, staleMap(v.m.Generation, unknown)
+				return nil, staleMap(v.m.Generation, unknown, "the session could not be renewed everywhere")
 			}
 			return nil, notRunningYet()
 		}
@@ -973,11 +1011,12 @@ func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*
 	return &out, nil
 }
 
-// staleMap answers a keepalive that reached shards split since this
-// node's map was made, when the newer map did not come within RouteWait.
-func staleMap(gen uint64, n int) error {
+// staleMap answers a call over every shard that reached shards split since
+// this node's map was made, when the newer map did not come within
+// RouteWait; what says what the call could not do.
+func staleMap(gen uint64, n int, what string) error {
 	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: fmt.Sprintf(
-		"this node's shard map (generation %d) is older than the cluster's: %d shard(s) split off since are not in it, so the session could not be renewed everywhere; retry, or send it to another node", gen, n)}
+		"this node's shard map (generation %d) is older than the cluster's: %d shard(s) split off since are not in it, so %s; retry, or send it to another node", gen, n, what)}
 }
 
 // DeleteSession ends the session's lease on every shard. A shard that no
