@@ -35,3 +35,14 @@ func GroupNode(s *Server, g uint64) *raftnode.Node {
 	}
 	return nil
 }
+
+// SetGateHook makes every sharded node in this test binary run f before
+// each try of its start-up gate's barrier; an error fails the try. nil
+// removes the hook.
+func SetGateHook(f func(node string) error) {
+	if f == nil {
+		gateHook.Store(nil)
+		return
+	}
+	gateHook.Store(&f)
+}

@@ -198,6 +198,8 @@ func startSharded(cfg Config) (*Server, error) {
 	ss.router.SetMembership(ss)
 	ss.shared.HandleRoute(ss.router)
 	ss.router.SetACL(ss.metaSvc)
+	gate := make(chan struct{})
+	ss.router.SetGate(gate)
 	ss.reconcile(context.Background())
 	s.router = ss.router
 	s.serveAPI(ss.router, s.Service, ss.mtr, ln, grpcLn)
@@ -221,8 +223,9 @@ func startSharded(cfg Config) (*Server, error) {
 	}()
 	s.balanced = make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); shard.Balance(ctx, ss.balanced, s.logger) }()
+	go func() { defer wg.Done(); ss.openGate(ctx, gate) }()
 	go func() { defer wg.Done(); ss.run(ctx); ss.wg.Wait() }()
 	go func() { wg.Wait(); close(s.balanced) }()
 	ok = true

@@ -41,6 +41,55 @@ type Router struct {
 	fw      *streams     // forwarded watches (watchfwd.go)
 	pick    *fwdReplicas // replicas for forwarded calls (replicas.go)
 	member  Membership
+	gate    <-chan struct{} // closed once the map caught up since start; nil: open
+}
+
+// SetGate holds the calls that span shards until gate closes: the node's
+// map may be older than the cluster's until its meta group has caught up
+// once since start (nil: open).
+func (r *Router) SetGate(gate <-chan struct{}) {
+	r.mu.Lock()
+	r.gate = gate
+	r.mu.Unlock()
+}
+
+func (r *Router) gated() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gate
+}
+
+// errCatchingUp is the answer of a call that spans shards while the gate
+// is shut.
+func errCatchingUp() *apierror.Error {
+	return &apierror.Error{Code: apierror.Unavailable, RetryAfter: time.Second, Message: "this node is still catching up with the cluster's shard map since its start (its meta group has not confirmed it has the cluster's newest map yet): it serves calls on one name, but no calls over several shards yet; retry, or send it to another node"}
+}
+
+// awaitGate waits, bounded by RouteWait and ctx, for the gate to open.
+// Even with the per-shard split checks, a map from before a start could
+// route a call that spans shards past a range it does not know of yet.
+func (r *Router) awaitGate(ctx context.Context) error {
+	g := r.gated()
+	if g == nil {
+		return nil
+	}
+	select {
+	case <-g:
+		return nil
+	default:
+	}
+	t := time.NewTimer(RouteWait)
+	defer t.Stop()
+	select {
+	case <-g:
+		return nil
+	case <-t.C:
+		return errCatchingUp()
+	case <-ctx.Done():
+		e := errCatchingUp()
+		e.Err = ctx.Err()
+		return e
+	}
 }
 
 // Membership adds and removes a sharded cluster's nodes (the server's; nil:
@@ -415,6 +464,9 @@ type page[V any] struct {
 // RouteWait), else refused with a retryable 503. A split after the read
 // left the page whole, so the groups listed are all that can miss it.
 func mergePages[V any](ctx context.Context, r *Router, req service.ListRequest, list func(context.Context, *view, int) (page[V], error), name func(*V) string) (page[V], error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return page[V]{}, err
+	}
 	deadline := time.Now().Add(RouteWait)
 	for {
 		v, ch := r.view()
@@ -536,6 +588,9 @@ func (r *Router) each(ctx context.Context, ks []int, fn func(ctx context.Context
 // moved names' events come from exactly one shard. A shard missing from
 // FromRevisions that was split off one named there joins that way too.
 func (r *Router) Watch(ctx context.Context, req service.WatchRequest) (*service.Watcher, error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return nil, err
+	}
 	for try := 0; ; try++ {
 		gen := r.Map().Generation
 		w, raced, err := r.watch(ctx, req)
@@ -805,6 +860,9 @@ func (r *Router) followSplit(ctx context.Context, prefix string, g, rev uint64) 
 // of the session if its source had it; if the map changed under the call,
 // the shards it did not reach are reached too.
 func (r *Router) CreateSession(ctx context.Context, req service.CreateSessionRequest) (*service.SessionResponse, error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return nil, err
+	}
 	if req.RequestID == "" {
 		req.RequestID = "srv-" + randHex(12)
 	}
@@ -948,6 +1006,9 @@ func randHex(n int) string {
 // the map that has them, else answers 503. A split after the renewal
 // copied the renewed lease, so the groups listed are all that can miss it.
 func (r *Router) KeepAlive(ctx context.Context, req service.KeepAliveRequest) (*service.KeepAliveResponse, error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return nil, err
+	}
 	req.LostAfter = 0
 	deadline := time.Now().Add(RouteWait)
 	done := map[uint64]bool{}
@@ -1026,6 +1087,9 @@ func staleMap(gen uint64, n int, what string) error {
 // asking the shards for their splits after the delete, and the session is
 // ended there too once this node learns the map that has it.
 func (r *Router) DeleteSession(ctx context.Context, req service.DeleteSessionRequest) (*service.DeleteSessionResponse, error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return nil, err
+	}
 	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
@@ -1280,6 +1344,9 @@ func (r *Router) Snapshot(context.Context) ([]byte, uint64, error) {
 // with its own key, and one key set verifies any shard's proofs. A shard
 // split off another starts with its source's keys, listed once.
 func (r *Router) TokenKeys(ctx context.Context) (*fence.KeySetDocument, error) {
+	if err := r.awaitGate(ctx); err != nil {
+		return nil, err
+	}
 	v, ks, err := r.full(ctx)
 	if err != nil {
 		return nil, err
@@ -1360,8 +1427,15 @@ func (r *Router) Healthy() error {
 	return nil
 }
 
-// Ready is every shard's readiness.
+// Ready is every shard's readiness, and not before the gate opened.
 func (r *Router) Ready() error {
+	if g := r.gated(); g != nil {
+		select {
+		case <-g:
+		default:
+			return errCatchingUp()
+		}
+	}
 	v, _ := r.view()
 	for k, s := range v.shards {
 		if s == nil && r.away(v, k) {
