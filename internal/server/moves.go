@@ -229,6 +229,9 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 			if !ok {
 				return fmt.Errorf("no node %q in the cluster", id)
 			}
+			if cur, err := ss.stepCurrent(ctx, m); err != nil || !cur {
+				return err
+			}
 			if err := run.node.Join(ctx, id, addr); err != nil {
 				return fmt.Errorf("add %s to shard %d as a non-voter: %w", id, m.IDs[k], err)
 			}
@@ -240,6 +243,9 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 		}
 	}
 	if _, member := suffrage[from]; member {
+		if cur, err := ss.stepCurrent(ctx, m); err != nil || !cur {
+			return err
+		}
 		if from == ss.rc.ID {
 			// The leaving node leads: hand leadership to another replica.
 			to := ""
@@ -266,6 +272,30 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 	ss.logger.Info("shard move done", "shard", m.IDs[k], "from", from, "replicas", m.EndMove(k).Hosts(k, ss.all))
 	ss.poke()
 	return nil
+}
+
+// stepCurrent reports whether m is still the map the meta group holds: a
+// step changes a group's members only by the current map. A step started
+// with an older one (its reconcile round read the map just before a move
+// ended, or this node's meta group is replaying its log after a restart)
+// would add back a replica a later step removed; that node's old copy,
+// still running until it sees the map, has the whole log and is promoted
+// at once, and once it stops the group counts a voter that is gone — with
+// three replicas, two of four voters left after one more failure. The map
+// is read linearizably: this node's copy of the meta group may lag.
+func (ss *shardSet) stepCurrent(ctx context.Context, m shard.Map) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := ss.meta.LinearizableRead(rctx)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("read the current shard map: %w", err)
+	}
+	cur, ok := ss.metaMap()
+	if !ok || cur.Generation != m.Generation {
+		ss.logger.Debug("shard move: a step with an older map did nothing", "generation", m.Generation, "current", cur.Generation)
+		return false, nil
+	}
+	return true, nil
 }
 
 // stopMoved stops the groups m no longer runs on this node (a move took
