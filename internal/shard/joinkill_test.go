@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/service"
-	"github.com/dlock/dlock/internal/shard"
-	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -20,26 +18,8 @@ import (
 // that runs no replica of the shard (it forwards), and the two that do (a
 // majority of the shard's voters, which elect a leader when needed).
 func TestJoinedReplicaKilled(t *testing.T) {
-	m, err := shard.NewMap(shard.DefaultBounds(4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := testcluster.NewWith(t, 3, testcluster.Options{Shards: &m})
-	testutil.Eventually(t, 60*time.Second, "every shard has a leader", func() error {
-		for _, l := range leaders(c, m) {
-			if l == "" {
-				return fmt.Errorf("leaders %v", leaders(c, m))
-			}
-		}
-		return nil
-	})
-	n4 := c.Join()
-	testutil.Eventually(t, 60*time.Second, "n4 is a voter of the meta group", func() error {
-		if ms, _ := memberIDs(t, c, "n2"); ms[n4] != "voter" {
-			return fmt.Errorf("members %v", ms)
-		}
-		return nil
-	})
+	c, _ := shardedOf(t, 3, 4)
+	n4 := joinVoter(t, c)
 	var mi service.ClusterInfo
 	if code := post(t, c, c.URL(n4)+"/api/v1/cluster/shards/move", map[string]any{"shard": 1, "from": "n1", "to": n4}, &mi); code != 200 {
 		t.Fatalf("move shard 1 n1 → n4: %d %+v", code, mi)
