@@ -1,6 +1,14 @@
 package server
 
-import "github.com/dlock/dlock/internal/raftnode"
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/dlock/dlock/internal/raftnode"
+	"github.com/dlock/dlock/internal/shard"
+)
 
 // SetOpenHook makes every sharded node in this test binary run f before it
 // opens a data group; an error refuses the open (reconcile retries it).
@@ -45,4 +53,32 @@ func SetGateHook(f func(node string) error) {
 		return
 	}
 	gateHook.Store(&f)
+}
+
+// InFlightMap is the map s's move of shard id from from to to would
+// commit first (its replicas grown by to, from leaving), made from s's
+// current map and members.
+func InFlightMap(s *Server, id int, from, to string) (shard.Map, error) {
+	m, ok := s.shards.metaMap()
+	if !ok {
+		return shard.Map{}, fmt.Errorf("no committed shard map yet")
+	}
+	nodes := slices.Sorted(maps.Keys(s.shards.members()))
+	return m.BeginMove(id, from, to, nodes, s.shards.all)
+}
+
+// MoveStep runs one step of shard id's move on s with map m, as a
+// reconcile round that read m would (s must lead the shard's group).
+func MoveStep(ctx context.Context, s *Server, m shard.Map, id int) error {
+	k := m.IndexOf(id)
+	if k < 0 {
+		return fmt.Errorf("no shard %d in the map", id)
+	}
+	s.shards.mu.Lock()
+	run := s.shards.groups[m.Groups[k]]
+	s.shards.mu.Unlock()
+	if run == nil {
+		return fmt.Errorf("shard %d does not run here", id)
+	}
+	return s.shards.moveStep(ctx, m, k, run)
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
-	"github.com/dlock/dlock/internal/server"
 	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/state"
 	"github.com/dlock/dlock/internal/testcluster"
@@ -47,24 +45,7 @@ func TestMoveBackWhileTheOldCopyStillAnswers(t *testing.T) {
 		}
 	}
 
-	reached := make(chan struct{}, 1)
-	release := make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	server.SetStopHook(func(node string, grp uint64) {
-		if node != from || grp != g {
-			return
-		}
-		select {
-		case reached <- struct{}{}:
-		default:
-		}
-		select {
-		case <-release:
-		case <-time.After(3 * time.Minute):
-		}
-	})
-	t.Cleanup(func() { server.SetStopHook(nil); free() })
+	reached, free := holdStop(t, from, g)
 
 	// A move's call waits for it (up to 2 minutes), longer than
 	// doRetried's per-call bound on a loaded machine.

@@ -229,6 +229,9 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 			if !ok {
 				return fmt.Errorf("no node %q in the cluster", id)
 			}
+			if cur, err := ss.stepCurrent(ctx, m, k); err != nil || !cur {
+				return err
+			}
 			if err := run.node.Join(ctx, id, addr); err != nil {
 				return fmt.Errorf("add %s to shard %d as a non-voter: %w", id, m.IDs[k], err)
 			}
@@ -240,6 +243,9 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 		}
 	}
 	if _, member := suffrage[from]; member {
+		if cur, err := ss.stepCurrent(ctx, m, k); err != nil || !cur {
+			return err
+		}
 		if from == ss.rc.ID {
 			// The leaving node leads: hand leadership to another replica.
 			to := ""
@@ -266,6 +272,37 @@ func (ss *shardSet) moveStep(ctx context.Context, m shard.Map, k int, run *group
 	ss.logger.Info("shard move done", "shard", m.IDs[k], "from", from, "replicas", m.EndMove(k).Hosts(k, ss.all))
 	ss.poke()
 	return nil
+}
+
+// stepCurrent reports whether range k of m still has the replicas and the
+// leaving replica the meta group's map gives its group now: a step changes
+// a group's members only by the current map (other ranges' changes, a move
+// of another shard's say, do not matter to it). A step started
+// with an older one (its reconcile round read the map just before a move
+// ended, or this node's meta group is replaying its log after a restart)
+// would add back a replica a later step removed; that node's old copy,
+// still running until it sees the map, has the whole log and is promoted
+// at once, and once it stops the group counts a voter that is gone — with
+// three replicas, two of four voters left after one more failure. The map
+// is read linearizably: this node's copy of the meta group may lag.
+func (ss *shardSet) stepCurrent(ctx context.Context, m shard.Map, k int) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	err := ss.meta.LinearizableRead(rctx)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("read the current shard map: %w", err)
+	}
+	cur, ok := ss.metaMap()
+	if !ok {
+		return false, nil
+	}
+	kc := cur.IndexOfGroup(m.Groups[k])
+	if kc < 0 || cur.LeavingReplica(kc) != m.LeavingReplica(k) ||
+		!slices.Equal(slices.Sorted(slices.Values(cur.Hosts(kc, ss.all))), slices.Sorted(slices.Values(m.Hosts(k, ss.all)))) {
+		ss.logger.Debug("shard move: a step with an older map did nothing", "shard", m.IDs[k], "generation", m.Generation, "current", cur.Generation)
+		return false, nil
+	}
+	return true, nil
 }
 
 // stopMoved stops the groups m no longer runs on this node (a move took

@@ -37,6 +37,39 @@ func sharded(t *testing.T, n int) (*testcluster.Cluster, shard.Map) {
 	return c, m
 }
 
+// shardedOf starts n nodes with the default map of shards ranges and waits
+// until every shard has a leader (anywhere: the leaders need not spread).
+func shardedOf(t *testing.T, n, shards int) (*testcluster.Cluster, shard.Map) {
+	t.Helper()
+	m, err := shard.NewMap(shard.DefaultBounds(shards))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testcluster.NewWith(t, n, testcluster.Options{Shards: &m})
+	testutil.Eventually(t, 60*time.Second, "every shard has a leader", func() error {
+		for _, l := range leaders(c, m) {
+			if l == "" {
+				return fmt.Errorf("leaders %v", leaders(c, m))
+			}
+		}
+		return nil
+	})
+	return c, m
+}
+
+// joinVoter joins a new node and waits until it is a voter of the meta group.
+func joinVoter(t *testing.T, c *testcluster.Cluster) string {
+	t.Helper()
+	id := c.Join()
+	testutil.Eventually(t, 60*time.Second, id+" is a voter of the meta group", func() error {
+		if ms, _ := memberIDs(t, c, "n2"); ms[id] != "voter" {
+			return fmt.Errorf("members %v", ms)
+		}
+		return nil
+	})
+	return id
+}
+
 // leaders maps each shard to the node whose group leads it and is ready.
 func leaders(c *testcluster.Cluster, m shard.Map) []string {
 	out := make([]string, m.N())

@@ -45,20 +45,8 @@ func memberIDs(t *testing.T, c *testcluster.Cluster, via string) (map[string]str
 // refused with conflict; then, leading the meta group, it is removed: the
 // meta group hands leadership on, and the node stops itself.
 func TestJoinMoveLeaveShardedCluster(t *testing.T) {
-	m, err := shard.NewMap(shard.DefaultBounds(4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := testcluster.NewWith(t, 3, testcluster.Options{Shards: &m})
+	c, m := shardedOf(t, 3, 4)
 	initial := []string{"n1", "n2", "n3"}
-	testutil.Eventually(t, 60*time.Second, "every shard has a leader", func() error {
-		for _, l := range leaders(c, m) {
-			if l == "" {
-				return fmt.Errorf("leaders %v", leaders(c, m))
-			}
-		}
-		return nil
-	})
 	// Held across everything below, on shard 1 ([g, n)).
 	var held service.AcquireResponse
 	if code := post(t, c, c.URL("n1")+"/api/v1/locks/hotel/held/acquire", map[string]any{"client_id": "holder", "ttl_ms": 300000, "request_id": "h1"}, &held); code != 200 || !held.Acquired {
@@ -110,13 +98,7 @@ func TestJoinMoveLeaveShardedCluster(t *testing.T) {
 
 	// The fourth node joins: every range's replica set is written out
 	// first (the initial nodes), and the new node runs no shard.
-	n4 := c.Join()
-	testutil.Eventually(t, 60*time.Second, "n4 is a voter of the meta group", func() error {
-		if ms, _ := memberIDs(t, c, "n2"); ms[n4] != "voter" {
-			return fmt.Errorf("members %v", ms)
-		}
-		return nil
-	})
+	n4 := joinVoter(t, c)
 	var ci service.ClusterInfo
 	testutil.Eventually(t, 30*time.Second, "n4 routes by the map", func() error {
 		var e apiErr

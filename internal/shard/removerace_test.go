@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/command"
-	"github.com/dlock/dlock/internal/shard"
 	"github.com/dlock/dlock/internal/state"
-	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -23,26 +21,8 @@ import (
 // node that is no member (the removal records the node as being removed in
 // the map first, and the map's generation orders that against the move).
 func TestRemoveRacesMove(t *testing.T) {
-	m, err := shard.NewMap(shard.DefaultBounds(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := testcluster.NewWith(t, 3, testcluster.Options{Shards: &m})
-	testutil.Eventually(t, 60*time.Second, "every shard has a leader", func() error {
-		for _, l := range leaders(c, m) {
-			if l == "" {
-				return fmt.Errorf("leaders %v", leaders(c, m))
-			}
-		}
-		return nil
-	})
-	n4 := c.Join()
-	testutil.Eventually(t, 60*time.Second, "n4 is a voter of the meta group", func() error {
-		if ms, _ := memberIDs(t, c, "n2"); ms[n4] != "voter" {
-			return fmt.Errorf("members %v", ms)
-		}
-		return nil
-	})
+	c, _ := shardedOf(t, 3, 2)
+	n4 := joinVoter(t, c)
 
 	type answer struct {
 		code int

@@ -58,6 +58,24 @@ func groupOf(s interface {
 	return ns[k]
 }
 
+// splitAtQ splits the default [n, t) range at q through node via and waits
+// until every node runs the new shard 4.
+func splitAtQ(t *testing.T, c *testcluster.Cluster, via string) {
+	t.Helper()
+	var ci service.ClusterInfo
+	if code := post(t, c, c.URL(via)+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
+		t.Fatalf("split: %d %+v", code, ci)
+	}
+	for _, id := range c.IDs() {
+		testutil.Eventually(t, 30*time.Second, "every node runs the new shard", func() error {
+			if groupOf(c.Server(id), 4) == nil {
+				return fmt.Errorf("node %s does not run shard 4 (map generation %d)", id, c.Server(id).ShardMap().Generation)
+			}
+			return nil
+		})
+	}
+}
+
 // TestSplitUnderLoad splits a busy range of a 3-node, 4-shard cluster
 // while clients keep locking through every node: every request succeeds
 // (503s retried with the same request_id are the only failures), tokens
@@ -407,18 +425,7 @@ func TestSplitAfterRestartsWithoutInitialCluster(t *testing.T) {
 		c.Kill(id)
 		c.Start(id)
 	}
-	var ci service.ClusterInfo
-	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
-		t.Fatalf("split: %d %+v", code, ci)
-	}
-	for _, id := range ids {
-		testutil.Eventually(t, 30*time.Second, "every node runs the new shard", func() error {
-			if groupOf(c.Server(id), 4) == nil {
-				return fmt.Errorf("node %s does not run shard 4 (map generation %d)", id, c.Server(id).ShardMap().Generation)
-			}
-			return nil
-		})
-	}
+	splitAtQ(t, c, ids[0])
 	for i, id := range ids {
 		var a service.AcquireResponse
 		name := fmt.Sprintf("romeo/after-restart-%d", i)

@@ -12,7 +12,6 @@ import (
 	"github.com/dlock/dlock/internal/apierror"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/shard"
-	"github.com/dlock/dlock/internal/testutil"
 )
 
 // staleRouter is a router over a copy of fresh's current map and services
@@ -48,18 +47,7 @@ func TestListThroughAStaleMapMissesNoName(t *testing.T) {
 	}
 	stale := staleRouter(fresh)
 
-	var ci service.ClusterInfo
-	if code := post(t, c, c.URL(ids[0])+"/api/v1/cluster/shards/split", map[string]any{"at": "q"}, &ci); code != 200 {
-		t.Fatalf("split: %d %+v", code, ci)
-	}
-	for _, id := range ids {
-		testutil.Eventually(t, 30*time.Second, "every node runs the new shard", func() error {
-			if groupOf(c.Server(id), 4) == nil {
-				return fmt.Errorf("node %s does not run shard 4 (map generation %d)", id, c.Server(id).ShardMap().Generation)
-			}
-			return nil
-		})
-	}
+	splitAtQ(t, c, ids[0])
 	if k := stale.Map().Lookup("romeo"); stale.Map().IDs[k] == 4 {
 		t.Fatal("the stale map already has the split")
 	}
