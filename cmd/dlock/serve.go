@@ -265,7 +265,7 @@ later starts recover everything from --data-dir.` + configHelp,
 		logger.Info("dlock node started", "id", *id, "api", srv.APIAddr(), "grpc", srv.GRPCAddr(), "raft", *raftAddr, "data_dir", *dataDir, "version", buildinfo.Get().Version, "commit", buildinfo.Get().Commit)
 		readyCtx, stopNotify := context.WithCancel(context.Background())
 		notified := make(chan struct{})
-		go func() { defer close(notified); notifyReady(readyCtx, srv.Node, logger) }()
+		go func() { defer close(notified); notifyReady(readyCtx, srv, logger) }()
 		err = waitForSignalOr(srv.Stopped(), func(ctx context.Context) error {
 			stopNotify()
 			<-notified

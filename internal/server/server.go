@@ -102,6 +102,15 @@ type Server struct {
 	stopped chan struct{}
 }
 
+// Ready is what /readyz answers: the node's service, or on a sharded
+// cluster the router's (every shard, and the start-up gate).
+func (s *Server) Ready() error {
+	if s.router != nil {
+		return s.router.Ready()
+	}
+	return s.Service.Ready()
+}
+
 // Stopped is closed when the node stopped itself and its process should
 // exit: its storage failed (Node.Err says so), or, on a sharded cluster,
 // it was removed from the cluster.
