@@ -231,7 +231,8 @@ func TestClusterShowsRemoving(t *testing.T) {
 		}
 		return nil
 	})
-	// removing reads which members a node's cluster view marks.
+	// removing reads which members a cluster view marks, and whether it
+	// lists n4.
 	removing := func(ci *service.ClusterInfo) (marked []string, listed bool) {
 		for _, mb := range ci.Members {
 			listed = listed || mb.ID == n4
@@ -241,17 +242,39 @@ func TestClusterShowsRemoving(t *testing.T) {
 		}
 		return marked, listed
 	}
-	if _, ci := memberIDs(t, c, "n1"); len(ci.Members) != 4 {
-		t.Fatalf("members %+v", ci.Members)
-	} else if marked, _ := removing(&ci); len(marked) != 0 {
-		t.Fatalf("no removal began, yet %v are marked removing", marked)
+	// viewOf is GET /cluster through a node; a node still starting may
+	// answer 503 for a moment.
+	viewOf := func(via string) (*service.ClusterInfo, error) {
+		var ci service.ClusterInfo
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		code, err := c.Do(ctx, "GET", c.URL(via)+"/api/v1/cluster", nil, &ci)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("GET /cluster via %s: %d", via, code)
+		}
+		return &ci, err
 	}
+	testutil.Eventually(t, 30*time.Second, "every node lists "+n4+", none as being removed", func() error {
+		for _, via := range []string{"n1", "n2", "n3", n4} {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); !listed || len(marked) != 0 {
+				return fmt.Errorf("via %s: marked %v before any removal began, %s listed %v", via, marked, n4, listed)
+			}
+		}
+		return nil
+	})
 
 	beginRemoval(t, c, n4)
 	testutil.Eventually(t, 30*time.Second, "every node shows "+n4+" as being removed", func() error {
 		for _, via := range []string{"n1", "n2", "n3", n4} {
-			_, ci := memberIDs(t, c, via)
-			if marked, listed := removing(&ci); !listed || !slices.Equal(marked, []string{n4}) {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); !listed || !slices.Equal(marked, []string{n4}) {
 				return fmt.Errorf("via %s: marked %v, %s listed %v (members %+v)", via, marked, n4, listed, ci.Members)
 			}
 		}
@@ -273,8 +296,11 @@ func TestClusterShowsRemoving(t *testing.T) {
 	}
 	testutil.Eventually(t, 60*time.Second, n4+" is listed by no node", func() error {
 		for _, via := range []string{"n1", "n2", "n3"} {
-			_, ci := memberIDs(t, c, via)
-			if marked, listed := removing(&ci); listed || len(marked) != 0 {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); listed || len(marked) != 0 {
 				return fmt.Errorf("via %s: marked %v, %s listed %v", via, marked, n4, listed)
 			}
 		}
