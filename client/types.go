@@ -82,6 +82,9 @@ type Member struct {
 	Reachable     bool    `json:"reachable"`
 	AppliedIndex  uint64  `json:"applied_index"`
 	LastContactMs float64 `json:"last_contact_ms"`
+	// Removing is true while a sharded cluster's shard map lists the node as
+	// being removed: its removal began and has not finished.
+	Removing bool `json:"removing,omitempty"`
 }
 
 // ClusterInfo is one node's view of the cluster (GET /cluster); it is not a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -265,49 +266,59 @@ func newMembersCmd() *cobra.Command {
 			if g.json() {
 				return printJSONOut(ci)
 			}
-			leader := ci.LeaderID
-			if leader == "" {
-				leader = "none known"
-			}
-			fmt.Printf("leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
-			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT\tVERSION")
-			for _, m := range ci.Members {
-				contact := "unreachable"
-				if m.Reachable {
-					contact = fmt.Sprintf("%.1fms", m.LastContactMs)
-				}
-				version := m.Version
-				if version == "" {
-					version = "-" // not registered yet, or a build before versions
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.State, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
-			}
-			if err := tw.Flush(); err != nil || len(ci.Shards) == 0 {
-				return err
-			}
-			fmt.Printf("\nshard map generation %d\n", ci.ShardGeneration)
-			fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN	REPLICAS")
-			for _, sh := range ci.Shards {
-				end := strconv.Quote(sh.End)
-				if sh.End == "" {
-					end = "…"
-				}
-				leader := sh.LeaderID
-				if leader == "" {
-					leader = "none known"
-				}
-				replicas := strings.Join(sh.Replicas, ",")
-				if sh.Leaving != "" {
-					replicas += " (moving off " + sh.Leaving + ")"
-				}
-				fmt.Fprintf(tw, "%d\t[%q, %s)\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", sh.ID, sh.Start, end, leader, sh.Term, sh.CommitIndex, sh.AppliedIndex, sh.Revision, sh.LastFencingToken, replicas)
-			}
-			return tw.Flush()
+			return printMembers(os.Stdout, ci)
 		},
 	}
 	cmd.AddCommand(newMembersChangeCmds()...)
 	return clientCmd(cmd, &g)
+}
+
+// printMembers writes the members table and, on a sharded cluster, the
+// shards table.
+func printMembers(w io.Writer, ci *client.ClusterInfo) error {
+	leader := ci.LeaderID
+	if leader == "" {
+		leader = "none known"
+	}
+	fmt.Fprintf(w, "leader %s, term %d, as seen by %s\n\n", leader, ci.Term, ci.NodeID)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSUFFRAGE\tAPI\tRAFT\tAPPLIED\tLAST CONTACT\tVERSION")
+	for _, m := range ci.Members {
+		contact := "unreachable"
+		if m.Reachable {
+			contact = fmt.Sprintf("%.1fms", m.LastContactMs)
+		}
+		version := m.Version
+		if version == "" {
+			version = "-" // not registered yet, or a build before versions
+		}
+		state := m.State
+		if m.Removing {
+			state += " (removing)" // its removal began and has not finished
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, state, m.Suffrage, m.APIAddr, m.RaftAddr, m.AppliedIndex, contact, version)
+	}
+	if err := tw.Flush(); err != nil || len(ci.Shards) == 0 {
+		return err
+	}
+	fmt.Fprintf(w, "\nshard map generation %d\n", ci.ShardGeneration)
+	fmt.Fprintln(tw, "SHARD	RANGE	LEADER	TERM	COMMIT	APPLIED	REVISION	LAST TOKEN	REPLICAS")
+	for _, sh := range ci.Shards {
+		end := strconv.Quote(sh.End)
+		if sh.End == "" {
+			end = "…"
+		}
+		leader := sh.LeaderID
+		if leader == "" {
+			leader = "none known"
+		}
+		replicas := strings.Join(sh.Replicas, ",")
+		if sh.Leaving != "" {
+			replicas += " (moving off " + sh.Leaving + ")"
+		}
+		fmt.Fprintf(tw, "%d\t[%q, %s)\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", sh.ID, sh.Start, end, leader, sh.Term, sh.CommitIndex, sh.AppliedIndex, sh.Revision, sh.LastFencingToken, replicas)
+	}
+	return tw.Flush()
 }
 
 // notHolderHint says which client id a not_holder answer was about: the usual

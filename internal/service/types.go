@@ -290,6 +290,10 @@ type Member struct {
 	Version  string `json:"version,omitempty"`
 	Suffrage string `json:"suffrage"`
 	State    string `json:"state"`
+	// Removing is true while the shard map lists the node as being removed
+	// (sharded clusters only: a one-group cluster removes a member in one
+	// Raft configuration change, so it never shows this).
+	Removing bool `json:"removing,omitempty"`
 	// Reachable, AppliedIndex and LastContactMs come from a probe of the member
 	// by the answering node (LastContactMs: the probe's round trip, or for the
 	// answering follower itself the time since it heard from the leader).

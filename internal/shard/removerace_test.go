@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/dlock/dlock/internal/command"
+	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/state"
+	"github.com/dlock/dlock/internal/testcluster"
 	"github.com/dlock/dlock/internal/testutil"
 )
 
@@ -123,30 +125,7 @@ func TestRemoveRacesMove(t *testing.T) {
 	// further (its member change failed): a move onto the node is refused
 	// with conflict, naming the pending removal; adding the node again
 	// takes it off the list, and the move goes through.
-	halfRemove := func() {
-		t.Helper()
-		testutil.Eventually(t, 30*time.Second, "the map records "+target+" as being removed", func() error {
-			meta := c.Server("n1").MembersNode()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := meta.LinearizableRead(ctx); err != nil {
-				return err
-			}
-			var gen uint64
-			var rs []command.ShardRange
-			var removing []string
-			meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap(); removing = st.Removing() })
-			if slices.Contains(removing, target) {
-				return nil
-			}
-			resp, err := meta.Apply(ctx, &command.Envelope{Body: &command.SetShardMap{Generation: gen + 1, Ranges: rs, Removing: append(removing, target)}})
-			if err != nil {
-				return err
-			}
-			return fmt.Errorf("applied %+v; looking again", resp.Result)
-		})
-	}
-	halfRemove()
+	beginRemoval(t, c, target)
 	a := send("POST", c.URL("n2")+"/api/v1/cluster/shards/move", map[string]any{"shard": 0, "from": "n1", "to": target})
 	if a.err != nil || a.code != 409 || a.e.Error.Code != "conflict" || !strings.Contains(a.e.Error.Message, "being removed") ||
 		!strings.Contains(a.e.Error.Message, "DELETE /api/v1/cluster/members/"+target) {
@@ -171,7 +150,7 @@ func TestRemoveRacesMove(t *testing.T) {
 	default:
 	}
 	// Half removed again: sending the removal again finishes it.
-	halfRemove()
+	beginRemoval(t, c, target)
 	if a := send("DELETE", c.URL("n3")+"/api/v1/cluster/members/"+target, nil); a.err != nil || a.code != 200 {
 		t.Fatalf("remove %s, pending: %d %+v %v", target, a.code, a.e, a.err)
 	}
@@ -183,6 +162,117 @@ func TestRemoveRacesMove(t *testing.T) {
 		for _, s := range ci.Shards {
 			if slices.Contains(s.Replicas, target) {
 				return fmt.Errorf("shard %d lists the removed %s", s.ID, target)
+			}
+		}
+		return nil
+	})
+}
+
+// beginRemoval does a removal's first step only: it commits the next shard
+// map with id listed as being removed, as RemoveMember does before the
+// member change, and leaves the node a member of the meta group.
+func beginRemoval(t *testing.T, c *testcluster.Cluster, id string) {
+	t.Helper()
+	testutil.Eventually(t, 30*time.Second, "the map records "+id+" as being removed", func() error {
+		meta := c.Server("n1").MembersNode()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := meta.LinearizableRead(ctx); err != nil {
+			return err
+		}
+		var gen uint64
+		var rs []command.ShardRange
+		var removing []string
+		meta.FSM().Read(func(st *state.State) { gen, rs = st.ShardMap(); removing = st.Removing() })
+		if slices.Contains(removing, id) {
+			return nil
+		}
+		resp, err := meta.Apply(ctx, &command.Envelope{Body: &command.SetShardMap{Generation: gen + 1, Ranges: rs, Removing: append(removing, id)}})
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("applied %+v; looking again", resp.Result)
+	})
+}
+
+// TestClusterShowsRemoving: while the shard map lists a node as being
+// removed, GET /cluster (and the router's view behind it) marks that
+// member removing=true on every node, and no other; once the removal
+// finishes the node is no longer listed at all.
+func TestClusterShowsRemoving(t *testing.T) {
+	c, _ := shardedOf(t, 3, 2)
+	n4 := joinVoter(t, c)
+	// removing reads which members a cluster view marks, and whether it
+	// lists n4.
+	removing := func(ci *service.ClusterInfo) (marked []string, listed bool) {
+		for _, mb := range ci.Members {
+			listed = listed || mb.ID == n4
+			if mb.Removing {
+				marked = append(marked, mb.ID)
+			}
+		}
+		return marked, listed
+	}
+	// viewOf is GET /cluster through a node; a node still starting may
+	// answer 503 for a moment.
+	viewOf := func(via string) (*service.ClusterInfo, error) {
+		var ci service.ClusterInfo
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		code, err := c.Do(ctx, "GET", c.URL(via)+"/api/v1/cluster", nil, &ci)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("GET /cluster via %s: %d", via, code)
+		}
+		return &ci, err
+	}
+	testutil.Eventually(t, 30*time.Second, "every node lists "+n4+", none as being removed", func() error {
+		for _, via := range []string{"n1", "n2", "n3", n4} {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); !listed || len(marked) != 0 {
+				return fmt.Errorf("via %s: marked %v before any removal began, %s listed %v", via, marked, n4, listed)
+			}
+		}
+		return nil
+	})
+
+	beginRemoval(t, c, n4)
+	testutil.Eventually(t, 30*time.Second, "every node shows "+n4+" as being removed", func() error {
+		for _, via := range []string{"n1", "n2", "n3", n4} {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); !listed || !slices.Equal(marked, []string{n4}) {
+				return fmt.Errorf("via %s: marked %v, %s listed %v (members %+v)", via, marked, n4, listed, ci.Members)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ci, err := c.Server("n3").Router().ClusterHealth(ctx)
+		if err != nil {
+			return err
+		}
+		if marked, _ := removing(ci); !slices.Equal(marked, []string{n4}) {
+			return fmt.Errorf("the router's health view marks %v", marked)
+		}
+		return nil
+	})
+
+	// Sending the removal finishes it: the node leaves and is listed no more.
+	if code := do(t, c, "DELETE", c.URL("n2")+"/api/v1/cluster/members/"+n4, nil, nil); code != 200 {
+		t.Fatalf("remove %s: %d", n4, code)
+	}
+	testutil.Eventually(t, 60*time.Second, n4+" is listed by no node", func() error {
+		for _, via := range []string{"n1", "n2", "n3"} {
+			ci, err := viewOf(via)
+			if err != nil {
+				return err
+			}
+			if marked, listed := removing(ci); listed || len(marked) != 0 {
+				return fmt.Errorf("via %s: marked %v, %s listed %v", via, marked, n4, listed)
 			}
 		}
 		return nil

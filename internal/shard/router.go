@@ -1202,6 +1202,14 @@ func (r *Router) cluster(ctx context.Context, health bool) (*service.ClusterInfo
 		}
 		ci.NodeID, ci.Members = mi.NodeID, mi.Members
 	}
+	if len(v.m.Removing) > 0 {
+		// A removal commits the map listing the node first and takes it out
+		// of the meta group after; in between, operators see it here.
+		ci.Members = slices.Clone(ci.Members)
+		for i := range ci.Members {
+			ci.Members[i].Removing = slices.Contains(v.m.Removing, ci.Members[i].ID)
+		}
+	}
 	ci.ShardGeneration = v.m.Generation
 	var all []string
 	if rem := r.Remote(); rem != nil {

@@ -58,7 +58,8 @@ export function mount(root) {
       const addr = (m.api_addr || '').replace(/^[a-z]+:\/\//i, '');
       return h('tr', { 'data-id': m.id, 'data-state': m.state },
         h('td', { 'data-label': 'Node', class: 'mono' }, m.id, m.id === c.leader_id ? h('span', { class: 'sub' }, 'leader') : null),
-        h('td', { 'data-label': 'State' }, m.state, m.suffrage && m.suffrage !== 'voter' ? h('span', { class: 'sub' }, m.suffrage) : null),
+        h('td', { 'data-label': 'State' }, m.state, m.suffrage && m.suffrage !== 'voter' ? h('span', { class: 'sub' }, m.suffrage) : null,
+          m.removing ? h('span', { class: 'sub', 'data-removing': '' }, 'being removed') : null),
         h('td', { 'data-label': 'Health' }, reach),
         h('td', { 'data-label': 'Applied index', class: 'num' }, m.applied_index ? String(m.applied_index) : '—'),
         h('td', { 'data-label': 'Last contact', class: 'num' }, m.last_contact_ms !== undefined ? `${Math.round(m.last_contact_ms)}ms` : '—'),
