@@ -62,6 +62,8 @@ type etcdView struct {
 	commit uint64
 	book   map[uint64]etcdMember
 	conf   raftpb.ConfState
+	// members is the Raft goroutine's membersGen that book and conf are of.
+	members uint64
 }
 
 // Future kinds.
@@ -200,8 +202,11 @@ type etcdEngine struct {
 	leaderCh    chan bool
 
 	// The Raft goroutine's own.
-	book       map[uint64]etcdMember
-	conf       raftpb.ConfState
+	book map[uint64]etcdMember
+	conf raftpb.ConfState
+	// membersGen counts changes of book and conf, so publish, which runs
+	// after every commit, copies them only when they changed.
+	membersGen uint64
 	scanTerm   uint64
 	unassigned []*efuture
 	transfers  []*efuture
@@ -777,6 +782,7 @@ func (e *etcdEngine) localAppend(m raftpb.Message) bool {
 			return false
 		}
 		e.book, e.conf = book, m.Snapshot.Metadata.ConfState
+		e.membersGen++
 		e.scanTerm = max(e.scanTerm, m.Snapshot.Metadata.Term)
 	}
 	e.inflight.Add(1)
@@ -984,6 +990,7 @@ func (e *etcdEngine) applyConfChange(ent raftpb.Entry) confAt {
 		}
 	}
 	e.conf = *e.rn.ApplyConfChange(cc)
+	e.membersGen++
 	return confAt{cs: e.conf, book: copyBook(e.book)}
 }
 
@@ -1061,7 +1068,7 @@ func (e *etcdEngine) send(m raftpb.Message) {
 // publish makes the loop's state visible to other goroutines.
 func (e *etcdEngine) publish() {
 	st := e.rn.BasicStatus()
-	v := &etcdView{lead: st.Lead, term: st.Term, commit: st.Commit, book: e.book, conf: e.conf}
+	v := &etcdView{lead: st.Lead, term: st.Term, commit: st.Commit}
 	switch st.RaftState {
 	case raft.StateLeader:
 		v.state = hraft.Leader
@@ -1071,11 +1078,14 @@ func (e *etcdEngine) publish() {
 		v.state = hraft.Candidate
 	}
 	old := e.view.Load()
-	if old != nil && old.state == v.state && old.lead == v.lead && old.term == v.term && old.commit == v.commit &&
-		sameBook(old.book, v.book) && old.conf.Equivalent(v.conf) == nil {
-		return
+	if old != nil && old.members == e.membersGen {
+		if old.state == v.state && old.lead == v.lead && old.term == v.term && old.commit == v.commit {
+			return
+		}
+		v.book, v.conf, v.members = old.book, old.conf, old.members
+	} else {
+		v.book, v.conf, v.members = copyBook(e.book), e.conf, e.membersGen
 	}
-	v.book = copyBook(e.book)
 	e.view.Store(v)
 	if old == nil || (old.state == hraft.Leader) != (v.state == hraft.Leader) {
 		select {
@@ -1083,18 +1093,6 @@ func (e *etcdEngine) publish() {
 		default:
 		}
 	}
-}
-
-func sameBook(a, b map[uint64]etcdMember) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // failAll answers everything still waiting when the loop ends.

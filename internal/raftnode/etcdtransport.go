@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -46,6 +47,10 @@ type etcdTransport struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// noticesDropped and noticesSent count commit notices (commitNotices)
+	// that a later append made unneeded and that went out on their own.
+	noticesDropped, noticesSent atomic.Uint64
 }
 
 // groupHandler is one group's side of the transport.
@@ -193,35 +198,162 @@ func (p *peerStream) write(conn net.Conn, first outMsg) error {
 		p.failed(first)
 		return err
 	}
-	m := first
-	for {
+	emit := func(m outMsg) error {
 		var err error
 		buf, err = appendFrame(buf[:0], m.group, &m.m)
 		if err == nil {
 			_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			_, err = w.Write(buf)
 		}
-		if err == nil && len(p.q) == 0 {
-			err = w.Flush()
+		if err == nil && m.m.Type == raftpb.MsgSnap {
+			if err = w.Flush(); err == nil {
+				if h := p.t.handler(m.group); h != nil {
+					h.snapshotDone(m.m.To, true)
+				}
+			}
 		}
 		if err != nil {
 			p.failed(m)
-			return err
 		}
-		if m.m.Type == raftpb.MsgSnap {
-			if err := w.Flush(); err != nil {
-				p.failed(m)
-				return err
+		return err
+	}
+	notices := commitNotices{dropped: &p.t.noticesDropped, sent: &p.t.noticesSent}
+	defer notices.stop()
+	m, have := first, true
+	for {
+		if have {
+			for _, out := range notices.next(m) {
+				if err := emit(out); err != nil {
+					return err
+				}
 			}
-			if h := p.t.handler(m.group); h != nil {
-				h.snapshotDone(m.m.To, true)
+		}
+		if len(p.q) == 0 && w.Buffered() > 0 {
+			if err := w.Flush(); err != nil {
+				return err
 			}
 		}
 		select {
 		case <-p.t.ctx.Done():
 			return p.t.ctx.Err()
 		case m = <-p.q:
+			have = true
+		case <-notices.due():
+			have = false
+			for _, out := range notices.release() {
+				if err := emit(out); err != nil {
+					return err
+				}
+			}
 		}
+	}
+}
+
+// commitNotices holds back, per group, a leader's append that carries no
+// entries — go.etcd.io/raft sends one to every follower each time the commit
+// index moves, only to announce it — for up to DefaultCommitNoticeDelay. When
+// the group's next append follows within that time (a busy leader's next
+// entry, which carries the same commit index), the notice is dropped: the
+// follower learns the commit from that append, and neither side spends a
+// write, a read, a Ready and an acknowledgement on the notice — half the
+// messages of a commit. Otherwise it goes out when the time is up, so a
+// follower's watchers and reads wait at most that much longer for a commit
+// after the leader's last write (the hashicorp engine's packer waits as long
+// before its commit notice). Dropping or delaying a Raft message is always
+// safe: Raft tolerates lost and late messages.
+type commitNotices struct {
+	held  map[uint64]outMsg
+	timer *time.Timer
+	armed bool
+	// dropped and sent count notices an append covered and notices that
+	// went out.
+	dropped, sent *atomic.Uint64
+}
+
+// isNotice says whether m is an append with no entries.
+func isNotice(m raftpb.Message) bool {
+	return m.Type == raftpb.MsgApp && len(m.Entries) == 0 && m.Snapshot == nil
+}
+
+// covers says whether append a tells its follower all that the held notice
+// n would: same term, from at or past n's position, with at least its commit.
+func covers(a, n raftpb.Message) bool {
+	return a.Type == raftpb.MsgApp && a.Term == n.Term && a.Index >= n.Index && a.Commit >= n.Commit
+}
+
+// next takes the stream's next message and returns what to write now, in
+// order.
+func (c *commitNotices) next(m outMsg) []outMsg {
+	defer c.disarmIfIdle()
+	old, held := c.held[m.group]
+	if held && !covers(m.m, old.m) {
+		// Something the held notice must not be overtaken by.
+		delete(c.held, m.group)
+		c.sent.Add(1)
+		if !isNotice(m.m) {
+			return []outMsg{old, m}
+		}
+		c.hold(m)
+		return []outMsg{old}
+	}
+	if held {
+		delete(c.held, m.group) // m carries the news
+		c.dropped.Add(1)
+	}
+	if isNotice(m.m) {
+		c.hold(m)
+		return nil
+	}
+	return []outMsg{m}
+}
+
+func (c *commitNotices) hold(m outMsg) {
+	if c.held == nil {
+		c.held = map[uint64]outMsg{}
+	}
+	c.held[m.group] = m
+	if !c.armed {
+		if c.timer == nil {
+			c.timer = time.NewTimer(DefaultCommitNoticeDelay)
+		} else {
+			c.timer.Reset(DefaultCommitNoticeDelay)
+		}
+		c.armed = true
+	}
+}
+
+// disarmIfIdle stops the timer once nothing is held, so the next notice
+// waits its whole delay.
+func (c *commitNotices) disarmIfIdle() {
+	if c.armed && len(c.held) == 0 {
+		c.timer.Stop()
+		c.armed = false
+	}
+}
+
+// due fires when held notices are to go out (nil, never, when none is held).
+func (c *commitNotices) due() <-chan time.Time {
+	if !c.armed || len(c.held) == 0 {
+		return nil
+	}
+	return c.timer.C
+}
+
+// release returns every held notice, to be written now.
+func (c *commitNotices) release() []outMsg {
+	c.armed = false
+	out := make([]outMsg, 0, len(c.held))
+	for g, m := range c.held {
+		out = append(out, m)
+		delete(c.held, g)
+	}
+	c.sent.Add(uint64(len(out)))
+	return out
+}
+
+func (c *commitNotices) stop() {
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 }
 
