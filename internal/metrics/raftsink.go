@@ -5,9 +5,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// raftSink receives hashicorp/raft's go-metrics samples and keeps the few that
-// explain a commit's latency and the cost of snapshots, as Prometheus
-// histograms. It drops everything else on a switch, without building a string:
+// raftSink receives hashicorp/raft's go-metrics samples (and the etcd
+// engine's, under the same keys) and keeps the few that explain a commit's
+// latency and the cost of snapshots, as Prometheus histograms. It drops everything else on a switch, without building a string:
 // Raft emits several samples per RPC and per entry, and go-metrics' own
 // Prometheus sink (a summary per key behind a lock) took 4–5 % of each node's
 // CPU under load for numbers nobody alerts on (docs/benchmarks.md). Histograms,

@@ -13,6 +13,9 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	gometrics "github.com/hashicorp/go-metrics/compat"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -37,7 +40,20 @@ type appendReq struct {
 	group uint64
 	owner appendOwner
 	m     raftpb.Message
+	// leader says the group's node led it when it made the write, for the
+	// log-write timings.
+	leader bool
 }
+
+// The go-metrics keys hashicorp/raft times its log writes and applies
+// under: the node's /metrics turns them into
+// dlock_raft_leader_log_write_seconds, dlock_raft_follower_log_write_seconds
+// and dlock_raft_fsm_apply_batch_seconds, so both engines feed them.
+var (
+	keyLeaderLogWrite   = []string{"raft", "leader", "dispatchLog"}
+	keyFollowerLogWrite = []string{"raft", "rpc", "appendEntries", "storeLogs"}
+	keyApplyBatch       = []string{"raft", "fsm", "applyBatch"}
+)
 
 // appendQueue is the writer's inbox; its bound holds back a Raft goroutine
 // that produces writes faster than the disk takes them.
@@ -91,7 +107,7 @@ func (s *multiStore) writer() *appendWriter {
 
 // submitAppend queues group g's MsgStorageAppend. It blocks while the queue
 // is full, until stop closes (false: not queued).
-func (s *multiStore) submitAppend(g uint64, o appendOwner, m raftpb.Message, stop <-chan struct{}) bool {
+func (s *multiStore) submitAppend(g uint64, o appendOwner, m raftpb.Message, leader bool, stop <-chan struct{}) bool {
 	w := s.writer()
 	// Closed: refuse at once (the queue may still have room, and nothing
 	// would ever answer from it).
@@ -102,7 +118,7 @@ func (s *multiStore) submitAppend(g uint64, o appendOwner, m raftpb.Message, sto
 	default:
 	}
 	select {
-	case w.reqc <- appendReq{group: g, owner: o, m: m}:
+	case w.reqc <- appendReq{group: g, owner: o, m: m, leader: leader}:
 		return true
 	case <-w.done:
 		o.appendFailed(errStoreClosed)
@@ -171,6 +187,7 @@ func (w *appendWriter) write(batch []appendReq) error {
 	if w.failed != nil {
 		return fmt.Errorf("%w (it was: %v)", errStoreFailed, w.failed)
 	}
+	start := time.Now()
 	b := w.s.db.NewBatch()
 	defer b.Close()
 	sync, snaps := false, false
@@ -224,6 +241,18 @@ func (w *appendWriter) write(batch []appendReq) error {
 	w.batches.Add(1)
 	if sync {
 		w.syncs.Add(1)
+		// Only durable writes are timed: those are what a slow disk slows.
+		leader, follower := false, false
+		for i := range batch {
+			leader = leader || batch[i].leader
+			follower = follower || !batch[i].leader
+		}
+		if leader {
+			gometrics.MeasureSince(keyLeaderLogWrite, start)
+		}
+		if follower {
+			gometrics.MeasureSince(keyFollowerLogWrite, start)
+		}
 	}
 	return nil
 }

@@ -91,11 +91,11 @@ func TestAppendWriterOneFsyncForManyGroups(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	// Group 0's write holds the writer while the others queue.
-	s.submitAppend(0, owners[0], appendMsg(1), stop)
+	s.submitAppend(0, owners[0], appendMsg(1), false, stop)
 	<-entered
 	for i := uint64(1); i <= perGroup; i++ {
 		for g := uint64(1); g <= groups; g++ {
-			if !s.submitAppend(g, owners[g], appendMsg(i), stop) {
+			if !s.submitAppend(g, owners[g], appendMsg(i), false, stop) {
 				t.Fatal("not queued")
 			}
 		}
@@ -147,7 +147,7 @@ func TestAppendWriterCommitOnlyNeedsNoFsync(t *testing.T) {
 	stop := make(chan struct{})
 	submit := func(m raftpb.Message, wantDone int) {
 		t.Helper()
-		s.submitAppend(1, o, m, stop)
+		s.submitAppend(1, o, m, false, stop)
 		testutil.Eventually(t, 10*time.Second, "write not acknowledged", func() bool { d, _ := o.counts(); return d == wantDone })
 	}
 	submit(appendMsg(1), 1)
@@ -192,21 +192,21 @@ func TestAppendWriterFailureStopsEveryWrite(t *testing.T) {
 	}
 	a, b := &fakeOwner{}, &fakeOwner{}
 	stop := make(chan struct{})
-	s.submitAppend(1, a, appendMsg(1), stop)
+	s.submitAppend(1, a, appendMsg(1), false, stop)
 	testutil.Eventually(t, 10*time.Second, "first write", func() bool { d, _ := a.counts(); return d == 1 })
 	mu.Lock()
 	failNow = true
 	mu.Unlock()
-	s.submitAppend(1, a, appendMsg(2), stop)
+	s.submitAppend(1, a, appendMsg(2), false, stop)
 	testutil.Eventually(t, 10*time.Second, "failure not reported", func() bool { _, f := a.counts(); return f == 1 })
 	mu.Lock()
 	callsAtFailure := calls
 	mu.Unlock()
 	// The same index again, a later one, and another group's: all refused
 	// without reaching the disk.
-	s.submitAppend(1, a, appendMsg(2), stop)
-	s.submitAppend(1, a, appendMsg(3), stop)
-	s.submitAppend(2, b, appendMsg(1), stop)
+	s.submitAppend(1, a, appendMsg(2), false, stop)
+	s.submitAppend(1, a, appendMsg(3), false, stop)
+	s.submitAppend(2, b, appendMsg(1), false, stop)
 	testutil.Eventually(t, 10*time.Second, "later writes not refused", func() bool {
 		_, fa := a.counts()
 		_, fb := b.counts()
@@ -254,10 +254,10 @@ func TestAppendWriterCloseAnswersQueuedWrites(t *testing.T) {
 	entered, release := blockFirstWrite(s)
 	o := &fakeOwner{}
 	stop := make(chan struct{})
-	s.submitAppend(1, o, appendMsg(1), stop)
+	s.submitAppend(1, o, appendMsg(1), false, stop)
 	<-entered
 	for i := uint64(2); i <= 5; i++ {
-		s.submitAppend(1, o, appendMsg(i), stop)
+		s.submitAppend(1, o, appendMsg(i), false, stop)
 	}
 	closed := make(chan error)
 	go func() { closed <- s.Close() }()
@@ -275,7 +275,7 @@ func TestAppendWriterCloseAnswersQueuedWrites(t *testing.T) {
 			t.Fatalf("a queued write was answered %v, want errStoreClosed", err)
 		}
 	}
-	s.submitAppend(1, o, appendMsg(6), stop)
+	s.submitAppend(1, o, appendMsg(6), false, stop)
 	if _, f2 := o.counts(); f2 != f+1 {
 		t.Fatal("a write after Close was not refused")
 	}

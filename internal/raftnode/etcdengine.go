@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	gometrics "github.com/hashicorp/go-metrics/compat"
 	hraft "github.com/hashicorp/raft"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -786,7 +787,8 @@ func (e *etcdEngine) localAppend(m raftpb.Message) bool {
 		e.scanTerm = max(e.scanTerm, m.Snapshot.Metadata.Term)
 	}
 	e.inflight.Add(1)
-	if !e.store.submitAppend(e.group, e, m, e.stopc) {
+	leader := e.rn.BasicStatus().RaftState == raft.StateLeader
+	if !e.store.submitAppend(e.group, e, m, leader, e.stopc) {
 		e.inflight.Done()
 		return false
 	}
@@ -1178,7 +1180,9 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 		e.deliverApplied(b)
 		return true
 	}
+	start := time.Now()
 	resps := e.fsm.ApplyBatch(logs)
+	gometrics.MeasureSince(keyApplyBatch, start)
 	e.applied = logs[len(logs)-1].Index
 	e.hist.mu.Lock()
 	e.hist.applied = e.applied
