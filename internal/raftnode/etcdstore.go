@@ -104,6 +104,9 @@ func openMultiStore(dir string) (*multiStore, error) {
 // openMultiStoreFS is openMultiStore on fs (nil: the OS's), for tests that
 // inject disk errors.
 func openMultiStoreFS(dir string, fs vfs.FS) (*multiStore, error) {
+	if fs == nil {
+		fs = walFS()
+	}
 	opts := &pebble.Options{Logger: quietPebbleLogger{}, FS: fs}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {

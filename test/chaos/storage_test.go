@@ -135,7 +135,7 @@ func (c *cluster) damage(i int, kind string, pick int) (string, error) {
 	}
 	segs, _ := filepath.Glob(filepath.Join(nd.dataDir, "wal", "*.wal"))
 	if len(segs) == 0 {
-		// The etcd engine: pebble's write-ahead logs (not preallocated).
+		// The etcd engine: pebble's write-ahead logs (allocated ahead, zero-filled, like raft-wal's segments).
 		segs, _ = filepath.Glob(filepath.Join(nd.dataDir, "raftlog", "*.log"))
 	}
 	if len(segs) == 0 {
