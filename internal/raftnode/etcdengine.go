@@ -212,6 +212,7 @@ type etcdEngine struct {
 	unassigned []*efuture
 	transfers  []*efuture
 	readSeq    uint64
+	timings    raftTimings
 
 	// mu guards the futures both goroutines resolve.
 	mu      sync.Mutex
@@ -342,6 +343,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1), inSig: make(chan struct{}, 1),
 		book: map[uint64]etcdMember{}, waiting: map[uint64]*efuture{}, reads: map[string]*efuture{},
 	}
+	e.timings.peerNames = func(id uint64) string { return e.book[id].ID }
 	if len(c.InitialState) > 0 {
 		if err := e.seed(c); err != nil {
 			return nil, err
@@ -642,6 +644,8 @@ func (e *etcdEngine) step(m raftpb.Message) {
 	switch m.Type {
 	case raftpb.MsgApp, raftpb.MsgHeartbeat, raftpb.MsgSnap:
 		e.lastContact.Store(time.Now().UnixNano())
+	case raftpb.MsgAppResp:
+		e.timings.answered(m)
 	}
 	_ = e.rn.Step(m)
 }
@@ -742,6 +746,9 @@ func (e *etcdEngine) expire(now time.Time) {
 func (e *etcdEngine) handleReady(rd raft.Ready) bool {
 	if rd.SoftState != nil {
 		e.softState(*rd.SoftState)
+	}
+	if n := len(rd.Entries); n > 0 {
+		e.timings.written(rd.Entries[n-1].Index, time.Now())
 	}
 	e.match(rd.Entries)
 	if len(rd.ReadStates) > 0 {
@@ -1029,6 +1036,7 @@ func (e *etcdEngine) match(ents []raftpb.Entry) {
 // softState follows leadership: a leader that steps down fails what it was
 // waiting for (outcome unknown), and finishes transfers.
 func (e *etcdEngine) softState(ss raft.SoftState) {
+	e.timings.roleChanged(ss.RaftState, e.rn.BasicStatus().Term)
 	if ss.RaftState != raft.StateLeader {
 		for _, f := range e.unassigned {
 			f.finish(nil, hraft.ErrLeadershipLost)
@@ -1059,6 +1067,7 @@ func (e *etcdEngine) send(m raftpb.Message) {
 	if addr == "" {
 		addr, _ = e.trans.learnedAddr(m.To)
 	}
+	e.timings.sent(m)
 	if addr == "" || !e.trans.send(e.group, addr, m) {
 		e.rn.ReportUnreachable(m.To)
 		if m.Type == raftpb.MsgSnap {
@@ -1070,6 +1079,7 @@ func (e *etcdEngine) send(m raftpb.Message) {
 // publish makes the loop's state visible to other goroutines.
 func (e *etcdEngine) publish() {
 	st := e.rn.BasicStatus()
+	e.timings.committed(st.Commit)
 	v := &etcdView{lead: st.Lead, term: st.Term, commit: st.Commit}
 	switch st.RaftState {
 	case raft.StateLeader:
@@ -1142,7 +1152,9 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	if b.snap != nil && b.snap.Metadata.Index > e.applied {
 		book, data, err := decodeSnapData(b.snap.Data)
 		if err == nil {
+			start := time.Now()
 			err = e.fsm.Restore(io.NopCloser(bytes.NewReader(data)))
+			gometrics.MeasureSince(keyFSMRestore, start)
 		}
 		if err != nil {
 			e.fail(fmt.Errorf("install snapshot %d: %w", b.snap.Metadata.Index, err))
@@ -1259,11 +1271,14 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		}
 	}
 	e.snapDue = false
+	start := time.Now()
 	fs, err := e.fsm.Snapshot()
 	if err != nil {
 		finish(err)
 		return
 	}
+	gometrics.MeasureSince(keyFSMSnapshot, start)
+	persist := time.Now()
 	var sink memSink
 	if err := fs.Persist(&sink); err != nil {
 		finish(err)
@@ -1285,6 +1300,8 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		finish(err)
 		return
 	}
+	gometrics.MeasureSince(keySnapPersist, persist)
+	gometrics.MeasureSince(keySnapCreate, start)
 	e.snapIndex, e.snapBytes = e.applied, e.applyBytes
 	e.hist.trim(e.snapIndex)
 	if c := e.compactTo(); c > 0 {

@@ -389,6 +389,7 @@ func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
 			c.RaftLogLevel, c.Logger = "debug", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
 	}
+	sink := inmemMetrics(t)
 	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, small)
 	leader := waitLeader(t, nodes)
 	for i := range 40 {
@@ -421,6 +422,10 @@ func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
 		return false
 	})
 	sameState(t, nodes)
+	// The log behind the snapshots was compacted: d started from one.
+	if n := sampled(sink, "dlock.raft.fsm.restore"); n == 0 {
+		t.Error("the new member installed a snapshot, and its restore was not timed")
+	}
 	// A transfer times out (a retryable 503) when the new voter is not
 	// caught up within an election timeout — say the leader is sending it
 	// the snapshot its promotion triggered — and is retried, as a client

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -51,13 +50,28 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	// Raft's own timings come through the go-metrics bridge (the gauges above
-	// are ours; these are emitted by hashicorp/raft itself, and the log-write
-	// and apply ones by the etcd engine too). The cluster's nodes share this
-	// process, so the followers' writes show here as well.
-	timings := []string{"dlock_raft_leader_log_write_seconds_count ", "dlock_raft_follower_log_write_seconds_count ", "dlock_raft_fsm_apply_batch_seconds_count "}
-	if c.Server(leader).Node.Engine() == raftnode.EngineHashicorp {
-		timings = append(timings, "dlock_raft_commit_seconds_count ", `dlock_raft_replication_seconds_count{peer_id="`)
+	// Raft's own timings and role changes come through the go-metrics bridge
+	// (the gauges above are ours; these are emitted by hashicorp/raft itself,
+	// and under the same keys by the etcd engine). The cluster's nodes share
+	// this process, so the followers' writes show here as well. A snapshot
+	// taken now times its phases.
+	if err := c.Server(leader).Node.Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	res, err = http.Get(c.URL(leader) + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	text = string(body)
+	timings := []string{
+		"dlock_raft_leader_log_write_seconds_count ", "dlock_raft_follower_log_write_seconds_count ",
+		"dlock_raft_fsm_apply_batch_seconds_count ", "dlock_raft_commit_seconds_count ",
+		`dlock_raft_replication_seconds_count{peer_id="`,
+		`dlock_raft_snapshot_seconds_count{phase="create"}`, `dlock_raft_snapshot_seconds_count{phase="persist"}`,
+		`dlock_raft_snapshot_seconds_count{phase="fsm_snapshot"}`,
+		`dlock_raft_transitions_total{kind="state_leader"}`,
 	}
 	// A histogram is listed from the start, with a count of 0: each must
 	// have counted something.
@@ -69,7 +83,7 @@ func TestMetricsEndpoint(t *testing.T) {
 			}
 		}
 		if !counted {
-			t.Errorf("metrics lack Raft's own %q with a count above 0", want)
+			t.Errorf("metrics lack Raft's own %q with a count above 0 (engine %s)", want, c.Server(leader).Node.Engine())
 		}
 	}
 }
