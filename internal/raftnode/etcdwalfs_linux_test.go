@@ -7,7 +7,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3/raftpb"
+	"golang.org/x/sys/unix"
 )
 
 // TestEtcdStoreWALIsAllocatedAhead: the log store's WAL file is allocated
@@ -81,5 +83,65 @@ func TestEtcdStoreWALIsAllocatedAhead(t *testing.T) {
 	}
 	if len(gs.Entries) != 20 || gs.Entries[19].Index != 20 || !bytes.Equal(gs.Entries[19].Data, ents[19].Data) {
 		t.Fatalf("after the crash the log holds %d entries, want all 20", len(gs.Entries))
+	}
+}
+
+// TestEtcdStoreWALFallsBackWithoutFallocate: on a file system that refuses
+// fallocate's mode 0 (EOPNOTSUPP), no write fails — pebble ignores an
+// allocation error, and the wrapper falls back to pebble's own allocation —
+// the WAL is not sized ahead, and the store keeps every entry across a
+// reopen.
+func TestEtcdStoreWALFallsBackWithoutFallocate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "log")
+	refused := 0
+	fs := walPreallocFS{FS: vfs.Default, fallocate: func(fd int, mode uint32, off, size int64) error {
+		if mode == 0 {
+			refused++
+			return unix.EOPNOTSUPP
+		}
+		return unix.Fallocate(fd, mode, off, size)
+	}}
+	s, err := openMultiStoreFS(dir, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ents []raftpb.Entry
+	for i := uint64(1); i <= 20; i++ {
+		ents = append(ents, raftpb.Entry{Term: 1, Index: i, Data: bytes.Repeat([]byte{byte(i)}, 100)})
+	}
+	for _, part := range [][]raftpb.Entry{ents[:10], ents[10:]} {
+		if err := s.Save(defaultGroup, raftpb.HardState{Term: 1, Commit: part[len(part)-1].Index}, part, raftpb.Snapshot{}, true); err != nil {
+			t.Fatalf("save with fallocate refused: %v", err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("the WAL never asked for a sized allocation: the fallback was not exercised")
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) == 0 {
+		t.Fatal("no WAL file")
+	}
+	b, err := os.ReadFile(logs[len(logs)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) >= 1<<20 {
+		t.Fatalf("WAL is %d bytes: it was sized ahead although fallocate refused", len(b))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := openMultiStoreFS(dir, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	gs, err := r.Load(defaultGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gs.Entries) != 20 || gs.Entries[19].Index != 20 || !bytes.Equal(gs.Entries[19].Data, ents[19].Data) {
+		t.Fatalf("after a reopen the log holds %d entries, want all 20", len(gs.Entries))
 	}
 }
