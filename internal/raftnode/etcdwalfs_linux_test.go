@@ -23,16 +23,7 @@ func TestEtcdStoreWALIsAllocatedAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var ents []raftpb.Entry
-	for i := uint64(1); i <= 20; i++ {
-		ents = append(ents, raftpb.Entry{Term: 1, Index: i, Data: bytes.Repeat([]byte{byte(i)}, 100)})
-	}
-	// Pebble allocates the next block before each write after the first.
-	for _, part := range [][]raftpb.Entry{ents[:10], ents[10:]} {
-		if err := s.Save(defaultGroup, raftpb.HardState{Term: 1, Commit: part[len(part)-1].Index}, part, raftpb.Snapshot{}, true); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ents := saveInTwoWrites(t, s)
 
 	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
 	if len(logs) == 0 {
@@ -77,13 +68,7 @@ func TestEtcdStoreWALIsAllocatedAhead(t *testing.T) {
 		t.Fatalf("open the store as a crash left it: %v", err)
 	}
 	defer c.Close()
-	gs, err := c.Load(defaultGroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(gs.Entries) != 20 || gs.Entries[19].Index != 20 || !bytes.Equal(gs.Entries[19].Data, ents[19].Data) {
-		t.Fatalf("after the crash the log holds %d entries, want all 20", len(gs.Entries))
-	}
+	requireEntries(t, c, ents, "after the crash")
 }
 
 // TestEtcdStoreWALFallsBackWithoutFallocate: on a file system that refuses
@@ -105,15 +90,7 @@ func TestEtcdStoreWALFallsBackWithoutFallocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ents []raftpb.Entry
-	for i := uint64(1); i <= 20; i++ {
-		ents = append(ents, raftpb.Entry{Term: 1, Index: i, Data: bytes.Repeat([]byte{byte(i)}, 100)})
-	}
-	for _, part := range [][]raftpb.Entry{ents[:10], ents[10:]} {
-		if err := s.Save(defaultGroup, raftpb.HardState{Term: 1, Commit: part[len(part)-1].Index}, part, raftpb.Snapshot{}, true); err != nil {
-			t.Fatalf("save with fallocate refused: %v", err)
-		}
-	}
+	ents := saveInTwoWrites(t, s)
 	if refused == 0 {
 		t.Fatal("the WAL never asked for a sized allocation: the fallback was not exercised")
 	}
@@ -137,11 +114,38 @@ func TestEtcdStoreWALFallsBackWithoutFallocate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	gs, err := r.Load(defaultGroup)
+	requireEntries(t, r, ents, "after a reopen")
+}
+
+// saveInTwoWrites makes 20 entries durable in two writes (pebble allocates
+// the WAL's next block before each write after the first) and returns them.
+func saveInTwoWrites(t *testing.T, s *multiStore) []raftpb.Entry {
+	t.Helper()
+	var ents []raftpb.Entry
+	for i := uint64(1); i <= 20; i++ {
+		ents = append(ents, raftpb.Entry{Term: 1, Index: i, Data: bytes.Repeat([]byte{byte(i)}, 100)})
+	}
+	for _, part := range [][]raftpb.Entry{ents[:10], ents[10:]} {
+		if err := s.Save(defaultGroup, raftpb.HardState{Term: 1, Commit: part[len(part)-1].Index}, part, raftpb.Snapshot{}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ents
+}
+
+// requireEntries fails unless s holds exactly ents.
+func requireEntries(t *testing.T, s *multiStore, ents []raftpb.Entry, when string) {
+	t.Helper()
+	gs, err := s.Load(defaultGroup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(gs.Entries) != 20 || gs.Entries[19].Index != 20 || !bytes.Equal(gs.Entries[19].Data, ents[19].Data) {
-		t.Fatalf("after a reopen the log holds %d entries, want all 20", len(gs.Entries))
+	if len(gs.Entries) != len(ents) {
+		t.Fatalf("%s the log holds %d entries, want all %d", when, len(gs.Entries), len(ents))
+	}
+	for i, e := range gs.Entries {
+		if e.Index != ents[i].Index || !bytes.Equal(e.Data, ents[i].Data) {
+			t.Fatalf("%s entry %d differs from the one saved", when, ents[i].Index)
+		}
 	}
 }
