@@ -29,6 +29,7 @@ import (
 	hraft "github.com/hashicorp/raft"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/dlock/dlock/internal/fsm"
 )
@@ -200,7 +201,10 @@ type etcdEngine struct {
 
 	view        atomic.Pointer[etcdView]
 	lastContact atomic.Int64
-	leaderCh    chan bool
+	// commitsBy counts, as leader, the acknowledgements that moved the
+	// commit index: the leader's own durable write or a follower's.
+	commitsBy commitCounts
+	leaderCh  chan bool
 
 	// The Raft goroutine's own.
 	book map[uint64]etcdMember
@@ -647,7 +651,48 @@ func (e *etcdEngine) step(m raftpb.Message) {
 	case raftpb.MsgAppResp:
 		e.timings.answered(m)
 	}
+	e.stepCounted(m, false)
+}
+
+// stepCounted steps m; an acknowledgement that moves the commit index is
+// counted by what came last: the leader's own write (own) or a follower's
+// acknowledgement, and then whether the leader's copy was durable yet.
+func (e *etcdEngine) stepCounted(m raftpb.Message, own bool) {
+	if m.Type != raftpb.MsgAppResp {
+		_ = e.rn.Step(m)
+		return
+	}
+	before := e.rn.BasicStatus().Commit
 	_ = e.rn.Step(m)
+	st := e.rn.BasicStatus()
+	if st.Commit <= before || st.RaftState != raft.StateLeader {
+		return
+	}
+	if own {
+		e.commitsBy.leaderWrite.Add(1)
+		return
+	}
+	var self uint64
+	e.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == e.nid {
+			self = pr.Match
+		}
+	})
+	if self >= st.Commit {
+		e.commitsBy.followerAck.Add(1)
+	} else {
+		e.commitsBy.followersAlone.Add(1)
+	}
+}
+
+// commitCounts is Status's CommitsBy.
+type commitCounts struct{ leaderWrite, followerAck, followersAlone atomic.Uint64 }
+
+// CommitsBy reports how many commit-index advances this node made as
+// leader, by what completed them.
+func (e *etcdEngine) CommitsBy() CommitsBy {
+	return CommitsBy{LeaderWrite: e.commitsBy.leaderWrite.Load(), FollowerAck: e.commitsBy.followerAck.Load(),
+		FollowersAlone: e.commitsBy.followersAlone.Load()}
 }
 
 func (e *etcdEngine) propose(f *efuture) {
@@ -949,7 +994,7 @@ func (e *etcdEngine) takeDeliveries() bool {
 		}
 		for _, m := range d.msgs {
 			if m.To == e.nid {
-				_ = e.rn.Step(m)
+				e.stepCounted(m, true)
 			} else {
 				e.send(m)
 			}

@@ -630,6 +630,71 @@ func TestEtcdEngineLeaderCountsItselfOnlyWhenDurable(t *testing.T) {
 	}
 }
 
+// TestEtcdEngineCountsWhatCompletedACommit: the leader counts each commit
+// under what came last, and holding one member's disk back decides it: the
+// leader's with both followers up (the followers commit alone), the leader's
+// with one follower down (its own write completes the commit), the
+// follower's with one follower down (its acknowledgement does).
+func TestEtcdEngineCountsWhatCompletedACommit(t *testing.T) {
+	nodes, holdWrites := openHoldableEtcdCluster(t)
+	leader := waitLeader(t, nodes)
+	acquire(t, nodes[leader], "warm-up")
+	ln := nodes[leader]
+	var followers []string
+	for id := range nodes {
+		if id != leader {
+			followers = append(followers, id)
+			if st := nodes[id].Status(); st.CommitsBy == nil || *st.CommitsBy != (CommitsBy{}) {
+				t.Fatalf("follower %s counted commits it did not make: %+v", id, st.CommitsBy)
+			}
+		}
+	}
+	if by := ln.Status().CommitsBy; by == nil || by.LeaderWrite+by.FollowerAck+by.FollowersAlone == 0 {
+		t.Fatalf("the leader reports no commits by what completed them: %+v", by)
+	}
+	// write holds held's disk until the others have stored the entry, then
+	// lets it go and returns how the commit was counted.
+	write := func(name, held string, others ...string) CommitsBy {
+		t.Helper()
+		before := *ln.Status().CommitsBy
+		commit := raftStatus(t, ln).Commit
+		release := holdWrites(held)
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			_, err := ln.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: name, Body: &command.Acquire{Name: name, TTLms: 60000}})
+			done <- err
+		}()
+		testutil.Eventually(t, 20*time.Second, "the unheld members never stored the entry", func() bool {
+			pr := raftStatus(t, ln).Progress
+			for _, o := range others {
+				if pr[raftID(o)].Match <= commit {
+					return false
+				}
+			}
+			return true
+		})
+		release()
+		if err := <-done; err != nil {
+			t.Fatalf("write %s with %s's disk held: %v", name, held, err)
+		}
+		after := *ln.Status().CommitsBy
+		return CommitsBy{LeaderWrite: after.LeaderWrite - before.LeaderWrite, FollowerAck: after.FollowerAck - before.FollowerAck,
+			FollowersAlone: after.FollowersAlone - before.FollowersAlone}
+	}
+	if by := write("leader-slow", leader, followers...); by.FollowersAlone == 0 || by.LeaderWrite != 0 || by.FollowerAck != 0 {
+		t.Fatalf("the leader's disk held, both followers up: counted %+v; want it as followers alone", by)
+	}
+	_ = nodes[followers[1]].Shutdown()
+	if by := write("leader-last", leader, followers[0]); by.LeaderWrite == 0 || by.FollowerAck != 0 || by.FollowersAlone != 0 {
+		t.Fatalf("the leader's disk held, one follower down: counted %+v; want it by the leader's write", by)
+	}
+	if by := write("follower-last", followers[0], leader); by.FollowerAck == 0 || by.LeaderWrite != 0 || by.FollowersAlone != 0 {
+		t.Fatalf("the follower's disk held: counted %+v; want it by the follower's acknowledgement", by)
+	}
+}
+
 // TestEtcdEngineMemoryLogBoundedInBytes: the in-memory log is compacted by
 // bytes as well as by entries, so large entries cannot pile up in memory
 // before the entry-count snapshot threshold is reached.

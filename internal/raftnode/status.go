@@ -50,12 +50,23 @@ type Status struct {
 	// CommitNotices counts the barriers this node appended as leader to tell
 	// the followers of a commit no later entry was carrying (packer.notice).
 	CommitNotices uint64
+	// CommitsBy counts, on the etcd engine, the commit-index advances this
+	// node made as leader, by what completed them; nil on the hashicorp
+	// engine, whose leader always writes before it replicates.
+	CommitsBy *CommitsBy
 	// CheckpointIndex and CheckpointDigest are the newest FSM checkpoint
 	// (fsm.LastCheckpoint; 0 before the first): the whole-state digest after
 	// that index, the same on every replica that applied the same log.
 	CheckpointIndex  uint64
 	CheckpointDigest uint64
 }
+
+// CommitsBy sorts a leader's commits by what came last: its own durable
+// write (LeaderWrite), a follower's acknowledgement after the leader's write
+// (FollowerAck), or enough followers' acknowledgements before the leader's
+// write was durable (FollowersAlone). A commit waited for the leader's disk in
+// the first and last cases.
+type CommitsBy struct{ LeaderWrite, FollowerAck, FollowersAlone uint64 }
 
 // Status reports the node's current view of the cluster.
 func (n *Node) Status() Status {
@@ -75,6 +86,10 @@ func (n *Node) Status() Status {
 		ProposedEntries:  n.packer.entries.Load(),
 		ProposedCommands: n.packer.commands.Load(),
 		CommitNotices:    n.packer.notices.Load(),
+	}
+	if c, ok := n.raft.(interface{ CommitsBy() CommitsBy }); ok {
+		by := c.CommitsBy()
+		st.CommitsBy = &by
 	}
 	if cp, ok := n.fsm.LastCheckpoint(); ok {
 		st.CheckpointIndex, st.CheckpointDigest = cp.Index, cp.Digest

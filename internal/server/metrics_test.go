@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock/dlock/internal/raftnode"
 	"github.com/dlock/dlock/internal/service"
 	"github.com/dlock/dlock/internal/testcluster"
 )
@@ -49,6 +50,12 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	// Only the etcd engine can say what completed a commit (its leader
+	// writes while it replicates).
+	byAck := `dlock_raft_commits_total{by="follower_ack"}`
+	if has := strings.Contains(text, byAck); has != (testcluster.Engine() == raftnode.EngineEtcd) {
+		t.Errorf("engine %s: metrics have %s: %v", testcluster.Engine(), byAck, has)
 	}
 	// Raft's own timings and role changes come through the go-metrics bridge
 	// (the gauges above are ours; these are emitted by hashicorp/raft itself,
