@@ -41,8 +41,10 @@ type appendReq struct {
 	owner appendOwner
 	m     raftpb.Message
 	// leader says the group's node led it when it made the write, for the
-	// log-write timings.
+	// log-write timings and the linger.
 	leader bool
+	// at is when the write was queued.
+	at time.Time
 }
 
 // The go-metrics keys hashicorp/raft times its log writes and applies
@@ -63,6 +65,11 @@ const appendQueue = 1024
 // waits behind an unbounded amount of staging.
 const maxAppendBatch = 512
 
+// DefaultLeaderLinger is how long a leader's write that arrives at an idle
+// writer waits for the next one to share its fsync, when the writes before
+// came in pairs (appendWriter.linger).
+const DefaultLeaderLinger = 100 * time.Microsecond
+
 // errStoreFailed answers every write after one has failed: what the page
 // cache holds after a failed fsync cannot be trusted, so nothing is written
 // again (not the same index, not any other) until an operator restarts the
@@ -78,10 +85,19 @@ type appendWriter struct {
 	reqc  chan appendReq
 	stopc chan struct{}
 	done  chan struct{}
-	// batches and syncs count commits and fsyncs (for tests and benchmarks).
-	batches, syncs atomic.Uint64
+	// batches and syncs count commits and fsyncs (for tests and benchmarks),
+	// lingers the writes held back for company.
+	batches, syncs, lingers atomic.Uint64
+	// lingerFor is DefaultLeaderLinger unless a test set the store's; sleep
+	// waits it out.
+	lingerFor time.Duration
+	sleep     func(time.Duration)
 	// The goroutine's own.
 	failed error
+	// lastStart and lastEnd bound the last write; paired says the leader's
+	// writes have lately come in pairs, so the next lone one waits.
+	lastStart, lastEnd time.Time
+	paired             bool
 	// hs is each group's last written hard state: a write that changes only
 	// the commit index needs no fsync (pebble's log is written in order, so
 	// a later fsync covers it, and losing it loses nothing Raft relies on).
@@ -94,7 +110,7 @@ func (s *multiStore) writer() *appendWriter {
 	defer s.wMu.Unlock()
 	if s.w == nil {
 		s.w = &appendWriter{s: s, reqc: make(chan appendReq, appendQueue), stopc: make(chan struct{}),
-			done: make(chan struct{}), hs: map[uint64]raftpb.HardState{}}
+			done: make(chan struct{}), hs: map[uint64]raftpb.HardState{}, lingerFor: s.leaderLinger, sleep: nanosleep}
 		if s.wStopped {
 			// Closed before first use: a writer that refuses everything.
 			close(s.w.done)
@@ -118,7 +134,7 @@ func (s *multiStore) submitAppend(g uint64, o appendOwner, m raftpb.Message, lea
 	default:
 	}
 	select {
-	case w.reqc <- appendReq{group: g, owner: o, m: m, leader: leader}:
+	case w.reqc <- appendReq{group: g, owner: o, m: m, leader: leader, at: time.Now()}:
 		return true
 	case <-w.done:
 		o.appendFailed(errStoreClosed)
@@ -158,16 +174,11 @@ func (w *appendWriter) run() {
 			}
 		}
 		// Everything that queued while the last fsync ran shares this one.
-	drain:
-		for len(batch) < maxAppendBatch {
-			select {
-			case r := <-w.reqc:
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
-		if err := w.write(batch); err != nil {
+		batch = w.linger(w.drain(batch))
+		start := time.Now()
+		err := w.write(batch)
+		w.lastStart, w.lastEnd = start, time.Now()
+		if err != nil {
 			if w.failed == nil {
 				w.failed = err
 			}
@@ -180,6 +191,60 @@ func (w *appendWriter) run() {
 			r.owner.appended(r.m)
 		}
 	}
+}
+
+// drain adds to batch what is queued, up to maxAppendBatch.
+func (w *appendWriter) drain(batch []appendReq) []appendReq {
+	for len(batch) < maxAppendBatch {
+		select {
+		case r := <-w.reqc:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// linger holds a leader's write back for lingerFor when the leader's writes
+// have lately come in pairs, so the second shares the first's fsync. A
+// contended lock hands off that way: the releaser queues again as the next
+// holder releases, a few tens of microseconds apart, and without the wait
+// the leader fsyncs each alone while its followers, whose copies arrive
+// together, fsync them once. The leader's own write completes a commit only
+// when it is slower than a follower's round trip (dlock_raft_commits_total),
+// so the wait rarely lengthens one; a follower's write, on every commit's
+// path, never waits, and neither does a lone writer's (nothing came in pairs).
+func (w *appendWriter) linger(batch []appendReq) []appendReq {
+	if w.lingerFor <= 0 || !leaderEntries(batch) {
+		return batch
+	}
+	if first := batch[0].at; first.Before(w.lastEnd) {
+		// It queued while the last write ran: the pair came on its own.
+		if first.Sub(w.lastStart) < 3*w.lingerFor {
+			w.paired = true
+		}
+		return batch
+	}
+	if !w.paired {
+		return batch
+	}
+	w.lingers.Add(1)
+	w.sleep(w.lingerFor)
+	n := len(batch)
+	batch = w.drain(batch)
+	w.paired = len(batch) > n
+	return batch
+}
+
+// leaderEntries says batch holds only entries this node appends as leader.
+func leaderEntries(batch []appendReq) bool {
+	for i := range batch {
+		if !batch[i].leader || len(batch[i].m.Entries) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // write stages a batch of appends, of any groups, and commits them at once.

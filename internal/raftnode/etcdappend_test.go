@@ -333,3 +333,106 @@ func TestEtcdStoreDeletesOnlyReplacedTails(t *testing.T) {
 		t.Fatalf("an append to a group of unknown tail made %d deletions, want 1", n)
 	}
 }
+
+// TestAppendWriterLeaderLingersOnlyAfterPairs: a leader's write that finds
+// the writer idle waits for company only when the leader's writes have just
+// come in pairs; the write that arrives meanwhile shares its batch and
+// fsync. A lone writer's writes and a follower's never wait, and one wait
+// that found no company ends the waiting.
+func TestAppendWriterLeaderLingersOnlyAfterPairs(t *testing.T) {
+	s, err := openMultiStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Long enough that a slow test machine still sees a pair as one; the
+	// sleep never waits it out.
+	s.leaderLinger = time.Minute
+	var hold sync.Map // entry index → chan struct{} its write waits on
+	entered := make(chan uint64, 16)
+	o := &fakeOwner{}
+	stop := make(chan struct{})
+	w := s.writer()
+	var company []raftpb.Message // what a wait finds queued, in order
+	w.sleep = func(d time.Duration) {
+		if d != time.Minute {
+			t.Errorf("lingered %v, want the store's %v", d, time.Minute)
+		}
+		for _, m := range company {
+			s.submitAppend(1, o, m, true, stop)
+		}
+		company = nil
+	}
+	s.writeHook = func(uint64) error {
+		d, _ := o.counts()
+		if ch, ok := hold.Load(uint64(d)); ok {
+			entered <- uint64(d)
+			<-ch.(chan struct{})
+		}
+		return nil
+	}
+	next := uint64(0)
+	submit := func(leader bool) {
+		t.Helper()
+		next++
+		if !s.submitAppend(1, o, appendMsg(next), leader, stop) {
+			t.Fatal("not queued")
+		}
+	}
+	settle := func() {
+		t.Helper()
+		testutil.Eventually(t, 20*time.Second, "writes not acknowledged", func() bool {
+			d, f := o.counts()
+			if f != 0 {
+				t.Fatalf("%d writes failed", f)
+			}
+			return d == int(next)
+		})
+	}
+	check := func(what string, lingers, batches uint64) {
+		t.Helper()
+		if l, b := w.lingers.Load(), w.batches.Load(); l != lingers || b != batches {
+			t.Fatalf("%s: %d lingers and %d batches, want %d and %d", what, l, b, lingers, batches)
+		}
+	}
+
+	// Lone leader writes, one at a time: no waiting.
+	for range 3 {
+		submit(true)
+		settle()
+	}
+	check("lone writes", 0, 3)
+
+	// A pair: the second queues while the first is written.
+	release := make(chan struct{})
+	hold.Store(uint64(3), release) // the write made after three acknowledgements
+	submit(true)
+	<-entered
+	submit(true)
+	hold.Delete(uint64(3))
+	close(release)
+	settle()
+	check("a pair", 0, 5)
+
+	// The next lone leader write waits, and the write that comes meanwhile
+	// shares its batch.
+	company = []raftpb.Message{appendMsg(next + 2)}
+	submit(true)
+	next++ // the company
+	settle()
+	check("after a pair", 1, 6)
+
+	// A follower's write never waits.
+	submit(false)
+	settle()
+	check("a follower's write", 1, 7)
+
+	// The company came, so the next leader write waits again; this time
+	// nothing comes, and the one after does not wait.
+	submit(true)
+	settle()
+	check("a wait with no company", 2, 8)
+	submit(true)
+	settle()
+	check("after a wait with no company", 2, 9)
+}
