@@ -348,7 +348,7 @@ func TestAppendWriterLeaderLingersOnlyAfterPairs(t *testing.T) {
 	// Long enough that a slow test machine still sees a pair as one; the
 	// sleep never waits it out.
 	s.leaderLinger = time.Minute
-	var hold sync.Map // entry index → chan struct{} its write waits on
+	var hold sync.Map // writes acknowledged before it → chan struct{} a write waits on
 	entered := make(chan uint64, 16)
 	o := &fakeOwner{}
 	stop := make(chan struct{})
@@ -405,7 +405,7 @@ func TestAppendWriterLeaderLingersOnlyAfterPairs(t *testing.T) {
 
 	// A pair: the second queues while the first is written.
 	release := make(chan struct{})
-	hold.Store(uint64(3), release) // the write made after three acknowledgements
+	hold.Store(uint64(3), release) // the write made after three were acknowledged
 	submit(true)
 	<-entered
 	submit(true)
