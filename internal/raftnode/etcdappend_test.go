@@ -353,6 +353,7 @@ func TestAppendWriterLeaderLingersOnlyAfterPairs(t *testing.T) {
 	o := &fakeOwner{}
 	stop := make(chan struct{})
 	w := s.writer()
+	w.quiet = time.Minute        // as leaderLinger; the writer reads it only after a submit
 	var company []raftpb.Message // what a wait finds queued, in order
 	w.sleep = func(d time.Duration) {
 		if d != time.Minute {
@@ -422,17 +423,23 @@ func TestAppendWriterLeaderLingersOnlyAfterPairs(t *testing.T) {
 	settle()
 	check("after a pair", 1, 6)
 
-	// A follower's write never waits.
+	// A follower's write never waits, and while the node is also following
+	// (a sharded node), neither does a leader's.
 	submit(false)
 	settle()
 	check("a follower's write", 1, 7)
+	submit(true)
+	settle()
+	check("a leader write just after a follower's", 1, 8)
 
-	// The company came, so the next leader write waits again; this time
-	// nothing comes, and the one after does not wait.
+	// The company came, so once the follower's write is long past the next
+	// leader write waits again; this time nothing comes, and the one after
+	// does not wait.
+	w.quiet = 0
 	submit(true)
 	settle()
-	check("a wait with no company", 2, 8)
+	check("a wait with no company", 2, 9)
 	submit(true)
 	settle()
-	check("after a wait with no company", 2, 9)
+	check("after a wait with no company", 2, 10)
 }
