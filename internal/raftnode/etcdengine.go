@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -140,6 +141,13 @@ type etcdEngineConfig struct {
 	Election       time.Duration
 	Threshold      uint64
 	Trailing       uint64
+	// Interval is the least time between two snapshots taken for
+	// Threshold (zero: none); each wait is drawn from [Interval,
+	// 2·Interval), as hashicorp/raft's checks are. Under load a snapshot
+	// every Threshold entries would come every few seconds, each holding
+	// the apply goroutine and the log store, and on every node at once:
+	// nodes that snapshot at different times leave a quorum writing.
+	Interval time.Duration
 	// SnapshotBytes and TrailingBytes bound the in-memory log in bytes as
 	// Threshold and Trailing do in entries (an entry may be up to
 	// command.MaxEntryBytes): a snapshot is also taken once SnapshotBytes of
@@ -232,7 +240,8 @@ type etcdEngine struct {
 	// each applied batch since the last compaction, to find how far back
 	// TrailingBytes reaches.
 	applyBytes uint64
-	snapBytes  uint64 // applyBytes at the last snapshot
+	snapBytes  uint64    // applyBytes at the last snapshot
+	snapNext   time.Time // when Threshold may next take one (see Interval)
 	sizeMarks  []sizeMark
 	// snapDue is set when a snapshot was held back (SnapshotHold): it is
 	// taken after a later batch, once the hold ends.
@@ -347,6 +356,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1), inSig: make(chan struct{}, 1),
 		book: map[uint64]etcdMember{}, waiting: map[uint64]*efuture{}, reads: map[string]*efuture{},
 	}
+	e.snapNext = e.nextSnapAt()
 	e.timings.peerNames = func(id uint64) string { return e.book[id].ID }
 	if len(c.InitialState) > 0 {
 		if err := e.seed(c); err != nil {
@@ -1271,7 +1281,8 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 	if snapBytes == 0 {
 		snapBytes = defaultLogBytes
 	}
-	if confChanged || e.snapDue || (e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold) || e.applyBytes-e.snapBytes >= snapBytes {
+	byCount := e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold && !time.Now().Before(e.snapNext)
+	if confChanged || e.snapDue || byCount || e.applyBytes-e.snapBytes >= snapBytes {
 		e.takeSnapshot(nil)
 	}
 	return true
@@ -1347,7 +1358,7 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 	}
 	gometrics.MeasureSince(keySnapPersist, persist)
 	gometrics.MeasureSince(keySnapCreate, start)
-	e.snapIndex, e.snapBytes = e.applied, e.applyBytes
+	e.snapIndex, e.snapBytes, e.snapNext = e.applied, e.applyBytes, e.nextSnapAt()
 	e.hist.trim(e.snapIndex)
 	if c := e.compactTo(); c > 0 {
 		if err := e.mem.Compact(c); err != nil && !errors.Is(err, raft.ErrCompacted) {
@@ -1364,6 +1375,14 @@ func (e *etcdEngine) takeSnapshot(f *efuture) {
 		f.snap = snap.Data
 	}
 	finish(nil)
+}
+
+// nextSnapAt is when a snapshot for Threshold may next be taken.
+func (e *etcdEngine) nextSnapAt() time.Time {
+	if e.cfg.Interval <= 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(e.cfg.Interval + rand.N(e.cfg.Interval))
 }
 
 // memSink collects an FSM snapshot in memory (raft.SnapshotSink).

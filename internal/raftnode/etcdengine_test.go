@@ -385,6 +385,7 @@ func TestEtcdStoreTornTail(t *testing.T) {
 func TestEtcdEngineMembershipAndSnapshots(t *testing.T) {
 	small := func(c *Config) {
 		c.SnapshotThreshold, c.TrailingLogs = 8, 4
+		c.SnapshotInterval = time.Millisecond
 		if os.Getenv("DLOCK_TEST_LOG") != "" {
 			c.RaftLogLevel, c.Logger = "debug", slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
@@ -792,6 +793,7 @@ func TestEtcdEngineSnapshotHold(t *testing.T) {
 	held.Store(true)
 	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) {
 		c.SnapshotThreshold = 4
+		c.SnapshotInterval = time.Millisecond
 		c.SnapshotHold = func() error {
 			if held.Load() {
 				return errors.New("a split's new group is not stored yet")
@@ -828,6 +830,51 @@ func TestEtcdEngineSnapshotHold(t *testing.T) {
 	})
 }
 
+// A snapshot for --snapshot-threshold waits for the node's snapshot wait,
+// drawn from [SnapshotInterval, twice it) so nodes snapshot at different
+// times; one asked for (dlock snapshot save) does not wait.
+func TestEtcdEngineSnapshotWaitsItsInterval(t *testing.T) {
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) {
+		c.SnapshotThreshold = 4
+		c.SnapshotInterval = time.Hour
+	})
+	n := nodes["a"]
+	e := n.raft.(*etcdEngine)
+	snapIndex := func() uint64 {
+		s, err := e.mem.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Metadata.Index
+	}
+	acquire(t, n, "first")
+	start := snapIndex() // the configuration's, taken at once
+	for i := range 12 {
+		acquire(t, n, fmt.Sprintf("w%d", i))
+	}
+	if i := snapIndex(); i != start {
+		t.Fatalf("a snapshot at %d was taken before the wait passed (the configuration's is at %d)", i, start)
+	}
+	if err := n.Raft().Snapshot().Error(); err != nil {
+		t.Fatalf("a requested snapshot: %v", err)
+	}
+	if applied, _ := digest(n); snapIndex() != applied {
+		t.Fatalf("the requested snapshot is at %d, applied %d", snapIndex(), applied)
+	}
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		before := time.Now()
+		d := e.nextSnapAt().Sub(before)
+		if d < time.Hour || d >= 2*time.Hour+time.Second {
+			t.Fatalf("a snapshot wait of %v, want [1h, 2h)", d)
+		}
+		seen[d.Truncate(time.Second)] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("50 waits took %d distinct values: not drawn per snapshot", len(seen))
+	}
+}
+
 // Every replica answers ConfigurationAt for an applied entry with the
 // configuration that entry saw, whatever changed since; an entry from
 // before the last snapshot, or not applied yet, is refused.
@@ -839,6 +886,7 @@ func TestEtcdEngineConfigurationAt(t *testing.T) {
 	hold.Store(true)
 	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
 		c.SnapshotThreshold, c.TrailingLogs = 1000, 4
+		c.SnapshotInterval = time.Millisecond
 		c.SnapshotHold = func() error {
 			if hold.Load() {
 				return errors.New("held")

@@ -414,7 +414,7 @@ func (n *Node) startEtcd() error {
 	e, err := newEtcdEngine(etcdEngineConfig{
 		ID: cfg.ID, Group: n.group(), InitialCluster: cfg.InitialCluster,
 		Election:  max(cfg.HeartbeatTimeout, cfg.ElectionTimeout),
-		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs,
+		Threshold: cfg.SnapshotThreshold, Trailing: cfg.TrailingLogs, Interval: cfg.SnapshotInterval,
 		SnapshotBytes: cfg.etcdLogBytes, TrailingBytes: cfg.etcdLogBytes,
 		RaftLogLevel: cfg.RaftLogLevel, Logger: n.logger, FSM: n.fsm, Store: n.etcdStore, Transport: n.etcdTrans,
 		MarkDir:      filepath.Join(cfg.DataDir, etcdStoreDir+"-mark", strconv.FormatUint(n.group(), 10)),
