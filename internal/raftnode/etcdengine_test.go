@@ -803,13 +803,7 @@ func TestEtcdEngineSnapshotHold(t *testing.T) {
 	})
 	n := nodes["a"]
 	e := n.raft.(*etcdEngine)
-	snapIndex := func() uint64 {
-		s, err := e.mem.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Metadata.Index
-	}
+	snapIndex := func() uint64 { return memSnapIndex(t, e) }
 	for i := range 12 {
 		acquire(t, n, fmt.Sprintf("h%d", i))
 	}
@@ -830,6 +824,16 @@ func TestEtcdEngineSnapshotHold(t *testing.T) {
 	})
 }
 
+// memSnapIndex is the index of the snapshot e's in-memory log starts from.
+func memSnapIndex(t *testing.T, e *etcdEngine) uint64 {
+	t.Helper()
+	s, err := e.mem.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Metadata.Index
+}
+
 // A snapshot for --snapshot-threshold waits for the node's snapshot wait,
 // drawn from [SnapshotInterval, twice it) so nodes snapshot at different
 // times; one asked for (dlock snapshot save) does not wait.
@@ -840,13 +844,7 @@ func TestEtcdEngineSnapshotWaitsItsInterval(t *testing.T) {
 	})
 	n := nodes["a"]
 	e := n.raft.(*etcdEngine)
-	snapIndex := func() uint64 {
-		s, err := e.mem.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Metadata.Index
-	}
+	snapIndex := func() uint64 { return memSnapIndex(t, e) }
 	acquire(t, n, "first")
 	start := snapIndex() // the configuration's, taken at once
 	for i := range 12 {
