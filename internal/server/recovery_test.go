@@ -88,6 +88,54 @@ func TestSnapshotSaveAndRestoreIntoNewCluster(t *testing.T) {
 	}
 }
 
+// A cluster moves to the other replication engine by a snapshot saved on
+// it and restored into new data dirs of that engine (docs/operations.md):
+// its locks, holders and token counters come across, and the new dirs
+// record their engine.
+func TestSnapshotMovesAClusterToTheOtherEngine(t *testing.T) {
+	for _, move := range [][2]raftnode.EngineKind{
+		{raftnode.EngineHashicorp, raftnode.EngineEtcd},
+		{raftnode.EngineEtcd, raftnode.EngineHashicorp},
+	} {
+		from, to := move[0], move[1]
+		t.Run(string(from)+"-to-"+string(to), func(t *testing.T) {
+			src := testcluster.NewWith(t, 3, testcluster.Options{Engine: from})
+			leader := src.WaitLeader(10 * time.Second)
+			code, a := acquire(t, src, leader, "move/me", map[string]any{"client_id": "h", "ttl_ms": 300000})
+			if code != 200 {
+				t.Fatalf("acquire: %d", code)
+			}
+			res, err := http.Get(src.URL(leader) + "/api/v1/cluster/snapshot")
+			if err != nil || res.StatusCode != 200 {
+				t.Fatalf("snapshot save: %v %v", err, res)
+			}
+			snap, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			src.Stop()
+
+			dst := testcluster.NewWith(t, 3, testcluster.Options{Engine: to, Prepare: func(id, dir string, peers map[string]string) {
+				if _, err := raftnode.RestoreSnapshotOn(to, dir, "", snap, peers); err != nil {
+					t.Fatalf("restore into %s: %v", id, err)
+				}
+			}})
+			l := dst.WaitLeader(20 * time.Second)
+			for _, id := range dst.IDs() {
+				if k, err := raftnode.DataDirEngine(dst.DataDir(id)); err != nil || k != to {
+					t.Fatalf("%s's data dir runs %q (%v), want %q", id, k, err, to)
+				}
+			}
+			v := getLock(t, dst, l, "move/me")
+			if !v.Held || v.Holder.FencingToken != a.FencingToken {
+				t.Fatalf("moved lock: %+v, want held at token %d", v, a.FencingToken)
+			}
+			code, b := acquire(t, dst, l, "move/new", map[string]any{"client_id": "x", "ttl_ms": 5000})
+			if code != 200 || b.FencingToken <= a.FencingToken {
+				t.Fatalf("token after the move %d (code %d), want > %d", b.FencingToken, code, a.FencingToken)
+			}
+		})
+	}
+}
+
 // proofKeyID is the id of the key that signed a token proof (its first 8
 // bytes, fence.SignProof).
 func proofKeyID(t *testing.T, proof string) string {
