@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -21,16 +20,7 @@ import (
 // backup) learns: the signing key's seed, which is replicated state.
 func leakedSeed(t *testing.T, c *testcluster.Cluster, node string) ed25519.PrivateKey {
 	t.Helper()
-	res, err := http.Get(c.URL(node) + "/api/v1/cluster/snapshot")
-	if err != nil || res.StatusCode != 200 {
-		t.Fatalf("snapshot: %v %v", err, res)
-	}
-	b, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := state.Restore(b)
+	st, err := state.Restore(saveSnapshot(t, c, node))
 	if err != nil {
 		t.Fatal(err)
 	}
