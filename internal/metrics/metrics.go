@@ -154,6 +154,7 @@ var (
 	descForwarded     = prometheus.NewDesc("dlock_forwarded_requests_total", "Writes this node forwarded to the leader.", nil, nil)
 	descProposed      = prometheus.NewDesc("dlock_raft_proposed_entries_total", "Log entries this node proposed as leader (writes are packed into them; see dlock_raft_proposed_commands_total).", nil, nil)
 	descNotices       = prometheus.NewDesc("dlock_raft_commit_notices_total", "Barrier entries this node appended as leader to tell the followers of its last commit when no further write followed within the notice delay (1 ms), so their watches, reads and forwarded writes need not wait for Raft's 50-100 ms commit timeout.", nil, nil)
+	descPackLingers   = prometheus.NewDesc("dlock_raft_pack_lingers_total", "Lone writes this node held back as leader, up to 100 µs, for a second write to share their log entry, because lone writes had just come in pairs (a contended lock's hand-offs).", nil, nil)
 	descProposedCmds  = prometheus.NewDesc("dlock_raft_proposed_commands_total", "Writes this node proposed as leader, over all its entries: divided by dlock_raft_proposed_entries_total, the writes per log entry.", nil, nil)
 	descCommitsBy     = prometheus.NewDesc("dlock_raft_commits_total", "Etcd engine only: commit-index advances this node made as leader, by what came last: leader_write (its own log write became durable), follower_ack (a follower's acknowledgement, the leader's write already durable) or followers_alone (followers' acknowledgements before the leader's write was durable). The leader writes while it replicates: a growing share of leader_write and followers_alone says its own disk holds commits back.", []string{"by"}, nil)
 	descHasLeader     = prometheus.NewDesc("dlock_raft_has_leader", "1 if this node knows a leader.", nil, nil)
@@ -168,7 +169,7 @@ var (
 
 func (c *tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommit, descApplied, descLastContact, descLeaderChanges,
-		descForwarded, descProposed, descProposedCmds, descNotices, descCommitsBy, descHasLeader, descLocks, descWaiters, descLeases, descSessions, descWatchers, descRevision, descToken} {
+		descForwarded, descProposed, descProposedCmds, descPackLingers, descNotices, descCommitsBy, descHasLeader, descLocks, descWaiters, descLeases, descSessions, descWatchers, descRevision, descToken} {
 		ch <- d
 	}
 }
@@ -199,6 +200,7 @@ func (c *tableCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descProposed, float64(st.ProposedEntries))
 	counter(descProposedCmds, float64(st.ProposedCommands))
 	counter(descNotices, float64(st.CommitNotices))
+	counter(descPackLingers, float64(st.PackLingers))
 	if by := st.CommitsBy; by != nil {
 		ch <- prometheus.MustNewConstMetric(descCommitsBy, prometheus.CounterValue, float64(by.LeaderWrite), "leader_write")
 		ch <- prometheus.MustNewConstMetric(descCommitsBy, prometheus.CounterValue, float64(by.FollowerAck), "follower_ack")

@@ -66,6 +66,10 @@ type Config struct {
 	// once; writes that find it busy are packed into the next entry
 	// (default DefaultPackInFlight; 1 packs the most).
 	PackInFlight int
+	// PackLinger is how long a lone write waits for a second to share its
+	// log entry when lone writes have lately come in pairs (default
+	// DefaultPackLinger; negative never waits; see packer.linger).
+	PackLinger time.Duration
 	// CommitNoticeDelay is how long the leader lets its last commit go
 	// unannounced to the followers before it appends a barrier to announce
 	// it (default DefaultCommitNoticeDelay; see packer.notice).
@@ -157,6 +161,9 @@ func (c *Config) Defaults() {
 	}
 	if c.PackInFlight <= 0 {
 		c.PackInFlight = DefaultPackInFlight
+	}
+	if c.PackLinger == 0 {
+		c.PackLinger = DefaultPackLinger
 	}
 	if c.CommitNoticeDelay <= 0 {
 		c.CommitNoticeDelay = DefaultCommitNoticeDelay
@@ -433,7 +440,7 @@ func (n *Node) startEtcd() error {
 	n.raft = e
 	// No commit notices: etcd raft tells the followers of every commit
 	// itself, in its next append or heartbeat.
-	n.packer = newPacker(e.Apply, nil, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
+	n.packer = newPacker(e.Apply, nil, cfg.PackInFlight, cfg.CommitNoticeDelay, cfg.PackLinger, n.ctx.Done())
 	return nil
 }
 
@@ -542,7 +549,7 @@ func (n *Node) openHashicorp() error {
 		n.logger.Info("recovered raft state from data dir", "dir", cfg.DataDir)
 	}
 
-	n.packer = newPacker(r.Apply, r.Barrier, cfg.PackInFlight, cfg.CommitNoticeDelay, n.ctx.Done())
+	n.packer = newPacker(r.Apply, r.Barrier, cfg.PackInFlight, cfg.CommitNoticeDelay, cfg.PackLinger, n.ctx.Done())
 	return nil
 }
 

@@ -33,6 +33,10 @@ const DefaultPackInFlight = 2
 // (packer.notice).
 const DefaultCommitNoticeDelay = time.Millisecond
 
+// DefaultPackLinger is how long a lone write waits for company when the
+// lone writes before it came in pairs (packer.linger).
+const DefaultPackLinger = 100 * time.Microsecond
+
 // applier is the call the packer makes into Raft to propose (raft.Raft.Apply).
 type applier func(data []byte, timeout time.Duration) raft.ApplyFuture
 
@@ -79,13 +83,21 @@ type packer struct {
 	maxBytes int
 	stopped  <-chan struct{}
 
+	// lingerFor is how long a lone write waits for company (zero: never);
+	// run's own: paired says the last lone writes came in pairs, lastLone
+	// when the last one was proposed.
+	lingerFor time.Duration
+	paired    bool
+	lastLone  time.Time
+
 	// Counters for metrics: entries proposed and the commands in them.
 	entries  atomic.Uint64
 	commands atomic.Uint64
 	notices  atomic.Uint64
+	lingers  atomic.Uint64
 }
 
-func newPacker(apply applier, barrier barrierer, inFlight int, noticeDelay time.Duration, stopped <-chan struct{}) *packer {
+func newPacker(apply applier, barrier barrierer, inFlight int, noticeDelay, linger time.Duration, stopped <-chan struct{}) *packer {
 	return &packer{
 		apply:   apply,
 		queue:   make(chan *proposal),
@@ -98,6 +110,7 @@ func newPacker(apply applier, barrier barrierer, inFlight int, noticeDelay time.
 		maxInFlight: inFlight,
 		maxBytes:    command.MaxEntryBytes,
 		stopped:     stopped,
+		lingerFor:   linger,
 	}
 }
 
@@ -162,24 +175,79 @@ func (p *packer) run() {
 			}
 		}
 		batch := []*proposal{next}
-		size := len(next.data)
-		next = nil
-	fill:
-		for len(batch) < p.maxCmds {
-			select {
-			case q := <-p.queue:
-				if size+len(q.data)+command.PackedOverhead(len(batch)+1) > p.maxBytes {
-					next = q
-					break fill
-				}
-				batch = append(batch, q)
-				size += len(q.data)
-			default:
-				break fill
-			}
+		next = p.fill(&batch)
+		if next == nil && len(batch) == 1 && p.linger() {
+			next = p.waitForCompany(&batch)
 		}
 		p.propose(batch)
 	}
+}
+
+// fill adds to batch what is queued, within the entry's bounds; it returns
+// the proposal that did not fit (nil if none).
+func (p *packer) fill(batch *[]*proposal) *proposal {
+	size := 0
+	for _, pr := range *batch {
+		size += len(pr.data)
+	}
+	for len(*batch) < p.maxCmds {
+		select {
+		case q := <-p.queue:
+			if size+len(q.data)+command.PackedOverhead(len(*batch)+1) > p.maxBytes {
+				return q
+			}
+			*batch = append(*batch, q)
+			size += len(q.data)
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// linger says whether a lone write is to wait lingerFor for company: when
+// the last two lone writes came within lingerFor of each other. A
+// contended lock hands off that way — the releaser queues again as the next
+// holder releases — and one entry then carries both: every node writes,
+// replicates, acknowledges and applies once per hand-off instead of twice,
+// which the hand-offs of both engines gain more from than the wait costs
+// (docs/benchmarks.md). A lone writer (one client, or writes far apart) never
+// waits.
+func (p *packer) linger() bool {
+	if p.lingerFor <= 0 {
+		return false
+	}
+	now := time.Now()
+	last := p.lastLone
+	p.lastLone = now
+	if !p.paired && !last.IsZero() && now.Sub(last) < p.lingerFor {
+		p.paired = true
+		return false // this one's partner already went
+	}
+	return p.paired
+}
+
+// waitForCompany waits up to lingerFor for a second write to join batch's
+// lone one, then takes whatever else queued; it returns the proposal that
+// did not fit. Writes stop lingering once one waited alone.
+func (p *packer) waitForCompany(batch *[]*proposal) *proposal {
+	p.lingers.Add(1)
+	t := time.NewTimer(p.lingerFor)
+	defer t.Stop()
+	var next *proposal
+	select {
+	case q := <-p.queue:
+		if len((*batch)[0].data)+len(q.data)+command.PackedOverhead(2) > p.maxBytes {
+			next = q
+		} else {
+			*batch = append(*batch, q)
+			next = p.fill(batch)
+		}
+	case <-t.C:
+	case <-p.stopped:
+	}
+	p.paired = len(*batch) > 1
+	return next
 }
 
 // mayPropose says whether a new entry may go out now: always when none is

@@ -106,9 +106,15 @@ func answerAll(t *testing.T, f *fakeFuture) {
 // inside a synctest bubble.
 func startPacker(t *testing.T, inFlight int) (*packer, *fakeRaft) {
 	t.Helper()
+	return startLingeringPacker(t, inFlight, 0)
+}
+
+// startLingeringPacker is startPacker with the packer's linger.
+func startLingeringPacker(t *testing.T, inFlight int, linger time.Duration) (*packer, *fakeRaft) {
+	t.Helper()
 	r := &fakeRaft{}
 	stop := make(chan struct{})
-	p := newPacker(r.apply, r.barrier, inFlight, time.Millisecond, stop)
+	p := newPacker(r.apply, r.barrier, inFlight, time.Millisecond, linger, stop)
 	done := make(chan struct{})
 	go func() { defer close(done); p.run() }()
 	t.Cleanup(func() {
@@ -227,6 +233,66 @@ func TestPackerPipelinesOnlyBesideLoneWrites(t *testing.T) {
 		answerAll(t, r.settled(t, 4)[3])
 		if s := <-f; s.err != nil || s.resp.Result.Message != "f" {
 			t.Fatalf("f: %+v, %v", s.resp, s.err)
+		}
+	})
+}
+
+// Once lone writes come in pairs (a contended lock's hand-off), the next lone
+// write waits up to the linger for its partner and both share one entry; a
+// write that waits in vain goes out alone after the linger, and the next lone
+// write does not wait at all; writes far apart never wait.
+func TestPackerLingersForPairs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const linger = 100 * time.Microsecond
+		p, r := startLingeringPacker(t, 2, linger)
+		ctx := context.Background()
+		// Far apart: each goes out alone at once.
+		a := submitAsync(ctx, p, encodedRequest("a"))
+		answerAll(t, r.settled(t, 1)[0])
+		<-a
+		time.Sleep(time.Millisecond)
+		b := submitAsync(ctx, p, encodedRequest("b"))
+		answerAll(t, r.settled(t, 2)[1])
+		<-b
+		if n := p.lingers.Load(); n != 0 {
+			t.Fatalf("writes a millisecond apart lingered %d times", n)
+		}
+		time.Sleep(time.Millisecond)
+		// A pair, each alone in its entry: the pattern is seen.
+		cd := submitEach(ctx, p, "c", "d")
+		fs := r.settled(t, 4)
+		answerAll(t, fs[2])
+		answerAll(t, fs[3])
+		<-cd[0]
+		<-cd[1]
+		// The next lone write waits for its partner: one entry carries both.
+		start := time.Now()
+		e := submitAsync(ctx, p, encodedRequest("e"))
+		r.settled(t, 4) // e waits
+		time.Sleep(linger / 2)
+		f := submitAsync(ctx, p, encodedRequest("f"))
+		fs = r.settled(t, 5)
+		if envs, packed, _ := command.DecodeEntry(fs[4].data); !packed || len(envs) != 2 {
+			t.Fatalf("the paired writes went out as %d in one entry (packed %v), want e and f together", len(envs), packed)
+		}
+		if waited := time.Since(start); waited >= linger {
+			t.Fatalf("e went out after %v; want when f came (%v)", waited, linger/2)
+		}
+		answerAll(t, fs[4])
+		<-e
+		<-f
+		// A lone write that waits in vain goes out after the linger ...
+		g := submitAsync(ctx, p, encodedRequest("g"))
+		r.settled(t, 5)
+		time.Sleep(linger)
+		answerAll(t, r.settled(t, 6)[5])
+		<-g
+		// ... and the next lone write does not wait.
+		h := submitAsync(ctx, p, encodedRequest("h"))
+		answerAll(t, r.settled(t, 7)[6])
+		<-h
+		if n := p.lingers.Load(); n != 2 {
+			t.Fatalf("%d lingers, want 2 (e's and g's)", n)
 		}
 	})
 }
@@ -446,7 +512,7 @@ func TestPackerStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &fakeRaft{}
 		stop := make(chan struct{})
-		p := newPacker(r.apply, r.barrier, 1, time.Millisecond, stop)
+		p := newPacker(r.apply, r.barrier, 1, time.Millisecond, 0, stop)
 		ran := make(chan struct{})
 		go func() { defer close(ran); p.run() }()
 		ctx := context.Background()

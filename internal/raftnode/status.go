@@ -50,6 +50,9 @@ type Status struct {
 	// CommitNotices counts the barriers this node appended as leader to tell
 	// the followers of a commit no later entry was carrying (packer.notice).
 	CommitNotices uint64
+	// PackLingers counts the lone writes this node held back as leader for
+	// a second to share their log entry (packer.linger).
+	PackLingers uint64
 	// CommitsBy counts, on the etcd engine, the commit-index advances this
 	// node made as leader, by what completed them; nil on the hashicorp
 	// engine, whose leader always writes before it replicates.
@@ -86,6 +89,7 @@ func (n *Node) Status() Status {
 		ProposedEntries:  n.packer.entries.Load(),
 		ProposedCommands: n.packer.commands.Load(),
 		CommitNotices:    n.packer.notices.Load(),
+		PackLingers:      n.packer.lingers.Load(),
 	}
 	if c, ok := n.raft.(interface{ CommitsBy() CommitsBy }); ok {
 		by := c.CommitsBy()

@@ -43,6 +43,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"dlock_raft_proposed_entries_total ",
 		"dlock_raft_proposed_commands_total ",
 		"dlock_raft_commit_notices_total ",
+		"dlock_raft_pack_lingers_total ",
 		"go_goroutines ",
 		`dlock_build_info{commit="`,
 		fmt.Sprintf("dlock_process_id %d\n", os.Getpid()),
