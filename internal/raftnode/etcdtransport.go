@@ -148,12 +148,17 @@ type peerStream struct {
 
 func (p *peerStream) run() {
 	backoff := 10 * time.Millisecond
+	var carried *outMsg
 	for {
 		var first outMsg
-		select {
-		case <-p.t.ctx.Done():
-			return
-		case first = <-p.q:
+		if carried != nil {
+			first, carried = *carried, nil
+		} else {
+			select {
+			case <-p.t.ctx.Done():
+				return
+			case first = <-p.q:
+			}
 		}
 		ctx, cancel := context.WithTimeout(p.t.ctx, 2*time.Second)
 		conn, err := p.t.mux.dialEtcd(ctx, p.addr)
@@ -172,7 +177,7 @@ func (p *peerStream) run() {
 		}
 		backoff = 10 * time.Millisecond
 		p.t.reportPeer(p.addr, false)
-		err = p.write(conn, first)
+		carried, err = p.write(conn, first)
 		_ = conn.Close()
 		if p.t.ctx.Err() != nil {
 			return
@@ -181,13 +186,22 @@ func (p *peerStream) run() {
 	}
 }
 
-// write sends messages on conn until a write fails or the transport closes.
+var errPeerClosedStream = errors.New("the peer closed the stream")
+
+// write sends messages on conn until a write fails, the peer closes the
+// stream or the transport closes. A message taken from the queue when the
+// peer had already closed the stream is returned, for the next one.
 // A dead peer is noticed by the write deadline (or by TCP).
-func (p *peerStream) write(conn net.Conn, first outMsg) error {
+func (p *peerStream) write(conn net.Conn, first outMsg) (*outMsg, error) {
 	stop := context.AfterFunc(p.t.ctx, func() { _ = conn.Close() })
 	defer stop()
-	// Drain and discard anything the peer sends (it sends nothing).
-	go func() { _, _ = io.Copy(io.Discard, conn) }()
+	// The peer sends nothing, so a read that ends says it closed the stream
+	// (a restarted peer's old connection, say). Writing on would put the
+	// next message into a socket nobody reads and lose it — after a
+	// leader's death that is the survivors' first vote to each other — so
+	// the stream ends and the next message redials.
+	gone := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, conn); close(gone) }()
 	w := bufio.NewWriterSize(conn, 64<<10)
 	// The stream opens with a hello frame (group 0): the address this
 	// node's peers reach it at.
@@ -196,7 +210,7 @@ func (p *peerStream) write(conn net.Conn, first outMsg) error {
 	buf = append(append(buf, 0), adv...)
 	if _, err := w.Write(buf); err != nil {
 		p.failed(first)
-		return err
+		return nil, err
 	}
 	emit := func(m outMsg) error {
 		var err error
@@ -224,25 +238,32 @@ func (p *peerStream) write(conn net.Conn, first outMsg) error {
 		if have {
 			for _, out := range notices.next(m) {
 				if err := emit(out); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
 		if len(p.q) == 0 && w.Buffered() > 0 {
 			if err := w.Flush(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		select {
 		case <-p.t.ctx.Done():
-			return p.t.ctx.Err()
+			return nil, p.t.ctx.Err()
+		case <-gone:
+			return nil, errPeerClosedStream
 		case m = <-p.q:
+			select {
+			case <-gone:
+				return &m, errPeerClosedStream
+			default:
+			}
 			have = true
 		case <-notices.due():
 			have = false
 			for _, out := range notices.release() {
 				if err := emit(out); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}

@@ -1,7 +1,14 @@
 package raftnode
 
 import (
+	"bufio"
+	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,4 +114,100 @@ func TestEtcdEngineCommitNoticesThroughARealCluster(t *testing.T) {
 	})
 	sameState(t, nodes)
 	t.Logf("commit notices: %d dropped, %d sent", trans.noticesDropped.Load(), trans.noticesSent.Load())
+}
+
+// closeNotingConn tells when the transport closes its end of a stream.
+type closeNotingConn struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *closeNotingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// A restarted peer has closed its end of the old stream, and a follower
+// sends it nothing until an election; the first message after that (a
+// survivor's vote) must reach it on a new stream, not vanish into the old one.
+func TestPeerStreamRedialsAPeerThatClosedIt(t *testing.T) {
+	peer, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := NewMux(ln, nil, nil)
+	defer mux.Close()
+	streams := make(chan *closeNotingConn, 4)
+	mux.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		nc := &closeNotingConn{Conn: c, closed: make(chan struct{})}
+		streams <- nc
+		return nc, nil
+	}
+	tr := newEtcdTransport(mux, slog.New(slog.DiscardHandler))
+	defer tr.Close()
+
+	// receive accepts the transport's next stream and reads one message.
+	receive := func() (net.Conn, raftpb.Message) {
+		t.Helper()
+		_ = peer.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		conn, err := peer.Accept()
+		if err != nil {
+			t.Fatalf("the transport opened no stream: %v", err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r := bufio.NewReader(conn)
+		if typ, err := r.ReadByte(); err != nil || typ != ConnEtcd {
+			t.Fatalf("stream type %q, %v", typ, err)
+		}
+		for {
+			n, err := binary.ReadUvarint(r)
+			if err != nil {
+				t.Fatalf("read a frame: %v", err)
+			}
+			frame := make([]byte, n)
+			if _, err := io.ReadFull(r, frame); err != nil {
+				t.Fatalf("read a frame: %v", err)
+			}
+			if group, k := binary.Uvarint(frame); group != 0 {
+				var m raftpb.Message
+				if err := m.Unmarshal(frame[k:]); err != nil {
+					t.Fatal(err)
+				}
+				return conn, m
+			}
+		}
+	}
+	heartbeat := func(commit uint64) raftpb.Message {
+		return raftpb.Message{Type: raftpb.MsgHeartbeat, To: 2, From: 1, Term: 3, Commit: commit}
+	}
+
+	tr.send(1, peer.Addr().String(), heartbeat(1))
+	conn, m := receive()
+	if m.Commit != 1 {
+		t.Fatalf("received %v, want the first heartbeat", m)
+	}
+	first := <-streams
+	_ = conn.Close() // the peer restarts
+	select {
+	case <-first.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the transport kept a stream its peer had closed")
+	}
+	tr.send(1, peer.Addr().String(), heartbeat(2))
+	conn, m = receive()
+	defer conn.Close()
+	if m.Commit != 2 {
+		t.Fatalf("received %v on the new stream, want the second heartbeat", m)
+	}
 }
