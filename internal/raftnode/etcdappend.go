@@ -41,7 +41,7 @@ type appendReq struct {
 	owner appendOwner
 	m     raftpb.Message
 	// leader says the group's node led it when it made the write, for the
-	// log-write timings and the linger.
+	// log-write timings.
 	leader bool
 	// at is when the write was queued.
 	at time.Time
@@ -65,17 +65,6 @@ const appendQueue = 1024
 // waits behind an unbounded amount of staging.
 const maxAppendBatch = 512
 
-// DefaultLeaderLinger is how long a leader's write that arrives at an idle
-// writer waits for the next one to share its fsync, when the writes before
-// came in pairs (appendWriter.linger).
-const DefaultLeaderLinger = 100 * time.Microsecond
-
-// followerQuiet is how long after writing a follower's entries the writer
-// holds no leader write back: on a node that leads some groups and follows
-// others, a follower write arriving during the wait would wait out the rest
-// of it, and a follower's write is on every commit's path.
-const followerQuiet = 5 * time.Millisecond
-
 // errStoreFailed answers every write after one has failed: what the page
 // cache holds after a failed fsync cannot be trusted, so nothing is written
 // again (not the same index, not any other) until an operator restarts the
@@ -91,21 +80,10 @@ type appendWriter struct {
 	reqc  chan appendReq
 	stopc chan struct{}
 	done  chan struct{}
-	// batches and syncs count commits and fsyncs (for tests and benchmarks),
-	// lingers the writes held back for company.
-	batches, syncs, lingers atomic.Uint64
-	// lingerFor is DefaultLeaderLinger unless a test set the store's; sleep
-	// waits it out. quiet is followerQuiet unless a test set it.
-	lingerFor, quiet time.Duration
-	sleep            func(time.Duration)
+	// batches and syncs count commits and fsyncs (for tests and benchmarks).
+	batches, syncs atomic.Uint64
 	// The goroutine's own.
 	failed error
-	// lastStart and lastEnd bound the last write; paired says the leader's
-	// writes have lately come in pairs, so the next lone one waits.
-	lastStart, lastEnd time.Time
-	paired             bool
-	// lastFollower is when the writer last wrote a follower's entries.
-	lastFollower time.Time
 	// hs is each group's last written hard state: a write that changes only
 	// the commit index needs no fsync (pebble's log is written in order, so
 	// a later fsync covers it, and losing it loses nothing Raft relies on).
@@ -118,7 +96,7 @@ func (s *multiStore) writer() *appendWriter {
 	defer s.wMu.Unlock()
 	if s.w == nil {
 		s.w = &appendWriter{s: s, reqc: make(chan appendReq, appendQueue), stopc: make(chan struct{}),
-			done: make(chan struct{}), hs: map[uint64]raftpb.HardState{}, lingerFor: s.leaderLinger, quiet: followerQuiet, sleep: nanosleep}
+			done: make(chan struct{}), hs: map[uint64]raftpb.HardState{}}
 		if s.wStopped {
 			// Closed before first use: a writer that refuses everything.
 			close(s.w.done)
@@ -182,14 +160,8 @@ func (w *appendWriter) run() {
 			}
 		}
 		// Everything that queued while the last fsync ran shares this one.
-		batch = w.linger(w.drain(batch))
-		start := time.Now()
-		if followerEntries(batch) {
-			w.lastFollower = start
-		}
-		err := w.write(batch)
-		w.lastStart, w.lastEnd = start, time.Now()
-		if err != nil {
+		batch = w.drain(batch)
+		if err := w.write(batch); err != nil {
 			if w.failed == nil {
 				w.failed = err
 			}
@@ -215,61 +187,6 @@ func (w *appendWriter) drain(batch []appendReq) []appendReq {
 		}
 	}
 	return batch
-}
-
-// linger holds a leader's write back for lingerFor when the leader's writes
-// have lately come in pairs, so the second shares the first's fsync. A
-// contended lock hands off that way: the releaser queues again as the next
-// holder releases, a few tens of microseconds apart, and without the wait
-// the leader fsyncs each alone while its followers, whose copies arrive
-// together, fsync them once. The leader's own write completes a commit only
-// when it is slower than a follower's round trip (dlock_raft_commits_total),
-// so the wait rarely lengthens one; a follower's write, on every commit's
-// path, never waits, and neither does a lone writer's (nothing came in pairs)
-// or a leader's on a node that is also following (followerQuiet).
-func (w *appendWriter) linger(batch []appendReq) []appendReq {
-	if w.lingerFor <= 0 || !leaderEntries(batch) {
-		return batch
-	}
-	if !w.lastFollower.IsZero() && time.Since(w.lastFollower) < w.quiet {
-		return batch
-	}
-	if first := batch[0].at; first.Before(w.lastEnd) {
-		// It queued while the last write ran: the pair came on its own.
-		if first.Sub(w.lastStart) < 3*w.lingerFor {
-			w.paired = true
-		}
-		return batch
-	}
-	if !w.paired {
-		return batch
-	}
-	w.lingers.Add(1)
-	w.sleep(w.lingerFor)
-	n := len(batch)
-	batch = w.drain(batch)
-	w.paired = len(batch) > n
-	return batch
-}
-
-// leaderEntries says batch holds only entries this node appends as leader.
-func leaderEntries(batch []appendReq) bool {
-	for i := range batch {
-		if !batch[i].leader || len(batch[i].m.Entries) == 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// followerEntries says batch holds entries this node appends as a follower.
-func followerEntries(batch []appendReq) bool {
-	for i := range batch {
-		if !batch[i].leader && len(batch[i].m.Entries) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // write stages a batch of appends, of any groups, and commits them at once.

@@ -12,7 +12,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -83,9 +82,6 @@ type multiStore struct {
 	// writeHook, set only by tests, sees every log write before pebble does
 	// and may fail it.
 	writeHook func(group uint64) error
-	// leaderLinger is the append writer's (DefaultLeaderLinger; tests set
-	// it before the first write).
-	leaderLinger time.Duration
 	// lastMu guards last: each group's last stored entry index, known once
 	// the group's log was loaded or written. An append deletes a replaced
 	// tail only when there is one: a range tombstone on every append made
@@ -120,7 +116,7 @@ func openMultiStoreFS(dir string, fs vfs.FS) (*multiStore, error) {
 		}
 		return nil, err
 	}
-	return &multiStore{db: db, last: map[uint64]uint64{}, leaderLinger: DefaultLeaderLinger}, nil
+	return &multiStore{db: db, last: map[uint64]uint64{}}, nil
 }
 
 // Close stops the append goroutine and closes the database; every group
