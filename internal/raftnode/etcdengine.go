@@ -215,8 +215,10 @@ type etcdEngine struct {
 	leaderCh  chan bool
 
 	// The Raft goroutine's own.
-	book map[uint64]etcdMember
-	conf raftpb.ConfState
+	// electionTick is the election timeout in ticks.
+	electionTick int
+	book         map[uint64]etcdMember
+	conf         raftpb.ConfState
 	// membersGen counts changes of book and conf, so publish, which runs
 	// after every commit, copies them only when they changed.
 	membersGen uint64
@@ -442,11 +444,11 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		}
 		e.scanTerm = gs.Entries[len(gs.Entries)-1].Term
 	}
-	electionTick := max(int(c.Election/etcdTick), 5)
+	e.electionTick = max(int(c.Election/etcdTick), 5)
 	rc := &raft.Config{
 		ID:                        e.nid,
-		ElectionTick:              electionTick,
-		HeartbeatTick:             max(electionTick/5, 1),
+		ElectionTick:              e.electionTick,
+		HeartbeatTick:             max(e.electionTick/5, 1),
 		Storage:                   e.mem,
 		Applied:                   e.applied,
 		MaxSizePerMsg:             1 << 20,
@@ -1428,6 +1430,37 @@ func (e *etcdEngine) peerFailing(addr string, failing bool) {
 	for _, m := range v.book {
 		if m.Addr == addr {
 			e.cfg.PeerHealth(m.ID, failing)
+		}
+	}
+}
+
+// peerGone acts on the end of the stream a peer sends on. When that peer is
+// this node's leader, its process most likely died: a killed process's
+// kernel closes its connections at once. Waiting for the election timeout
+// from its last heartbeat would add 150–300 ms to every such failover, so
+// the node counts the timeout as passed (leaderGone). It is only a hint: a
+// leader that is alive (a cut link) keeps its other followers, which refuse
+// this node's pre-vote (check-quorum), and its next heartbeat that gets
+// through makes this node its follower again.
+func (e *etcdEngine) peerGone(addr string) {
+	e.report(func(rn *raft.RawNode) { e.leaderGone(rn, addr) })
+}
+
+// leaderGone ticks a follower of the leader at addr through one election
+// timeout, on the Raft goroutine. Past it, the node no longer refuses other
+// nodes' pre-votes for its leader's sake, and it campaigns when what is
+// left of its randomized timeout runs out, so the survivors' timers, not
+// one node's choice, still pick who goes first; the ticking stops if the
+// node starts an election.
+func (e *etcdEngine) leaderGone(rn *raft.RawNode, addr string) {
+	st := rn.BasicStatus()
+	if st.RaftState != raft.StateFollower || st.Lead == raft.None || e.book[st.Lead].Addr != addr {
+		return
+	}
+	for range e.electionTick {
+		rn.Tick()
+		if rn.BasicStatus().RaftState != raft.StateFollower {
+			return
 		}
 	}
 }

@@ -1058,3 +1058,71 @@ func TestEtcdEngineLinearizableReadCoversWhatAFollowerApplied(t *testing.T) {
 		t.Fatalf("after the read the leader is at revision %d (lock held %v), behind the follower's %d", rev, h, seen)
 	}
 }
+
+// A follower refuses a pre-vote while it hears from its leader
+// (check-quorum); once the leader's stream has ended, it grants it, so the
+// survivors of a killed leader elect a new one without waiting out the
+// election timeout. The end of another peer's stream changes nothing.
+func TestEtcdEngineLeaderGoneEndsItsLease(t *testing.T) {
+	const leaderAddr, otherAddr = "127.0.0.1:7002", "127.0.0.1:7003"
+	cases := []struct {
+		name  string
+		gone  string // whose stream ended ("" none)
+		grant bool
+	}{
+		{name: "the leader is heard from", grant: false},
+		{name: "another peer's stream ended", gone: otherAddr, grant: false},
+		{name: "the leader's stream ended", gone: leaderAddr, grant: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := raft.NewMemoryStorage()
+			if err := mem.ApplySnapshot(raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{
+				Index: 1, Term: 1, ConfState: raftpb.ConfState{Voters: []uint64{1, 2, 3}}}}); err != nil {
+				t.Fatal(err)
+			}
+			rn, err := raft.NewRawNode(&raft.Config{ID: 1, ElectionTick: 10, HeartbeatTick: 2, Storage: mem,
+				MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 16, CheckQuorum: true, PreVote: true,
+				Logger: newEtcdRaftLogger(slog.New(slog.DiscardHandler), "error")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := &etcdEngine{electionTick: 10, book: map[uint64]etcdMember{
+				1: {ID: "n1", Addr: "127.0.0.1:7001"}, 2: {ID: "n2", Addr: leaderAddr}, 3: {ID: "n3", Addr: otherAddr}}}
+			drain := func() []raftpb.Message {
+				var out []raftpb.Message
+				for rn.HasReady() {
+					rd := rn.Ready()
+					if err := mem.Append(rd.Entries); err != nil {
+						t.Fatal(err)
+					}
+					out = append(out, rd.Messages...)
+					rn.Advance(rd)
+				}
+				return out
+			}
+			if err := rn.Step(raftpb.Message{Type: raftpb.MsgHeartbeat, From: 2, To: 1, Term: 2}); err != nil {
+				t.Fatal(err)
+			}
+			drain()
+			if st := rn.BasicStatus(); st.Lead != 2 || st.RaftState != raft.StateFollower {
+				t.Fatalf("node 1 is %v led by %d, want a follower of 2", st.RaftState, st.Lead)
+			}
+			if tc.gone != "" {
+				e.leaderGone(rn, tc.gone)
+			}
+			if err := rn.Step(raftpb.Message{Type: raftpb.MsgPreVote, From: 3, To: 1, Term: 3, LogTerm: 1, Index: 1}); err != nil {
+				t.Fatal(err)
+			}
+			granted := false
+			for _, m := range drain() {
+				if m.Type == raftpb.MsgPreVoteResp && m.To == 3 && !m.Reject {
+					granted = true
+				}
+			}
+			if granted != tc.grant {
+				t.Fatalf("pre-vote granted %v, want %v", granted, tc.grant)
+			}
+		})
+	}
+}

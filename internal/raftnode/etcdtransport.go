@@ -63,6 +63,9 @@ type groupHandler interface {
 	snapshotDone(to uint64, ok bool)
 	// peerFailing tracks a peer stream's health for the member list.
 	peerFailing(addr string, failing bool)
+	// peerGone says the stream the peer at addr sends on ended: its
+	// process exited or restarted, or the link was cut.
+	peerGone(addr string)
 }
 
 func newEtcdTransport(mux *Mux, logger *slog.Logger) *etcdTransport {
@@ -404,14 +407,31 @@ func (p *peerStream) drain() {
 }
 
 func (t *etcdTransport) reportPeer(addr string, failing bool) {
+	for _, h := range t.handlers() {
+		h.peerFailing(addr, failing)
+	}
+}
+
+// handlers returns the groups' handlers, to call outside the lock.
+func (t *etcdTransport) handlers() []groupHandler {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	hs := make([]groupHandler, 0, len(t.groups))
 	for _, h := range t.groups {
 		hs = append(hs, h)
 	}
-	t.mu.Unlock()
-	for _, h := range hs {
-		h.peerFailing(addr, failing)
+	return hs
+}
+
+// streamEnded tells every group that the inbound stream from the peer at
+// from (the address its hello announced) ended, unless this transport is
+// closing.
+func (t *etcdTransport) streamEnded(from string) {
+	if from == "" || t.ctx.Err() != nil {
+		return
+	}
+	for _, h := range t.handlers() {
+		h.peerGone(from)
 	}
 }
 
@@ -459,6 +479,7 @@ func (t *etcdTransport) serve(conn net.Conn) {
 	for {
 		n, err := binary.ReadUvarint(r)
 		if err != nil {
+			t.streamEnded(from)
 			return
 		}
 		if n == 0 || n > maxFrame {
@@ -470,6 +491,7 @@ func (t *etcdTransport) serve(conn net.Conn) {
 		}
 		buf = buf[:n]
 		if _, err := io.ReadFull(r, buf); err != nil {
+			t.streamEnded(from)
 			return
 		}
 		group, k := binary.Uvarint(buf)

@@ -211,3 +211,62 @@ func TestPeerStreamRedialsAPeerThatClosedIt(t *testing.T) {
 		t.Fatalf("received %v on the new stream, want the second heartbeat", m)
 	}
 }
+
+// goneHandler records what the transport hands one group.
+type goneHandler struct {
+	got  chan raftpb.Message
+	gone chan string
+}
+
+func (h *goneHandler) receive(m raftpb.Message)  { h.got <- m }
+func (h *goneHandler) unreachable(uint64)        {}
+func (h *goneHandler) snapshotDone(uint64, bool) {}
+func (h *goneHandler) peerFailing(string, bool)  {}
+func (h *goneHandler) peerGone(addr string)      { h.gone <- addr }
+func (h *goneHandler) String() string            { return "goneHandler" }
+func (h *goneHandler) wait(t *testing.T) (raftpb.Message, string) {
+	t.Helper()
+	select {
+	case m := <-h.got:
+		select {
+		case addr := <-h.gone:
+			return m, addr
+		case <-time.After(10 * time.Second):
+			t.Fatal("the end of the stream was not reported")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message was not delivered")
+	}
+	return raftpb.Message{}, ""
+}
+
+// When a peer's stream ends (its process died), every group hears which
+// peer it was, by the address the stream's hello announced.
+func TestTransportReportsAnEndedInboundStream(t *testing.T) {
+	mux := startMux(t)
+	tr := newEtcdTransport(mux, slog.New(slog.DiscardHandler))
+	defer tr.Close()
+	h := &goneHandler{got: make(chan raftpb.Message, 1), gone: make(chan string, 1)}
+	tr.register(1, h)
+
+	conn, err := net.Dial("tcp", mux.EtcdListener().Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const peer = "127.0.0.9:7001"
+	stream := []byte{ConnEtcd}
+	stream = binary.AppendUvarint(stream, uint64(1+len(peer)))
+	stream = append(append(stream, 0), peer...)
+	stream, err = appendFrame(stream, 1, &raftpb.Message{Type: raftpb.MsgHeartbeat, From: 2, To: 1, Term: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close() // the peer's process dies
+	m, addr := h.wait(t)
+	if m.Type != raftpb.MsgHeartbeat || addr != peer {
+		t.Fatalf("got %v and the end of %q, want the heartbeat and the end of %q", m.Type, addr, peer)
+	}
+}
