@@ -468,6 +468,36 @@ func (t *etcdTransport) accept(ln net.Listener) {
 	}
 }
 
+// errBadFrame is a frame no dlock node sends: a zero or oversized length, or
+// no group id.
+var errBadFrame = errors.New("bad frame")
+
+// readFrame reads one frame from r: its group and its body (the hello's
+// address for group 0, else a raftpb.Message). The body is read into *buf,
+// grown as needed and reused by the next call. An error other than
+// errBadFrame says the stream ended or broke.
+func readFrame(r *bufio.Reader, buf *[]byte) (group uint64, body []byte, err error) {
+	n, err := binary.ReadUvarint(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	if n == 0 || n > maxFrame {
+		return 0, nil, fmt.Errorf("%w: length %d", errBadFrame, n)
+	}
+	if uint64(cap(*buf)) < n {
+		*buf = make([]byte, n)
+	}
+	b := (*buf)[:n]
+	if _, err := io.ReadFull(r, b); err != nil {
+		return 0, nil, err
+	}
+	group, k := binary.Uvarint(b)
+	if k <= 0 {
+		return 0, nil, fmt.Errorf("%w: no group id", errBadFrame)
+	}
+	return group, b[k:], nil
+}
+
 // serve reads frames from one peer and hands each message to its group.
 func (t *etcdTransport) serve(conn net.Conn) {
 	stop := context.AfterFunc(t.ctx, func() { _ = conn.Close() })
@@ -477,33 +507,21 @@ func (t *etcdTransport) serve(conn net.Conn) {
 	var buf []byte
 	var from string // the address the peer announced in its hello
 	for {
-		n, err := binary.ReadUvarint(r)
+		group, body, err := readFrame(r, &buf)
+		if errors.Is(err, errBadFrame) {
+			t.logger.Warn("etcd raft stream: dropping a peer that sent a bad frame", "remote", conn.RemoteAddr().String(), "err", err)
+			return
+		}
 		if err != nil {
 			t.streamEnded(from)
 			return
 		}
-		if n == 0 || n > maxFrame {
-			t.logger.Warn("etcd raft stream: dropping a peer that sent a bad frame length", "remote", conn.RemoteAddr().String(), "length", n)
-			return
-		}
-		if uint64(cap(buf)) < n {
-			buf = make([]byte, n)
-		}
-		buf = buf[:n]
-		if _, err := io.ReadFull(r, buf); err != nil {
-			t.streamEnded(from)
-			return
-		}
-		group, k := binary.Uvarint(buf)
-		if k <= 0 {
-			return
-		}
 		if group == 0 {
-			from = string(buf[k:])
+			from = string(body)
 			continue
 		}
 		var m raftpb.Message
-		if err := m.Unmarshal(buf[k:]); err != nil {
+		if err := m.Unmarshal(body); err != nil {
 			t.logger.Warn("etcd raft stream: dropping a peer that sent an undecodable message", "remote", conn.RemoteAddr().String(), "err", err)
 			return
 		}

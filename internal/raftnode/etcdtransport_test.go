@@ -2,8 +2,10 @@ package raftnode
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -170,18 +172,15 @@ func TestPeerStreamRedialsAPeerThatClosedIt(t *testing.T) {
 		if typ, err := r.ReadByte(); err != nil || typ != ConnEtcd {
 			t.Fatalf("stream type %q, %v", typ, err)
 		}
+		var buf []byte
 		for {
-			n, err := binary.ReadUvarint(r)
+			group, body, err := readFrame(r, &buf)
 			if err != nil {
 				t.Fatalf("read a frame: %v", err)
 			}
-			frame := make([]byte, n)
-			if _, err := io.ReadFull(r, frame); err != nil {
-				t.Fatalf("read a frame: %v", err)
-			}
-			if group, k := binary.Uvarint(frame); group != 0 {
+			if group != 0 {
 				var m raftpb.Message
-				if err := m.Unmarshal(frame[k:]); err != nil {
+				if err := m.Unmarshal(body); err != nil {
 					t.Fatal(err)
 				}
 				return conn, m
@@ -268,5 +267,76 @@ func TestTransportReportsAnEndedInboundStream(t *testing.T) {
 	m, addr := h.wait(t)
 	if m.Type != raftpb.MsgHeartbeat || addr != peer {
 		t.Fatalf("got %v and the end of %q, want the heartbeat and the end of %q", m.Type, addr, peer)
+	}
+}
+
+// A stream that breaks the framing is dropped at once, and not taken for the
+// end of a live peer's stream: peerGone would let a follower count its
+// leader's lease as ended.
+func TestTransportDropsAStreamWithABadFrame(t *testing.T) {
+	const peer = "127.0.0.9:7001"
+	msg, err := appendFrame(nil, 1, &raftpb.Message{Type: raftpb.MsgHeartbeat, From: 2, To: 1, Term: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+	}{
+		{"zero length", []byte{0}},
+		{"over the bound", binary.AppendUvarint(nil, maxFrame+1)},
+		{"no group id", []byte{1, 0x80}},
+		{"an undecodable message", []byte{3, 1, 0xff, 0xff}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mux := startMux(t)
+			tr := newEtcdTransport(mux, slog.New(slog.DiscardHandler))
+			defer tr.Close()
+			h := &goneHandler{got: make(chan raftpb.Message, 1), gone: make(chan string, 1)}
+			tr.register(1, h)
+			conn, err := net.Dial("tcp", mux.EtcdListener().Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			stream := []byte{ConnEtcd}
+			stream = binary.AppendUvarint(stream, uint64(1+len(peer)))
+			stream = append(append(stream, 0), peer...)
+			stream = append(append(stream, tc.frame...), msg...)
+			if _, err := conn.Write(stream); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+				t.Fatalf("read after a bad frame: %v, want the transport to close the stream", err)
+			}
+			select {
+			case m := <-h.got:
+				t.Fatalf("the message after the bad frame was delivered: %v", m)
+			case addr := <-h.gone:
+				t.Fatalf("a bad frame was reported as the end of %s's stream", addr)
+			case <-time.After(50 * time.Millisecond):
+			}
+		})
+	}
+}
+
+func TestReadFrame(t *testing.T) {
+	msg, err := appendFrame(nil, 7, &raftpb.Message{Type: raftpb.MsgApp, Index: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf []byte
+	group, body, err := readFrame(bufio.NewReader(bytes.NewReader(msg)), &buf)
+	if err != nil || group != 7 {
+		t.Fatalf("readFrame = group %d, %v; want group 7", group, err)
+	}
+	var m raftpb.Message
+	if err := m.Unmarshal(body); err != nil || m.Index != 9 {
+		t.Fatalf("body decodes to %v, %v", m, err)
+	}
+	// A stream cut inside a frame is the stream's end, not a bad frame.
+	if _, _, err := readFrame(bufio.NewReader(bytes.NewReader(msg[:len(msg)-1])), &buf); err == nil || errors.Is(err, errBadFrame) {
+		t.Fatalf("truncated frame: %v, want a read error", err)
 	}
 }
