@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,9 @@ import (
 // maxFrame bounds one message on the wire (a snapshot travels as one
 // message): a peer that announces more is not a dlock node, or is broken.
 const maxFrame = 512 << 20
+
+// frameStep is the most a frame's buffer grows by before its bytes arrive.
+const frameStep = 1 << 20
 
 // peerQueue is how many messages wait for one peer's stream. Raft tolerates
 // lost messages, so a full queue drops rather than blocks the Raft loop.
@@ -484,13 +488,24 @@ func readFrame(r *bufio.Reader, buf *[]byte) (group uint64, body []byte, err err
 	if n == 0 || n > maxFrame {
 		return 0, nil, fmt.Errorf("%w: length %d", errBadFrame, n)
 	}
-	if uint64(cap(*buf)) < n {
-		*buf = make([]byte, n)
+	// A length is only a claim: the buffer grows as the bytes arrive, so a
+	// peer that announces a large frame and sends little costs little.
+	b := (*buf)[:0]
+	for uint64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, int(min(n-uint64(len(b)), uint64(max(cap(b), frameStep)))))
+		}
+		got, err := io.ReadFull(r, b[len(b):int(min(n, uint64(cap(b))))])
+		b = b[:len(b)+got]
+		if err != nil {
+			*buf = b
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF // inside a frame
+			}
+			return 0, nil, err
+		}
 	}
-	b := (*buf)[:n]
-	if _, err := io.ReadFull(r, b); err != nil {
-		return 0, nil, err
-	}
+	*buf = b
 	group, k := binary.Uvarint(b)
 	if k <= 0 {
 		return 0, nil, fmt.Errorf("%w: no group id", errBadFrame)

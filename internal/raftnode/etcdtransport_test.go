@@ -339,4 +339,27 @@ func TestReadFrame(t *testing.T) {
 	if _, _, err := readFrame(bufio.NewReader(bytes.NewReader(msg[:len(msg)-1])), &buf); err == nil || errors.Is(err, errBadFrame) {
 		t.Fatalf("truncated frame: %v, want a read error", err)
 	}
+
+	// A frame larger than the buffer's step (a snapshot) arrives whole.
+	snap := &raftpb.Message{Type: raftpb.MsgSnap, Snapshot: &raftpb.Snapshot{Data: bytes.Repeat([]byte("s"), 3*frameStep+5)}}
+	big, err := appendFrame(nil, 2, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	group, body, err = readFrame(bufio.NewReader(bytes.NewReader(big)), &buf)
+	m = raftpb.Message{}
+	if err != nil || group != 2 || m.Unmarshal(body) != nil || !bytes.Equal(m.Snapshot.Data, snap.Snapshot.Data) {
+		t.Fatalf("a %d-byte frame: group %d, %v", len(big), group, err)
+	}
+
+	// A length is a claim: announcing the largest frame and sending 1 KiB
+	// does not allocate the frame.
+	claim := append(binary.AppendUvarint(nil, maxFrame), make([]byte, 1024)...)
+	buf = nil
+	if _, _, err := readFrame(bufio.NewReader(bytes.NewReader(claim)), &buf); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a cut claim of %d bytes: %v, want io.ErrUnexpectedEOF", maxFrame, err)
+	}
+	if cap(buf) > 2*frameStep {
+		t.Fatalf("reading 1 KiB of a frame claimed at %d bytes grew the buffer to %d", maxFrame, cap(buf))
+	}
 }
