@@ -138,6 +138,11 @@ type Reaper struct {
 	retention   *state.HistoryRetention
 	retentionAt time.Time
 	kick        chan struct{}
+	// sleepsUntil is the deadline Run's timer is set for while it sleeps
+	// (zero while it works; it reads the heap before it sleeps again), so a
+	// change that brings no deadline before it wakes nobody: under load
+	// every grant and wait sets a timer, nearly always a later one.
+	sleepsUntil time.Duration
 }
 
 // New makes an inactive reaper.
@@ -274,8 +279,9 @@ func (r *Reaper) Applied(_ uint64, events []state.Event) {
 			changed = true
 		}
 	}
+	poke := changed && len(r.h) > 0 && r.h[0].deadline < r.sleepsUntil
 	r.mu.Unlock()
-	if changed {
+	if poke {
 		r.poke()
 	}
 }
@@ -497,6 +503,7 @@ func (r *Reaper) Run(ctx context.Context) {
 		if r.tracking() {
 			wait = min(wait, max(r.nextCheck.Sub(now), time.Millisecond))
 		}
+		wait = r.sleep(now, wait)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -506,7 +513,24 @@ func (r *Reaper) Run(ctx context.Context) {
 			// expiry, so no drain is needed here.
 		case <-timer.C:
 		}
+		r.mu.Lock()
+		r.sleepsUntil = 0
+		r.mu.Unlock()
 	}
+}
+
+// sleep records that Run is about to sleep for wait from now, shortened to
+// the heap's first deadline if one was set since Run last looked: from here
+// on, Applied wakes Run only for a deadline before it would wake anyway.
+func (r *Reaper) sleep(now time.Time, wait time.Duration) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at := now.Sub(r.epoch)
+	if len(r.h) > 0 {
+		wait = min(wait, max(r.h[0].deadline-at, time.Millisecond))
+	}
+	r.sleepsUntil = at + wait
+	return wait
 }
 
 // tracking reports whether the reaper leads and any lease, wait or

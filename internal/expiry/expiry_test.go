@@ -493,3 +493,29 @@ func TestRunProposesRetention(t *testing.T) {
 		return false
 	})
 }
+
+// Applied wakes a sleeping Run only for a deadline before the one Run sleeps
+// until: under load every grant sets a timer, nearly always a later one.
+func TestAppliedWakesRunOnlyForAnEarlierDeadline(t *testing.T) {
+	clock, h, r := setup(t)
+	h.obs = r
+	r.Promote()
+	<-r.kick // Promote's
+	// Run is awake (it has not slept yet): no change wakes it, it reads the
+	// heap before it sleeps.
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 60_000}})
+	if len(r.kick) != 0 {
+		t.Fatal("a change woke a Run that is awake")
+	}
+	if got := r.sleep(clock.Now(), time.Hour); got != 60*time.Second {
+		t.Fatalf("Run sleeps %s, want until the lease's deadline (60s)", got)
+	}
+	h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "y", LeaseID: lid(2), TTLms: 120_000}})
+	if len(r.kick) != 0 {
+		t.Fatal("a later deadline woke Run")
+	}
+	h.apply(0, &command.Envelope{ClientID: "c", Body: &command.Acquire{Name: "z", LeaseID: lid(3), TTLms: 1_000}})
+	if len(r.kick) != 1 {
+		t.Fatal("an earlier deadline did not wake Run")
+	}
+}
