@@ -239,24 +239,33 @@ func (h *goneHandler) wait(t *testing.T) (raftpb.Message, string) {
 	return raftpb.Message{}, ""
 }
 
-// When a peer's stream ends (its process died), every group hears which
-// peer it was, by the address the stream's hello announced.
-func TestTransportReportsAnEndedInboundStream(t *testing.T) {
+// dialTransport starts a transport whose group 1 is h and opens a raw
+// stream to it, which has sent its type byte and a hello announcing peer.
+func dialTransport(t *testing.T, peer string) (h *goneHandler, conn net.Conn) {
+	t.Helper()
 	mux := startMux(t)
 	tr := newEtcdTransport(mux, slog.New(slog.DiscardHandler))
-	defer tr.Close()
-	h := &goneHandler{got: make(chan raftpb.Message, 1), gone: make(chan string, 1)}
+	t.Cleanup(tr.Close)
+	h = &goneHandler{got: make(chan raftpb.Message, 1), gone: make(chan string, 1)}
 	tr.register(1, h)
-
 	conn, err := net.Dial("tcp", mux.EtcdListener().Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = conn.Close() })
+	hello := binary.AppendUvarint([]byte{ConnEtcd}, uint64(1+len(peer)))
+	if _, err := conn.Write(append(append(hello, 0), peer...)); err != nil {
+		t.Fatal(err)
+	}
+	return h, conn
+}
+
+// When a peer's stream ends (its process died), every group hears which
+// peer it was, by the address the stream's hello announced.
+func TestTransportReportsAnEndedInboundStream(t *testing.T) {
 	const peer = "127.0.0.9:7001"
-	stream := []byte{ConnEtcd}
-	stream = binary.AppendUvarint(stream, uint64(1+len(peer)))
-	stream = append(append(stream, 0), peer...)
-	stream, err = appendFrame(stream, 1, &raftpb.Message{Type: raftpb.MsgHeartbeat, From: 2, To: 1, Term: 2})
+	h, conn := dialTransport(t, peer)
+	stream, err := appendFrame(nil, 1, &raftpb.Message{Type: raftpb.MsgHeartbeat, From: 2, To: 1, Term: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,21 +298,8 @@ func TestTransportDropsAStreamWithABadFrame(t *testing.T) {
 		{"an undecodable message", []byte{3, 1, 0xff, 0xff}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mux := startMux(t)
-			tr := newEtcdTransport(mux, slog.New(slog.DiscardHandler))
-			defer tr.Close()
-			h := &goneHandler{got: make(chan raftpb.Message, 1), gone: make(chan string, 1)}
-			tr.register(1, h)
-			conn, err := net.Dial("tcp", mux.EtcdListener().Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			stream := []byte{ConnEtcd}
-			stream = binary.AppendUvarint(stream, uint64(1+len(peer)))
-			stream = append(append(stream, 0), peer...)
-			stream = append(append(stream, tc.frame...), msg...)
-			if _, err := conn.Write(stream); err != nil {
+			h, conn := dialTransport(t, peer)
+			if _, err := conn.Write(append(append([]byte(nil), tc.frame...), msg...)); err != nil {
 				t.Fatal(err)
 			}
 			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
