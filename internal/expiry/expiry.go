@@ -11,6 +11,7 @@ import (
 	"container/heap"
 	"context"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -139,9 +140,10 @@ type Reaper struct {
 	retentionAt time.Time
 	kick        chan struct{}
 	// sleepsUntil is the deadline Run's timer is set for while it sleeps
-	// (zero while it works; it reads the heap before it sleeps again), so a
-	// change that brings no deadline before it wakes nobody: under load
-	// every grant and wait sets a timer, nearly always a later one.
+	// (zero while it works: it reads the heap before it sleeps again; the
+	// largest duration while nothing is tracked), so a change that brings
+	// no deadline before it wakes nobody: under load every grant and wait
+	// sets a timer, nearly always a later one.
 	sleepsUntil time.Duration
 }
 
@@ -472,7 +474,7 @@ func (r *Reaper) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		w, next := r.DueAll(r.clock.Now())
+		w, _ := r.DueAll(r.clock.Now())
 		if len(w.Leases) > 0 {
 			r.propose(ctx, &command.ExpireLeases{Leases: w.Leases})
 		}
@@ -494,17 +496,8 @@ func (r *Reaper) Run(ctx context.Context) {
 		r.proposeRetention(ctx, r.clock.Now())
 		r.tick(ctx, r.clock.Now())
 		// Read the clock again: a tick's commit may have taken a while, and
-		// next must not be counted from before it.
-		now := r.clock.Now()
-		wait := time.Hour
-		if !next.IsZero() {
-			wait = max(next.Sub(now), time.Millisecond)
-		}
-		if r.tracking() {
-			wait = min(wait, max(r.nextCheck.Sub(now), time.Millisecond))
-		}
-		wait = r.sleep(now, wait)
-		timer.Reset(wait)
+		// the sleep must not be counted from before it.
+		timer.Reset(r.sleep(r.clock.Now()))
 		select {
 		case <-ctx.Done():
 			return
@@ -519,16 +512,24 @@ func (r *Reaper) Run(ctx context.Context) {
 	}
 }
 
-// sleep records that Run is about to sleep for wait from now, shortened to
-// the heap's first deadline if one was set since Run last looked: from here
-// on, Applied wakes Run only for a deadline before it would wake anyway.
-func (r *Reaper) sleep(now time.Time, wait time.Duration) time.Duration {
+// sleep returns how long Run sleeps from now: until the heap's first
+// deadline and, while anything is tracked, at most until the next tick check.
+// It records that, so Applied wakes Run only for a deadline before it would
+// wake anyway; while nothing is tracked, any new deadline wakes it (the tick
+// checks must start).
+func (r *Reaper) sleep(now time.Time) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	at := now.Sub(r.epoch)
+	wait := time.Hour
 	if len(r.h) > 0 {
-		wait = min(wait, max(r.h[0].deadline-at, time.Millisecond))
+		wait = max(r.h[0].deadline-at, time.Millisecond)
 	}
+	if !r.trackingLocked() {
+		r.sleepsUntil = math.MaxInt64
+		return wait
+	}
+	wait = min(wait, max(r.nextCheck.Sub(now), time.Millisecond))
 	r.sleepsUntil = at + wait
 	return wait
 }
@@ -539,6 +540,10 @@ func (r *Reaper) sleep(now time.Time, wait time.Duration) time.Duration {
 func (r *Reaper) tracking() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.trackingLocked()
+}
+
+func (r *Reaper) trackingLocked() bool {
 	n := len(r.h)
 	if r.hist != nil {
 		n--

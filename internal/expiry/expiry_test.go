@@ -495,26 +495,37 @@ func TestRunProposesRetention(t *testing.T) {
 }
 
 // Applied wakes a sleeping Run only for a deadline before the one Run sleeps
-// until: under load every grant sets a timer, nearly always a later one.
+// until (under load every grant sets a timer, nearly always a later one), and
+// for any deadline while nothing was tracked (the tick checks must start).
 func TestAppliedWakesRunOnlyForAnEarlierDeadline(t *testing.T) {
 	clock, h, r := setup(t)
 	h.obs = r
 	r.Promote()
 	<-r.kick // Promote's
-	// Run is awake (it has not slept yet): no change wakes it, it reads the
-	// heap before it sleeps.
-	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: 60_000}})
+	if got := r.sleep(clock.Now()); got != time.Hour {
+		t.Fatalf("with nothing tracked Run sleeps %s, want 1h", got)
+	}
+	clock.Advance(55 * time.Minute)
+	h.apply(0, &command.Envelope{ClientID: "a", Body: &command.Acquire{Name: "x", LeaseID: lid(1), TTLms: command.MaxTTLms}})
+	if len(r.kick) != 1 {
+		t.Fatal("the first tracked deadline, after Run's hour of sleep with nothing tracked, did not wake it")
+	}
+	<-r.kick
+	r.sleepsUntil = 0 // Run woke
+	// Run is awake: no change wakes it, it reads the heap before it sleeps.
+	h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "y", LeaseID: lid(2), TTLms: 90_000}})
 	if len(r.kick) != 0 {
 		t.Fatal("a change woke a Run that is awake")
 	}
-	if got := r.sleep(clock.Now(), time.Hour); got != 60*time.Second {
-		t.Fatalf("Run sleeps %s, want until the lease's deadline (60s)", got)
+	r.nextCheck = clock.Now().Add(time.Minute)
+	if got := r.sleep(clock.Now()); got != time.Minute {
+		t.Fatalf("Run sleeps %s, want until its next tick check (1m)", got)
 	}
-	h.apply(0, &command.Envelope{ClientID: "b", Body: &command.Acquire{Name: "y", LeaseID: lid(2), TTLms: 120_000}})
+	h.apply(0, &command.Envelope{ClientID: "c", Body: &command.Acquire{Name: "z", LeaseID: lid(3), TTLms: 120_000}})
 	if len(r.kick) != 0 {
 		t.Fatal("a later deadline woke Run")
 	}
-	h.apply(0, &command.Envelope{ClientID: "c", Body: &command.Acquire{Name: "z", LeaseID: lid(3), TTLms: 1_000}})
+	h.apply(0, &command.Envelope{ClientID: "d", Body: &command.Acquire{Name: "w", LeaseID: lid(4), TTLms: 1_000}})
 	if len(r.kick) != 1 {
 		t.Fatal("an earlier deadline did not wake Run")
 	}
