@@ -2,6 +2,8 @@ package state
 
 import (
 	"bytes"
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -54,16 +56,22 @@ func (s *State) snapshot(keep func(key string) bool, sh shardState) []byte {
 		writeMember(w, m)
 	}
 
-	ids := make([]command.LeaseID, 0, len(s.leases))
+	// Sorted by a copy of each id's order beside its lease: the sort reads
+	// no scattered lease, and no map lookup follows it.
+	type sortedLease struct {
+		o leaseOrder
+		l *Lease
+	}
+	leases := make([]sortedLease, 0, len(s.leases))
 	for id, l := range s.leases {
 		if keep == nil || leaseKept(l, keep) {
-			ids = append(ids, id)
+			leases = append(leases, sortedLease{orderOf(id), l})
 		}
 	}
-	sortLeaseIDs(ids)
-	w.Uvarint(uint64(len(ids)))
-	for _, id := range ids {
-		writeLease(w, s.leases[id])
+	slices.SortFunc(leases, func(a, b sortedLease) int { return a.o.compare(b.o) })
+	w.Uvarint(uint64(len(leases)))
+	for _, sl := range leases {
+		writeLease(w, sl.l)
 	}
 
 	nlocks := s.locks.Len()
@@ -180,8 +188,26 @@ func writeDedupEntry(w *wire.Writer, e *dedupEntry) {
 	command.EncodeResultExt(w, &e.result) // version 8
 }
 
-func sortLeaseIDs(ids []command.LeaseID) {
-	slices.SortFunc(ids, func(a, b command.LeaseID) int { return bytes.Compare(a[:], b[:]) })
+func sortLeaseIDs(ids []command.LeaseID) { slices.SortFunc(ids, compareLeaseIDs) }
+
+// compareLeaseIDs orders lease ids as bytes.Compare does: the snapshot's
+// order of leases and lost grants.
+func compareLeaseIDs(a, b command.LeaseID) int { return orderOf(a).compare(orderOf(b)) }
+
+// leaseOrder is a lease id as two big-endian words, which compare in the
+// ids' byte order at a fraction of bytes.Compare's cost: sorting the leases
+// was a third of a large state's snapshot.
+type leaseOrder struct{ hi, lo uint64 }
+
+func orderOf(id command.LeaseID) leaseOrder {
+	return leaseOrder{binary.BigEndian.Uint64(id[:8]), binary.BigEndian.Uint64(id[8:])}
+}
+
+func (a leaseOrder) compare(b leaseOrder) int {
+	if c := cmp.Compare(a.hi, b.hi); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.lo, b.lo)
 }
 
 // Restore decodes a snapshot into a fresh state, checking every cross-reference

@@ -1198,3 +1198,37 @@ func TestRestoreVersion10Snapshot(t *testing.T) {
 		t.Fatal("version 10 snapshot does not restore to the same state")
 	}
 }
+
+// TestCompareLeaseIDsIsByteOrder: the word-wise comparison the snapshot
+// sorts leases with must order ids exactly as bytes.Compare does (Restore
+// refuses leases out of that order), including bytes with the high bit set
+// on either side of the word boundary.
+func TestCompareLeaseIDsIsByteOrder(t *testing.T) {
+	var ids []command.LeaseID
+	for _, pos := range []int{0, 1, 7, 8, 9, 15} {
+		for _, b := range []byte{0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF} {
+			var id command.LeaseID
+			id[pos] = b
+			ids = append(ids, id)
+			for i := range id {
+				id[i] = 0xFF
+			}
+			id[pos] = b
+			ids = append(ids, id)
+		}
+	}
+	for i := range 200 {
+		var id command.LeaseID
+		binary.BigEndian.PutUint64(id[:8], uint64(i)*0x9E3779B97F4A7C15)
+		binary.BigEndian.PutUint64(id[8:], uint64(i)*0xC2B2AE3D27D4EB4F)
+		ids = append(ids, id)
+	}
+	sign := func(c int) int { return min(max(c, -1), 1) }
+	for _, a := range ids {
+		for _, b := range ids {
+			if got, want := sign(compareLeaseIDs(a, b)), sign(bytes.Compare(a[:], b[:])); got != want {
+				t.Fatalf("compareLeaseIDs(%x, %x) = %d, bytes.Compare says %d", a, b, got, want)
+			}
+		}
+	}
+}
