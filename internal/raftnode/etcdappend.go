@@ -197,7 +197,17 @@ func (w *appendWriter) write(batch []appendReq) error {
 	start := time.Now()
 	b := w.s.db.NewBatch()
 	defer b.Close()
-	sync, snaps := false, false
+	sync := false
+	for i := range batch {
+		if m := batch[i].m; m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+			// A received snapshot and one the node takes itself
+			// (SaveSnapshot) must not interleave: the older would win, or
+			// one would drop the other's file before its record commits.
+			w.s.snapMu.Lock()
+			defer w.s.snapMu.Unlock()
+			break
+		}
+	}
 	hooked := map[uint64]bool{}
 	for i := range batch {
 		r := &batch[i]
@@ -215,7 +225,6 @@ func (w *appendWriter) write(batch []appendReq) error {
 		if len(r.m.Entries) > 0 || !raft.IsEmptySnap(snap) {
 			sync = true
 		}
-		snaps = snaps || !raft.IsEmptySnap(snap)
 		if !raft.IsEmptyHardState(hs) {
 			if old, ok := w.hs[r.group]; !ok || old.Term != hs.Term || old.Vote != hs.Vote {
 				sync = true
@@ -235,12 +244,6 @@ func (w *appendWriter) write(batch []appendReq) error {
 	opt := pebble.NoSync
 	if sync {
 		opt = pebble.Sync
-	}
-	if snaps {
-		// A received snapshot and one the node takes itself
-		// (SaveSnapshot) must not interleave: the older would win.
-		w.s.snapMu.Lock()
-		defer w.s.snapMu.Unlock()
 	}
 	if err := commitBatch(b, opt); err != nil {
 		return fmt.Errorf("write raft log: %w", err)

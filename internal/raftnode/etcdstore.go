@@ -75,9 +75,14 @@ func openValue(key, v []byte) ([]byte, error) {
 // adds no fsyncs.
 type multiStore struct {
 	db *pebble.DB
+	// fs and dir are the store's file system and directory; snapshot files
+	// live under dir (etcdsnapfile.go).
+	fs  vfs.FS
+	dir string
 	// snapMu orders snapshot saves of one group: a snapshot received from
 	// the leader and one taken locally may race, and the older must never
-	// replace the newer.
+	// replace the newer. It is held from writing a snapshot's file until
+	// the batch that refers to it commits or fails.
 	snapMu sync.Mutex
 	// writeHook, set only by tests, sees every log write before pebble does
 	// and may fail it.
@@ -116,7 +121,7 @@ func openMultiStoreFS(dir string, fs vfs.FS) (*multiStore, error) {
 		}
 		return nil, err
 	}
-	return &multiStore{db: db, last: map[uint64]uint64{}}, nil
+	return &multiStore{db: db, fs: fs, dir: dir, last: map[uint64]uint64{}}, nil
 }
 
 // Close stops the append goroutine and closes the database; every group
@@ -187,6 +192,15 @@ func (s *multiStore) Load(g uint64) (groupState, error) {
 	} else if b != nil {
 		if err := gs.Snapshot.Unmarshal(b); err != nil {
 			return gs, &CorruptError{File: etcdStoreDir, Reason: fmt.Sprintf("snapshot: %v", err)}
+		}
+		ref, isRef, err := decodeSnapRef(gs.Snapshot.Data)
+		if err != nil {
+			return gs, &CorruptError{File: etcdStoreDir, Reason: err.Error()}
+		}
+		if isRef {
+			if gs.Snapshot.Data, err = s.readSnapFile(ref); err != nil {
+				return gs, err
+			}
 		}
 	}
 	first := gs.Snapshot.Metadata.Index + 1
@@ -282,6 +296,10 @@ func (s *multiStore) get(key []byte) ([]byte, error) {
 // hard state, the new entries (dropping any later ones they replace) and a
 // received snapshot.
 func (s *multiStore) Save(g uint64, hs raftpb.HardState, ents []raftpb.Entry, snap raftpb.Snapshot, sync bool) error {
+	if !raft.IsEmptySnap(snap) {
+		s.snapMu.Lock()
+		defer s.snapMu.Unlock()
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if err := s.stage(b, g, hs, ents, snap); err != nil {
@@ -302,7 +320,8 @@ func (s *multiStore) Save(g uint64, hs raftpb.HardState, ents []raftpb.Entry, sn
 	return nil
 }
 
-// stage adds one group's Ready writes to b.
+// stage adds one group's Ready writes to b; with a snapshot, the caller
+// holds snapMu until b commits or fails.
 func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents []raftpb.Entry, snap raftpb.Snapshot) error {
 	if !raft.IsEmptyHardState(hs) {
 		v, err := hs.Marshal()
@@ -340,11 +359,25 @@ func (s *multiStore) stage(b *pebble.Batch, g uint64, hs raftpb.HardState, ents 
 	return nil
 }
 
-// stageSnapshot stores snap and drops the entries it covers; received
-// (a snapshot from the leader) drops the whole log, as Raft does: entries
-// after a received snapshot's index are not known to agree with it.
+// stageSnapshot writes snap's data to its file and stores a reference to
+// it, and drops the entries it covers; received (a snapshot from the leader)
+// drops the whole log, as Raft does: entries after a received snapshot's
+// index are not known to agree with it. The caller holds snapMu.
 func (s *multiStore) stageSnapshot(b *pebble.Batch, g uint64, snap raftpb.Snapshot, received bool) error {
-	v, err := snap.Marshal()
+	// Files that no committed record refers to go first, so at most the
+	// stored snapshot's file and this one's exist at a time.
+	cur, err := s.storedSnapFile(g)
+	if err != nil {
+		return err
+	}
+	s.dropSnapFiles(g, cur)
+	ref, err := s.writeSnapFile(g, snap.Metadata, snap.Data)
+	if err != nil {
+		return err
+	}
+	rec := snap
+	rec.Data = ref.encode()
+	v, err := rec.Marshal()
 	if err != nil {
 		return err
 	}
@@ -388,5 +421,6 @@ func (s *multiStore) SaveSnapshot(g uint64, snap raftpb.Snapshot) error {
 	if err := commitBatch(b, pebble.Sync); err != nil {
 		return fmt.Errorf("write raft snapshot: %w", err)
 	}
+	s.dropSnapFiles(g, snapFileName(g, snap.Metadata))
 	return nil
 }

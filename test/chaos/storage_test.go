@@ -127,8 +127,12 @@ func (c *cluster) damage(i int, kind string, pick int) (string, error) {
 	nd := c.nodes[i]
 	if kind == fCorruptSnapshot {
 		snaps, _ := filepath.Glob(filepath.Join(nd.dataDir, "snapshots", "*", "state.bin"))
+		if len(snaps) == 0 {
+			// The etcd engine: one file per snapshot beside its log store.
+			snaps, _ = filepath.Glob(filepath.Join(nd.dataDir, "raftlog", "snap", "*.snap"))
+		}
 		if len(snaps) > 0 {
-			sort.Strings(snaps) // names start with the term and index: the last is the newest
+			sort.Strings(snaps) // names start with the term and index (etcd: group, term, index): the last is the newest
 			return flipByte(snaps[len(snaps)-1], 0, pick)
 		}
 		kind = fCorruptLog // no snapshot yet: damage the log instead
