@@ -295,6 +295,9 @@ func (s *Shared) DeleteGroup(g uint64) error {
 	s.store.lastMu.Lock()
 	delete(s.store.last, g)
 	s.store.lastMu.Unlock()
+	s.store.snapMu.Lock()
+	s.store.dropSnapFiles(g, "")
+	s.store.snapMu.Unlock()
 	return os.RemoveAll(filepath.Join(s.dir, etcdStoreDir+"-mark", strconv.FormatUint(g, 10)))
 }
 

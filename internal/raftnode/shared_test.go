@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 func openTestShared(t *testing.T) (*Shared, string) {
@@ -153,4 +156,27 @@ func BenchmarkRoutedCall(b *testing.B) {
 			res.Body.Close()
 		}
 	})
+}
+
+// TestDeleteGroupRemovesItsSnapshotFiles: a group moved off the node leaves
+// no records and no snapshot file behind; the other groups keep theirs.
+func TestDeleteGroupRemovesItsSnapshotFiles(t *testing.T) {
+	s, _ := openTestShared(t)
+	for _, g := range []uint64{5, 6} {
+		if err := s.store.Save(g, raftpb.HardState{Term: 1, Commit: 3}, nil, testSnap(3, 1, 1000), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteGroup(5); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapFiles(t, s.store.dir); len(got) != 1 || got[0] != snapFileName(6, testSnap(3, 1, 0).Metadata) {
+		t.Fatalf("snapshot files after deleting group 5: %v, want only group 6's", got)
+	}
+	if gs, err := s.store.Load(5); err != nil || !raft.IsEmptySnap(gs.Snapshot) {
+		t.Fatalf("group 5 after its deletion: %v, %v", gs.Snapshot.Metadata, err)
+	}
+	if gs, err := s.store.Load(6); err != nil || len(gs.Snapshot.Data) != 1000 {
+		t.Fatalf("group 6 after group 5's deletion: %d bytes, %v", len(gs.Snapshot.Data), err)
+	}
 }
