@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"testing"
 
@@ -89,7 +90,7 @@ func TestEtcdStoreSnapshotDataLivesInAFile(t *testing.T) {
 	}
 	// The received snapshot's batch dropped the stray; the previous
 	// snapshot's file goes when the next one is stored.
-	if got, want := snapFiles(t, dir), []string{snapFileName(7, own.Metadata), snapFileName(7, recv.Metadata), filepath.Base(other)}; !equalStrings(got, want) {
+	if got, want := snapFiles(t, dir), []string{snapFileName(7, own.Metadata), snapFileName(7, recv.Metadata), filepath.Base(other)}; !slices.Equal(got, slices.Sorted(slices.Values(want))) {
 		t.Fatalf("snapshot files %v, want %v", got, want)
 	}
 	_ = s.Close()
@@ -107,22 +108,9 @@ func TestEtcdStoreSnapshotDataLivesInAFile(t *testing.T) {
 	if err := s.SaveSnapshot(7, next); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := snapFiles(t, dir), []string{snapFileName(7, next.Metadata), filepath.Base(other)}; !equalStrings(got, want) {
+	if got, want := snapFiles(t, dir), []string{snapFileName(7, next.Metadata), filepath.Base(other)}; !slices.Equal(got, slices.Sorted(slices.Values(want))) {
 		t.Fatalf("snapshot files %v, want %v", got, want)
 	}
-}
-
-func equalStrings(a, b []string) bool {
-	sort.Strings(b)
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestEtcdStoreRefusesADamagedSnapshotFile: a flipped byte, a cut file or a
