@@ -233,7 +233,7 @@ func (w *appendWriter) write(batch []appendReq) error {
 		}
 		if w.s.writeHook != nil && !hooked[r.group] {
 			hooked[r.group] = true
-			if err := w.s.writeHook(r.group); err != nil {
+			if err := w.s.writeHook(r.group, !raft.IsEmptySnap(snap)); err != nil {
 				return err
 			}
 		}

@@ -62,7 +62,7 @@ func appendMsg(idx uint64) raftpb.Message {
 func blockFirstWrite(s *multiStore) (entered, release chan struct{}) {
 	entered, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	s.writeHook = func(uint64) error {
+	s.writeHook = func(uint64, bool) error {
 		first := false
 		once.Do(func() { first = true })
 		if first {
@@ -181,7 +181,7 @@ func TestAppendWriterFailureStopsEveryWrite(t *testing.T) {
 	}
 	var mu sync.Mutex
 	failNow, calls := false, 0
-	s.writeHook = func(uint64) error {
+	s.writeHook = func(uint64, bool) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++

@@ -18,7 +18,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -192,7 +191,9 @@ type etcdEngine struct {
 	reportc chan func(*raft.RawNode)
 	applyc  chan *applyBatch
 	snapc   chan *efuture
-	stopc   chan struct{}
+	// snapWritten brings a snapshot's write back to the apply goroutine.
+	snapWritten chan *snapWrite
+	stopc       chan struct{}
 	// raftDone and applyDone close when the two goroutines end.
 	raftDone  chan struct{}
 	applyDone chan struct{}
@@ -245,9 +246,14 @@ type etcdEngine struct {
 	snapBytes  uint64    // applyBytes at the last snapshot
 	snapNext   time.Time // when Threshold may next take one (see Interval)
 	sizeMarks  []sizeMark
-	// snapDue is set when a snapshot was held back (SnapshotHold): it is
-	// taken after a later batch, once the hold ends.
+	// snapDue is set when a snapshot was held back (SnapshotHold) or came
+	// due while one was being written: it is taken once that one is
+	// written, or after a later batch once the hold ends.
 	snapDue bool
+	// writing is the snapshot being written, nil when none is; asked is
+	// the requested snapshots (Snapshot) waiting for it to finish.
+	writing *snapWrite
+	asked   []*efuture
 
 	// hist is the apply goroutine's configurations by the index each took
 	// effect at, for ConfigurationAt.
@@ -313,27 +319,6 @@ type sizeMark struct{ index, bytes uint64 }
 
 const defaultLogBytes = 64 << 20
 
-// compactTo is how far the memory log may be compacted behind a snapshot at
-// the applied index: keep Trailing entries for followers a little behind,
-// but no more than TrailingBytes of them.
-func (e *etcdEngine) compactTo() uint64 {
-	var c uint64
-	if e.applied > e.cfg.Trailing {
-		c = e.applied - e.cfg.Trailing
-	}
-	limit := e.cfg.TrailingBytes
-	if limit == 0 {
-		limit = defaultLogBytes
-	}
-	for _, m := range e.sizeMarks {
-		if m.index > c && e.applyBytes-m.bytes <= limit {
-			break
-		}
-		c = max(c, m.index)
-	}
-	return min(c, e.applied)
-}
-
 // applyBatch is one Ready's work for the apply goroutine.
 type applyBatch struct {
 	snap  *raftpb.Snapshot
@@ -354,7 +339,7 @@ func newEtcdEngine(c etcdEngineConfig) (*etcdEngine, error) {
 		cfg: c, nid: raftID(c.ID), group: c.Group, log: c.Logger, store: c.Store, trans: c.Transport,
 		mem: raft.NewMemoryStorage(), fsm: c.FSM,
 		recvc: make(chan raftpb.Message, 4096), propc: make(chan *efuture, 4096), reportc: make(chan func(*raft.RawNode), 1024),
-		applyc: make(chan *applyBatch, 256), snapc: make(chan *efuture), stopc: make(chan struct{}),
+		applyc: make(chan *applyBatch, 256), snapc: make(chan *efuture), snapWritten: make(chan *snapWrite, 1), stopc: make(chan struct{}),
 		raftDone: make(chan struct{}), applyDone: make(chan struct{}), leaderCh: make(chan bool, 1), inSig: make(chan struct{}, 1),
 		book: map[uint64]etcdMember{}, waiting: map[uint64]*efuture{}, reads: map[string]*efuture{},
 	}
@@ -1191,6 +1176,7 @@ func (e *etcdEngine) failAll(err error) {
 
 func (e *etcdEngine) runApply() {
 	defer close(e.applyDone)
+	defer e.endSnapshots()
 	for {
 		select {
 		case <-e.stopc:
@@ -1201,6 +1187,8 @@ func (e *etcdEngine) runApply() {
 			}
 		case f := <-e.snapc:
 			e.takeSnapshot(f)
+		case w := <-e.snapWritten:
+			e.snapshotWritten(w)
 		}
 	}
 }
@@ -1284,7 +1272,10 @@ func (e *etcdEngine) apply(b *applyBatch) bool {
 		snapBytes = defaultLogBytes
 	}
 	byCount := e.cfg.Threshold > 0 && e.applied-e.snapIndex >= e.cfg.Threshold && !time.Now().Before(e.snapNext)
-	if confChanged || e.snapDue || byCount || e.applyBytes-e.snapBytes >= snapBytes {
+	due := e.snapDue || byCount || e.applyBytes-e.snapBytes >= snapBytes
+	// While a snapshot is being written the counts still measure from the
+	// one before it; only a configuration change must follow it.
+	if confChanged || (due && e.writing == nil) {
 		e.takeSnapshot(nil)
 	}
 	return true
@@ -1296,103 +1287,6 @@ func (e *etcdEngine) deliverApplied(b *applyBatch) {
 		e.deliver(localDelivery{msgs: b.resps})
 	}
 }
-
-// takeSnapshot snapshots the state machine at the applied index, stores it
-// and compacts the log behind it, keeping Trailing entries in memory for
-// followers that are a little behind.
-func (e *etcdEngine) takeSnapshot(f *efuture) {
-	finish := func(err error) {
-		if f != nil {
-			f.finish(nil, err)
-		}
-	}
-	if e.applied == 0 {
-		finish(errors.New("nothing to snapshot yet"))
-		return
-	}
-	if e.applied == e.snapIndex {
-		if f != nil {
-			s, _ := e.mem.Snapshot()
-			f.meta = &hraft.SnapshotMeta{Index: s.Metadata.Index, Term: s.Metadata.Term}
-			f.snap = s.Data
-		}
-		finish(nil)
-		return
-	}
-	if hold := e.cfg.SnapshotHold; hold != nil {
-		// Held: the log keeps every entry since the last snapshot, and an
-		// automatic snapshot is tried again after the next applied batch.
-		if err := hold(); err != nil {
-			e.snapDue = f == nil
-			finish(fmt.Errorf("snapshot held back: %w", err))
-			return
-		}
-	}
-	e.snapDue = false
-	start := time.Now()
-	fs, err := e.fsm.Snapshot()
-	if err != nil {
-		finish(err)
-		return
-	}
-	gometrics.MeasureSince(keyFSMSnapshot, start)
-	persist := time.Now()
-	var sink memSink
-	if err := fs.Persist(&sink); err != nil {
-		finish(err)
-		return
-	}
-	cs := e.applyConf
-	snap, err := e.mem.CreateSnapshot(e.applied, &cs, encodeSnapData(e.applyBook, sink.Bytes()))
-	if errors.Is(err, raft.ErrSnapOutOfDate) {
-		finish(nil)
-		return
-	}
-	if err != nil {
-		finish(err)
-		return
-	}
-	if err := e.store.SaveSnapshot(e.group, snap); err != nil {
-		e.failed.Store(true)
-		e.cfg.OnFail(fmt.Errorf("raft snapshot write failed: %w", err))
-		finish(err)
-		return
-	}
-	gometrics.MeasureSince(keySnapPersist, persist)
-	gometrics.MeasureSince(keySnapCreate, start)
-	e.snapIndex, e.snapBytes, e.snapNext = e.applied, e.applyBytes, e.nextSnapAt()
-	e.hist.trim(e.snapIndex)
-	if c := e.compactTo(); c > 0 {
-		if err := e.mem.Compact(c); err != nil && !errors.Is(err, raft.ErrCompacted) {
-			e.log.Warn("compacting the in-memory raft log failed", "err", err)
-		}
-		i := 0
-		for i < len(e.sizeMarks) && e.sizeMarks[i].index <= c {
-			i++
-		}
-		e.sizeMarks = append(e.sizeMarks[:0], e.sizeMarks[i:]...)
-	}
-	if f != nil {
-		f.meta = &hraft.SnapshotMeta{Index: snap.Metadata.Index, Term: snap.Metadata.Term}
-		f.snap = snap.Data
-	}
-	finish(nil)
-}
-
-// nextSnapAt is when a snapshot for Threshold may next be taken.
-func (e *etcdEngine) nextSnapAt() time.Time {
-	if e.cfg.Interval <= 0 {
-		return time.Time{}
-	}
-	return time.Now().Add(e.cfg.Interval + rand.N(e.cfg.Interval))
-}
-
-// memSink collects an FSM snapshot in memory (raft.SnapshotSink).
-type memSink struct{ bytes.Buffer }
-
-func (*memSink) ID() string    { return "etcd" }
-func (*memSink) Cancel() error { return nil }
-func (*memSink) Close() error  { return nil }
 
 // ---- groupHandler (transport side) ----
 

@@ -190,7 +190,7 @@ func TestEtcdEngineLeaderWriteFailureStops(t *testing.T) {
 	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
 		id := c.ID
 		failed := false
-		c.etcdWriteHook = func(uint64) error {
+		c.etcdWriteHook = func(uint64, bool) error {
 			mu.Lock()
 			defer mu.Unlock()
 			if failed {
@@ -555,7 +555,7 @@ func openHoldableEtcdCluster(t *testing.T) (map[string]*Node, func(id string) (r
 	var stuck sync.Map // node id → chan struct{} its writes wait on
 	nodes, _ := openEtcdCluster(t, []string{"a", "b", "c"}, func(c *Config) {
 		id := c.ID
-		c.etcdWriteHook = func(uint64) error {
+		c.etcdWriteHook = func(uint64, bool) error {
 			if ch, ok := stuck.Load(id); ok {
 				<-ch.(chan struct{})
 			}
@@ -1124,5 +1124,93 @@ func TestEtcdEngineLeaderGoneEndsItsLease(t *testing.T) {
 				t.Fatalf("pre-vote granted %v, want %v", granted, tc.grant)
 			}
 		})
+	}
+}
+
+// A snapshot's write runs beside the applies: while the log store holds it,
+// commands are still applied and answered, a requested snapshot waits for
+// it, and once it is durable the log is compacted behind it and its phases
+// are timed.
+func TestEtcdEngineAppliesWhileASnapshotIsWritten(t *testing.T) {
+	sink := inmemMetrics(t)
+	var armed atomic.Bool
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	nodes, _ := openEtcdCluster(t, []string{"a"}, func(c *Config) {
+		c.SnapshotThreshold = 8
+		c.SnapshotInterval = time.Millisecond
+		c.TrailingLogs = 1
+		c.etcdWriteHook = func(_ uint64, snapshot bool) error {
+			if snapshot && armed.Load() {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+			return nil
+		}
+	})
+	n := nodes["a"]
+	e := n.raft.(*etcdEngine)
+	armed.Store(true)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	for i := 0; ; i++ {
+		acquire(t, n, fmt.Sprintf("before-%d", i))
+		select {
+		case <-entered:
+		default:
+			if i > 100 {
+				t.Fatal("no snapshot write after 100 commands")
+			}
+			continue
+		}
+		break
+	}
+	held := memSnapIndex(t, e)
+	first, _ := e.mem.FirstIndex()
+
+	asked := make(chan error, 1)
+	go func() { asked <- n.Raft().Snapshot().Error() }()
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := n.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: fmt.Sprintf("during-%d", i),
+			Body: &command.Acquire{Name: fmt.Sprintf("during-%d", i), TTLms: 60000}})
+		cancel()
+		if err != nil || resp.Result.Status != command.StatusOK {
+			t.Fatalf("a command while a snapshot is written: %v %+v", err, resp)
+		}
+	}
+	select {
+	case err := <-asked:
+		t.Fatalf("a requested snapshot finished (%v) while the one before it was still being written", err)
+	default:
+	}
+	if f, _ := e.mem.FirstIndex(); f != first {
+		t.Fatalf("the log was compacted to %d before the snapshot at %d was durable", f, held)
+	}
+
+	close(release)
+	released = true
+	if err := <-asked; err != nil {
+		t.Fatalf("the requested snapshot: %v", err)
+	}
+	applied, _ := digest(n)
+	if got := memSnapIndex(t, e); got < applied {
+		t.Fatalf("the requested snapshot is at %d, applied %d", got, applied)
+	}
+	testutil.Eventually(t, 10*time.Second, "the log was not compacted behind the written snapshot", func() error {
+		if f, _ := e.mem.FirstIndex(); f <= held {
+			return fmt.Errorf("first index %d, snapshot at %d", f, held)
+		}
+		return nil
+	})
+	for _, key := range []string{"dlock.raft.fsm.snapshot", "dlock.raft.snapshot.persist", "dlock.raft.snapshot.create"} {
+		if sampled(sink, key) == 0 {
+			t.Errorf("no %s timing was reported", key)
+		}
 	}
 }

@@ -85,8 +85,8 @@ type multiStore struct {
 	// the batch that refers to it commits or fails.
 	snapMu sync.Mutex
 	// writeHook, set only by tests, sees every log write before pebble does
-	// and may fail it.
-	writeHook func(group uint64) error
+	// (snapshot: the write stores a snapshot) and may fail or hold it.
+	writeHook func(group uint64, snapshot bool) error
 	// lastMu guards last: each group's last stored entry index, known once
 	// the group's log was loaded or written. An append deletes a replaced
 	// tail only when there is one: a range tombstone on every append made
@@ -306,7 +306,7 @@ func (s *multiStore) Save(g uint64, hs raftpb.HardState, ents []raftpb.Entry, sn
 		return err
 	}
 	if s.writeHook != nil {
-		if err := s.writeHook(g); err != nil {
+		if err := s.writeHook(g, !raft.IsEmptySnap(snap)); err != nil {
 			return err
 		}
 	}
@@ -414,7 +414,7 @@ func (s *multiStore) SaveSnapshot(g uint64, snap raftpb.Snapshot) error {
 		return err
 	}
 	if s.writeHook != nil {
-		if err := s.writeHook(g); err != nil {
+		if err := s.writeHook(g, true); err != nil {
 			return err
 		}
 	}

@@ -121,7 +121,7 @@ type Config struct {
 	wrapLogStore func(LogAndStableStore) LogAndStableStore
 	// etcdWriteHook, set only by tests, sees every etcd-engine log write
 	// before it reaches the store and may fail it.
-	etcdWriteHook func(group uint64) error
+	etcdWriteHook func(group uint64, snapshot bool) error
 	// etcdLogBytes, set only by tests, replaces the etcd engine's 64 MiB
 	// byte bounds of its in-memory log.
 	etcdLogBytes uint64
