@@ -1214,3 +1214,69 @@ func TestEtcdEngineAppliesWhileASnapshotIsWritten(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot write that fails, now off the apply goroutine, still stops the
+// node, and the dir reopens from the snapshot before it with every
+// acknowledged write.
+func TestEtcdEngineSnapshotWriteFailureStops(t *testing.T) {
+	var armed atomic.Bool
+	nodes, cfgs := openEtcdCluster(t, []string{"a"}, func(c *Config) {
+		c.SnapshotThreshold = 8
+		c.SnapshotInterval = time.Millisecond
+		c.etcdWriteHook = func(_ uint64, snapshot bool) error {
+			if snapshot && armed.Load() {
+				return errors.New("injected snapshot fsync failure")
+			}
+			return nil
+		}
+	})
+	n := nodes["a"]
+	armed.Store(true)
+	acked := 0
+	for i := 0; i < 100; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := n.Apply(ctx, &command.Envelope{ClientID: "c", RequestID: fmt.Sprintf("r%d", i),
+			Body: &command.Acquire{Name: fmt.Sprintf("l%d", i), TTLms: 60000}})
+		cancel()
+		if err != nil {
+			break
+		}
+		if resp.Result.Status == command.StatusOK {
+			acked = i + 1
+		}
+	}
+	select {
+	case <-n.Failed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the node whose snapshot write failed did not stop")
+	}
+	if err := n.Err(); err == nil || !strings.Contains(err.Error(), "snapshot") {
+		t.Fatalf("the recorded failure: %v", err)
+	}
+	if acked == 0 {
+		t.Fatal("no write was acknowledged before the failure")
+	}
+	_ = n.Shutdown()
+	armed.Store(false)
+	r, err := Open(cfgs["a"])
+	if err != nil {
+		t.Fatalf("reopen after a failed snapshot write: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown() })
+	waitLeader(t, map[string]*Node{"a": r})
+	testutil.Eventually(t, 10*time.Second, "an acknowledged write was lost", func() error {
+		var missing string
+		r.FSM().Read(func(s *state.State) {
+			for i := range acked {
+				if !s.GetLock(fmt.Sprintf("l%d", i)).Held {
+					missing = fmt.Sprintf("l%d", i)
+					return
+				}
+			}
+		})
+		if missing != "" {
+			return fmt.Errorf("%s is not held", missing)
+		}
+		return nil
+	})
+}
