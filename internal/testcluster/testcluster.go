@@ -103,6 +103,7 @@ func NewWith(t testing.TB, n int, opts Options) *Cluster {
 		c.ids = append(c.ids, id)
 		c.raft[id] = FreePort(t)
 		c.api[id] = FreePort(t)
+		c.grpc[id] = FreePort(t)
 	}
 	for _, id := range c.ids {
 		if opts.Prepare != nil {
@@ -171,12 +172,10 @@ func (c *Cluster) Start(id string) {
 			join = append(join, c.scheme()+c.api[other])
 		}
 	}
+	// Every port comes from FreePort, outside the kernel's ephemeral range:
+	// a restart listens on the same ports, and a port from that range could
+	// meanwhile be an outgoing connection's local port.
 	apiAddr, grpcAddr := c.api[id], c.grpc[id]
-	if grpcAddr == "" {
-		// Let the first start pick the port, so no other socket can take it
-		// between choosing and listening; restarts reuse it.
-		grpcAddr = "127.0.0.1:0"
-	}
 	c.mu.Unlock()
 	if c.opts.TLS != nil {
 		rc.PeerTLS = c.opts.TLS.Peer(id)
@@ -207,7 +206,6 @@ func (c *Cluster) Start(id string) {
 	}
 	c.mu.Lock()
 	c.servers[id] = s
-	c.grpc[id] = s.GRPCAddr()
 	c.mu.Unlock()
 }
 
@@ -244,6 +242,7 @@ func (c *Cluster) Join() string {
 	c.ids = append(c.ids, id)
 	c.raft[id] = FreePort(c.t)
 	c.api[id] = FreePort(c.t)
+	c.grpc[id] = FreePort(c.t)
 	c.joiners[id] = true
 	c.mu.Unlock()
 	c.Start(id)
