@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	dlockv1 "github.com/dlock/dlock/api/dlock/v1"
 	dlockclient "github.com/dlock/dlock/client"
 )
 
@@ -17,7 +18,8 @@ import (
 // nodes from a different one first, so the streams start on different
 // nodes) follows every change while the nemesis runs, resuming across node
 // kills, pauses and partitions as the client does (design.md §5: a watch from
-// revision R sees every later change exactly once). Afterwards:
+// revision R sees every later change exactly once); on a one-group cluster
+// one gRPC watch per node does the same (watchgrpc_test.go). Afterwards:
 //
 //   - every revision two watchers both covered carries the same events, in
 //     the same order, on both (nodes apply one log; a resumed stream neither
@@ -69,6 +71,7 @@ type streamWatcher struct {
 	segs     []watchSegment
 	grants   map[string]bool // "name#token" of acquired/elected events
 	breaks   int
+	resumes  int // gRPC streams resumed inside a stretch (watchgrpc_test.go)
 	errs     []string
 }
 
@@ -83,12 +86,19 @@ type watchFleet struct {
 	wg     sync.WaitGroup
 }
 
-// startWatchers starts one watcher per node.
+// startWatchers starts one watcher per node, and on a one-group cluster
+// whose nodes serve gRPC one more per node over gRPC (watchgrpc_test.go).
 func (r *runner) startWatchers() *watchFleet {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &watchFleet{cancel: cancel}
 	n := len(r.c.nodes)
-	for i := range n {
+	var grpcWatch []dlockv1.WatchServiceClient
+	if r.sm.n() <= 1 && r.api.grpc != nil {
+		for _, cc := range r.api.grpc.conns {
+			grpcWatch = append(grpcWatch, dlockv1.NewWatchServiceClient(cc))
+		}
+	}
+	for i := range n + len(grpcWatch) {
 		var eps []string
 		for j := range n {
 			eps = append(eps, r.c.nodes[(i+j)%n].url())
@@ -104,9 +114,12 @@ func (r *runner) startWatchers() *watchFleet {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			if w.sharded {
+			switch {
+			case i >= n:
+				w.runGRPC(ctx, grpcWatch, i-n)
+			case w.sharded:
 				w.runMerged(ctx)
-			} else {
+			default:
 				w.run(ctx)
 			}
 		}()
@@ -239,13 +252,14 @@ func (w *streamWatcher) covers(at revAt) bool {
 // watchStats is what the report says about the watchers.
 type watchStats struct {
 	watchers, events, breaks int
+	resumes                  int
 	revisions                int
 	grantsChecked            int
 }
 
 func (s watchStats) String() string {
-	return fmt.Sprintf("%d watchers, %d events over %d revisions, %d stream breaks (re-listed), %d acknowledged grants checked against the streams",
-		s.watchers, s.events, s.revisions, s.breaks, s.grantsChecked)
+	return fmt.Sprintf("%d watchers, %d events over %d revisions, %d stream breaks (re-listed), %d gRPC watches reopened in place, %d acknowledged grants checked against the streams",
+		s.watchers, s.events, s.revisions, s.breaks, s.resumes, s.grantsChecked)
 }
 
 // checkWatchers compares the streams with each other and with the
@@ -257,6 +271,7 @@ func checkWatchers(f *watchFleet, ops []Op, m shardMap) ([]anomaly, watchStats) 
 	all := map[revAt]bool{}
 	for _, w := range f.ws {
 		st.breaks += w.breaks
+		st.resumes += w.resumes
 		for r, evs := range w.events {
 			all[r] = true
 			st.events += len(evs)

@@ -970,7 +970,9 @@ type WatchServiceClient interface {
 	// from now on. A from_revision older than the node's kept history ends the
 	// call with OUT_OF_RANGE (compacted): list again and watch from the listed
 	// revision + 1. A watcher that falls behind is cut off with UNAVAILABLE
-	// rather than fed a gap: resume from the last revision + 1.
+	// rather than fed a gap. One revision can carry several events and a
+	// stream can end between two of them: resume from the last revision
+	// received (not + 1) and skip the events of it you already have.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
@@ -1012,7 +1014,9 @@ type WatchServiceServer interface {
 	// from now on. A from_revision older than the node's kept history ends the
 	// call with OUT_OF_RANGE (compacted): list again and watch from the listed
 	// revision + 1. A watcher that falls behind is cut off with UNAVAILABLE
-	// rather than fed a gap: resume from the last revision + 1.
+	// rather than fed a gap. One revision can carry several events and a
+	// stream can end between two of them: resume from the last revision
+	// received (not + 1) and skip the events of it you already have.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 }
 
