@@ -19,7 +19,8 @@ import (
 // nodes) follows every change while the nemesis runs, resuming across node
 // kills, pauses and partitions as the client does (design.md §5: a watch from
 // revision R sees every later change exactly once); on a one-group cluster
-// one gRPC watch per node does the same (watchgrpc_test.go). Afterwards:
+// one gRPC or WebSocket watch per node does the same (watchraw_test.go).
+// Afterwards:
 //
 //   - every revision two watchers both covered carries the same events, in
 //     the same order, on both (nodes apply one log; a resumed stream neither
@@ -71,7 +72,7 @@ type streamWatcher struct {
 	segs     []watchSegment
 	grants   map[string]bool // "name#token" of acquired/elected events
 	breaks   int
-	resumes  int // gRPC streams resumed inside a stretch (watchgrpc_test.go)
+	resumes  int // gRPC and WebSocket streams reopened inside a stretch (watchraw_test.go)
 	errs     []string
 }
 
@@ -86,19 +87,31 @@ type watchFleet struct {
 	wg     sync.WaitGroup
 }
 
-// startWatchers starts one watcher per node, and on a one-group cluster
-// whose nodes serve gRPC one more per node over gRPC (watchgrpc_test.go).
+// startWatchers starts one watcher per node, and on a one-group cluster one
+// more per node over gRPC or WebSocket (watchraw_test.go).
 func (r *runner) startWatchers() *watchFleet {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &watchFleet{cancel: cancel}
 	n := len(r.c.nodes)
-	var grpcWatch []dlockv1.WatchServiceClient
-	if r.sm.n() <= 1 && r.api.grpc != nil {
-		for _, cc := range r.api.grpc.conns {
-			grpcWatch = append(grpcWatch, dlockv1.NewWatchServiceClient(cc))
+	var raw []rawStream
+	if r.sm.n() <= 1 {
+		var urls []string
+		for _, nd := range r.c.nodes {
+			urls = append(urls, nd.url())
+		}
+		for i := range n {
+			if i%2 == 0 && r.api.grpc != nil {
+				var watch []dlockv1.WatchServiceClient
+				for _, cc := range r.api.grpc.conns {
+					watch = append(watch, dlockv1.NewWatchServiceClient(cc))
+				}
+				raw = append(raw, grpcWatch(watch))
+			} else {
+				raw = append(raw, wsWatch(urls))
+			}
 		}
 	}
-	for i := range n + len(grpcWatch) {
+	for i := range n + len(raw) {
 		var eps []string
 		for j := range n {
 			eps = append(eps, r.c.nodes[(i+j)%n].url())
@@ -116,7 +129,7 @@ func (r *runner) startWatchers() *watchFleet {
 			defer f.wg.Done()
 			switch {
 			case i >= n:
-				w.runGRPC(ctx, grpcWatch, i-n)
+				w.runRaw(ctx, raw[i-n], i-n)
 			case w.sharded:
 				w.runMerged(ctx)
 			default:
@@ -258,7 +271,7 @@ type watchStats struct {
 }
 
 func (s watchStats) String() string {
-	return fmt.Sprintf("%d watchers, %d events over %d revisions, %d stream breaks (re-listed), %d gRPC watches reopened in place, %d acknowledged grants checked against the streams",
+	return fmt.Sprintf("%d watchers, %d events over %d revisions, %d stream breaks (re-listed), %d gRPC and WebSocket watches reopened in place, %d acknowledged grants checked against the streams",
 		s.watchers, s.events, s.revisions, s.breaks, s.resumes, s.grantsChecked)
 }
 
