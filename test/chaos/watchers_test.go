@@ -140,18 +140,36 @@ func (r *runner) startWatchers() *watchFleet {
 	return f
 }
 
+// openSegment lists the locks and opens a segment after the listed
+// revision, which it returns; false if the list failed (after a pause, so
+// the caller can try again).
+func (w *streamWatcher) openSegment(ctx context.Context) (uint64, bool) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, rev, err := w.cl.ListWithRevision(lctx, "")
+	cancel()
+	if err != nil {
+		time.Sleep(100 * time.Millisecond)
+		return 0, false
+	}
+	w.mu.Lock()
+	w.segs = append(w.segs, watchSegment{from: []uint64{rev + 1}, to: []uint64{rev}, start: w.clk.now()})
+	w.mu.Unlock()
+	return rev, true
+}
+
+// closeSegment ends the open segment.
+func (w *streamWatcher) closeSegment() {
+	w.mu.Lock()
+	w.segs[len(w.segs)-1].end = w.clk.now()
+	w.mu.Unlock()
+}
+
 func (w *streamWatcher) run(ctx context.Context) {
 	for ctx.Err() == nil {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, rev, err := w.cl.ListWithRevision(lctx, "")
-		cancel()
-		if err != nil {
-			time.Sleep(100 * time.Millisecond)
+		rev, ok := w.openSegment(ctx)
+		if !ok {
 			continue
 		}
-		w.mu.Lock()
-		w.segs = append(w.segs, watchSegment{from: []uint64{rev + 1}, to: []uint64{rev}, start: w.clk.now()})
-		w.mu.Unlock()
 		for ev, err := range w.cl.Watch(ctx, "", rev+1) {
 			if err != nil {
 				w.mu.Lock()
@@ -166,9 +184,7 @@ func (w *streamWatcher) run(ctx context.Context) {
 			}
 			w.add(0, ev)
 		}
-		w.mu.Lock()
-		w.segs[len(w.segs)-1].end = w.clk.now()
-		w.mu.Unlock()
+		w.closeSegment()
 	}
 }
 

@@ -72,9 +72,7 @@ func (w *streamWatcher) runMerged(ctx context.Context) {
 			}
 			w.add(*ev.Shard, ev)
 		}
-		w.mu.Lock()
-		w.segs[len(w.segs)-1].end = w.clk.now()
-		w.mu.Unlock()
+		w.closeSegment()
 	}
 }
 

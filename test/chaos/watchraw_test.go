@@ -79,22 +79,16 @@ func (p *rawResume) deliver(rev uint64) bool {
 func (w *streamWatcher) runRaw(ctx context.Context, open rawStream, first int) {
 	node := first
 	for ctx.Err() == nil {
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, rev, err := w.cl.ListWithRevision(lctx, "")
-		cancel()
-		if err != nil {
-			time.Sleep(100 * time.Millisecond)
+		rev, ok := w.openSegment(ctx)
+		if !ok {
 			continue
 		}
-		w.mu.Lock()
-		w.segs = append(w.segs, watchSegment{from: []uint64{rev + 1}, to: []uint64{rev}, start: w.clk.now()})
-		w.mu.Unlock()
 		at := &rawResume{from: rev + 1}
 		for ctx.Err() == nil {
 			compacted, err := open(ctx, node, at.from, func(ev dlockclient.WatchEvent) {
 				switch {
 				case ev.Revision < at.from:
-					w.fail(fmt.Sprintf("a watch from revision %d sent an event of revision %d", at.from, ev.Revision))
+					w.noteErr(fmt.Sprintf("at %s: a watch from revision %d sent an event of revision %d", fmtT(w.clk.now()), at.from, ev.Revision))
 				case at.deliver(ev.Revision):
 					w.add(0, ev)
 				}
@@ -110,7 +104,7 @@ func (w *streamWatcher) runRaw(ctx context.Context, open rawStream, first int) {
 				break
 			}
 			if err == nil {
-				w.fail("a watch ended without saying why")
+				w.noteErr(fmt.Sprintf("at %s: a watch ended without saying why", fmtT(w.clk.now())))
 			}
 			at.next()
 			w.mu.Lock()
@@ -118,17 +112,8 @@ func (w *streamWatcher) runRaw(ctx context.Context, open rawStream, first int) {
 			w.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 		}
-		w.mu.Lock()
-		w.segs[len(w.segs)-1].end = w.clk.now()
-		w.mu.Unlock()
+		w.closeSegment()
 	}
-}
-
-// fail records a stream error, with when (to find it in the node logs).
-func (w *streamWatcher) fail(what string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.errs = append(w.errs, fmt.Sprintf("at %s: %s", fmtT(w.clk.now()), what))
 }
 
 // grpcWatch is rawStream over nodes' gRPC WatchService.
