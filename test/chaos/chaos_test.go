@@ -361,6 +361,14 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A clean run's artifacts go last, once the nodes are stopped and their
+	// disks unmounted (deferred below, so run before this).
+	clean := false
+	defer func() {
+		if clean {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	rep := &runReport{cfg: cfg, dir: dir}
 	r := &runner{t: t, cfg: cfg, rep: rep, clk: &clock{start: time.Now()}, sm: oneShard}
 	t.Logf("chaos run: seed=%d duration=%s nodes=%d shards=%d replicas=%d clients=%d+%d sessions; artifacts in %s",
@@ -642,7 +650,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		b.WriteString(c.logTails(30))
 		t.Errorf("%s", b.String())
 	} else if !cfg.keep {
-		_ = os.RemoveAll(dir)
+		clean = true
 	}
 	return rep
 }
