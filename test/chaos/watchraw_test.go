@@ -37,6 +37,10 @@ import (
 // returns when the call ends, saying whether it was refused as compacted.
 type rawStream func(ctx context.Context, node int, from uint64, each func(dlockclient.WatchEvent)) (compacted bool, err error)
 
+// errRawProtocol marks a message no watch should send: an anomaly, not a
+// break.
+var errRawProtocol = errors.New("not the watch protocol")
+
 // rawResume is where a resumed watcher's stretch stands.
 type rawResume struct {
 	// from and skip: the next stream starts at from and drops the first
@@ -103,14 +107,17 @@ func (w *streamWatcher) runRaw(ctx context.Context, open rawStream, first int) {
 				w.mu.Unlock()
 				break
 			}
-			if err == nil {
+			switch {
+			case err == nil:
 				w.noteErr(fmt.Sprintf("at %s: a watch ended without saying why", fmtT(w.clk.now())))
+			case errors.Is(err, errRawProtocol):
+				w.noteErr(fmt.Sprintf("at %s: %v", fmtT(w.clk.now()), err))
 			}
 			at.next()
 			w.mu.Lock()
 			w.resumes++
 			w.mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
+			sleepCtx(ctx, 50*time.Millisecond)
 		}
 		w.closeSegment()
 	}
@@ -129,7 +136,7 @@ func grpcWatch(watch []dlockv1.WatchServiceClient) rawStream {
 			}
 			e := resp.GetEvent()
 			if e == nil {
-				return false, errors.New("a gRPC watch message without an event")
+				return false, fmt.Errorf("%w: a gRPC watch message without an event", errRawProtocol)
 			}
 			each(dlockclient.WatchEvent{Revision: e.Revision, Type: e.Type, Kind: e.Kind, Name: e.Name,
 				ClientID: e.ClientId, FencingToken: e.FencingToken, Cause: e.Cause, Value: e.Value})
@@ -170,7 +177,7 @@ func wsWatch(urls []string) rawStream {
 				Result *struct{ Watching bool } `json:"result"`
 			}
 			if err := json.Unmarshal(data, &m); err != nil || m.ID != "w" {
-				return false, fmt.Errorf("a WebSocket message that is not the watch's: %.200s", data)
+				return false, fmt.Errorf("%w: a WebSocket message that is not the watch's: %.200s", errRawProtocol, data)
 			}
 			switch {
 			case m.Error != nil:
@@ -179,7 +186,7 @@ func wsWatch(urls []string) rawStream {
 				each(*m.Event)
 			case m.Op == "watch" && m.Result != nil && m.Result.Watching:
 			default:
-				return false, fmt.Errorf("an unexpected WebSocket watch message: %.200s", data)
+				return false, fmt.Errorf("%w: an unexpected WebSocket watch message: %.200s", errRawProtocol, data)
 			}
 		}
 	}
