@@ -99,15 +99,20 @@ func (r *runner) startWatchers() *watchFleet {
 		for _, nd := range r.c.nodes {
 			urls = append(urls, nd.url())
 		}
+		ws := wsWatch(urls)
+		var grpc rawStream
+		if r.api.grpc != nil {
+			var watch []dlockv1.WatchServiceClient
+			for _, cc := range r.api.grpc.conns {
+				watch = append(watch, dlockv1.NewWatchServiceClient(cc))
+			}
+			grpc = grpcWatch(watch)
+		}
 		for i := range n {
-			if i%2 == 0 && r.api.grpc != nil {
-				var watch []dlockv1.WatchServiceClient
-				for _, cc := range r.api.grpc.conns {
-					watch = append(watch, dlockv1.NewWatchServiceClient(cc))
-				}
-				raw = append(raw, grpcWatch(watch))
+			if i%2 == 0 && grpc != nil {
+				raw = append(raw, grpc)
 			} else {
-				raw = append(raw, wsWatch(urls))
+				raw = append(raw, ws)
 			}
 		}
 	}
