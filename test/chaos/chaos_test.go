@@ -301,6 +301,7 @@ type runReport struct {
 	waiterTimes []time.Duration
 	// modelFIFO says what livenessModelFIFO saw, when it passed.
 	modelFIFO    string
+	line         lineStats
 	healToReady  time.Duration
 	maxToken     uint64
 	proofs       int // grants whose token_proof verified
@@ -462,8 +463,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		nem.dense()
 	}
 	w.start()
+	ln := r.startLine()
 	nem.start()
-	r.logf("workload and nemesis started")
+	r.logf("workload, line and nemesis started")
 
 	time.Sleep(cfg.duration)
 
@@ -527,6 +529,10 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	var keys *fence.KeySet // read once the cluster is healthy again
 	fw := r.watchFree()
 	stuck := w.stop(90 * time.Second)
+	if !ln.halt(90 * time.Second) {
+		stuck = append(stuck, "line")
+	}
+	rep.line = ln.stats
 	stoppedAt := r.clk.now()
 	if len(stuck) > 0 {
 		r.anomaly(anomaly{Kind: "liveness:client-stuck", What: fmt.Sprintf("clients %v did not finish within 90 s of the heal", stuck)})
@@ -941,21 +947,8 @@ func (r *runner) livenessWaiters() {
 			}
 		}()
 		// Wait until it is queued before starting the next one.
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			g := mk(9, "live-reader", kGet, "live/fifo")
-			r.api.get(g, rng, opts)
-			var v struct {
-				Waiters int `json:"waiters"`
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, _ = getJSON(ctx, r.c.nodes[r.c.leaderOrZero()].url()+"/api/v1/locks/live/fifo", &v)
-			cancel()
-			if v.Waiters >= i+1 {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		r.api.get(mk(9, "live-reader", kGet, "live/fifo"), rng, opts)
+		r.waitQueued("live/fifo", i+1, r.c.leaderOrZero(), 5*time.Second, nil)
 	}
 	release(4, h3)
 	var order []res
@@ -1002,21 +995,7 @@ func (r *runner) livenessModelFIFO(rng *rand.Rand, acquire func(proc int, client
 		}()
 		return ch
 	}
-	queued := func(lock string, n int) {
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			var v struct {
-				Waiters int `json:"waiters"`
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, _ = getJSON(ctx, r.c.nodes[r.c.leaderOrZero()].url()+"/api/v1/locks/"+lock, &v)
-			cancel()
-			if v.Waiters >= n {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	queued := func(lock string, n int) { r.waitQueued(lock, n, r.c.leaderOrZero(), 5*time.Second, nil) }
 	fail := func(what string, ops ...*Op) {
 		var desc []string
 		for _, o := range ops {
@@ -1501,6 +1480,7 @@ func (r *runner) summary() string {
 	fmt.Fprintf(&b, "final heal → healthy: %s\n", rep.healToReady.Round(time.Millisecond))
 	fmt.Fprintf(&b, "expiry after the holder left (freed − holder's bound), %d locks: p50 %s, max %s\n", len(rep.expiryLags),
 		pct(rep.expiryLags, 0.5).Round(time.Millisecond), pct(rep.expiryLags, 1).Round(time.Millisecond))
+	fmt.Fprintf(&b, "line under faults: %s\n", rep.line)
 	if len(rep.waiterTimes) > 0 {
 		fmt.Fprintf(&b, "live waiters served after the lock was free: %v\n", rep.waiterTimes)
 		if rep.modelFIFO != "" {

@@ -9,8 +9,8 @@
 // seed, and checks the
 // recorded history: linearizability (porcupine), mutual exclusion by the
 // clients' conservative lease bounds, fencing-token order, durability of
-// acknowledged operations, agreeing watch streams and liveness after
-// healing.
+// acknowledged operations, agreeing watch streams, FIFO order of waiters
+// and liveness after healing.
 //
 // The package has only tests. The long runs are opt-in:
 //

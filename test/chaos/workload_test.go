@@ -39,9 +39,12 @@ func modelLocks() []lockSpec {
 	}
 }
 
-// isModelLock reports whether a lock is one of modelLocks.
+// isModelLock reports whether a lock is one of modelLocks, or of the lock
+// model's lines under faults (lineKinds; a subtree line has a tree of its
+// own, "sub/…", out of reach of the workload's subtree lock "tree").
 func isModelLock(name string) bool {
-	return strings.HasPrefix(name, "sem/") || strings.HasPrefix(name, "rw/") || name == "tree" || strings.HasPrefix(name, "tree/")
+	return strings.HasPrefix(name, "sem/") || strings.HasPrefix(name, "rw/") || name == "tree" || strings.HasPrefix(name, "tree/") ||
+		strings.HasPrefix(name, "sub/")
 }
 
 const longTTL = 600 * time.Second
