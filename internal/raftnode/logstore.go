@@ -83,6 +83,17 @@ func OpenLogStore(kind LogStoreKind, dir string) (store LogAndStableStore, close
 	return cs.raftStore(), closeFn, nil
 }
 
+// walSegmentBytes is the size of raft-wal's segment files, allocated whole
+// when each is created. raft-wal also begins a new one at every cut of the
+// log's tail (a follower dropping entries a new leader never had, a start
+// that drops a torn tail), and only a snapshot's compaction frees the old
+// ones: at raft-wal's default, 64 MiB, a follower through many leader
+// changes and restarts filled a 1 GiB disk in minutes
+// (docs/reliability.md, "A node that kept restarting filled its disk").
+// 8 MiB still holds tens of thousands of lock entries (up to 16 of the
+// largest, command.MaxEntryBytes).
+const walSegmentBytes = 8 << 20
+
 // openCheckedStore opens the store under its checksumming wrapper
 // (checkstore.go). The durable mark is read but not yet enforced or kept:
 // Node.Open does both once it has verified the data dir (verifyDataDir);
@@ -121,7 +132,7 @@ func openCheckedStore(kind LogStoreKind, dir string) (cs *checkedStore, closeFn 
 		// the fd and its flock, so a reopen in the same process would block
 		// forever. Owning the meta store lets closeFn close it.
 		meta := &metadb.BoltMetaDB{}
-		w, err := raftwal.Open(walDir, raftwal.WithMetaStore(meta))
+		w, err := raftwal.Open(walDir, raftwal.WithMetaStore(meta), raftwal.WithSegmentSize(walSegmentBytes))
 		if err != nil {
 			_ = meta.Close()
 			return nil, nil, &RefusedError{Dir: dir, Err: fmt.Errorf("open raft wal in %s: %w", walDir, err)}

@@ -344,6 +344,10 @@ func Open(cfg Config) (*Node, error) {
 	go func() { defer n.wg.Done(); n.registerSelf() }()
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.watchPeers() }()
+	if r, ok := n.raft.(*raft.Raft); ok {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.snapshotIfDue(r) }()
+	}
 	ok = true
 	// Last: a write that failed during start-up is reported here at once.
 	if n.setFatal != nil {

@@ -39,7 +39,7 @@ const (
 // diskSize is each node's tmpfs when the disk faults run; lowFree is what
 // disk-low leaves, below dlock serve's default 64 MiB reserve.
 const (
-	diskSize = 1 << 30 // raft-wal preallocates 64 MiB per segment
+	diskSize = 1 << 30 // room for the WAL segments both engines allocate ahead, and snapshots
 	lowFree  = 16 << 20
 )
 
