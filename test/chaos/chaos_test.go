@@ -296,6 +296,7 @@ type runReport struct {
 	lin         []linResult
 	fence       fenceStats
 	watch       watchStats
+	observe     obsStats
 	probes      []probeSample
 	expiryLags  []time.Duration
 	waiterTimes []time.Duration
@@ -440,6 +441,7 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 
 	watchers := r.startWatchers()
 	w := newWorkload(r.clk, r.h, r.api, cfg.seed, cfg.implicit, cfg.sessions, cfg.shards)
+	observers := r.startObservers(w.elections())
 	if cfg.shards > 1 {
 		if err := workloadCoverage(r.sm, w); err != nil {
 			t.Fatal(err)
@@ -571,6 +573,16 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 	if !watchersChecked {
 		watchers.halt(nil, 0)
 	}
+	if observers != nil {
+		var finals map[string]obsView
+		if rep.finalHealthy {
+			var err error
+			if finals, err = r.finalElections(c.leaderOrZero(), w.elections()); err != nil {
+				r.anomaly(anomaly{Kind: "harness", What: "final elections for the observers: " + err.Error()})
+			}
+		}
+		observers.halt(finals, 30*time.Second)
+	}
 	rep.faults = nem.schedule()
 	for _, f := range rep.faults {
 		if f.LeadersHit >= 2 {
@@ -619,6 +631,11 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		wa, ws := checkWatchers(watchers, rep.ops, r.sm)
 		rep.anomalies = append(rep.anomalies, wa...)
 		rep.watch = ws
+	}
+	if observers != nil && observers.finals != nil {
+		oa, os := observers.check(rep.ops)
+		rep.anomalies = append(rep.anomalies, oa...)
+		rep.observe = os
 	}
 	perLock := envDuration("DLOCK_CHAOS_LIN_TIMEOUT", 60*time.Second)
 	rep.lin = checkLinearizable(rep.ops, perLock, dir)
@@ -1335,18 +1352,27 @@ func (r *runner) summary() string {
 		}
 		return keys[i].out < keys[j].out
 	})
-	viaGRPC, viaWS := 0, 0
+	var viaGRPC [3]int // lock, election and session calls
+	viaWS := 0
 	for _, o := range rep.ops {
 		if len(o.Via) > 0 {
 			switch last := o.Via[len(o.Via)-1]; {
 			case strings.HasSuffix(last, "/grpc"):
-				viaGRPC++
+				switch {
+				case o.Kind == kSessCreate || o.Kind == kKeepAlive || o.Kind == kSessDelete:
+					viaGRPC[2]++
+				case isElection(o.Lock):
+					viaGRPC[1]++
+				default:
+					viaGRPC[0]++
+				}
 			case strings.HasSuffix(last, "/ws"):
 				viaWS++
 			}
 		}
 	}
-	fmt.Fprintf(&b, "operations: %d (lock calls over gRPC %d, over WebSocket %d, the rest HTTP)\n", len(rep.ops), viaGRPC, viaWS)
+	fmt.Fprintf(&b, "operations: %d (over gRPC: %d lock, %d election and %d session calls; over WebSocket %d lock calls; the rest HTTP)\n",
+		len(rep.ops), viaGRPC[0], viaGRPC[1], viaGRPC[2], viaWS)
 	for _, k := range keys {
 		fmt.Fprintf(&b, "  %-15s %-18s %d\n", k.kind, k.out, counts[k])
 	}
@@ -1356,6 +1382,9 @@ func (r *runner) summary() string {
 		len(rep.holds), rep.fence.writes, rep.fence.accepted, rep.fence.rejected, rep.fence.pausedWrites, rep.fence.pausedRejected, rep.fence.pausedAcceptedAfterNewerGrant)
 	fmt.Fprintf(&b, "lock-model holds: %s\n", modelStats(rep.holds))
 	fmt.Fprintf(&b, "watches: %s\n", rep.watch)
+	if rep.observe.observers > 0 {
+		fmt.Fprintf(&b, "election observers: %s\n", rep.observe)
+	}
 	fmt.Fprintf(&b, "highest token acknowledged: %d\n", rep.maxToken)
 	if rep.cfg.shards > 1 {
 		// Per shard: grants and the names they were on.

@@ -59,6 +59,7 @@ const (
 	fOneWayOut       = "oneway-leader-cannot-send"
 	fOneWayIn        = "oneway-leader-cannot-receive"
 	fReplace         = "replace-follower"
+	fReplaceLeader   = "replace-leader"
 	fTransfer        = "transfer-leadership"
 	fClientPause     = "client-pause"
 	fClientCrash     = "client-crash"
@@ -71,7 +72,7 @@ var clusterFaults = []faultWeight{
 	{fPauseLeader, 4}, {fPauseFollower, 2},
 	{fIsolateLeader, 4}, {fBlackholeLeader, 2}, {fIsolateFollower, 2},
 	{fSplitMinority, 2}, {fBridge, 2}, {fOneWayOut, 2}, {fOneWayIn, 2},
-	{fReplace, 1}, {fTransfer, 1},
+	{fReplace, 1}, {fReplaceLeader, 1}, {fTransfer, 1},
 	{fCorruptLog, 1}, {fTruncateLog, 1}, {fCorruptSnapshot, 1}, {fDiskLow, 1}, {fDiskFull, 1},
 }
 
@@ -438,29 +439,36 @@ func (n *nemesis) runCluster() {
 				}
 			}
 			heal = func() error { n.c.net.healAll(); return nil }
-		case fReplace:
-			// Membership change under load: remove a follower, wipe its data
-			// and let it join again as a new member (non-voter, then voter
-			// once caught up) when the fault heals.
-			ev.Target = n.c.nodes[follower].id
-			err = n.c.removeMember(leader, follower)
+		case fReplace, fReplaceLeader:
+			// Membership change under load: remove a follower, or the
+			// leader (which first hands leadership to another voter, and
+			// the new leader removes it), wipe its data and let it join
+			// again as a new member (non-voter, then voter once caught up)
+			// when the fault heals.
+			t := follower
+			if kind == fReplaceLeader {
+				t = leader
+			}
+			ev.Target = n.c.nodes[t].id
+			hit = []int{t}
+			err = n.c.removeMember(leader, t)
 			if err == nil {
-				err = n.c.wipe(follower)
+				err = n.c.wipe(t)
 			}
 			heal = func() error {
-				if n.c.running(follower) {
+				if n.c.running(t) {
 					// The removal failed, or answered "outcome unknown" and
 					// took effect after all: an operator reads the members
 					// (as that answer says) and, finding the node gone,
 					// replaces it now.
-					if !n.c.removedFromCluster(follower) {
+					if !n.c.removedFromCluster(t) {
 						return nil // still a member: nothing to undo
 					}
-					if err := n.c.wipe(follower); err != nil {
+					if err := n.c.wipe(t); err != nil {
 						return err
 					}
 				}
-				return n.c.start(follower)
+				return n.c.start(t)
 			}
 		case fSplitRange:
 			// A busy range splits under load; the node asked is drawn.

@@ -180,12 +180,17 @@ func (w *workload) start() {
 // clients still running then.
 func (w *workload) stop(within time.Duration) []string {
 	close(w.stopping)
-	deadline := time.After(within)
+	// Closed, not sent on: every client still running at the deadline must
+	// see it (a channel from time.After delivers once, and the second
+	// stuck client waited for ever).
+	expired := make(chan struct{})
+	t := time.AfterFunc(within, func() { close(expired) })
+	defer t.Stop()
 	var stuck []string
 	for _, c := range w.clients {
 		select {
 		case <-c.done:
-		case <-deadline:
+		case <-expired:
 			stuck = append(stuck, c.id)
 		}
 	}
