@@ -4,13 +4,13 @@
 // workload of lock clients (over HTTP, gRPC and WebSocket) that write to
 // fenced registers while watchers follow every change, injects faults (kill
 // -9, SIGSTOP, partitions, client pauses, whole-cluster restarts, follower
-// replacement, leadership transfer; on sharded clusters also splits of busy
+// and leader replacement, leadership transfer; on sharded clusters also splits of busy
 // ranges and moves of a shard's replica to another node) from a printed
 // seed, and checks the
 // recorded history: linearizability (porcupine), mutual exclusion by the
 // clients' conservative lease bounds, fencing-token order, durability of
-// acknowledged operations, agreeing watch streams, FIFO order of waiters
-// and liveness after healing.
+// acknowledged operations, agreeing watch streams, election observers that
+// miss no leader, FIFO order of waiters and liveness after healing.
 //
 // The package has only tests. The long runs are opt-in:
 //

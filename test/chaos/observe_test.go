@@ -167,7 +167,7 @@ type obsStats struct {
 }
 
 func (s obsStats) String() string {
-	return fmt.Sprintf("%d gRPC Observe streams (%d opened), %d views, %d acknowledged wins checked against the last streams",
+	return fmt.Sprintf("%d gRPC Observe streams (%d opened), %d views, %d acknowledged wins checked against the streams",
 		s.observers, s.opened, s.views, s.winsChecked)
 }
 
@@ -207,27 +207,34 @@ func checkObservers(obs []*observer, caught map[*observer]bool, finals map[strin
 				last = v
 			}
 		}
-		if _, want := finals[o.key]; !want {
-			continue
-		}
-		if !caught[o] {
+		stuck := false
+		if _, want := finals[o.key]; want && !caught[o] {
 			v, _ := o.last()
 			bad("observe:stuck", "observer %d of %s never showed the final view %+v after the heal (last %+v)", i, o.key, finals[o.key], v)
-			continue
+			stuck = true
 		}
-		s := o.segs[len(o.segs)-1]
-		seen := map[uint64]bool{}
-		for _, v := range s.views {
-			seen[v.token] = true
-		}
-		for _, w := range wins[o.key] {
-			if w.call < s.firstAt {
-				continue
+		// Every win whose campaign was sent after a stream's first view
+		// came is in that stream if the stream got as far as it: tokens
+		// rise in grant order, so a stream that showed a later leader
+		// showed every leader before it. The last stream, once it showed
+		// the final view, owes every such win.
+		for k, s := range o.segs {
+			seen := map[uint64]bool{}
+			var top uint64
+			for _, v := range s.views {
+				seen[v.token] = true
+				top = max(top, v.token)
 			}
-			checked++
-			if !seen[w.token] {
-				bad("observe:missed", "observer %d of %s: %q's win with token %d (sent at %s) is not in the stream whose first view came at %s",
-					i, o.key, w.client, w.token, fmtT(w.call), fmtT(s.firstAt))
+			whole := k == len(o.segs)-1 && caught[o] && !stuck
+			for _, w := range wins[o.key] {
+				if w.call < s.firstAt || (!whole && w.token > top) {
+					continue
+				}
+				checked++
+				if !seen[w.token] {
+					bad("observe:missed", "observer %d of %s: %q's win with token %d (sent at %s) is not in stream %d, whose first view came at %s and which showed tokens up to %d",
+						i, o.key, w.client, w.token, fmtT(w.call), k, fmtT(s.firstAt), top)
+				}
 			}
 		}
 	}
@@ -292,6 +299,14 @@ func TestObserverChecks(t *testing.T) {
 		{"a leader named wrong", mk(250, obsView{9, "c3", 12}), "observe:wrong-leader,observe:stuck"},
 		{"one token, two candidates", mk(250, obsView{8, "c2", 12}, obsView{9, "c3", 12}, obsView{10, "c2", 12}), "observe:order,observe:wrong-leader"},
 		{"a revision going back", mk(250, obsView{9, "c2", 12}, obsView{8, "c2", 12}), "observe:order"},
+		{"a broken stream that showed a later leader owes the one before", &observer{key: key, segs: []obsSegment{
+			{firstAt: 50, views: []obsView{{1, "", 0}, {9, "c2", 12}}},
+			{firstAt: 400, views: []obsView{{9, "c2", 12}}},
+		}}, "observe:missed"},
+		{"a broken stream that stopped before a leader owes nothing after", &observer{key: key, segs: []obsSegment{
+			{firstAt: 50, views: []obsView{{1, "", 0}, {3, "c1", 10}}},
+			{firstAt: 400, views: []obsView{{9, "c2", 12}}},
+		}}, ""},
 	} {
 		caught := map[*observer]bool{}
 		if v, ok := c.o.last(); ok && v.token == final[key].token && v.candidate == final[key].candidate {
