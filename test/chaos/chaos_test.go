@@ -633,9 +633,9 @@ func runChaos(t *testing.T, cfg runConfig) *runReport {
 		rep.watch = ws
 	}
 	if observers != nil && observers.finals != nil {
-		oa, os := observers.check(rep.ops)
+		oa, ost := observers.check(rep.ops)
 		rep.anomalies = append(rep.anomalies, oa...)
-		rep.observe = os
+		rep.observe = ost
 	}
 	perLock := envDuration("DLOCK_CHAOS_LIN_TIMEOUT", 60*time.Second)
 	rep.lin = checkLinearizable(rep.ops, perLock, dir)
