@@ -69,8 +69,7 @@ func (r *runner) startObservers(elections []string) *observerFleet {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &observerFleet{cancel: cancel}
-	var clients []dlockv1.ElectionServiceClient
-	clients = append(clients, r.api.grpc.elections...)
+	clients := r.api.grpc.elections // the suite's connections, one per node
 	for _, key := range elections {
 		for i := range r.c.nodes {
 			o := &observer{key: key, first: i, clk: r.clk}
